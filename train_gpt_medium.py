@@ -907,6 +907,26 @@ def cast_model(model, dtype):
             p.data = p.data.to(dtype)
 
 
+def kernel_warmup(train_model, model, opt, args, ddp: Dist, cfg: ModelConfig):
+    """Untimed steps on random tokens (compiles the kernels), then every piece of training state restored
+    exactly as it was."""
+    saved = dict(model=copy.deepcopy(model.state_dict()), adam=copy.deepcopy(opt.adam.state_dict()),
+                 muon=opt.muon.full_state(), snoo=opt.snoo.state_dict())
+    N = args.num_iterations
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    for i in range(args.warmup_steps):
+        window = torch.tensor(window_blocks_at(i * N // args.warmup_steps, N, cfg), device=ddp.device)
+        batches = [(torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen),
+                    torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen))
+                   for _ in ddp.virtual_ranks]
+        train_step(train_model, batches, window, ddp)
+        opt.step(i, N)
+    model.load_state_dict(saved["model"])
+    opt.adam.load_state_dict(saved["adam"])
+    opt.muon.load_full_state(saved["muon"])
+    opt.snoo.load_state_dict(saved["snoo"])
+
+
 def run(args, ddp: Dist):
     cfg = model_config(args)
     train_files = find_shards(args.train_files, "--train-files")
@@ -956,22 +976,8 @@ def run(args, ddp: Dist):
     N = args.num_iterations
     last_step = args.stop_after or N
 
-    # Kernel warm-up on random tokens, then every piece of training state back exactly as it was.
     if args.warmup_steps:
-        saved = dict(model=copy.deepcopy(model.state_dict()), adam=copy.deepcopy(opt.adam.state_dict()),
-                     muon=opt.muon.full_state(), snoo=opt.snoo.state_dict())
-        gen = torch.Generator().manual_seed(args.seed + 1)
-        for i in range(args.warmup_steps):
-            window = torch.tensor(window_blocks_at(i * N // args.warmup_steps, N, cfg), device=ddp.device)
-            batches = [(torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen),
-                        torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen))
-                       for _ in ddp.virtual_ranks]
-            train_step(train_model, batches, window, ddp)
-            opt.step(i, N)
-        model.load_state_dict(saved["model"])
-        opt.adam.load_state_dict(saved["adam"])
-        opt.muon.load_full_state(saved["muon"])
-        opt.snoo.load_state_dict(saved["snoo"])
+        kernel_warmup(train_model, model, opt, args, ddp, cfg)
 
     stream = TokenStream(train_files, args.train_seq_len, "--train-files")
     start_step, train_ms = 0, 0.0
