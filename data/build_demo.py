@@ -82,7 +82,7 @@ def strip_gutenberg_boilerplate(text: str) -> str:
 def passages(text: str, target_chars: int = PASSAGE_CHARS) -> list[str]:
     """Consecutive paragraphs joined until a passage reaches `target_chars`; the last may be shorter."""
     result, current, size = [], [], 0
-    for paragraph in blank_line_blocks(text):
+    for paragraph in blank_line_blocks(text.split("\n")):
         current.append(paragraph)
         size += len(paragraph) + 2
         if size >= target_chars:

@@ -86,21 +86,25 @@ def encode_documents(texts: list[str]) -> np.ndarray:
     return out
 
 
-def _read_text(path: Path) -> str:
+def _read_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 file (newlines normalised to \\n), read as they are needed."""
+    number = 0
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                yield line
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text (line {number + 1})") from None
     except OSError as e:
         raise InputError(file_problem(path, e)) from None
 
 
-def blank_line_blocks(text: str) -> Iterator[str]:
-    """Blocks of non-blank lines; lines holding only whitespace separate them."""
+def blank_line_blocks(lines: Iterable[str]) -> Iterator[str]:
+    """Blocks of non-blank lines, joined with \\n; lines holding only whitespace separate them."""
     block: list[str] = []
-    for line in text.splitlines():
+    for line in lines:
         if line.strip():
-            block.append(line)
+            block.append(line.rstrip("\n"))
         elif block:
             yield "\n".join(block)
             block = []
@@ -108,8 +112,8 @@ def blank_line_blocks(text: str) -> Iterator[str]:
         yield "\n".join(block)
 
 
-def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
-    for number, line in enumerate(text.splitlines(), start=1):
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
+    for number, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -128,16 +132,15 @@ def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
 
 def iter_documents(path, *, text_field: str = "text", split_blank_lines: bool = False,
                    input_format: str = "auto") -> Iterator[str]:
-    """The documents of one input file. Empty documents are skipped (they would be a lone EOT token)."""
+    """The documents of one input file, read lazily. Empty documents are skipped (they would be a lone EOT)."""
     path = Path(path)
     is_jsonl = input_format == "jsonl" or (input_format == "auto" and path.suffix.lower() in JSONL_SUFFIXES)
-    text = _read_text(path)
     if is_jsonl:
-        documents = _jsonl_documents(path, text, text_field)
+        documents = _jsonl_documents(path, text_field)
     elif split_blank_lines:
-        documents = blank_line_blocks(text)
+        documents = blank_line_blocks(_read_lines(path))
     else:
-        documents = iter([text])
+        documents = iter(["".join(_read_lines(path))])
     return (doc for doc in documents if doc.strip())
 
 

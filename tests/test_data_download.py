@@ -196,7 +196,8 @@ def stand_in_hub(tmp_path):
 def run_downloader(args, endpoint, tmp_path, as_module=False):
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_TELEMETRY="1",
-               NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(REPO))
+               NO_PROXY="127.0.0.1,localhost",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "data.cached_fineweb10B"] if as_module else [sys.executable, str(SCRIPT)]
     return subprocess.run(command + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 

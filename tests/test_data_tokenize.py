@@ -179,13 +179,22 @@ def test_bad_jsonl_names_file_and_line(tmp_path, content, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_jsonl_is_split_on_newlines_only(tmp_path):
+    path = tmp_path / "sep.jsonl"
+    # U+2028 is a line break to str.splitlines() but legal raw inside a JSON string.
+    path.write_text('{"text": "a\u2028b"}\r\n{"text": "c"}\n', encoding="utf-8")
+    assert list(iter_documents(path)) == ["a\u2028b", "c"]
+
+
 def test_unreadable_inputs(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         list(iter_documents(tmp_path / "missing.txt"))
     latin = tmp_path / "latin.txt"
-    latin.write_bytes("caf\xe9".encode("latin-1"))
+    latin.write_bytes("fine\ncaf\xe9\n".encode("latin-1"))
     with pytest.raises(InputError, match="not UTF-8"):
         list(iter_documents(latin))
+    with pytest.raises(InputError, match="not UTF-8"):
+        list(iter_documents(latin, split_blank_lines=True))
 
 
 def test_cli_end_to_end(tmp_path, capsys):
