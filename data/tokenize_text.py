@@ -206,6 +206,8 @@ class _ShardWriter:
         self.index, self.pieces, self.filled = self.index + 1, [], 0
 
     def finish(self) -> list[Path]:
+        if not self.written and not self.filled:
+            raise InputError("the inputs hold no text (every document was empty)")
         if self.index == 0:
             raise InputError(f"the inputs hold only {self.filled:,} tokens, fewer than --val-tokens "
                              f"{self.val_tokens:,}: lower --val-tokens")

@@ -119,6 +119,8 @@ def test_too_little_text_for_val_leaves_nothing(tmp_path):
     exact = len(encode_documents(["tiny"]))
     with pytest.raises(InputError, match="no tokens left for training"):
         tokenize_to_shards(["tiny"], tmp_path, "s", val_tokens=exact, log=lambda m: None)
+    with pytest.raises(InputError, match="no text"):
+        tokenize_to_shards([], tmp_path, "s", val_tokens=0, log=lambda m: None)
     assert list(tmp_path.iterdir()) == []
 
 
