@@ -965,7 +965,7 @@ def run(args, ddp: Dist):
                   low_precision=str(low).replace("torch.", ""),
                   params=sum(p.numel() for p in model.parameters()))
     added = model.added_params()
-    log.write(Path(__file__).read_text(), echo=False)
+    log.write(Path(__file__).read_text().rstrip("\n"), echo=False)
     log.write("=" * 100, echo=False)
     for line in environment_lines(ddp):
         log.write(line, echo=False)
