@@ -161,16 +161,17 @@ def parse_log(path: str | os.PathLike, keep_code: bool = False) -> RunLog:
         data = path.read_bytes()
     except OSError as error:
         raise LogUnreadable(f"cannot be read ({error.strerror or error})") from None
+    has_nul = b"\x00" in data
+    if has_nul:  # a node that died mid-write can leave NUL-filled blocks in a text log: drop them
+        data = data.replace(b"\x00", b"")
     if not data.strip():
-        raise LogUnreadable("empty file")
-    if b"\x00" in data:
-        raise LogUnreadable("binary data (NUL bytes), not a text log")
+        raise LogUnreadable("empty file" if not has_nul else "binary data (NUL bytes only)")
     if b"\r\n" in data:
         data = data.replace(b"\r\n", b"\n")
     data = b"\n" + data  # so a separator on the very first line is found like any other
     step_start, env_start = _region_after_last_separator(data)
     if step_start < 0:
-        raise LogUnreadable("not a run log: no line of 100 '='")
+        raise LogUnreadable("binary data, not a text log" if has_nul else "not a run log: no line of 100 '='")
     steps = data[step_start:]
     # The config line is in the environment section: between the last two separators, or after the last one when
     # the log stops inside the environment section (then no step line follows the last separator).

@@ -36,7 +36,8 @@ def _shared_code(runs) -> str | None:
     return None
 
 
-def readme_text(runs, names, track: str, name: str, date: str, target: float, variant: str) -> str:
+def readme_text(runs, names, track: str, name: str, date: str, target: float, variant: str,
+                left_out: int = 0) -> str:
     losses = [run.final_val_loss for run in runs]
     times = [run.train_time_s for run in runs]
     mean_loss, std_loss = mean_std(losses)
@@ -46,7 +47,7 @@ def readme_text(runs, names, track: str, name: str, date: str, target: float, va
     return f"""# {name}
 
 {TRACK_TITLES[track]} (target validation loss {target:g}). Variant `{variant}`, {len(runs)} complete runs,
-packaged on {date}.
+packaged on {date}{f"; {left_out} unfinished run(s) of the same folder were left out" if left_out else ""}.
 
 {table(["log", "seed", "final val loss", "train time (s)"], rows, markdown=True)}
 
@@ -70,6 +71,7 @@ print("p =", scipy.stats.ttest_1samp(losses, {target!r}, alternative="less").pva
 def package_record(runs, track: str, name: str, date: str, root: Path, target: float | None = None) -> Path:
     """Copy the complete `runs` into `root/<track folder>/<date>_<name>/` with a README. Raises RecordError when
     there is nothing to package, several variants are mixed, or the folder exists."""
+    left_out = sum(not run.complete for run in runs)
     runs = [run for run in runs if run.complete]
     if not runs:
         raise RecordError("no complete runs to package")
@@ -90,8 +92,8 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
         code = _shared_code(runs)
         if code is not None:
             (staging / SCRIPT_NAMES[track]).write_text(code, encoding="utf-8")
-        (staging / "README.md").write_text(readme_text(runs, names, track, name, date, target, variants[0]),
-                                           encoding="utf-8")
+        (staging / "README.md").write_text(
+            readme_text(runs, names, track, name, date, target, variants[0], left_out), encoding="utf-8")
         if destination.exists():  # created meanwhile by someone else: never overwrite
             raise RecordError(f"{destination} already exists")
         staging.rename(destination)

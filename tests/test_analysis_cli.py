@@ -295,6 +295,7 @@ def test_record_packages_complete_runs_with_a_recomputable_readme(capsys, tmp_pa
     readme = (folder / "README.md").read_text()
     expected_p = scipy_stats.ttest_1samp(ARTICLE_LOSSES[:6], 2.92, alternative="less").pvalue
     assert f"p = {pval(expected_p)}" in readme and "sample standard deviation" in readme
+    assert "6 complete runs" in readme and "1 unfinished run(s)" in readme
     assert f"{np.mean(ARTICLE_LOSSES[:6]):.6f}" in readme and f"{np.std(ARTICLE_LOSSES[:6], ddof=1):.6f}" in readme
     snippet = readme.split("```python\n")[1].split("```")[0]
     done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True)

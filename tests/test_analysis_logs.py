@@ -100,6 +100,15 @@ def test_unreadable_files_raise_a_clear_reason(tmp_path, content, problem):
         parse_log(path)
 
 
+def test_nul_filled_tail_of_a_crashed_run_is_an_unfinished_run(tmp_path):
+    text = logs_for_tests.our_log_text(variant="arm", stop_at=60, complete=False).encode()
+    path = tmp_path / "arm" / "seed0.txt"
+    path.parent.mkdir()
+    path.write_bytes(text + b"\x00" * 4096)
+    run = parse_log(path)
+    assert not run.complete and run.final_step == 60 and run.variant == "arm"
+
+
 def test_invalid_utf8_and_crlf_are_tolerated(tmp_path):
     text = logs_for_tests.our_log_text(variant="crlf").replace("\n", "\r\n").encode()
     path = tmp_path / "a.txt"
