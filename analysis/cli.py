@@ -400,3 +400,6 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as problem:  # an output file or folder that cannot be written
+        print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
+        return 2

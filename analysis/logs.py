@@ -40,10 +40,6 @@ _PEAK_LINE = re.compile(
 )
 _SEED_IN_NAME = re.compile(r"seed[_-]?(\d+)$|^(\d+)$")
 
-STATUS_COMPLETE = "complete"
-STATUS_UNFINISHED = "unfinished"
-
-
 class LogUnreadable(Exception):
     """The file is not a run log (empty, binary, no separator line) or cannot be read."""
 
@@ -66,11 +62,6 @@ class RunLog:
     scalars: list = field(default_factory=list)  # [(step, {name: value})] in log order
     peak_allocated_mib: float | None = None
     peak_reserved_mib: float | None = None
-    code: str | None = None  # the source at the top, kept only when asked for
-
-    @property
-    def status(self) -> str:
-        return STATUS_COMPLETE if self.complete else STATUS_UNFINISHED
 
     @property
     def final_val_loss(self) -> float | None:
@@ -121,14 +112,21 @@ def _parse_float(text: bytes) -> float:
         return math.nan
 
 
-def _region_after_last_separator(data: bytes) -> tuple[int, int]:
-    """(start of the step region, start of the environment region); -1 when the log has no separator."""
+def _last_two_separators(data: bytes) -> tuple[int, int]:
+    """Offsets of the last two separator lines (each with the newline before it); -1 where there is none."""
     last = data.rfind(_SEPARATOR_LINE)
     if last < 0:
         return -1, -1
-    previous = data.rfind(_SEPARATOR_LINE, 0, last)
+    return last, data.rfind(_SEPARATOR_LINE, 0, last + 1)  # + 1: two separator lines in a row share a newline
+
+
+def _region_after_last_separator(data: bytes) -> tuple[int, int]:
+    """(start of the step region, start of the environment region); -1 when the log has no separator."""
+    last, previous = _last_two_separators(data)
+    if last < 0:
+        return -1, -1
     step_start = last + len(_SEPARATOR_LINE) - 1  # keep the newline: step regexes start with "\n"
-    env_start = (previous + len(_SEPARATOR_LINE) if previous >= 0 else step_start)
+    env_start = previous + len(_SEPARATOR_LINE) if previous >= 0 else step_start
     return step_start, env_start
 
 
@@ -154,7 +152,7 @@ def _last_nonempty_line(data: bytes) -> str:
     return stripped[start:].decode("utf-8", errors="replace")
 
 
-def parse_log(path: str | os.PathLike, keep_code: bool = False) -> RunLog:
+def parse_log(path: str | os.PathLike) -> RunLog:
     """Parse one log file. Raises LogUnreadable when it is not a run log at all."""
     path = Path(path)
     try:
@@ -232,8 +230,6 @@ def parse_log(path: str | os.PathLike, keep_code: bool = False) -> RunLog:
     run.variant = str(variant) if variant not in (None, "") else (path.parent.name or ".")
     seed = config.get("seed")
     run.seed = seed if isinstance(seed, (int, str)) and not isinstance(seed, bool) else _seed_from_name(path)
-    if keep_code:
-        run.code = code_section(data[1:])
     return run
 
 
@@ -241,8 +237,7 @@ def code_section(data: bytes) -> str | None:
     """The script source at the top of a log: everything before the separator that opens the environment
     section (the second-to-last separator line), or None when the log has fewer than two."""
     data = b"\n" + data
-    last = data.rfind(_SEPARATOR_LINE)
-    previous = data.rfind(_SEPARATOR_LINE, 0, last) if last >= 0 else -1
+    _, previous = _last_two_separators(data)
     if previous < 0:
         return None
     return data[1:previous + 1].decode("utf-8", errors="replace")

@@ -244,6 +244,25 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "records").exists()
 
 
+def test_unwritable_output_is_one_line(capsys, tmp_path):
+    write_arm(tmp_path / "s", "baseline", [2.92, 2.921], [10.0, 11.0])
+    (tmp_path / "taken.png").mkdir()  # a folder where the PNG should go
+    status, _, err = run_cli(capsys, "plot", "val-loss-step", tmp_path / "s", "--out", tmp_path / "taken.png")
+    assert "taken.png" in one_line_error(status, err)
+
+
+def test_compare_warns_about_single_run_arms(capsys, tmp_path):
+    write_arm(tmp_path / "s", "baseline", [2.920, 2.921, 2.9195], [10.0, 11.0, 10.5])
+    write_arm(tmp_path / "s", "lucky", [2.9150], [10.0])
+    status, out, _ = run_cli(capsys, "compare", tmp_path / "s", "--json")
+    result = json.loads(out)
+    (comparison,) = result["comparisons"]
+    assert comparison["loss_diff"] == pytest.approx(2.915 - np.mean([2.920, 2.921, 2.9195]))
+    assert comparison["loss_p"] is None and comparison["loss_ci"] is None and comparison["loss_p_holm"] is None
+    (warning,) = result["warnings"]
+    assert "'lucky' has 1 complete run" in warning and f"{np.std([2.920, 2.921, 2.9195], ddof=1):.5f}" in warning
+
+
 def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "analysis", "summarize", str(tmp_path / "nope"), "--target", "2.92"],
                           cwd=REPO, capture_output=True, text=True)

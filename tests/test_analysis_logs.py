@@ -82,6 +82,15 @@ def test_log_cut_inside_the_environment_section_keeps_its_config(tmp_path):
     assert not run.complete and run.variant == "arm" and run.seed == 4 and run.final_step is None
 
 
+def test_empty_environment_section_between_adjacent_separators(tmp_path):
+    text = "print('hi')\n" + "=" * 100 + "\n" + "=" * 100 + "\nstep:0/10 val_loss:9.000000 train_time:0ms " \
+        "step_avg:0.00ms\nstep:10/10 val_loss:3.000000 train_time:900ms step_avg:90.00ms\n" \
+        "peak memory allocated: 5 MiB reserved: 6 MiB\n"
+    run = parse_log(write_log(tmp_path, "rec/x.txt", text))
+    assert run.complete and run.val_losses == [9.0, 3.0] and run.env == {} and run.config == {}
+    assert code_section((tmp_path / "rec/x.txt").read_bytes()) == "print('hi')\n"
+
+
 def test_log_cut_right_after_the_second_separator(tmp_path):
     text = logs_for_tests.our_log_text(variant="arm", seed=4)
     cut = text.index("step:0/")
