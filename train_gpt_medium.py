@@ -321,6 +321,9 @@ def attend(q, k, v, mask, scale):
     return flex_attention(q, k, v, block_mask=mask, scale=scale)
 
 
+SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
+
+
 def backout_mlp_hidden(cfg: ModelConfig):
     return max(1, round(cfg.backout_mlp_ratio * cfg.model_dim))
 
@@ -430,7 +433,8 @@ class GPT(nn.Module):
     def backout_mixed(self, outputs, x00, input_seq, normed=True):
         """The vectors the backout mixes in, one per source: norm(T(source)) (normed) or T(source).
 
-        In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source))."""
+        In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source)) on the
+        first SIMILARITY_TOKENS tokens."""
         cfg, backout = self.cfg, self.study["backout"]
         mixed = []
         for j, name in enumerate(cfg.backout_layers):
@@ -453,7 +457,9 @@ class GPT(nn.Module):
                 moved = source
             moved_normed = norm(moved)
             if t != "none" and not self.training:
-                a, b = norm(source.float()), moved_normed.float()
+                # The first tokens suffice and keep the fp32 copies small (a val sequence is 262144 tokens).
+                a = norm(source[:, :SIMILARITY_TOKENS].float())
+                b = moved_normed[:, :SIMILARITY_TOKENS].float()
                 cos = F.cosine_similarity(a, b, dim=-1).mean()
                 rel_l2 = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(a).clamp_min(1e-12)
                 backout.similarity[j].copy_(torch.stack([cos, rel_l2]).detach())
