@@ -53,6 +53,18 @@ class ModelConfig:
     block_size: int = 128  # attention windows are counted in blocks of this many tokens
     max_window_tokens: int = 3456
     attn_scale: float = 0.12
+    # backout (docs/backout.md): empty backout_layers = off. Entries are layer indices, "embed" or "new-embed".
+    backout_layers: tuple = ()
+    backout_mode: str = "sum"
+    backout_transform: str = "none"
+    backout_x_init: float = 1.0
+    backout_skip_init: float = 0.0
+    backout_fixed_x: bool = False
+    backout_freeze: bool = False
+    backout_norm_after_sum: bool = False
+    backout_concat_dim: int = 128
+    backout_mlp_ratio: float = 1.0
+    rolling_skip: bool = False
 
 
 PRESETS = {
@@ -224,9 +236,9 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim, hidden):
+    def __init__(self, dim, hidden, in_dim=None):
         super().__init__()
-        self.fc_w = nn.Parameter(uniform_init_(torch.empty(hidden, dim)))
+        self.fc_w = nn.Parameter(uniform_init_(torch.empty(hidden, in_dim or dim)))
         self.proj_w = nn.Parameter(torch.zeros(dim, hidden))
 
     def forward(self, x):
@@ -240,11 +252,12 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, max_seq_len) if has_attention else None
         self.mlp = MLP(cfg.model_dim, cfg.mlp_ratio * cfg.model_dim)
 
-    def forward(self, x, x00, x01, ve, mask, lambdas, v_lambdas):
+    def forward(self, x, x00, x01, ve, mask, lambdas, v_lambdas, mlp_extra=None):
         x = lambdas[0] * x + lambdas[1] * x00 + lambdas[2] * x01
         if self.attn is not None:
             x = x + self.attn(x, ve, mask, v_lambdas[0], v_lambdas[1])
-        return x + self.mlp(norm(x))
+        # mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
+        return x + self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
 
 
 # --- attention masks -------------------------------------------------------------------------------------------
@@ -308,6 +321,31 @@ def attend(q, k, v, mask, scale):
     return flex_attention(q, k, v, block_mask=mask, scale=scale)
 
 
+SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
+
+
+def backout_mlp_hidden(cfg: ModelConfig):
+    return max(1, round(cfg.backout_mlp_ratio * cfg.model_dim))
+
+
+class BackoutParts(nn.Module):
+    """The backout's own tensors: transform matrices, down-projections, a fresh embedding, frozen lambdas and the
+    similarity record. Its learned lambdas live in GPT.scalars like every other scalar."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        D, k = cfg.model_dim, len(cfg.backout_layers)
+        if cfg.backout_transform == "relu-linear":
+            self.transform_w = nn.Parameter(uniform_init_(torch.empty(k, D, D)))
+        if cfg.backout_mode == "concat-mlp":
+            self.down_w = nn.Parameter(uniform_init_(torch.empty(k, cfg.backout_concat_dim, D)))
+        if "new-embed" in cfg.backout_layers:
+            self.new_embed = nn.Embedding(cfg.vocab_size, D)
+        if cfg.backout_transform != "none":
+            # (cos, relative L2) per source, overwritten by each eval forward: the last validation batch's values.
+            self.register_buffer("similarity", torch.zeros(k, 2))
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, max_seq_len):
         super().__init__()
@@ -325,6 +363,8 @@ class GPT(nn.Module):
         # Study variants keep their modules here (key = variant name) and their scalars in the shared vector,
         # so parameter counts, optimiser groups and logging find them without special cases.
         self.study = nn.ModuleDict()
+        # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
+        self.extra_param_counts = {}
         # Every learned scalar lives in one vector; `scalar_layout` names the slices.
         self._scalar_inits, self.scalar_layout = [], {}
         self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
@@ -342,6 +382,128 @@ class GPT(nn.Module):
 
     def add_study_variants(self, cfg):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
+        if cfg.backout_layers:
+            self.add_backout(cfg)
+        if cfg.rolling_skip:
+            # Per layer i >= 3: (a, b) in `a*out[i-3] + b*out[i-1]`; (0, 1) is the baseline's input out[i-1].
+            self.add_scalars("rolling", torch.tensor([0.0, 1.0]).repeat(cfg.num_layers - 3))
+
+    # --- backout (docs/backout.md) ----------------------------------------------------------------------------
+
+    def add_backout(self, cfg):
+        D, k = cfg.model_dim, len(cfg.backout_layers)
+        backout = BackoutParts(cfg)
+        self.study["backout"] = backout
+        frozen = cfg.backout_freeze
+        if cfg.backout_mode == "sum":
+            x_init = torch.tensor(cfg.backout_x_init)
+            if frozen or cfg.backout_fixed_x:
+                backout.register_buffer("x_lambda", x_init)
+            else:
+                self.add_scalars("backout.x", x_init)
+        if cfg.backout_mode in ("sum", "subtract"):
+            skip_init = torch.full((k,), float(cfg.backout_skip_init))
+            if frozen:
+                backout.register_buffer("skip_lambdas", skip_init)
+            else:
+                self.add_scalars("backout.skip", skip_init)
+        elif cfg.backout_mode == "concat-head":
+            # The head reads [norm(x), source 1, ...]: widen the (all-zero) lm head, so the new columns start at
+            # zero and train exactly like the old ones (same Adam group, fp32).
+            rows = self.lm_head_w.size(0)
+            self.lm_head_w = nn.Parameter(torch.zeros(rows, D * (1 + k)))
+            self.extra_param_counts["backout"] = rows * D * k
+        elif cfg.backout_mode == "concat-mlp":
+            old = self.blocks[-1].mlp
+            new = MLP(D, backout_mlp_hidden(cfg), in_dim=D + k * cfg.backout_concat_dim)
+            self.blocks[-1].mlp = new
+            self.extra_param_counts["backout"] = (sum(p.numel() for p in new.parameters())
+                                                  - sum(p.numel() for p in old.parameters()))
+
+    def backout_lambdas(self):
+        """(x_lambda or None, [skip lambda per source]) as 0-dim tensors (0-dim: they keep the activation dtype)."""
+        backout = self.study["backout"]
+        if "backout.x" in self.scalar_layout:
+            x_lambda = self.scalar_slice("backout.x")[0]
+        else:
+            x_lambda = getattr(backout, "x_lambda", None)
+        skips = self.scalar_slice("backout.skip") if "backout.skip" in self.scalar_layout else backout.skip_lambdas
+        return x_lambda, list(skips.unbind(0))
+
+    def backout_mixed(self, outputs, x00, input_seq, normed=True):
+        """The vectors the backout mixes in, one per source: norm(T(source)) (normed) or T(source).
+
+        In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source)) on the
+        first SIMILARITY_TOKENS tokens."""
+        cfg, backout = self.cfg, self.study["backout"]
+        mixed = []
+        for j, name in enumerate(cfg.backout_layers):
+            if name == "embed":
+                source = x00
+            elif name == "new-embed":
+                source = backout.new_embed(input_seq)[None]
+            else:
+                source = outputs[name]
+            t = cfg.backout_transform
+            if t == "detach":
+                moved = source.detach()
+            elif t == "relu":
+                moved = F.relu(source)
+            elif t == "tanh":
+                moved = torch.tanh(source)
+            elif t == "relu-linear":
+                moved = F.linear(F.relu(source), backout.transform_w[j].type_as(source))
+            else:
+                moved = source
+            moved_normed = norm(moved)
+            if t != "none" and not self.training:
+                # The first tokens suffice and keep the fp32 copies small (a val sequence is 262144 tokens).
+                a = norm(source[:, :SIMILARITY_TOKENS].float())
+                b = moved_normed[:, :SIMILARITY_TOKENS].float()
+                cos = F.cosine_similarity(a, b, dim=-1).mean()
+                rel_l2 = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(a).clamp_min(1e-12)
+                backout.similarity[j].copy_(torch.stack([cos, rel_l2]).detach())
+            mixed.append(moved_normed if normed else moved)
+        return mixed
+
+    def backout_head(self, x, outputs, x00, input_seq):
+        cfg = self.cfg
+        if cfg.backout_mode == "concat-head":
+            return torch.cat([norm(x)] + self.backout_mixed(outputs, x00, input_seq), dim=-1)
+        x_lambda, skip_lambdas = self.backout_lambdas()
+        if cfg.backout_mode == "subtract":
+            for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x00, input_seq, normed=False)):
+                x = x - lam * v
+            return norm(x)
+        out = x_lambda * norm(x)
+        for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x00, input_seq)):
+            out = out + lam * v
+        return norm(out) if cfg.backout_norm_after_sum else out
+
+    def backout_mlp_input(self, outputs, x00, input_seq):
+        """concat-mlp: each source's norm(T(source)) projected down to backout_concat_dim, concatenated."""
+        down = self.study["backout"].down_w
+        mixed = self.backout_mixed(outputs, x00, input_seq)
+        return torch.cat([F.linear(v, down[j].type_as(v)) for j, v in enumerate(mixed)], dim=-1)
+
+    def backout_named_scalars(self):
+        cfg, out = self.cfg, {}
+        if "backout" in self.study:
+            backout = self.study["backout"]
+            labels = [name if isinstance(name, str) else f"L{name}" for name in cfg.backout_layers]
+            if cfg.backout_mode in ("sum", "subtract"):
+                x_lambda, skip_lambdas = self.backout_lambdas()
+                if x_lambda is not None:
+                    out["backout.x"] = x_lambda.item()
+                for label, lam in zip(labels, skip_lambdas):
+                    out[f"backout.{label}"] = lam.item()
+            if cfg.backout_transform != "none":
+                for label, (cos, rel_l2) in zip(labels, backout.similarity.tolist()):
+                    out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
+        if cfg.rolling_skip:
+            for i, (a, b) in enumerate(self.scalar_slice("rolling").view(-1, 2).tolist(), start=3):
+                out[f"rolling.L{i}.a"], out[f"rolling.L{i}.b"] = a, b
+        return out
 
     def scalar_slice(self, name):
         a, b = self.scalar_layout[name]
@@ -354,6 +516,8 @@ class GPT(nn.Module):
             variant = key.split(".")[0]
             if variant not in ("unet", "block", "value"):
                 counts[variant] = counts.get(variant, 0) + (b - a)
+        for variant, n in self.extra_param_counts.items():
+            counts[variant] = counts.get(variant, 0) + n
         return counts
 
     def matrix_params(self):
@@ -363,11 +527,17 @@ class GPT(nn.Module):
             if block.attn is not None:
                 out.append((block.attn.qkvo_w, 1.0))
             out += [(block.mlp.fc_w, 2.0), (block.mlp.proj_w, 2.0)]
-        out += [(p, 1.0) for p in self.study.parameters() if p.ndim >= 2]
+        study_embeds = {id(p) for p in self.study_embedding_params()}
+        out += [(p, 1.0) for p in self.study.parameters() if p.ndim >= 2 and id(p) not in study_embeds]
         return out
 
+    def study_embedding_params(self):
+        """nn.Embedding tables under self.study train as embeddings (Adam), not as Muon matrices."""
+        return [m.weight for m in self.study.modules() if isinstance(m, nn.Embedding)]
+
     def embedding_params(self):
-        return [self.embed1.weight, self.embed2.weight] + [e.weight for e in self.value_embeds]
+        return ([self.embed1.weight, self.embed2.weight] + [e.weight for e in self.value_embeds]
+                + self.study_embedding_params())
 
     def masks(self, input_seq, window_blocks):
         """(long, short) masks for this sequence and window; short is half the long window, at least 1 block."""
@@ -389,24 +559,33 @@ class GPT(nn.Module):
         lambdas = self.scalar_slice("block").view(-1, 3)
         v_lambdas = self.scalar_slice("value").view(-1, 2)
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
+        rolling = self.scalar_slice("rolling").view(-1, 2) if self.cfg.rolling_skip else None
+        concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
         outputs = []
         for i, block in enumerate(self.blocks):
+            if rolling is not None and i >= 3:
+                # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
+                x = rolling[i - 3, 0] * outputs[i - 3] + rolling[i - 3, 1] * x
             if i in skip_into:
                 j, src = skip_into[i]
                 x = x + skip_w[j] * outputs[src]
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
-            x = block(x, x00, x01, ve, mask, lambdas[i], v_lambdas[i])
+            extra = (self.backout_mlp_input(outputs, x00, input_seq)
+                     if concat_mlp and i == len(self.blocks) - 1 else None)
+            x = block(x, x00, x01, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=extra)
             outputs.append(x)
         return x, outputs, x00
 
-    def head_input(self, x, outputs, x00):
+    def head_input(self, x, outputs, x00, input_seq=None):
+        if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
+            return self.backout_head(x, outputs, x00, input_seq)
         return norm(x)
 
     def forward(self, input_seq, target_seq, window_blocks, head_chunks=1):
         """Mean cross-entropy of the next-token predictions of one sequence (batch size 1)."""
         x, outputs, x00 = self.hidden_states(input_seq, window_blocks)
-        x = self.head_input(x, outputs, x00)
+        x = self.head_input(x, outputs, x00, input_seq)
         total = x.new_zeros((), dtype=torch.float32)
         for xc, tc in zip(x[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
             logits = softcap(F.linear(xc, self.lm_head_w.type_as(xc)).float())
@@ -424,6 +603,7 @@ class GPT(nn.Module):
             out[f"block{i}.a"], out[f"block{i}.b"], out[f"block{i}.c"] = lam[i]
             if self.blocks[i].attn is not None:
                 out[f"block{i}.v_self"], out[f"block{i}.v_embed"] = vl[i]
+        out.update(self.backout_named_scalars())
         return out
 
 
@@ -684,7 +864,118 @@ def make_arg_parser():
     ck.add_argument("--save-final-checkpoint", action="store_true", help="write the checkpoint at the end")
     ck.add_argument("--resume", default=None, help="continue a run from its checkpoint")
     ck.add_argument("--init-from", default=None, help="start a new run from a checkpoint's model weights")
+    add_backout_args(p)
     return p
+
+
+BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]
+BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear"]
+
+
+def add_backout_args(parser):
+    g = parser.add_argument_group("backout (docs/backout.md; every flag but --rolling-skip needs --backout-layers)")
+    g.add_argument("--backout-layers", nargs="+", default=None, metavar="SOURCE",
+                   help="sources mixed into the final latents: 0-based layer indices, `embed` (x00) or `new-embed` "
+                        "(a fresh embedding table); comma- or space-separated. The record: 11")
+    g.add_argument("--backout-mode", choices=BACKOUT_MODES, default=None,
+                   help="sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
+                        "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
+                        "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input")
+    g.add_argument("--backout-transform", choices=BACKOUT_TRANSFORMS, default=None,
+                   help="applied to each source before its norm (default none); relu-linear = ReLU then a learned "
+                        "DxD matrix (Muon)")
+    g.add_argument("--backout-x-init", type=float, default=None, help="initial x_lambda (sum mode; default 1.0)")
+    g.add_argument("--backout-skip-init", type=float, default=None,
+                   help="initial lambda of every source (default 0.0 in sum mode, 0.5 in subtract mode)")
+    g.add_argument("--backout-fixed-x", action="store_true", help="x_lambda is a constant (its init), not learned")
+    g.add_argument("--backout-freeze", action="store_true", help="every backout lambda stays at its init")
+    g.add_argument("--backout-norm-after-sum", action="store_true",
+                   help="sum mode: norm(x_lambda*norm(x) + sum_L lambda_L*norm(out[L]))")
+    g.add_argument("--backout-concat-dim", type=int, default=None,
+                   help="concat-mlp: width each source is projected down to (default 128)")
+    g.add_argument("--backout-mlp-ratio", type=float, default=None,
+                   help="concat-mlp: hidden width of the last MLP as a multiple of the model dim (default 1.0)")
+    g.add_argument("--rolling-skip", action="store_true",
+                   help="from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)")
+
+
+def check_backout_args(args):
+    """Validates the backout flags and fills their defaults; args.backout_layers becomes a list of ints/names."""
+    L, last = args.num_layers, args.num_layers - 1
+    if args.rolling_skip and L < 4:
+        raise UsageError(f"--rolling-skip needs at least 4 layers (got --num-layers {L})")
+    dependent = dict(mode=args.backout_mode, transform=args.backout_transform, x_init=args.backout_x_init,
+                     skip_init=args.backout_skip_init, fixed_x=args.backout_fixed_x or None,
+                     freeze=args.backout_freeze or None, norm_after_sum=args.backout_norm_after_sum or None,
+                     concat_dim=args.backout_concat_dim, mlp_ratio=args.backout_mlp_ratio)
+    given = [f"--backout-{k.replace('_', '-')}" for k, v in dependent.items() if v is not None]
+    if not args.backout_layers:
+        if given:
+            raise UsageError(f"{given[0]} needs --backout-layers (no backout source given)")
+        args.backout_layers = []
+        return
+    sources = []
+    for item in ",".join(args.backout_layers).split(","):
+        item = item.strip()
+        if item in ("embed", "new-embed"):
+            source = item
+        else:
+            try:
+                source = int(item)
+            except ValueError:
+                raise UsageError(f"--backout-layers: {item!r} is not a layer index, `embed` or `new-embed`")
+            if not 0 <= source <= last:
+                raise UsageError(f"--backout-layers: layer {source} is outside the model (layers 0..{last})")
+        if source in sources:
+            raise UsageError(f"--backout-layers: {item} is listed twice")
+        sources.append(source)
+    mode = args.backout_mode = args.backout_mode or "sum"
+    transform = args.backout_transform = args.backout_transform or "none"
+    if last in sources and mode in ("sum", "subtract"):
+        raise UsageError(f"--backout-layers: layer {last} is the last layer; mixing out[{last}] into x = out[{last}] "
+                         f"only rescales it (use --backout-mode concat-head for that control)")
+    if last in sources and mode == "concat-mlp":
+        raise UsageError(f"--backout-layers: layer {last} is not computed yet when the last MLP runs (concat-mlp)")
+    if transform == "detach" and "new-embed" in sources:
+        raise UsageError("--backout-transform detach: the new-embed table would never receive a gradient")
+    for flag, value, modes in [("--backout-x-init", args.backout_x_init, ["sum"]),
+                               ("--backout-fixed-x", dependent["fixed_x"], ["sum"]),
+                               ("--backout-norm-after-sum", dependent["norm_after_sum"], ["sum"]),
+                               ("--backout-skip-init", args.backout_skip_init, ["sum", "subtract"]),
+                               ("--backout-freeze", dependent["freeze"], ["sum", "subtract"]),
+                               ("--backout-concat-dim", args.backout_concat_dim, ["concat-mlp"]),
+                               ("--backout-mlp-ratio", args.backout_mlp_ratio, ["concat-mlp"])]:
+        if value is not None and mode not in modes:
+            raise UsageError(f"{flag} does not apply to --backout-mode {mode} (only {'/'.join(modes)})")
+    for flag, value in [("--backout-x-init", args.backout_x_init), ("--backout-skip-init", args.backout_skip_init),
+                        ("--backout-mlp-ratio", args.backout_mlp_ratio)]:
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be finite")
+    if args.backout_concat_dim is not None and args.backout_concat_dim <= 0:
+        raise UsageError("--backout-concat-dim must be positive")
+    if args.backout_mlp_ratio is not None and args.backout_mlp_ratio <= 0:
+        raise UsageError("--backout-mlp-ratio must be positive")
+    args.backout_layers = sources
+    if args.backout_x_init is None:
+        args.backout_x_init = 1.0
+    if args.backout_skip_init is None:
+        args.backout_skip_init = 0.5 if mode == "subtract" else 0.0
+    if args.backout_concat_dim is None:
+        args.backout_concat_dim = 128
+    if args.backout_mlp_ratio is None:
+        args.backout_mlp_ratio = 1.0
+
+
+def backout_config(args):
+    """The ModelConfig fields of the backout flags (args already checked; no sources: the off defaults)."""
+    if not args.backout_layers:
+        return dict(rolling_skip=args.rolling_skip)
+    return dict(backout_layers=tuple(args.backout_layers), backout_mode=args.backout_mode,
+                backout_transform=args.backout_transform, backout_x_init=args.backout_x_init,
+                backout_skip_init=args.backout_skip_init, backout_fixed_x=args.backout_fixed_x,
+                backout_freeze=args.backout_freeze, backout_norm_after_sum=args.backout_norm_after_sum,
+                backout_concat_dim=args.backout_concat_dim, backout_mlp_ratio=args.backout_mlp_ratio,
+                rolling_skip=args.rolling_skip)
 
 
 def resolve_args(argv=None):
@@ -713,6 +1004,7 @@ def resolve_args(argv=None):
     if args.val_tokens % (VIRTUAL_RANKS * args.val_seq_len):
         raise UsageError(f"--val-tokens must be a multiple of {VIRTUAL_RANKS} x --val-seq-len")
     layer_pattern(args.num_layers)
+    check_backout_args(args)
     if args.resume and args.init_from:
         raise UsageError("--resume and --init-from cannot be combined")
     for name in ["resume", "init_from"]:
@@ -728,7 +1020,7 @@ def model_config(args):
     pre = PRESETS[args.preset]
     return ModelConfig(num_layers=args.num_layers, model_dim=pre["model_dim"], num_heads=pre["num_heads"],
                        head_dim=pre["head_dim"], block_size=pre["block_size"],
-                       max_window_tokens=pre["max_window_tokens"])
+                       max_window_tokens=pre["max_window_tokens"], **backout_config(args))
 
 
 # ----------------------------------------------------------------------------------------------------------------
