@@ -156,6 +156,42 @@ def test_each_variant_matches_the_reference_equation(flags):
     assert checked == 2 * num_layers - 1
 
 
+def test_sites_see_the_stream_after_the_unet_skip_and_block_mix(monkeypatch):
+    """x of an attn site = mix(previous output + U-net skip); x of an mlp site = the attention residual's output."""
+    model, _ = build(["--laurel", "rw", "--laurel-where", "both"])
+    randomise_baseline_weights(model, 6)
+    with torch.no_grad():
+        model.scalars.copy_(torch.randn(model.scalars.shape, generator=torch.Generator().manual_seed(8)))
+    calls = {}
+    original = tgm.LaurelPass.residual
+
+    def recording_residual(self, layer, site, x, fx):
+        out = original(self, layer, site, x, fx)
+        calls[(layer, site)] = (x, out)
+        return out
+
+    monkeypatch.setattr(tgm.LaurelPass, "residual", recording_residual)
+    inputs, targets = tokens(4)
+    with torch.no_grad():
+        _, outputs, x00 = model.hidden_states(inputs, torch.tensor(2))
+        x01 = tgm.norm(model.embed2(inputs)[None])
+    lambdas = model.scalar_slice("block").view(-1, 3)
+    skips = {dst: (w, src) for w, (src, dst) in zip(model.scalar_slice("unet"), model.pattern["unet_pairs"])}
+    stream = x00
+    for i in range(model.cfg.num_layers):
+        if i in skips:
+            stream = stream + skips[i][0] * outputs[skips[i][1]]
+        mixed = lambdas[i, 0] * stream + lambdas[i, 1] * x00 + lambdas[i, 2] * x01
+        if (i, "attn") in calls:
+            assert torch.equal(calls[(i, "attn")][0], mixed)
+            assert calls[(i, "mlp")][0] is calls[(i, "attn")][1]
+        else:
+            assert i == model.pattern["no_attention_layer"] and torch.equal(calls[(i, "mlp")][0], mixed)
+        assert calls[(i, "mlp")][1] is outputs[i]
+        stream = outputs[i]
+    assert skips
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Initialisation and parameter counts
 
