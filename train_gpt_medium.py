@@ -1572,6 +1572,8 @@ def run(args, ddp: Dist):
         stream.restore(resume_state["stream"])
         start_step, train_ms = resume_state["step"], resume_state["train_ms"]
         torch.set_rng_state(resume_state["rng"]["cpu"])
+        if torch.cuda.is_available() and resume_state["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(resume_state["rng"]["cuda"])
         for line in resume_state["log_lines"]:
             log.write(line, echo=False, keep=True)
     ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
