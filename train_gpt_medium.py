@@ -1572,8 +1572,9 @@ def run(args, ddp: Dist):
         stream.restore(resume_state["stream"])
         start_step, train_ms = resume_state["step"], resume_state["train_ms"]
         torch.set_rng_state(resume_state["rng"]["cpu"])
-        if torch.cuda.is_available() and resume_state["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(resume_state["rng"]["cuda"])
+        cuda_rng = resume_state["rng"]["cuda"]
+        if torch.cuda.is_available() and cuda_rng is not None and len(cuda_rng) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_rng)
         for line in resume_state["log_lines"]:
             log.write(line, echo=False, keep=True)
     ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
