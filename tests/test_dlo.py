@@ -256,6 +256,9 @@ def test_validation_skipping_matches_an_explicit_mask_reference(ckpt):
     for h in hooks:
         h.remove()
     assert torch.allclose(skipped, reference, rtol=1e-5, atol=0)
+    routers.hard_gating = True  # --dlo-train-gating hard trains on exactly the function validation computes
+    with torch.no_grad():
+        assert torch.allclose(model.train()(inputs, targets, WINDOW), skipped, rtol=1e-5, atol=0)
     with torch.no_grad():  # and skipping changed the loss: the comparison is not vacuous
         assert not torch.allclose(model.eval()(inputs, targets, WINDOW), base_model(ckpt)(inputs, targets, WINDOW))
 
