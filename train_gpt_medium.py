@@ -76,6 +76,14 @@ class ModelConfig:
     laurel_pa_h: str = "identity"
     laurel_where: str = "mlp"
     laurel_layers: tuple = None
+    # DLO (off when dlo_groups == 0): num_layers is then the expanded depth, dlo_base_layers the checkpoint's.
+    dlo_groups: int = 0
+    dlo_add: int = 0
+    dlo_base_layers: int = 0
+    dlo_score_scale: float = 1.0
+    dlo_threshold: float = 1.0
+    dlo_skip_loss_weight: float = 0.0
+    dlo_train_gating: str = "soft"
 
 
 PRESETS = {
@@ -263,13 +271,18 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, max_seq_len) if has_attention else None
         self.mlp = MLP(cfg.model_dim, cfg.mlp_ratio * cfg.model_dim)
 
-    def forward(self, x, x00, x01, ve, mask, lambdas, v_lambdas, mlp_extra=None, laurel=None):
-        # mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
-        # laurel: None (plain residuals) or a function (x, f(x), site) -> the augmented residual
+    def mix_and_attend(self, x, x00, x01, ve, mask, lambdas, v_lambdas, laurel=None):
+        """Everything before the MLP: the embedding re-injection and the attention residual."""
         x = lambdas[0] * x + lambdas[1] * x00 + lambdas[2] * x01
         if self.attn is not None:
             fx = self.attn(x, ve, mask, v_lambdas[0], v_lambdas[1])
             x = x + fx if laurel is None else laurel(x, fx, "attn")
+        return x
+
+    def forward(self, x, x00, x01, ve, mask, lambdas, v_lambdas, mlp_extra=None, laurel=None):
+        # mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
+        # laurel: None (plain residuals) or a function (x, f(x), site) -> the augmented residual
+        x = self.mix_and_attend(x, x00, x01, ve, mask, lambdas, v_lambdas, laurel)
         fx = self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
         return x + fx if laurel is None else laurel(x, fx, "mlp")
 
@@ -364,13 +377,14 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, max_seq_len):
         super().__init__()
         self.cfg = cfg
-        self.pattern = layer_pattern(cfg.num_layers)
+        self.pattern = dlo_layer_pattern(cfg) if cfg.dlo_groups else layer_pattern(cfg.num_layers)
+        no_attention = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
         L, D = cfg.num_layers, cfg.model_dim
         self.embed1 = nn.Embedding(cfg.vocab_size, D)
         self.embed2 = nn.Embedding(cfg.vocab_size, D)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.num_heads * cfg.head_dim)
                                           for _ in range(self.pattern["num_value_embeds"]))
-        self.blocks = nn.ModuleList(Block(cfg, i != self.pattern["no_attention_layer"], max_seq_len)
+        self.blocks = nn.ModuleList(Block(cfg, i not in no_attention, max_seq_len)
                                     for i in range(L))
         padded_vocab = ((cfg.vocab_size + 127) // 128) * 128
         self.lm_head_w = nn.Parameter(torch.zeros(padded_vocab, D))
@@ -402,6 +416,8 @@ class GPT(nn.Module):
             # Per layer i >= 3: (a, b) in `a*out[i-3] + b*out[i-1]`; (0, 1) is the baseline's input out[i-1].
             self.add_scalars("rolling", torch.tensor([0.0, 1.0]).repeat(cfg.num_layers - 3))
         attach_laurel(self, cfg)
+        if cfg.dlo_groups:
+            self.study["dlo"] = DLORouters(cfg)
 
     # --- backout (docs/backout.md) ----------------------------------------------------------------------------
 
@@ -533,8 +549,11 @@ class GPT(nn.Module):
                 counts[variant] = counts.get(variant, 0) + (b - a)
         for variant, n in self.extra_param_counts.items():
             counts[variant] = counts.get(variant, 0) + n
-        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers:
+        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers \
+                and not self.cfg.dlo_groups:  # DLO counts its new layers itself
             counts["layers"] = extra_layer_params(self.cfg)
+        if "dlo" in self.study:  # the expanded layers are added parameters too
+            counts["dlo"] += sum(p.numel() for i in self.pattern["dlo_new_layers"] for p in self.blocks[i].parameters())
         return counts
 
     def matrix_params(self):
@@ -564,8 +583,9 @@ class GPT(nn.Module):
             return tuple(flex_block_masks(input_seq, [long_w, short_w], bs))
         return dense_window_mask(input_seq, long_w, bs), dense_window_mask(input_seq, short_w, bs)
 
-    def hidden_states(self, input_seq, window_blocks):
-        """Runs the blocks; returns the final residual, every layer's output, and x00."""
+    def hidden_states(self, input_seq, window_blocks, aux_losses=None):
+        """Runs the blocks; returns the final residual, every layer's output, and x00. Variants that train with
+        an extra loss append it to aux_losses."""
         pat = self.pattern
         ve_all = [e(input_seq)[None] for e in self.value_embeds]
         long_mask, short_mask = self.masks(input_seq, window_blocks)
@@ -578,6 +598,8 @@ class GPT(nn.Module):
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
         rolling = self.scalar_slice("rolling").view(-1, 2) if self.cfg.rolling_skip else None
         concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
+        dlo = self.study["dlo"] if "dlo" in self.study else None
+        dlo_records = []
         outputs = []
         laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
         for i, block in enumerate(self.blocks):
@@ -589,11 +611,17 @@ class GPT(nn.Module):
                 x = x + skip_w[j] * outputs[src]
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
-            extra = (self.backout_mlp_input(outputs, x00, input_seq)
-                     if concat_mlp and i == len(self.blocks) - 1 else None)
-            x = block(x, x00, x01, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=extra,
-                      laurel=laurel and laurel.for_layer(i))
+            if dlo is None:
+                extra = (self.backout_mlp_input(outputs, x00, input_seq)
+                         if concat_mlp and i == len(self.blocks) - 1 else None)
+                x = block(x, x00, x01, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=extra,
+                          laurel=laurel and laurel.for_layer(i))
+            else:
+                x = dlo.routed_mlp(i, block, block.mix_and_attend(x, x00, x01, ve, mask, lambdas[i], v_lambdas[i]),
+                                   dlo_records)
             outputs.append(x)
+        if dlo is not None:
+            dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
         return x, outputs, x00
 
     def head_input(self, x, outputs, x00, input_seq=None):
@@ -603,13 +631,17 @@ class GPT(nn.Module):
 
     def forward(self, input_seq, target_seq, window_blocks, head_chunks=1):
         """Mean cross-entropy of the next-token predictions of one sequence (batch size 1)."""
-        x, outputs, x00 = self.hidden_states(input_seq, window_blocks)
+        aux_losses = []
+        x, outputs, x00 = self.hidden_states(input_seq, window_blocks, aux_losses)
         x = self.head_input(x, outputs, x00, input_seq)
         total = x.new_zeros((), dtype=torch.float32)
         for xc, tc in zip(x[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
             logits = softcap(F.linear(xc, self.lm_head_w.type_as(xc)).float())
             total = total + F.cross_entropy(logits, tc, reduction="sum")
-        return total / target_seq.numel()
+        loss = total / target_seq.numel()
+        for extra in aux_losses:
+            loss = loss + extra
+        return loss
 
     def named_scalars(self):
         """Every learned scalar a study plots, under readable names."""
@@ -624,6 +656,8 @@ class GPT(nn.Module):
                 out[f"block{i}.v_self"], out[f"block{i}.v_embed"] = vl[i]
         out.update(self.backout_named_scalars())
         out.update(laurel_named_scalars(self))
+        if "dlo" in self.study:
+            out.update(self.study["dlo"].named_scalars(self))
         return out
 
 
@@ -944,6 +978,7 @@ class Muon(torch.optim.Optimizer):
         params = [p for p, _ in params_with_wd_mul]
         super().__init__([dict(params=params)], dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
         self.wd_mul = {p: m for p, m in params_with_wd_mul}
+        self.lr_mul = {}  # per-parameter learning-rate multipliers (DLO's layer-wise rates); absent = 1
         self.smoothing, self.rank, self.world_size, self.ns_dtype = smoothing, rank, world_size, ns_dtype
         self.ordered = sorted(params, key=lambda p: p.numel(), reverse=True)
         self.position = {id(p): i for i, p in enumerate(self.ordered)}
@@ -990,7 +1025,8 @@ class Muon(torch.optim.Optimizer):
                 st["smoothed"].mul_(self.smoothing).add_(update, alpha=1 - self.smoothing)
                 scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
                 value = self.master_value(p)
-                value.mul_(1 - lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-lr * scale)
+                p_lr = lr * self.lr_mul.get(p, 1.0)
+                value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
                 self.write_master(p, value)
             if ws > 1:
                 self._share(chunk)
@@ -1115,6 +1151,360 @@ class Optimizers:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# DLO: depth expansion of a trained checkpoint and per-token routed MLP skipping (docs/dlo.md)
+
+DLO_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
+
+
+def dlo_layer_pattern(cfg: ModelConfig):
+    """Per-layer structure of the expanded model. The checkpoint's L layers are cut into G groups of n = L/G and P
+    new layers are appended to each group. Every layer of the expanded model has a source layer of the checkpoint
+    (itself, or for a new layer the last original layer of its group) and inherits the source's value embedding,
+    window length and attention presence; U-net pairs connect the expanded positions of the original pairs."""
+    L, G, P = cfg.dlo_base_layers, cfg.dlo_groups, cfg.dlo_add
+    base, n = layer_pattern(L), L // G
+    position = [(i // n) * (n + P) + i % n for i in range(L)]
+    new_layers = {g * (n + P) + n + k: g * n + n - 1 for g in range(G) for k in range(P)}
+    source = {position[i]: i for i in range(L)} | new_layers
+    total = L + G * P
+    return dict(num_value_embeds=base["num_value_embeds"],
+                ve_index=[base["ve_index"][source[j]] for j in range(total)],
+                long_window_layers=[j for j in range(total) if source[j] in base["long_window_layers"]],
+                no_attention_layer=position[base["no_attention_layer"]],
+                no_attention_layers=[j for j in range(total) if source[j] == base["no_attention_layer"]],
+                unet_pairs=[(position[s], position[d]) for s, d in base["unet_pairs"]],
+                dlo_position=position, dlo_new_layers=new_layers,
+                dlo_group_members={q: list(range(s - n + 1, s + 1)) for q, s in new_layers.items()})
+
+
+def dlo_skip_rate(step, start, target, anneal_steps):
+    """Overall skip rate at a step: linear from `start` to `target` over `anneal_steps`, then constant."""
+    if anneal_steps <= 0:
+        return target
+    return start + (target - start) * min(1.0, step / anneal_steps)
+
+
+def similarity_labels(similarity, skip_rate):
+    """Router labels (True = active) for a [layers, tokens] similarity table: ranked over all layers and tokens
+    together, the round((1 - skip_rate) * count) least similar entries are active. Static shapes (compile-friendly)."""
+    flat = similarity.flatten()
+    n = flat.numel()
+    num_active = torch.round((1 - torch.as_tensor(skip_rate, dtype=torch.float64, device=flat.device)) * n)
+    rank = torch.empty(n, dtype=torch.int64, device=flat.device).scatter_(
+        0, flat.argsort(), torch.arange(n, device=flat.device))
+    return (rank < num_active).view_as(similarity)
+
+
+def skip_loss(router_logits, labels):
+    """The router supervision: binary cross-entropy of sigmoid(logit) against the similarity-induced labels."""
+    return F.binary_cross_entropy_with_logits(router_logits, labels.to(router_logits.dtype))
+
+
+def forward_flops_per_token(cfg: ModelConfig, pattern, window_blocks, seq_len, mlp_active=None, routers=False):
+    """Forward FLOPs per token (2 per multiply-add) counted by hand: per layer with attention the q/k/v/o
+    projections and the score and value products over the keys a query may see (its window, capped at the
+    sequence; causal and document masking are ignored); each MLP times its active fraction (1 if not given);
+    the routers' dot products when `routers`; the lm head over the padded vocabulary."""
+    D, hdim = cfg.model_dim, cfg.num_heads * cfg.head_dim
+    padded_vocab = ((cfg.vocab_size + 127) // 128) * 128
+    keys = dict(long=min(window_blocks * cfg.block_size, seq_len),
+                short=min(max(window_blocks // 2, 1) * cfg.block_size, seq_len))
+    no_attention = pattern.get("no_attention_layers", [pattern["no_attention_layer"]])
+    total = 2 * D * padded_vocab
+    for i in range(cfg.num_layers):
+        if i not in no_attention:
+            k = keys["long"] if i in pattern["long_window_layers"] else keys["short"]
+            total += 2 * 4 * hdim * D + 2 * 2 * hdim * k
+        total += (1.0 if mlp_active is None else mlp_active[i]) * 2 * 2 * D * cfg.mlp_ratio * D
+        if routers:
+            total += 2 * D
+    return total
+
+
+class DLORouters(nn.Module):
+    """One linear router (D -> 1, no bias, zero-initialised) per layer of the expanded model, gating its MLP.
+
+    gate = 1 + scale * (sigmoid(w . norm(h) / sqrt(D)) - 0.5): exactly 1 at zero weights, in (1 - scale/2,
+    1 + scale/2) otherwise. Training: h + gate * MLP(norm(h)) ("soft") or, with hard gating, only where
+    gate >= threshold. Evaluation: only tokens with gate >= threshold go through the MLP (gathered, scattered back).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        L, D = cfg.num_layers, cfg.model_dim
+        self.num_layers, self.dim = L, D
+        self.scale, self.threshold = cfg.dlo_score_scale, cfg.dlo_threshold
+        self.skip_loss_weight, self.hard_gating = cfg.dlo_skip_loss_weight, cfg.dlo_train_gating == "hard"
+        # One flat 1-D vector, so the baseline's optimiser split sends it to Adam (not Muon).
+        self.router_w = nn.Parameter(torch.zeros(L * D))
+        for name, shape, dtype in [("skip_rate", (), torch.float64), ("label_active_sum", (L,), torch.float32),
+                                   ("label_count", (), torch.float32), ("val_active", (L,), torch.int64),
+                                   ("val_tokens", (), torch.int64), ("val_window", (), torch.int64),
+                                   ("val_seq_len", (), torch.int64)]:
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def router_logits(self, layer, z):
+        w = self.router_w[layer * self.dim:(layer + 1) * self.dim]
+        return (z.float() @ w) * self.dim ** -0.5
+
+    def gate(self, logits):
+        return 1 + self.scale * (torch.sigmoid(logits) - 0.5)
+
+    def routed_mlp(self, layer, block, h, records):
+        z = norm(h)
+        logits = self.router_logits(layer, z)
+        gate = self.gate(logits)
+        if self.training:
+            m = block.mlp(z)
+            if self.hard_gating:
+                gate = gate * (gate >= self.threshold)
+            with torch.no_grad():  # the label feature: the residual stream before and after the (ungated) MLP
+                similarity = F.cosine_similarity(h.float(), (h + m).float(), dim=-1)
+            records.append((logits, similarity))
+            return h + gate[..., None].type_as(m) * m
+        active = (gate[0] >= self.threshold).nonzero().squeeze(1)
+        out = block.mlp(z[0].index_select(0, active)) * gate[0].index_select(0, active)[:, None].type_as(z)
+        self.val_active[layer] += active.numel()
+        return h[0].index_add(0, active, out)[None]
+
+    def finish_forward(self, records, input_seq, window_blocks, aux_losses):
+        if not self.training:
+            self.val_tokens += input_seq.numel()
+            self.val_window.copy_(torch.as_tensor(window_blocks))
+            self.val_seq_len.fill_(input_seq.numel())
+            return
+        logits = torch.cat([r[0] for r in records])
+        labels = similarity_labels(torch.cat([r[1] for r in records]), self.skip_rate)
+        with torch.no_grad():
+            self.label_active_sum += labels.float().mean(dim=1)
+            self.label_count += 1
+        if aux_losses is not None and self.skip_loss_weight:
+            aux_losses.append(self.skip_loss_weight * skip_loss(logits, labels))
+
+    def label_active_fractions(self):
+        return self.label_active_sum / self.label_count.clamp_min(1)
+
+    def named_scalars(self, model):
+        """Skip rate, the last step's label active fractions, and (after a validation, then reset) each layer's
+        measured active fraction and the effective FLOPs relative to the dense expanded model."""
+        out = {"dlo.skip_rate": float(self.skip_rate)}
+        if self.label_count > 0:
+            for i, a in enumerate(self.label_active_fractions().tolist()):
+                out[f"dlo.L{i}.label_active"] = a
+        counts = torch.cat([self.val_active, self.val_tokens.view(1)])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)
+        if counts[-1] > 0:
+            active = (counts[:-1].double() / counts[-1].double()).tolist()
+            for i, a in enumerate(active):
+                out[f"dlo.L{i}.active"] = a
+            window, seq_len = int(self.val_window), int(self.val_seq_len)
+            out["dlo.flops_rel"] = (
+                forward_flops_per_token(model.cfg, model.pattern, window, seq_len, active, routers=True)
+                / forward_flops_per_token(model.cfg, model.pattern, window, seq_len))
+        self.val_active.zero_()
+        self.val_tokens.zero_()
+        return out
+
+
+def slerp(a, b, t, eps=1e-8):
+    """Spherical interpolation between two weight tensors seen as flat vectors (t=0: a, t=1: b); plain linear
+    interpolation when either is zero or they are parallel."""
+    na, nb = a.norm(), b.norm()
+    if na < eps or nb < eps:
+        return torch.lerp(a, b, t)
+    omega = torch.arccos(((a * b).sum() / (na * nb)).clamp(-1, 1))
+    if torch.sin(omega) < 1e-6:
+        return torch.lerp(a, b, t)
+    return (torch.sin((1 - t) * omega) * a + torch.sin(t * omega) * b) / torch.sin(omega)
+
+
+def init_expanded_block(block, members, policy, slerp_t):
+    """Initialises a new layer from its group's original layers `members` (the last one is its source)."""
+    source = members[-1]
+    if policy == "random":  # Xavier uniform on every matrix (each of q, k, v, o on its own)
+        for p in block.parameters():
+            for matrix in (p if p.ndim == 3 else [p]):
+                nn.init.xavier_uniform_(matrix)
+    elif policy in ("copy", "identity", "strict-identity"):
+        block.load_state_dict(source.state_dict())
+        if policy != "copy" and block.attn is not None:
+            block.attn.qkvo_w[3].zero_()
+        if policy == "strict-identity":
+            block.mlp.proj_w.zero_()
+    elif policy == "merge":  # uniform mean over the group's original layers that have the parameter
+        for name, p in block.named_parameters():
+            parts = [dict(m.named_parameters())[name].float() for m in members
+                     if name in dict(m.named_parameters())]
+            p.copy_(torch.stack(parts).mean(0))
+    elif policy == "slerp":  # between the group's last two original layers
+        first, second = dict(members[-2].named_parameters()), dict(members[-1].named_parameters())
+        for name, p in block.named_parameters():
+            if name not in first:  # the earlier layer has no attention: take the source's
+                p.copy_(second[name])
+                continue
+            a, b = first[name].float(), second[name].float()
+            p.copy_(torch.stack([slerp(x, y, slerp_t) for x, y in zip(a, b)]) if p.ndim == 3
+                    else slerp(a, b, slerp_t))
+
+
+@torch.no_grad()
+def expand_model(base, model, policy, slerp_t):
+    """Writes the unexpanded model `base` into the expanded `model`: shared weights copied, original layers at
+    their expanded positions with their scalars, new layers by `policy` with block scalars (1, 0, 0) (the residual
+    passes unchanged) and, except for random, the source's value scalars. Routers stay at zero."""
+    pat = model.pattern
+    own = model.state_dict()
+    for key, value in base.state_dict().items():
+        if not key.startswith("blocks.") and key != "scalars":
+            own[key].copy_(value)
+    model.scalar_slice("unet").copy_(base.scalar_slice("unet"))
+    lam, base_lam = model.scalar_slice("block").view(-1, 3), base.scalar_slice("block").view(-1, 3)
+    vlam, base_vlam = model.scalar_slice("value").view(-1, 2), base.scalar_slice("value").view(-1, 2)
+    lam.copy_(torch.tensor([1.0, 0.0, 0.0]).expand_as(lam))
+    for i, p in enumerate(pat["dlo_position"]):
+        model.blocks[p].load_state_dict(base.blocks[i].state_dict())
+        lam[p], vlam[p] = base_lam[i], base_vlam[i]
+    for q, src in pat["dlo_new_layers"].items():
+        init_expanded_block(model.blocks[q], [base.blocks[j] for j in pat["dlo_group_members"][q]], policy, slerp_t)
+        if policy != "random":
+            vlam[q] = base_vlam[src]
+
+
+def dlo_base_config(cfg: ModelConfig):
+    return replace(cfg, num_layers=cfg.dlo_base_layers, dlo_groups=0, dlo_add=0, dlo_base_layers=0)
+
+
+def dlo_expand_from_checkpoint(model, state, args, max_seq_len):
+    """Builds the unexpanded model, loads the checkpoint into it (strict shapes), then expands into `model`."""
+    base = GPT(dlo_base_config(model.cfg), max_seq_len).to(model.lm_head_w.device)
+    cast_model(base, model.embed1.weight.dtype)
+    load_model_weights(base, state, args.init_from)
+    expand_model(base, model, args.dlo_init, args.dlo_slerp_t)
+
+
+def dlo_layer_lr_multipliers(model):
+    """Layer-wise rates: layer l's hidden matrices get lr * a_l / mean(a), a_l = its label active fraction
+    (1 - its sparsity factor); the mean rate is the base rate."""
+    active = model.study["dlo"].label_active_fractions()
+    mean = active.mean()
+    mul = (active / mean if mean > 0 else torch.ones_like(active)).tolist()
+    out = {}
+    for i, block in enumerate(model.blocks):
+        for p in ([block.attn.qkvo_w] if block.attn is not None else []) + [block.mlp.fc_w, block.mlp.proj_w]:
+            out[p] = mul[i]
+    return out
+
+
+def dlo_before_step(model, args, step):
+    if not args.dlo_groups:
+        return
+    routers = model.study["dlo"]
+    routers.skip_rate.fill_(dlo_skip_rate(step, args.dlo_anneal_start, args.dlo_sparsity, args.dlo_anneal_steps))
+    routers.label_active_sum.zero_()
+    routers.label_count.zero_()
+
+
+def dlo_after_step(model, opt, args, ddp):
+    if not args.dlo_groups:
+        return
+    routers = model.study["dlo"]
+    if ddp.world_size > 1:  # the labels' layer statistics over the whole batch
+        stats = torch.cat([routers.label_active_sum, routers.label_count.view(1)])
+        dist.all_reduce(stats)
+        routers.label_active_sum.copy_(stats[:-1])
+        routers.label_count.copy_(stats[-1])
+    if args.dlo_layer_lr:
+        opt.muon.lr_mul.update(dlo_layer_lr_multipliers(model))
+
+
+DLO_DEFAULTS = dict(dlo_add=1, dlo_init="identity", dlo_slerp_t=0.5, dlo_sparsity=0.1, dlo_anneal_start=0.0,
+                    dlo_anneal_steps=None, dlo_skip_loss_weight=0.1, dlo_threshold=1.0, dlo_score_scale=1.0,
+                    dlo_train_gating="soft")
+
+
+def add_dlo_args(parser):
+    g = parser.add_argument_group(
+        "dlo", "Dynamic Layer Operation (docs/dlo.md): expand a trained checkpoint (--init-from) in depth and learn "
+               "per token which MLPs to skip. Off unless --dlo-groups is given.")
+    g.add_argument("--dlo-groups", type=int, default=None, help="G: cut the checkpoint's layers into G groups")
+    g.add_argument("--dlo-add", type=int, default=None, help="P: new layers appended to each group (default 1)")
+    g.add_argument("--dlo-init", default=None,
+                   help=f"new layers' initialisation, one of {', '.join(DLO_POLICIES)} (default identity)")
+    g.add_argument("--dlo-slerp-t", type=float, default=None,
+                   help="SLERP position between the group's last two layers (default 0.5)")
+    g.add_argument("--dlo-sparsity", type=float, default=None, help="target overall skip rate in [0, 1) (default 0.1)")
+    g.add_argument("--dlo-anneal-start", type=float, default=None, help="skip rate at step 0 (default 0)")
+    g.add_argument("--dlo-anneal-steps", type=int, default=None,
+                   help="steps of the linear skip-rate ramp (default half of --num-iterations)")
+    g.add_argument("--dlo-skip-loss-weight", type=float, default=None,
+                   help="weight of the router BCE skip loss added to the task loss (default 0.1)")
+    g.add_argument("--dlo-layer-lr", action="store_true",
+                   help="layer-wise Muon learning rates scaled by each layer's label active fraction")
+    g.add_argument("--dlo-threshold", type=float, default=None,
+                   help="an MLP runs for a token iff its gate >= this at evaluation (default 1.0)")
+    g.add_argument("--dlo-score-scale", type=float, default=None,
+                   help="gate = 1 + scale*(sigmoid(logit) - 0.5), scale in (0, 2] (default 1)")
+    g.add_argument("--dlo-train-gating", default=None,
+                   help="training MLP output: soft = gate * MLP for every token, hard = only where gate >= "
+                        "threshold (default soft)")
+
+
+def check_dlo_args(args):
+    """Fills the DLO defaults and rejects values that cannot work (UsageError, one line)."""
+    given = [k for k in list(DLO_DEFAULTS) + ["dlo_layer_lr"] if getattr(args, k) not in (None, False)]
+    if args.dlo_groups is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --dlo-groups")
+        return
+    for key, value in DLO_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.dlo_anneal_steps is None:
+        args.dlo_anneal_steps = args.num_iterations // 2
+    combined = [flag for flag, on in (("--backout-layers", args.backout_layers), ("--rolling-skip", args.rolling_skip),
+                                      ("--laurel", args.laurel)) if on]
+    if combined:  # expansion copies the baseline's per-layer parts only
+        raise UsageError(f"--dlo-groups cannot be combined with {combined[0]} (DLO expands baseline checkpoints)")
+    G, L = args.dlo_groups, args.num_layers
+    if G < 1 or L % G:
+        raise UsageError(f"--dlo-groups {G} must be a positive divisor of --num-layers {L} (the checkpoint's depth)")
+    checks = [
+        (args.dlo_add >= 1, f"--dlo-add must be at least 1 (got {args.dlo_add})"),
+        (args.dlo_init in DLO_POLICIES, f"--dlo-init: unknown policy {args.dlo_init!r} "
+                                        f"(choose from {', '.join(DLO_POLICIES)})"),
+        (0 <= args.dlo_sparsity < 1, f"--dlo-sparsity must be in [0, 1) (got {args.dlo_sparsity})"),
+        (0 <= args.dlo_anneal_start <= args.dlo_sparsity,
+         f"--dlo-anneal-start must be in [0, --dlo-sparsity] (got {args.dlo_anneal_start})"),
+        (args.dlo_anneal_steps >= 0, f"--dlo-anneal-steps must not be negative (got {args.dlo_anneal_steps})"),
+        (args.dlo_skip_loss_weight >= 0, f"--dlo-skip-loss-weight must not be negative "
+                                         f"(got {args.dlo_skip_loss_weight})"),
+        (0 <= args.dlo_slerp_t <= 1, f"--dlo-slerp-t must be in [0, 1] (got {args.dlo_slerp_t})"),
+        (args.dlo_init != "slerp" or L // G >= 2, "--dlo-init slerp needs at least 2 layers per group"),
+        (0 < args.dlo_score_scale <= 2, f"--dlo-score-scale must be in (0, 2] (got {args.dlo_score_scale})"),
+        (1 - args.dlo_score_scale / 2 < args.dlo_threshold <= 1,
+         f"--dlo-threshold must be in (1 - scale/2, 1] so tokens start active and can drop out "
+         f"(got {args.dlo_threshold})"),
+        (args.dlo_train_gating in ("soft", "hard"), f"--dlo-train-gating must be soft or hard "
+                                                    f"(got {args.dlo_train_gating!r})"),
+        (bool(args.init_from or args.resume), "--dlo-groups needs --init-from CHECKPOINT (DLO expands a trained "
+                                              "model) or --resume"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+
+
+def dlo_model_config(cfg: ModelConfig, args):
+    if not getattr(args, "dlo_groups", None):
+        return cfg
+    return replace(cfg, num_layers=cfg.num_layers + args.dlo_groups * args.dlo_add, dlo_groups=args.dlo_groups,
+                   dlo_add=args.dlo_add, dlo_base_layers=cfg.num_layers, dlo_score_scale=args.dlo_score_scale,
+                   dlo_threshold=args.dlo_threshold, dlo_skip_loss_weight=args.dlo_skip_loss_weight,
+                   dlo_train_gating=args.dlo_train_gating)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Command line
 
 def make_arg_parser():
@@ -1157,6 +1547,7 @@ def make_arg_parser():
     ck.add_argument("--init-from", default=None, help="start a new run from a checkpoint's model weights")
     add_backout_args(p)
     add_laurel_args(p)
+    add_dlo_args(p)
     return p
 
 
@@ -1306,15 +1697,17 @@ def resolve_args(argv=None):
     if "/" in args.run_name or not args.run_name.strip():
         raise UsageError("--run-name must be a plain file name")
     check_laurel_args(args)
+    check_dlo_args(args)
     return args
 
 
 def model_config(args):
     pre = PRESETS[args.preset]
-    return ModelConfig(num_layers=args.num_layers, model_dim=pre["model_dim"], num_heads=pre["num_heads"],
-                       head_dim=pre["head_dim"], block_size=pre["block_size"],
-                       max_window_tokens=pre["max_window_tokens"], baseline_layers=pre["num_layers"],
-                       **backout_config(args), **laurel_config(args))
+    cfg = ModelConfig(num_layers=args.num_layers, model_dim=pre["model_dim"], num_heads=pre["num_heads"],
+                      head_dim=pre["head_dim"], block_size=pre["block_size"],
+                      max_window_tokens=pre["max_window_tokens"], baseline_layers=pre["num_layers"],
+                      **backout_config(args), **laurel_config(args))
+    return dlo_model_config(cfg, args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1527,7 +1920,9 @@ def run(args, ddp: Dist):
     torch.manual_seed(args.seed)
     model = GPT(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(ddp.device)
     cast_model(model, low)
-    if init_state is not None:
+    if init_state is not None and cfg.dlo_groups:
+        dlo_expand_from_checkpoint(model, init_state, args, max(args.train_seq_len, args.val_seq_len))
+    elif init_state is not None:
         load_model_weights(model, init_state, args.init_from)
     if resume_state is not None:
         load_model_weights(model, resume_state, args.resume)
@@ -1601,7 +1996,9 @@ def run(args, ddp: Dist):
             t0 = time.perf_counter()
         if is_last:
             break
+        dlo_before_step(model, args, step)
         train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp)
+        dlo_after_step(model, opt, args, ddp)
         opt.step(step, N)
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log.write(f"step:{step + 1}/{N} train_time:{elapsed:.0f}ms step_avg:{elapsed / (step + 1):.2f}ms",
