@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, asdict, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np

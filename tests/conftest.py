@@ -53,3 +53,24 @@ def run_training(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
     else:
         cmd = [sys.executable, str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kwargs)
+
+
+BASELINE_COMMIT = "12c2aa8"  # train_gpt_medium.py before any study flag was added
+
+
+@pytest.fixture(scope="session")
+def unmodified_medium(tmp_path_factory):
+    """The medium script as it was before the study flags, imported from git history, so tests can check that
+    the flagless path still computes exactly the same thing. Skips where the history is not available."""
+    import importlib.util
+    try:
+        source = subprocess.run(["git", "show", f"{BASELINE_COMMIT}:train_gpt_medium.py"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"baseline commit {BASELINE_COMMIT} is not in this checkout's history")
+    path = tmp_path_factory.mktemp("baseline") / "unmodified_train_gpt_medium.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("unmodified_train_gpt_medium", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

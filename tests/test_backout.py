@@ -1,17 +1,14 @@
 """Backout flags of train_gpt_medium.py (docs/backout.md): math at init, gradients, shapes, logging, bad flags."""
-import importlib.util
 import json
 import math
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import train_gpt_medium as tgm
-from conftest import ROOT, run_training
+from conftest import run_training
 
-BASELINE_COMMIT = "12c2aa8"  # the medium baseline before any study flag
 SEQ_LEN = 64
 
 
@@ -90,22 +87,8 @@ def test_record_flags_resolve_to_pr139():
     assert model.named_scalars()["backout.x"] == 1.0 and model.named_scalars()["backout.L11"] == 0.0
 
 
-def load_baseline_module(tmp_path):
-    try:
-        code = subprocess.run(["git", "show", f"{BASELINE_COMMIT}:train_gpt_medium.py"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"baseline commit {BASELINE_COMMIT} not in this checkout's history")
-    path = tmp_path / "baseline_train_gpt_medium.py"
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location("baseline_train_gpt_medium", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_record_at_init_and_flagless_training_match_the_original_baseline(tmp_path):
-    original = load_baseline_module(tmp_path)
+def test_record_at_init_and_flagless_training_match_the_original_baseline(unmodified_medium):
+    original = unmodified_medium
     reference = build([], module=original)
     wake_up(reference)
     reference_loss = loss_of(reference)

@@ -1,9 +1,7 @@
 """LAuReL flags of train_gpt_medium.py: equations, parameter counts, init, memory, optimiser, errors, log."""
 import gc
-import importlib.util
 import json
 import math
-import subprocess
 import sys
 import weakref
 
@@ -15,7 +13,6 @@ from conftest import ROOT, run_training
 sys.path.insert(0, str(ROOT))
 import train_gpt_medium as tgm  # noqa: E402
 
-BASELINE_COMMIT = "12c2aa8"
 TINY = ["--preset", "tiny"]
 
 # (flags, description) for every variant and form the study can ask for
@@ -397,22 +394,8 @@ def test_added_params_report_extra_layers_against_the_preset():
 # ---------------------------------------------------------------------------------------------------------------
 # The baseline stays bit-identical to the unmodified script
 
-def load_unmodified_script(tmp_path):
-    try:
-        source = subprocess.run(["git", "show", f"{BASELINE_COMMIT}:train_gpt_medium.py"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"git history with {BASELINE_COMMIT} not available")
-    path = tmp_path / "train_gpt_medium_unmodified.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("train_gpt_medium_unmodified", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_baseline_is_bit_identical_to_the_unmodified_script(tmp_path):
-    old = load_unmodified_script(tmp_path)
+def test_baseline_is_bit_identical_to_the_unmodified_script(unmodified_medium):
+    old = unmodified_medium
     losses = []
     for module in (old, tgm):
         cfg = module.model_config(module.resolve_args(TINY))
