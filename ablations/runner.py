@@ -45,7 +45,7 @@ class Options:
     nnodes: int = 1                    # >1: each run spans nodes (Slurm: srun + torchrun rendezvous)
     rdzv_endpoint: str | None = None
     grace_s: float = 15.0              # how long stopped children get between SIGTERM and SIGKILL
-    poll_s: float = 0.5
+    poll_s: float = 0.25
     progress_every_s: float = 30.0     # training-step progress lines at most this often (validations always)
 
 

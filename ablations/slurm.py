@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .errors import StudyError
-from .study import REPO_ROOT, Run, Study
+from .study import Run, Study
 
 
 @dataclasses.dataclass
@@ -83,7 +83,8 @@ def batch_script(study: Study, runs: list[Run], runs_dir: Path, options: SlurmOp
     body = [
         "",
         "set -euo pipefail",
-        f"cd {shlex.quote(str(REPO_ROOT))}",
+        # Relative paths in the study's flags (data globs) mean what they meant where the script was written.
+        f"cd {shlex.quote(str(Path.cwd()))}",
         f"runs=({entries})",
         'entry=${runs[$SLURM_ARRAY_TASK_ID]}',
         'arm=${entry%:*}',

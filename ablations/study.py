@@ -271,6 +271,10 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path) -> None:
         if key in checked:
             continue
         checked.add(key)
+        for token in run.flags:
+            # Exact names only: argparse would take an abbreviation (--backout-layer) for the full flag.
+            if token.startswith("--") and token not in parser._option_string_actions:
+                raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} has no flag {token}")
         captured = io.StringIO()
         try:
             with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):

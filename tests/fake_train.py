@@ -6,7 +6,7 @@ and scalars lines, the final peak-memory line) and a checkpoint when asked. Envi
   FAKE_TRAIN_FAIL_VARIANT   fail (exit 1, message on stderr) in runs of this variant ...
   FAKE_TRAIN_FAIL_AT        ... at this step (default 1)
   FAKE_TRAIN_IGNORE_SIGTERM ignore SIGTERM (a process that outlives its runner)
-  FAKE_TRAIN_STARTS         append one JSON line per process start to this file (to count starts)
+  FAKE_TRAIN_STARTS         append a JSON line per start and per finish of a run to this file
 """
 
 import argparse
@@ -57,11 +57,16 @@ def main():
     if os.environ.get("FAKE_TRAIN_IGNORE_SIGTERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    starts = os.environ.get("FAKE_TRAIN_STARTS")
-    if starts and rank == 0:
-        with open(starts, "a") as f:
-            f.write(json.dumps({"variant": args.variant, "seed": args.seed, "resume": args.resume,
-                                "pid": os.getpid()}) + "\n")
+    starts = os.environ.get("FAKE_TRAIN_STARTS") if rank == 0 else None
+
+    def record(event):
+        if starts:
+            with open(starts, "a") as f:
+                f.write(json.dumps({"event": event, "variant": args.variant, "seed": args.seed, "time": time.time(),
+                                    "resume": args.resume, "pid": os.getpid(),
+                                    "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
+
+    record("start")
     step_seconds = float(os.environ.get("FAKE_TRAIN_STEP_SECONDS", "0"))
     fail_at = int(os.environ.get("FAKE_TRAIN_FAIL_AT", "1")) if os.environ.get("FAKE_TRAIN_FAIL_VARIANT") == \
         args.variant else None
@@ -120,6 +125,7 @@ def main():
         save_checkpoint(checkpoint_path, state)
     emit("peak memory allocated: 0 MiB reserved: 0 MiB", keep=False)
     log.close()
+    record("finish")
 
 
 if __name__ == "__main__":
