@@ -1,0 +1,55 @@
+"""Fixtures shared by the test files: synthetic token shards and running the training script."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MEDIUM_SCRIPT = ROOT / "train_gpt_medium.py"
+
+
+def write_token_shard(path, tokens):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240520, 1, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def synthetic_tokens(n, seed):
+    """Documents of learnable text-like tokens: each starts with 50256, tokens follow a Zipf law."""
+    rng = np.random.default_rng(seed)
+    tokens = (rng.zipf(1.3, n) % 2000).astype(np.uint16)
+    tokens[rng.random(n) < 0.01] = 50256
+    tokens[0] = 50256
+    return tokens
+
+
+@pytest.fixture(scope="session")
+def shard_dir(tmp_path_factory):
+    """A val shard and two train shards, large enough for the tiny preset's default schedule."""
+    d = tmp_path_factory.mktemp("shards")
+    write_token_shard(d / "syn_val_000000.bin", synthetic_tokens(20_000, 0))
+    write_token_shard(d / "syn_train_000001.bin", synthetic_tokens(30_000, 1))
+    write_token_shard(d / "syn_train_000002.bin", synthetic_tokens(30_000, 2))
+    return d
+
+
+@pytest.fixture
+def tiny_data_args(shard_dir):
+    return ["--preset", "tiny", "--train-files", str(shard_dir / "syn_train_*.bin"),
+            "--val-files", str(shard_dir / "syn_val_*.bin")]
+
+
+def run_training(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
+    """Runs the training script (under torchrun when nproc > 1); returns the CompletedProcess."""
+    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2"))
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(script), *args]
+    else:
+        cmd = [sys.executable, str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kwargs)
