@@ -46,7 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
     _study_options(run)
     run.add_argument("--parallel", type=int, help="most runs at once (default: 1 on CPU; on GPUs as many as fit)")
     run.add_argument("--gpus", type=int, help="GPUs to use on this node (default: all that nvidia-smi or "
-                                              "CUDA_VISIBLE_DEVICES show; 0 runs on the CPU)")
+                                              "CUDA_VISIBLE_DEVICES show; 0 hides them: runs on the CPU)")
     _launch_options(run)
     run.add_argument("--dry-run", action="store_true", help="check the study and print the commands; run nothing")
     run.add_argument("--report", action="store_true",
@@ -84,10 +84,12 @@ def make_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                        help="another #SBATCH option, e.g. --sbatch=--qos=high (repeatable)")
     slurm.add_argument("--no-resume", action="store_true", help="tasks restart unfinished runs from scratch")
+    slurm.add_argument("--nproc", type=int, help="processes (GPUs) per run instead of the study's nproc")
     return parser
 
 
 def _launch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, help="processes (GPUs) per run instead of the study's nproc")
     parser.add_argument("--launcher", choices=("torchrun", "python"),
                         help="torchrun (default) or plain python (single-process runs only)")
     parser.add_argument("--no-resume", action="store_true",
@@ -117,7 +119,18 @@ def cmd_list(_args) -> int:
 
 def _load(args) -> Study:
     seeds = parse_seeds(args.seeds) if getattr(args, "seeds", None) else None
-    return load_study(args.study, parse_sets(args.set), seeds, args.runs_dir)
+    return _with_nproc(load_study(args.study, parse_sets(args.set), seeds, args.runs_dir), args)
+
+
+def _with_nproc(study: Study, args) -> Study:
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        if nproc < 1:
+            raise StudyError("--nproc must be at least 1")
+        if study.launcher == "python" and nproc != 1:
+            study.launcher = "torchrun"  # several processes per run need torchrun
+        study.nproc = nproc
+    return study
 
 
 def _gpu_ids(study: Study, requested: int | None, nnodes: int = 1) -> list[str]:
@@ -140,6 +153,7 @@ def _options(args, study: Study, nnodes: int = 1) -> Options:
     if launcher == "python" and study.nproc != 1:
         raise StudyError(f"--launcher python runs one process; study {study.name} needs {study.nproc}")
     return Options(runs_dir=args.runs_dir, launcher=launcher, gpu_ids=_gpu_ids(study, args.gpus, nnodes),
+                   hide_gpus=args.gpus == 0,
                    parallel=getattr(args, "parallel", None), resume=not args.no_resume, nnodes=nnodes,
                    rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
                    grace_s=getattr(args, "grace", 15.0), progress_every_s=getattr(args, "progress_every", 30.0))
@@ -180,7 +194,7 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
 
 
 def cmd_run_one(args) -> int:
-    study = load_study(args.study, parse_sets(args.set), None, args.runs_dir)
+    study = _with_nproc(load_study(args.study, parse_sets(args.set), None, args.runs_dir), args)
     if args.arm not in study.arms:
         raise StudyError(f"study {study.name} has no arm {args.arm!r} (its arms: {', '.join(study.arms)})")
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -250,7 +264,8 @@ def cmd_slurm(args) -> int:
     if options.gpus_per_node < 1:
         raise StudyError("--gpus-per-node must be at least 1")
     nodes_for(study, options)
-    passed_on = [f"--set={item}" for item in args.set or []] + (["--no-resume"] if args.no_resume else [])
+    passed_on = [f"--set={item}" for item in args.set or []] + (["--no-resume"] if args.no_resume else []) \
+        + ([f"--nproc={args.nproc}"] if args.nproc else [])
     text = batch_script(study, runs, args.runs_dir, options, passed_on)
     path = args.output or args.runs_dir / study.name / "slurm.sbatch"
     write_batch_script(path, text, (args.runs_dir / study.name / "slurm").resolve())

@@ -39,6 +39,7 @@ class Options:
     runs_dir: Path = Path("runs")
     launcher: str | None = None        # overrides the study's launcher
     gpu_ids: list[str] = dataclasses.field(default_factory=list)  # empty: CPU runs
+    hide_gpus: bool = False            # CPU runs on a machine with GPUs (--gpus 0)
     parallel: int | None = None        # most runs at once (default: 1 on CPU, as many as GPUs allow)
     resume: bool = True                # resume from a checkpoint when one exists
     wait_for_others: bool = True       # watch runs locked by another process (False: leave them)
@@ -226,7 +227,9 @@ class StudyRunner:
             gpus, self.free_gpus = self.free_gpus[:self.study.nproc], self.free_gpus[self.study.nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
             notes.append(f"GPUs {','.join(gpus)}")
-        elif not self.options.gpu_ids and "OMP_NUM_THREADS" not in env and (self.options.parallel or 1) > 1:
+        elif self.options.hide_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if not self.options.gpu_ids and "OMP_NUM_THREADS" not in env and (self.options.parallel or 1) > 1:
             # Concurrent CPU runs share the cores instead of each taking all of them.
             per_run = max(1, (os.cpu_count() or 1) // ((self.options.parallel or 1) * self.study.nproc))
             env["OMP_NUM_THREADS"] = str(per_run)

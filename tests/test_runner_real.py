@@ -1,0 +1,65 @@
+"""The runner with the real training script: a tiny study on synthetic shards, and `./run.sh` as the README says."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner_support import REPO, ablations, is_complete, runner_env, write_study
+
+SCRIPT = REPO / "train_gpt_medium.py"
+DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
+
+
+def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
+    flags = {"preset": "tiny", "num-iterations": 3, "val-every": 0,
+             "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
+    study = write_study(tmp_path, "tiny", {"baseline": {}, "layers-4": {"num-layers": 4}}, flags=flags,
+                        script=SCRIPT)
+    result = ablations(["run", study, "--parallel", "2", "--gpus", "0"], tmp_path, runner_env(), timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for arm in ("baseline", "layers-4"):
+        for seed in (0, 1):
+            log = tmp_path / "runs" / "tiny" / arm / f"seed{seed}.txt"
+            assert is_complete(log)
+            text = log.read_text()
+            assert f'"variant": "{arm}"' in text and f'"seed": {seed}' in text
+            assert "step:3/3 val_loss:" in text
+    assert result.stdout.count(" val_loss ") >= 4  # progress shows each run's validation
+
+
+def test_bad_flag_for_the_training_script_is_refused(tmp_path):
+    study = write_study(tmp_path, "bad", {"baseline": {}, "odd": {"backout-layerz": 11}}, script=SCRIPT)
+    result = ablations(["run", study], tmp_path, runner_env())
+    assert result.returncode == 2 and "has no flag --backout-layerz" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
+def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
+    """`./run.sh` on a machine with no GPU, in a copy of the tree (so the test leaves the checkout's runs/ alone)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "logs", "__pycache__",
+                                                              "fineweb10B", ".pytest_cache"))
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_VENV", "CUDA_VISIBLE_DEVICES")}
+    # The interpreter running the tests has every dependency: run.sh uses it as it is.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    result = subprocess.run(["./run.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    first = result.stdout.splitlines()[0]
+    if shutil.which("nvidia-smi") is None:
+        assert first.startswith("run.sh: main job: the demo study") and "no CUDA GPU" in first
+    logs = sorted((tree / "runs" / "demo").rglob("seed*.txt"))
+    assert [(log.parent.name, log.name) for log in logs] == [
+        ("baseline", "seed0.txt"), ("baseline", "seed1.txt"), ("layers-8", "seed0.txt"), ("layers-8", "seed1.txt")]
+    assert all(is_complete(log) for log in logs)
+    assert "4 runs: 4 done (4 by this runner), 0 failed" in result.stdout
+    assert (tree / "runs" / "demo" / "runner.log").read_text().count(" done ") >= 4
+    if importlib.util.find_spec("analysis") is not None:
+        assert "python -m analysis report" in result.stdout
+    else:
+        assert "report   skipped: the analysis package is not available" in result.stdout
