@@ -69,6 +69,10 @@ def test_failed_run_does_not_stop_the_study_and_is_named(tmp_path):
     status = status_of(tmp_path, study)
     assert [item["seed"] for item in status["arms"]["backout"]["failed"]] == [0, 1]
     assert status["done"] == 2 and status["failed"] == 2
+    table = ablations(["status", study], tmp_path, runner_env()).stdout.splitlines()
+    assert table[0] == "s (runs/s): 4 runs: 2 done, 0 running, 2 failed, 0 to do"
+    assert table[1].split() == ["baseline", "done:", "seed0", "seed1"]
+    assert table[2].split() == ["backout", "failed:", "seed0", "seed1"]
 
     # Rerun once fixed: the failed runs are redone, their unfinished logs kept aside, the finished ones untouched.
     result = ablations(["run", study], tmp_path, runner_env(starts))
