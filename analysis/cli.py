@@ -1,0 +1,405 @@
+"""Command line: python -m analysis summarize|compare|record-check|plot|report|record ...
+
+Bad input ends with one line on stderr naming the problem and exit status 2."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+from . import plots
+from .atomic import write_text_atomically
+from .compare import compare_arms, render_compare
+from .logs import group_runs, load_runs
+from .record import RecordError, package_record
+from .record_check import record_check, render_record_check
+from .report import build_report
+from .studies import render_resource_table
+from .summary import summarize
+from .textfmt import num, pval, table
+from .tracks import TARGETS, track_of
+
+
+class UsageError(Exception):
+    """Bad input: the message is the one line shown to the user."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# ----------------------------------------------------------------------------------------------- argument types
+
+def _number(text: str, check, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not check(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def positive_float(text):
+    return _number(text, lambda v: v > 0, "a positive number")
+
+
+def probability(text):
+    return _number(text, lambda v: 0 < v < 1, "strictly between 0 and 1")
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def at_least_two(text):
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is below 2")
+    return value
+
+
+def iso_date(text):
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date YYYY-MM-DD") from None
+
+
+def record_name(text):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use letters, digits, '_', '-', '.'")
+    return text
+
+
+def comma_list(text):
+    return [item for item in text.split(",") if item]
+
+
+# ----------------------------------------------------------------------------------------------- shared steps
+
+def _load(paths, jobs=None, what="PATH"):
+    try:
+        runs, unreadable = load_runs(paths, jobs=jobs)
+    except FileNotFoundError as missing:
+        raise UsageError(f"{what} not found: {missing}") from None
+    if not runs and not unreadable:
+        raise UsageError(f"no *.txt logs under {' '.join(map(str, paths))}")
+    if not runs:
+        raise UsageError(f"no run logs among the {len(unreadable)} files under {' '.join(map(str, paths))} "
+                         f"(first: {unreadable[0].path}: {unreadable[0].problem})")
+    return runs, unreadable
+
+
+def _complete_groups(runs, by, arms=None):
+    groups = group_runs(runs, by=by)
+    if not groups:
+        raise UsageError("no complete runs (a complete log ends with 'peak memory allocated: ...')")
+    if arms:
+        missing = [a for a in arms if a not in groups]
+        if missing:
+            raise UsageError(f"--arms: no complete runs for {', '.join(missing)} (arms: {', '.join(groups)})")
+        groups = {name: groups[name] for name in arms}
+    return groups
+
+
+def _target(args, runs) -> float:
+    if args.target is not None:
+        return args.target
+    track = track_of(runs)
+    if track is None:
+        raise UsageError("--target is needed: the logs name no single track in their config line")
+    return TARGETS[track]
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _print_json(value):
+    print(json.dumps(_json_safe(value), indent=1, allow_nan=False))
+
+
+def _add_paths(parser, help_text="log files or folders (searched recursively for *.txt)"):
+    parser.add_argument("paths", nargs="+", metavar="PATH", help=help_text)
+    parser.add_argument("--by", choices=("variant", "folder"), default="variant",
+                        help="what makes an arm: the config line's variant (upstream logs: their folder name; "
+                             "default) or the name of the folder holding the log")
+    parser.add_argument("--jobs", type=positive_int, default=None,
+                        help="processes parsing logs (default: the CPUs available)")
+
+
+# ----------------------------------------------------------------------------------------------- commands
+
+def cmd_summarize(args):
+    runs, unreadable = _load(args.paths, args.jobs)
+    result = summarize(runs, args.target, unreadable, by=args.by)
+    if args.json:
+        _print_json(result)
+        return 0
+    run_rows = [[r["variant"], r["seed"], "complete" if r["complete"] else "UNFINISHED",
+                 f"{num(r['final_step'])}/{num(r['steps'])}", num(r["final_val_loss"]), num(r["train_time_s"], 2),
+                 num(r["time_to_target_s"], 2), num(r["step_to_target"], 1), r["path"]] for r in result["runs"]]
+    print(table(["variant", "seed", "status", "step", "final loss", "time s", "time to target s",
+                 "step to target", "path"], run_rows))
+    print()
+    group_rows = [[g["variant"], g["n"], num(g["mean_val_loss"]), num(g["std_val_loss"], 5), pval(g["p_value"]),
+                   num(g["mean_time_s"], 2), num(g["std_time_s"], 2), f"{g['n_reached_target']}/{g['n']}",
+                   num(g["mean_time_to_target_s"], 2)] for g in result["groups"]]
+    print(f"groups (complete runs only; std: n-1; p: one-sided t-test of mean < {args.target:g})")
+    print(table(["variant", "n", "mean loss", "std loss", "p", "mean time s", "std time s", "reached",
+                 "mean time to target s"], group_rows) if group_rows else "no complete runs")
+    for item in result["unreadable"]:
+        print(f"unreadable: {item['path']}: {item['problem']}")
+    return 0
+
+
+def cmd_compare(args):
+    runs, _ = _load(args.paths, args.jobs)
+    groups = _complete_groups(runs, args.by, args.arms)
+    baseline = args.baseline
+    if baseline is None:  # runs come in PATH order, so the first group is the first PATH's arm
+        baseline = "baseline" if "baseline" in groups else next(iter(groups))
+    if baseline not in groups:
+        raise UsageError(f"--baseline: no complete runs for {baseline!r} (arms: {', '.join(groups)})")
+    if len(groups) < 2:
+        raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
+    groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
+    result = compare_arms(groups, baseline, args.confidence, args.alternative)
+    if args.json:
+        _print_json(result)
+    else:
+        print(render_compare(result, markdown=args.markdown))
+    return 0
+
+
+def _single_variant(runs, chosen, flag):
+    groups = group_runs(runs)
+    if chosen is not None:
+        if chosen not in groups:
+            raise UsageError(f"{flag}: no complete runs for {chosen!r} (arms: {', '.join(groups) or 'none'})")
+        return groups[chosen]
+    if not groups:
+        raise UsageError("no complete runs")
+    if len(groups) > 1:
+        raise UsageError(f"the runs hold several variants ({', '.join(groups)}): choose one with {flag}")
+    return next(iter(groups.values()))
+
+
+def cmd_record_check(args):
+    runs, _ = _load(args.paths, args.jobs)
+    candidates = _single_variant(runs, args.variant, "--variant")
+    baseline = None
+    if args.baseline:
+        base_runs, _ = _load(args.baseline, args.jobs, what="--baseline path")
+        baseline = _single_variant(base_runs, args.baseline_variant, "--baseline-variant")
+    result = record_check(candidates, _target(args, runs), baseline, alpha=args.alpha, batch=args.runs,
+                          resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
+                          confidence=args.confidence)
+    if args.json:
+        _print_json(result)
+    else:
+        print(render_record_check(result))
+    return 0 if result["verdict"] == "pass" else 1
+
+
+PLOT_KINDS = ("val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "loss-by-layer",
+              "loss-vs-num-layers", "loss-vs-distance", "resource-table")
+
+
+def cmd_plot(args):
+    runs, _ = _load(args.paths, args.jobs)
+    groups = _complete_groups(runs, args.by, args.arms)
+    complete = [run for members in groups.values() for run in members]
+    if args.kind == "resource-table":
+        text = render_resource_table(groups, args.baseline if args.baseline in groups else None)
+        if args.out:
+            write_text_atomically(args.out, text + "\n")
+            print(args.out)
+        else:
+            print(text)
+        return 0
+    if args.out is None:
+        raise UsageError(f"--out FILE.png is needed for {args.kind}")
+    builders = {
+        "val-loss-step": lambda: plots.val_loss_figure(groups, "step", args.target),
+        "val-loss-time": lambda: plots.val_loss_figure(groups, "time", args.target),
+        "scalars": lambda: plots.scalars_figure(groups, args.scalars),
+        "lambda-by-layer": lambda: plots.lambda_by_layer_figure(complete, args.prefix),
+        "loss-by-layer": lambda: plots.loss_by_layer_figure(groups, args.baseline),
+        "loss-vs-num-layers": lambda: plots.loss_vs_num_layers_figure(groups, args.baseline),
+        "loss-vs-distance": lambda: plots.loss_vs_distance_figure(groups, args.baseline),
+    }
+    try:
+        figure = builders[args.kind]()
+    except ValueError as problem:
+        raise UsageError(f"{args.kind}: {problem}") from None
+    plots.save_figure(figure, args.out)
+    print(args.out)
+    return 0
+
+
+def cmd_report(args):
+    if not args.dir.is_dir():
+        raise UsageError(f"DIR is not a folder: {args.dir}")
+    runs, unreadable = _load([args.dir], args.jobs, what="DIR")
+    out = args.out or args.dir / "report.md"
+    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars))
+    return 0
+
+
+def cmd_record(args):
+    if not args.dir.is_dir():
+        raise UsageError(f"DIR is not a folder: {args.dir}")
+    runs, _ = _load([args.dir], args.jobs, what="DIR")
+    if args.variant is not None:
+        runs = [run for run in runs if run.variant == args.variant]
+    try:
+        path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target)
+    except RecordError as problem:
+        raise UsageError(str(problem)) from None
+    print(path)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- parser
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m analysis", description=(
+        "Statistics, plots, reports and record packaging for speedrun run logs (this project's logs and upstream "
+        "modded-nanogpt record logs). Only complete runs (last line 'peak memory ...') enter statistics."))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    p = commands.add_parser("summarize", help="runs and groups: final losses, times, p-values, time to target",
+                            description="Per run: final loss, train time, time/step to target (linear interpolation "
+                                        "between the validations around it). Per group: mean, sample std, one-sided "
+                                        "one-sample t-test p-value against --target.")
+    _add_paths(p)
+    p.add_argument("--target", type=positive_float, required=True, help="target validation loss (2.92 medium)")
+    p.add_argument("--json", action="store_true", help="print the JSON object of contracts.md section 4")
+    p.set_defaults(handler=cmd_summarize)
+
+    p = commands.add_parser("compare", help="arms against a baseline arm: Welch t-tests, CIs, Holm/BH",
+                            description=(
+                                "Arms are groups of complete runs: by the config line's variant (upstream logs: "
+                                "their folder name), or with --by folder by the folder holding each log. So "
+                                "`compare runs/STUDY` compares a study's arms, `compare records/A records/B` two "
+                                "upstream records. Every arm is compared with the baseline arm by Welch's t-test "
+                                "on final loss and on train time, with the difference (arm - baseline) and its "
+                                "confidence interval (Welch-Satterthwaite df). With several arms, Holm "
+                                "(family-wise) and Benjamini-Hochberg (FDR) adjusted p-values are given, and a "
+                                "warning names the best arm, whose unadjusted p-value overstates the evidence."))
+    _add_paths(p)
+    p.add_argument("--baseline", help="baseline arm (default: the arm named 'baseline', else the arm of the "
+                                       "first complete run in PATH order)")
+    p.add_argument("--arms", type=comma_list, help="comma-separated arms to include (default: all)")
+    p.add_argument("--confidence", type=probability, default=0.99, help="confidence level of the CIs (0.99)")
+    p.add_argument("--alternative", choices=("two-sided", "less", "greater"), default="two-sided",
+                   help="alternative of the Welch tests, arm vs baseline (default two-sided)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    p.set_defaults(handler=cmd_compare)
+
+    p = commands.add_parser("record-check", help="upstream's record rules and how reliable the verdict is",
+                            description=(
+                                "Passes when the mean final loss is below the target at p < --alpha (one-sided "
+                                "one-sample t-test) and, with --baseline, the runs are faster than the baseline's "
+                                "(one-sided Welch t-test on train times, same --alpha). Also prints the bootstrap "
+                                "chance that a fresh batch of --runs runs passes the loss test, and the batch size "
+                                "needed for a --power chance. Exit status 0 on pass, 1 on fail, 2 on bad input."))
+    _add_paths(p, "the candidate's logs or folders")
+    p.add_argument("--target", type=positive_float, help="target loss (default: from the config's track)")
+    p.add_argument("--variant", help="the candidate variant when the PATHs hold several")
+    p.add_argument("--baseline", nargs="+", metavar="PATH", help="logs of the runs to beat (same hardware)")
+    p.add_argument("--baseline-variant", help="the baseline variant when the --baseline PATHs hold several")
+    p.add_argument("--alpha", type=probability, default=0.01, help="significance level (0.01)")
+    p.add_argument("--runs", type=at_least_two, help="batch size for the bootstrap chance (default: as many as given)")
+    p.add_argument("--resamples", type=positive_int, default=10000, help="bootstrap resamples (10000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap's numpy Generator (0)")
+    p.add_argument("--power", type=probability, default=0.9, help="wanted chance of passing (0.9)")
+    p.add_argument("--max-runs", type=at_least_two, default=100, help="largest batch size searched (100)")
+    p.add_argument("--confidence", type=probability, default=0.99, help="confidence level of the time CI (0.99)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_record_check)
+
+    p = commands.add_parser("plot", help="one plot (PNG) or the resource table (Markdown)",
+                            description=(
+                                "Kinds: val-loss-step, val-loss-time (every run thin, each arm's mean with a +-1 "
+                                "std band); scalars (each learned scalar by step, per run and mean); "
+                                "lambda-by-layer (final <prefix>L<k> scalars of all runs by layer); loss-by-layer "
+                                "(layer sweep: arms named L<k> or with config backout_layers); loss-vs-num-layers "
+                                "(one line per selection order); loss-vs-distance (mean distance of the skipped "
+                                "layers to the output); resource-table (params, final loss, peak memory, step "
+                                "time, effective FLOPs per arm; Markdown)."))
+    p.add_argument("kind", choices=PLOT_KINDS, metavar="KIND", help=", ".join(PLOT_KINDS))
+    _add_paths(p)
+    p.add_argument("--out", type=Path, help="output file (PNG; Markdown for resource-table, default stdout)")
+    p.add_argument("--target", type=positive_float, help="draw the target loss")
+    p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="scalar names or globs (e.g. 'backout.*')")
+    p.add_argument("--prefix", default="backout.", help="scalar prefix for lambda-by-layer (backout.)")
+    p.add_argument("--baseline", default="baseline", help="baseline arm drawn as a reference line (baseline)")
+    p.add_argument("--arms", type=comma_list, help="comma-separated arms to include (default: all)")
+    p.set_defaults(handler=cmd_plot)
+
+    p = commands.add_parser("report", help="Markdown report of a study folder, plots next to it",
+                            description="Reads DIR (runs/<study>/<arm>/seed<k>.txt) and writes DIR/report.md (or "
+                                        "--out) with the arm table, comparisons with the baseline arm, resources, "
+                                        "plots (PNG files next to the report) and unfinished/unreadable logs.")
+    p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("--target", type=positive_float, help="target loss (default: from the config's track)")
+    p.add_argument("--baseline", default="baseline", help="baseline arm (baseline)")
+    p.add_argument("--out", type=Path, help="report file (default DIR/report.md)")
+    p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="extra scalar globs to plot")
+    p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
+    p.set_defaults(handler=cmd_report)
+
+    p = commands.add_parser("record", help="package complete runs as records/<track>/<date>_<Name>/",
+                            description="Copies DIR's complete runs with a README (losses, times, means, sample "
+                                        "stds, p-value, the Python that recomputes it) and the script that ran "
+                                        "into RECORDS_ROOT/track_2_medium (medium) or track_1_short (small)/"
+                                        "<date>_<NAME>/. Refuses when there is no complete run or the folder "
+                                        "exists.")
+    p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("--track", choices=("medium", "small"), required=True)
+    p.add_argument("--name", type=record_name, required=True, help="record name, e.g. Backout")
+    p.add_argument("--date", type=iso_date, default=datetime.date.today().isoformat(), help="YYYY-MM-DD (today)")
+    p.add_argument("--variant", help="package only this variant's runs")
+    p.add_argument("--target", type=positive_float, help="target loss (default: the track's)")
+    p.add_argument("--records-root", type=Path, default=Path("records"), help="records folder (records)")
+    p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
+    p.set_defaults(handler=cmd_record)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as problem:
+        print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as problem:  # an output file or folder that cannot be written
+        print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
+        return 2

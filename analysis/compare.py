@@ -1,0 +1,81 @@
+"""`compare`: arms against a baseline arm with Welch's t-test on final loss and train time, confidence intervals
+of the differences and, for more than one arm, Holm and Benjamini-Hochberg corrections."""
+from __future__ import annotations
+
+from .stats import benjamini_hochberg, holm, mean_std, welch
+from .textfmt import interval, num, pval, table
+
+# (key in the comparison, what a run contributes, readable name, digits)
+METRICS = (("loss", lambda run: run.final_val_loss, "final val loss", 4),
+           ("time", lambda run: run.train_time_s, "train time (s)", 2))
+
+
+def arm_record(name: str, runs) -> dict:
+    mean_loss, std_loss = mean_std([r.final_val_loss for r in runs])
+    mean_time, std_time = mean_std([r.train_time_s for r in runs])
+    return {"variant": name, "n": len(runs), "mean_val_loss": mean_loss, "std_val_loss": std_loss,
+            "mean_time_s": mean_time, "std_time_s": std_time}
+
+
+def _selection_warning(comparisons, key: str, label: str, baseline: str) -> str | None:
+    """The caveat for the best of several arms: picked after the fact, its raw p-value overstates the case."""
+    tested = [c for c in comparisons if c[f"{key}_diff"] is not None]
+    if len(tested) < 2:
+        return None
+    best = min(tested, key=lambda c: c[f"{key}_diff"])
+    return (f"{len(comparisons)} arms were compared with '{baseline}'; the best {label} ('{best['variant']}', "
+            f"difference {best[f'{key}_diff']:+.4g}) was picked after seeing the results, so its unadjusted "
+            f"p = {pval(best[f'{key}_p'])} overstates the evidence. Quote the Holm-adjusted "
+            f"p = {pval(best[f'{key}_p_holm'])} (or BH q = {pval(best[f'{key}_p_bh'])}) or confirm it with fresh "
+            f"runs; do not present it as if it had been chosen in advance.")
+
+
+def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternative: str = "two-sided") -> dict:
+    """`groups`: arm name -> complete runs. Every other arm is compared with `baseline` (arm minus baseline)."""
+    others = [name for name in groups if name != baseline]
+    comparisons = []
+    for name in others:
+        entry = {"variant": name, "baseline": baseline, "n": len(groups[name]), "n_baseline": len(groups[baseline])}
+        for key, value_of, _, _ in METRICS:
+            test = welch([value_of(r) for r in groups[name]], [value_of(r) for r in groups[baseline]],
+                         confidence=confidence, alternative=alternative)
+            entry.update({f"{key}_diff": test["diff"], f"{key}_ci": test["ci"], f"{key}_df": test["df"],
+                          f"{key}_p": test["p"]})
+        comparisons.append(entry)
+    for key, _, _, _ in METRICS:
+        raw = [c[f"{key}_p"] for c in comparisons]
+        for entry, p_holm, p_bh in zip(comparisons, holm(raw), benjamini_hochberg(raw)):
+            entry[f"{key}_p_holm"], entry[f"{key}_p_bh"] = p_holm, p_bh
+
+    warnings = []
+    for key, _, label, _ in METRICS:
+        warning = _selection_warning(comparisons, key, label, baseline)
+        if warning:
+            warnings.append(warning)
+    baseline_std = mean_std([r.final_val_loss for r in groups[baseline]])[1]
+    for name in [baseline] + others:
+        if len(groups[name]) < 2:
+            warnings.append(f"'{name}' has {len(groups[name])} complete run: no test is possible, and one run's "
+                            f"difference is within seed noise (baseline loss std {num(baseline_std, 5)}).")
+    return {"baseline": baseline, "confidence": confidence, "alternative": alternative,
+            "arms": [arm_record(name, groups[name]) for name in [baseline] + others],
+            "comparisons": comparisons, "warnings": warnings}
+
+
+def render_compare(result: dict, markdown: bool = False) -> str:
+    level = f"{result['confidence'] * 100:g}%"
+    arms = table(["arm", "n", "mean loss", "std loss", "mean time s", "std time s"],
+                 [[a["variant"], a["n"], num(a["mean_val_loss"]), num(a["std_val_loss"], 5),
+                   num(a["mean_time_s"], 2), num(a["std_time_s"], 2)] for a in result["arms"]], markdown)
+    parts = [arms]
+    for key, _, label, digits in METRICS:
+        rows = [[c["variant"], c["n"], num(c[f"{key}_diff"], digits, signed=True),
+                 interval(c[f"{key}_ci"], digits), pval(c[f"{key}_p"]), pval(c[f"{key}_p_holm"]),
+                 pval(c[f"{key}_p_bh"])] for c in result["comparisons"]]
+        title = (f"{label}: arm - {result['baseline']}, Welch t-test ({result['alternative']}), "
+                 f"{level} CI (Welch-Satterthwaite df)")
+        parts.append(("**" + title + "**" if markdown else title) + "\n\n" + table(
+            ["arm", "n", "diff", f"{level} CI", "p", "p Holm", "p BH"], rows, markdown))
+    for warning in result["warnings"]:
+        parts.append(("> **Warning:** " if markdown else "WARNING: ") + warning)
+    return "\n\n".join(parts)

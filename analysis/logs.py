@@ -1,0 +1,302 @@
+"""Reading run logs: this project's format (contracts.md section 3) and upstream modded-nanogpt record logs.
+
+A log is the script's source, then sections separated by lines of exactly 100 '=', then the step lines. The source
+at the top may itself contain text that looks like step lines, a config line or a peak-memory line, so step lines,
+scalars and the final peak-memory line are only read after the LAST separator line, and the config / `key: value`
+environment lines only between the last two separators (or after the last one when the log stops inside the
+environment section). Only whole lines that match the expected shapes count.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SEPARATOR = b"=" * 100
+_SEPARATOR_LINE = b"\n" + SEPARATOR + b"\n"
+
+# Every era: `step:s/N [val_loss:v ][train_loss:l ]train_time:Tms step_avg:Ams` (step_avg may be `nan`).
+_STEP_LINE = re.compile(
+    rb"^step:(\d+)/(\d+) (?:val_loss:([^ \n]+) )?(?:train_loss:[^ \n]+ )?"
+    rb"train_time:(\d+(?:\.\d*)?)ms step_avg:[^ \n]*ms[ \t]*$",
+    re.MULTILINE,
+)
+# Validation and scalars lines in one pass; the leading newline is a literal prefix, so the regex engine jumps
+# between candidate lines quickly.
+_VAL_OR_SCALARS_LINE = re.compile(
+    rb"\nstep:(\d+)/(\d+) (?:val_loss:([^ \n]+) (?:train_loss:[^ \n]+ )?"
+    rb"train_time:(\d+(?:\.\d*)?)ms step_avg:[^ \n]*ms|scalars: (\{[^\n]*\}))[ \t]*(?=\n|$)"
+)
+_CONFIG_LINE = re.compile(rb"^config: (\{.*\})[ \t]*$", re.MULTILINE)
+_ENV_LINE = re.compile(rb"^([A-Za-z_][\w.\-]*): ([^\n]*?)[ \t]*$", re.MULTILINE)
+# Ours and upstream since 2025: allocated + reserved; early upstream eras: `peak memory consumption: N MiB`.
+_PEAK_LINE = re.compile(
+    r"^peak memory (?:allocated: (\d+(?:\.\d+)?) MiB reserved: (\d+(?:\.\d+)?) MiB"
+    r"|consumption: (\d+(?:\.\d+)?) MiB)\s*$"
+)
+_SEED_IN_NAME = re.compile(r"seed[_-]?(\d+)$|^(\d+)$")
+
+class LogUnreadable(Exception):
+    """The file is not a run log (empty, binary, no separator line) or cannot be read."""
+
+
+@dataclass
+class RunLog:
+    path: Path
+    variant: str
+    seed: int | str | None
+    complete: bool
+    upstream: bool  # no `config:` line: an upstream record log (or a log that stopped before its config)
+    config: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # `key: value` lines of the environment section, values as text
+    total_steps: int | None = None  # N of `step:s/N`
+    final_step: int | None = None  # s of the last step line
+    train_time_ms: float | None = None  # train_time of the last step line
+    val_steps: list = field(default_factory=list)
+    val_losses: list = field(default_factory=list)
+    val_times_ms: list = field(default_factory=list)
+    scalars: list = field(default_factory=list)  # [(step, {name: value})] in log order
+    peak_allocated_mib: float | None = None
+    peak_reserved_mib: float | None = None
+
+    @property
+    def final_val_loss(self) -> float | None:
+        return self.val_losses[-1] if self.val_losses else None
+
+    @property
+    def train_time_s(self) -> float | None:
+        return None if self.train_time_ms is None else self.train_time_ms / 1000.0
+
+    @property
+    def step_time_ms(self) -> float | None:
+        if self.train_time_ms is None or not self.final_step:
+            return None
+        return self.train_time_ms / self.final_step
+
+    @property
+    def final_scalars(self) -> dict:
+        return self.scalars[-1][1] if self.scalars else {}
+
+    def setting(self, *keys: str):
+        """The first of `keys` found in the config line, then in the `key: value` environment lines."""
+        for key in keys:
+            if key in self.config:
+                return self.config[key]
+        for key in keys:
+            if key in self.env:
+                return self.env[key]
+        return None
+
+
+@dataclass
+class Unreadable:
+    path: Path
+    problem: str
+
+
+def _seed_from_name(path: Path) -> int | str:
+    match = _SEED_IN_NAME.search(path.stem)
+    if match:
+        return int(match.group(1) or match.group(2))
+    return path.stem
+
+
+def _parse_float(text: bytes) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _last_two_separators(data: bytes) -> tuple[int, int]:
+    """Offsets of the last two separator lines (each with the newline before it); -1 where there is none."""
+    last = data.rfind(_SEPARATOR_LINE)
+    if last < 0:
+        return -1, -1
+    return last, data.rfind(_SEPARATOR_LINE, 0, last + 1)  # + 1: two separator lines in a row share a newline
+
+
+def _region_after_last_separator(data: bytes) -> tuple[int, int]:
+    """(start of the step region, start of the environment region); -1 when the log has no separator."""
+    last, previous = _last_two_separators(data)
+    if last < 0:
+        return -1, -1
+    step_start = last + len(_SEPARATOR_LINE) - 1  # keep the newline: step regexes start with "\n"
+    env_start = previous + len(_SEPARATOR_LINE) if previous >= 0 else step_start
+    return step_start, env_start
+
+
+def _last_step_line(steps: bytes):
+    """The last full step line (validation or training) of the step region, as a regex match, or None."""
+    end = len(steps)
+    while end > 0:
+        start = steps.rfind(b"\nstep:", 0, end)
+        if start < 0:
+            return None
+        line_end = steps.find(b"\n", start + 1)
+        line_end = len(steps) if line_end < 0 else line_end
+        match = _STEP_LINE.match(steps, start + 1, line_end)
+        if match:
+            return match
+        end = start
+    return None
+
+
+def _last_nonempty_line(data: bytes) -> str:
+    stripped = data.rstrip()
+    start = stripped.rfind(b"\n") + 1
+    return stripped[start:].decode("utf-8", errors="replace")
+
+
+def parse_log(path: str | os.PathLike) -> RunLog:
+    """Parse one log file. Raises LogUnreadable when it is not a run log at all."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise LogUnreadable(f"cannot be read ({error.strerror or error})") from None
+    has_nul = b"\x00" in data
+    if has_nul:  # a node that died mid-write can leave NUL-filled blocks in a text log: drop them
+        data = data.replace(b"\x00", b"")
+    if not data.strip():
+        raise LogUnreadable("empty file" if not has_nul else "binary data (NUL bytes only)")
+    if b"\r\n" in data:
+        data = data.replace(b"\r\n", b"\n")
+    data = b"\n" + data  # so a separator on the very first line is found like any other
+    step_start, env_start = _region_after_last_separator(data)
+    if step_start < 0:
+        raise LogUnreadable("binary data, not a text log" if has_nul else "not a run log: no line of 100 '='")
+    steps = data[step_start:]
+    # The config line is in the environment section: between the last two separators, or after the last one when
+    # the log stops inside the environment section (then no step line follows the last separator).
+    env_region, config_match = steps, None
+    if b"\nstep:" not in steps:
+        for config_match in _CONFIG_LINE.finditer(steps):
+            pass
+    if config_match is None and env_start < step_start:
+        env_region = data[env_start:step_start]
+        for config_match in _CONFIG_LINE.finditer(env_region):
+            pass  # the last one: a well-formed section holds exactly one
+    config = {}
+    if config_match:
+        try:
+            parsed = json.loads(config_match.group(1))
+            config = parsed if isinstance(parsed, dict) else {}
+        except (ValueError, UnicodeDecodeError):
+            config = {}
+    env = {}
+    for match in _ENV_LINE.finditer(env_region):
+        key = match.group(1).decode("ascii", errors="replace")
+        if key != "config":
+            env.setdefault(key, match.group(2).decode("utf-8", errors="replace"))
+
+    run = RunLog(path=path, variant="", seed=None, complete=False, upstream=not config_match,
+                 config=config, env=env)
+    by_step = {}
+    for match in _VAL_OR_SCALARS_LINE.finditer(steps):
+        step = int(match.group(1))
+        if match.group(5) is None:
+            by_step[step] = (_parse_float(match.group(3)), float(match.group(4)))
+            run.total_steps = int(match.group(2))
+            continue
+        try:
+            values = json.loads(match.group(5))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(values, dict):
+            run.scalars.append((step, values))
+    for step in sorted(by_step):  # a resumed log may repeat steps: the later line wins
+        run.val_steps.append(step)
+        run.val_losses.append(by_step[step][0])
+        run.val_times_ms.append(by_step[step][1])
+    last = _last_step_line(steps)
+    if last:
+        run.final_step, run.total_steps = int(last.group(1)), int(last.group(2))
+        run.train_time_ms = float(last.group(4))
+
+    peak = _PEAK_LINE.match(_last_nonempty_line(steps))
+    if peak and last is not None:
+        run.complete = True
+        if peak.group(3) is not None:
+            run.peak_allocated_mib = float(peak.group(3))
+        else:
+            run.peak_allocated_mib, run.peak_reserved_mib = float(peak.group(1)), float(peak.group(2))
+
+    variant = config.get("variant")
+    run.variant = str(variant) if variant not in (None, "") else (path.parent.name or ".")
+    seed = config.get("seed")
+    run.seed = seed if isinstance(seed, (int, str)) and not isinstance(seed, bool) else _seed_from_name(path)
+    return run
+
+
+def code_section(data: bytes) -> str | None:
+    """The script source at the top of a log: everything before the separator that opens the environment
+    section (the second-to-last separator line), or None when the log has fewer than two."""
+    data = b"\n" + data
+    _, previous = _last_two_separators(data)
+    if previous < 0:
+        return None
+    return data[1:previous + 1].decode("utf-8", errors="replace")
+
+
+def natural_key(text: str):
+    """Sort key putting 'L3' before 'L11' and ignoring case: digit runs compare as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part.casefold()) for part in re.split(r"(\d+)", text)]
+
+
+def find_log_files(paths) -> list[Path]:
+    """Log files named by `paths`: files as given, folders searched recursively for *.txt (in natural order of
+    their paths). Raises FileNotFoundError naming the first path that does not exist."""
+    found = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted((p for p in path.rglob("*.txt") if p.is_file()), key=lambda p: natural_key(str(p))))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise FileNotFoundError(str(raw))
+    unique = list(dict.fromkeys(found))
+    return unique
+
+
+def _parse_or_unreadable(path: Path):
+    try:
+        return parse_log(path)
+    except LogUnreadable as error:
+        return Unreadable(path, str(error))
+
+
+# Below this many files one process is faster than starting workers.
+_PARALLEL_MIN_FILES = 48
+
+
+def load_runs(paths, jobs: int | None = None):
+    """Parse every log under `paths`. Returns (runs, unreadable), both in file order. Large sets are parsed by
+    a process pool (`jobs` workers, default: the CPUs this process may use)."""
+    files = find_log_files(paths)
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if jobs > 1 and len(files) >= _PARALLEL_MIN_FILES:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_parse_or_unreadable, files, chunksize=max(1, len(files) // (jobs * 8))))
+    else:
+        results = [_parse_or_unreadable(path) for path in files]
+    runs = [r for r in results if isinstance(r, RunLog)]
+    unreadable = [r for r in results if isinstance(r, Unreadable)]
+    return runs, unreadable
+
+
+def group_runs(runs, by: str = "variant", complete_only: bool = True) -> dict:
+    """Runs grouped by variant (config line, else folder name) or by folder name, in first-seen order."""
+    groups: dict[str, list[RunLog]] = {}
+    for run in runs:
+        if complete_only and not run.complete:
+            continue
+        key = run.variant if by == "variant" else (run.path.parent.name or ".")
+        groups.setdefault(key, []).append(run)
+    return groups

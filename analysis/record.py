@@ -1,0 +1,103 @@
+"""`record`: package finished runs the way an upstream record PR carries them: the logs, the script that ran, and
+a README with the losses, times, their means and standard deviations, the p-value and the Python that recomputes it.
+The folder is built under a temporary name and renamed at the end, so a half-written record never has its name."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from .logs import code_section
+from .stats import mean_std, p_below_target
+from .textfmt import num, pval, table
+from .tracks import RECORD_FOLDERS, TARGETS
+
+SCRIPT_NAMES = {"medium": "train_gpt_medium.py", "small": "train_gpt.py"}
+TRACK_TITLES = {"medium": "GPT-2 Medium track", "small": "GPT-2 Small track"}
+
+
+class RecordError(ValueError):
+    pass
+
+
+def _log_names(runs) -> list[str]:
+    """File names for the copied logs: the original name, prefixed by its folder where two would collide."""
+    names = [run.path.name for run in runs]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{run.path.parent.name}_{run.path.name}" for run in runs]
+
+
+def _shared_code(runs) -> str | None:
+    sources = {code_section(run.path.read_bytes()) for run in runs}
+    if len(sources) == 1:
+        (source,) = sources
+        return source if source and source.strip() else None
+    return None
+
+
+def readme_text(runs, names, track: str, name: str, date: str, target: float, variant: str,
+                left_out: int = 0) -> str:
+    losses = [run.final_val_loss for run in runs]
+    times = [run.train_time_s for run in runs]
+    mean_loss, std_loss = mean_std(losses)
+    mean_time, std_time = mean_std(times)
+    p_value = p_below_target(losses, target)
+    rows = [[f"`{log}`", run.seed, repr(run.final_val_loss), repr(run.train_time_s)] for log, run in zip(names, runs)]
+    return f"""# {name}
+
+{TRACK_TITLES[track]} (target validation loss {target:g}). Variant `{variant}`, {len(runs)} complete runs,
+packaged on {date}{f"; {left_out} unfinished run(s) of the same folder were left out" if left_out else ""}.
+
+{table(["log", "seed", "final val loss", "train time (s)"], rows, markdown=True)}
+
+- final validation loss: mean {num(mean_loss, 6)}, sample standard deviation {num(std_loss, 6)}
+- train time: mean {num(mean_time, 3)} s, sample standard deviation {num(std_time, 3)} s
+- one-sided one-sample t-test that the mean loss is below {target:g}: p = {pval(p_value)}
+
+The p-value, recomputed from the losses above:
+
+```python
+import scipy.stats
+
+losses = {losses!r}
+times = {times!r}
+print("mean loss", sum(losses) / len(losses), "mean time", sum(times) / len(times))
+print("p =", scipy.stats.ttest_1samp(losses, {target!r}, alternative="less").pvalue)
+```
+"""
+
+
+def package_record(runs, track: str, name: str, date: str, root: Path, target: float | None = None) -> Path:
+    """Copy the complete `runs` into `root/<track folder>/<date>_<name>/` with a README. Raises RecordError when
+    there is nothing to package, several variants are mixed, or the folder exists."""
+    left_out = sum(not run.complete for run in runs)
+    runs = [run for run in runs if run.complete]
+    if not runs:
+        raise RecordError("no complete runs to package")
+    variants = sorted({run.variant for run in runs})
+    if len(variants) > 1:
+        raise RecordError(f"the runs hold several variants ({', '.join(variants)}): choose one with --variant")
+    target = TARGETS[track] if target is None else target
+    destination = Path(root) / RECORD_FOLDERS[track] / f"{date}_{name}"
+    if destination.exists():
+        raise RecordError(f"{destination} already exists")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the record is meant to be shared
+        names = _log_names(runs)
+        for run, log_name in zip(runs, names):
+            shutil.copy2(run.path, staging / log_name)
+        code = _shared_code(runs)
+        if code is not None:
+            (staging / SCRIPT_NAMES[track]).write_text(code, encoding="utf-8")
+        (staging / "README.md").write_text(
+            readme_text(runs, names, track, name, date, target, variants[0], left_out), encoding="utf-8")
+        if destination.exists():  # created meanwhile by someone else: never overwrite
+            raise RecordError(f"{destination} already exists")
+        staging.rename(destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return destination

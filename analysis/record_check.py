@@ -1,0 +1,69 @@
+"""`record-check`: upstream's rules for a new record and how reliable the verdict is.
+
+Rules: the mean final validation loss is below the target at p < alpha (one-sided one-sample t-test), and the runs
+are faster than the baseline's runs on the same hardware (Welch's t-test on train times, one-sided). Reliability:
+the bootstrap chance that a fresh batch of n runs passes the loss test, and the batch size needed for a chosen
+chance."""
+from __future__ import annotations
+
+from .stats import bootstrap_pass_chance, mean_std, p_below_target, runs_needed, welch
+from .textfmt import interval, num, pval
+
+
+def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, batch: int | None = None,
+                 resamples: int = 10000, seed: int = 0, power: float = 0.9, max_runs: int = 100,
+                 confidence: float = 0.99) -> dict:
+    losses = [r.final_val_loss for r in candidates]
+    times = [r.train_time_s for r in candidates]
+    mean_loss, std_loss = mean_std(losses)
+    mean_time, std_time = mean_std(times)
+    p_loss = p_below_target(losses, target)
+    batch = batch or len(candidates)
+    result = {
+        "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
+        "mean_val_loss": mean_loss, "std_val_loss": std_loss, "p_value": p_loss,
+        "loss_ok": p_loss is not None and p_loss < alpha,
+        "mean_time_s": mean_time, "std_time_s": std_time,
+        "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
+        "bootstrap": {
+            "runs": batch, "resamples": resamples, "seed": seed,
+            "pass_chance": bootstrap_pass_chance(losses, target, batch, alpha, resamples, seed),
+        },
+        "power": power, "max_runs": max_runs,
+        "runs_needed": runs_needed(losses, target, power, alpha, resamples, seed, max_runs),
+    }
+    if baseline:
+        base_mean, base_std = mean_std([r.train_time_s for r in baseline])
+        faster = welch(times, [r.train_time_s for r in baseline], confidence=confidence, alternative="less")
+        result.update({"baseline": {"n": len(baseline), "mean_time_s": base_mean, "std_time_s": base_std},
+                       "time_diff_s": faster["diff"], "time_ci": faster["ci"], "time_p": faster["p"],
+                       "time_ok": faster["p"] is not None and faster["p"] < alpha})
+    result["verdict"] = "pass" if result["loss_ok"] and result["time_ok"] is not False else "fail"
+    return result
+
+
+def render_record_check(result: dict) -> str:
+    ok = {True: "PASS", False: "FAIL", None: "not checked"}
+    lines = [
+        f"runs: {result['n']}  mean final loss {num(result['mean_val_loss'])} (std {num(result['std_val_loss'], 5)})"
+        f"  mean time {num(result['mean_time_s'], 2)} s (std {num(result['std_time_s'], 2)})",
+        f"loss below {result['target']:g} at p < {result['alpha']:g}: {ok[result['loss_ok']]}"
+        f" (one-sided one-sample t-test p = {pval(result['p_value'])})",
+    ]
+    if result["baseline"] is None:
+        lines.append("faster than the baseline: not checked (no --baseline runs given)")
+    else:
+        base = result["baseline"]
+        lines.append(
+            f"faster than the baseline ({base['n']} runs, mean {num(base['mean_time_s'], 2)} s): "
+            f"{ok[result['time_ok']]} (difference {num(result['time_diff_s'], 2, signed=True)} s, "
+            f"{result['confidence'] * 100:g}% CI {interval(result['time_ci'], 2)}, "
+            f"one-sided Welch p = {pval(result['time_p'])})")
+    boot = result["bootstrap"]
+    lines.append(f"chance that a fresh batch of {boot['runs']} runs reaches p < {result['alpha']:g}: "
+                 f"{boot['pass_chance']:.1%} (bootstrap, {boot['resamples']} resamples, seed {boot['seed']})")
+    needed = result["runs_needed"]
+    lines.append(f"runs needed for a {result['power']:.0%} chance: "
+                 + (str(needed) if needed is not None else f"more than {result['max_runs']} (or never)"))
+    lines.append(f"verdict: {result['verdict'].upper()}")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""`report DIR`: a Markdown report of a study folder (runs/<study>/<arm>/seed<k>.txt) with its plots written
+next to it: per-arm statistics, comparisons with the baseline arm, resources, plots, unfinished and unreadable
+logs."""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from . import plots
+from .atomic import write_text_atomically
+from .compare import compare_arms, render_compare
+from .logs import group_runs
+from .studies import render_resource_table, skip_layers
+from .summary import summarize
+from .textfmt import num, pval, table
+
+# Scalar families worth a plot of their own in a report (the studies' learned scalars).
+SCALAR_FAMILIES = ("backout", "laurel", "dlo")
+
+
+def _shown(path: Path, study_dir: Path) -> str:
+    """A log's path relative to the study folder, as the report's reader sees the folder."""
+    try:
+        return str(path.relative_to(study_dir))
+    except ValueError:
+        return str(path)
+
+
+def _arm_table(summary: dict, runs) -> str:
+    unfinished = {}
+    for run in runs:
+        if not run.complete:
+            unfinished[run.variant] = unfinished.get(run.variant, 0) + 1
+    rows = [[g["variant"], g["n"], unfinished.get(g["variant"], 0), num(g["mean_val_loss"]),
+             num(g["std_val_loss"], 5), pval(g["p_value"]), num(g["mean_time_s"], 2), num(g["std_time_s"], 2),
+             f"{g['n_reached_target']}/{g['n']}", num(g["mean_time_to_target_s"], 2),
+             num(g["mean_step_to_target"], 1)] for g in summary["groups"]]
+    return table(["arm", "complete", "unfinished", "mean loss", "std loss", "p (mean < target)", "mean time s",
+                  "std time s", "reached target", "mean time to target s", "mean step to target"], rows,
+                 markdown=True)
+
+
+def _planned_figures(groups: dict, runs, baseline: str | None, target: float, scalar_patterns):
+    """(file suffix, caption, builder) for each plot this study's data supports."""
+    complete = [run for members in groups.values() for run in members]
+    planned = [("val_loss_step", "Validation loss by step", lambda: plots.val_loss_figure(groups, "step", target)),
+               ("val_loss_time", "Validation loss by train time",
+                lambda: plots.val_loss_figure(groups, "time", target))]
+    families = [[f"{family}.*"] for family in SCALAR_FAMILIES if plots.scalar_names(complete, [f"{family}.*"])]
+    if scalar_patterns:
+        families.append(list(scalar_patterns))
+    for index, patterns in enumerate(families):
+        planned.append((f"scalars_{index}", f"Learned scalars {', '.join(patterns)} by step",
+                        lambda patterns=patterns: plots.scalars_figure(groups, patterns)))
+    if plots.final_layer_values(complete):
+        planned.append(("lambda_by_layer", "Final skip lambdas by layer, all runs",
+                        lambda: plots.lambda_by_layer_figure(complete)))
+    layered = {name: skip_layers(name, members) for name, members in groups.items() if name != baseline}
+    single = [name for name, layers in layered.items() if layers and len(layers) == 1]
+    multi = [name for name, layers in layered.items() if layers and len(layers) > 1]
+    if len(single) >= 2:
+        planned.append(("loss_by_layer", "Final loss by skipped layer (layer sweep)",
+                        lambda: plots.loss_by_layer_figure(groups, baseline)))
+    if multi:
+        planned.append(("loss_vs_num_layers", "Final loss by number of skipped layers, per selection order",
+                        lambda: plots.loss_vs_num_layers_figure(groups, baseline)))
+        planned.append(("loss_vs_distance", "Final loss by mean distance of the skipped layers to the output",
+                        lambda: plots.loss_vs_distance_figure(groups, baseline)))
+    return planned
+
+
+def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str | None, out: Path,
+                 scalar_patterns=None) -> Path:
+    """Write the report to `out` and its PNGs next to it (named <report stem>_<plot>.png). Returns `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = summarize(runs, target, unreadable)
+    groups = group_runs(runs)
+    if baseline in groups:  # the baseline first, everywhere in the report
+        groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
+        summary["groups"].sort(key=lambda g: g["variant"] != baseline)
+    complete = sum(run.complete for run in runs)
+    lines = [f"# Study report: {study_dir.name}", "",
+             f"Generated {datetime.date.today().isoformat()} from `{study_dir}`; target validation loss {target:g}. "
+             f"{len(runs)} run logs: {complete} complete, {len(runs) - complete} unfinished; "
+             f"{len(unreadable)} unreadable file(s). Only complete runs enter the statistics; std is the sample "
+             f"standard deviation (n-1); p is the one-sided one-sample t-test of the mean final loss against the "
+             f"target.", "", "## Arms", "", _arm_table(summary, runs) if groups else "No complete runs.", ""]
+
+    lines += ["## Comparisons", ""]
+    if not groups:
+        lines.append("No complete runs to compare.")
+    elif baseline in groups and len(groups) > 1:
+        lines.append(render_compare(compare_arms(groups, baseline), markdown=True))
+    elif baseline in groups:
+        lines.append(f"Only the baseline arm `{baseline}` has complete runs.")
+    else:
+        lines.append(f"No baseline arm `{baseline}` among the complete runs (arms: {', '.join(groups)}); "
+                     f"name one with --baseline.")
+    lines.append("")
+
+    if groups:
+        lines += ["## Parameters, memory, step time, effective FLOPs", "",
+                  render_resource_table(groups, baseline if baseline in groups else None), "",
+                  "## Plots", ""]
+        for suffix, caption, build in _planned_figures(groups, runs, baseline, target, scalar_patterns):
+            image = out.with_name(f"{out.stem}_{suffix}.png")
+            plots.save_figure(build(), image)
+            lines += [f"### {caption}", "", f"![{caption}]({image.name})", ""]
+
+    lines += ["## Unfinished runs", ""]
+    unfinished = [run for run in runs if not run.complete]
+    lines += [f"- `{_shown(run.path, study_dir)}` ({run.variant}, last step {num(run.final_step)}/"
+              f"{num(run.total_steps)})" for run in unfinished] or ["None."]
+    lines += ["", "## Unreadable files", ""]
+    lines += [f"- `{_shown(u.path, study_dir)}`: {u.problem}" for u in unreadable] or ["None."]
+    write_text_atomically(out, "\n".join(lines) + "\n")
+    return out

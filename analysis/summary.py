@@ -1,0 +1,59 @@
+"""`summarize`: per-run facts and per-group statistics, as the JSON object of contracts.md section 4."""
+from __future__ import annotations
+
+from .logs import group_runs
+from .stats import crossing, mean_std, p_below_target
+
+
+def run_record(run, target: float) -> dict:
+    time_to_target, step_to_target = crossing(run.val_steps, run.val_losses, run.val_times_ms, target)
+    return {
+        "path": str(run.path),
+        "variant": run.variant,
+        "seed": run.seed,
+        "complete": run.complete,
+        "steps": run.total_steps,
+        "final_step": run.final_step,
+        "final_val_loss": run.final_val_loss,
+        "train_time_s": run.train_time_s,
+        "time_to_target_s": time_to_target,
+        "step_to_target": step_to_target,
+    }
+
+
+def group_record(variant: str, records: list[dict], target: float) -> dict:
+    """Statistics of one group's complete runs. Beyond the contract's keys: how many runs reached the target and
+    the mean/std of their time and step to target (runs that never reach it are left out of those)."""
+    losses = [r["final_val_loss"] for r in records]
+    times = [r["train_time_s"] for r in records]
+    mean_loss, std_loss = mean_std(losses)
+    mean_time, std_time = mean_std(times)
+    reached = [r for r in records if r["time_to_target_s"] is not None]
+    mean_ttt, std_ttt = mean_std([r["time_to_target_s"] for r in reached])
+    mean_stt, _ = mean_std([r["step_to_target"] for r in reached])
+    return {
+        "variant": variant,
+        "n": len(records),
+        "mean_val_loss": mean_loss,
+        "std_val_loss": std_loss,
+        "p_value": p_below_target(losses, target),
+        "mean_time_s": mean_time,
+        "std_time_s": std_time,
+        "n_reached_target": len(reached),
+        "mean_time_to_target_s": mean_ttt,
+        "std_time_to_target_s": std_ttt,
+        "mean_step_to_target": mean_stt,
+    }
+
+
+def summarize(runs, target: float, unreadable=(), by: str = "variant") -> dict:
+    records = [run_record(run, target) for run in runs]
+    by_path = {r["path"]: r for r in records}
+    groups = [group_record(name, [by_path[str(run.path)] for run in members], target)
+              for name, members in group_runs(runs, by=by).items()]
+    return {
+        "target": target,
+        "runs": records,
+        "groups": groups,
+        "unreadable": [{"path": str(u.path), "problem": u.problem} for u in unreadable],
+    }

@@ -1,0 +1,58 @@
+"""Plain-text and Markdown tables, and number formatting where a missing value shows as '-'."""
+from __future__ import annotations
+
+import math
+
+MISSING = "-"
+
+
+def num(value, digits: int = 4, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:+d}" if signed else str(value)
+    if isinstance(value, float):
+        return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return str(value)
+
+
+def pval(value) -> str:
+    """p-values: 4 significant digits, scientific below 1e-4 so small ones stay readable."""
+    if value is None:
+        return MISSING
+    return f"{value:.3e}" if value < 1e-4 else f"{value:.4g}"
+
+
+def interval(bounds, digits: int = 4) -> str:
+    if not bounds or bounds[0] is None or bounds[1] is None:
+        return MISSING
+    return f"[{bounds[0]:+.{digits}f}, {bounds[1]:+.{digits}f}]"
+
+
+def integer_like(value) -> str:
+    """Counts such as parameters or FLOPs read from logs: thousands separators when numeric."""
+    if value is None:
+        return MISSING
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(number):
+        return MISSING
+    if number.is_integer() and abs(number) >= 1000:
+        return f"{int(number):,}"
+    return f"{number:.4g}"
+
+
+def table(headers, rows, markdown: bool = False) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    if markdown:
+        lines = ["| " + " | ".join(cells[0]) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

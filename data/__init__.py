@@ -1,0 +1,1 @@
+"""Token shards: reading, validating, writing, downloading FineWeb and tokenising local text."""

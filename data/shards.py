@@ -1,0 +1,143 @@
+"""Shard files of GPT-2 tokens, the format of the modded-nanogpt speedrun.
+
+A shard is a header of 256 little-endian int32 values ([0] magic 20240520, [1] version 1, [2] token count N,
+the rest zero) followed by N little-endian uint16 tokens, and nothing else.
+
+    python -m data.shards FILE...    validate each file, print `path: N tokens`; exit 2 at the first bad one
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data._cli import ArgumentParser, file_problem
+
+HEADER_INTS = 256
+MAGIC = 20240520
+VERSION = 1
+HEADER_BYTES = HEADER_INTS * 4
+TOKEN_BYTES = 2
+MAX_TOKEN = 2**16 - 1
+
+
+class ShardError(ValueError):
+    """A shard (or a pattern meant to find shards) is unusable; the message is one line naming it."""
+
+
+def read_header(path) -> int:
+    """Checks the header of `path` and returns its token count; the payload is not looked at."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ShardError(file_problem(path, e)) from None
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(f"{path}: malformed header: file has {len(raw)} bytes, a header needs {HEADER_BYTES}")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != MAGIC:
+        raise ShardError(f"{path}: wrong magic number {int(header[0])} (expected {MAGIC}); not a token shard")
+    if header[1] != VERSION:
+        raise ShardError(f"{path}: unsupported shard version {int(header[1])} (expected {VERSION})")
+    count = int(header[2])
+    if count < 0:
+        raise ShardError(f"{path}: malformed header: negative token count {count}")
+    return count
+
+
+def validate_shard(path) -> int:
+    """Checks header and file size (exactly header + 2 bytes per token); returns the token count."""
+    path = Path(path)
+    count = read_header(path)
+    expected = HEADER_BYTES + TOKEN_BYTES * count
+    actual = path.stat().st_size
+    if actual < expected:
+        raise ShardError(
+            f"{path}: truncated payload: header says {count} tokens ({expected} bytes in all), file has {actual} bytes"
+        )
+    if actual > expected:
+        raise ShardError(
+            f"{path}: {actual - expected} extra bytes after the {count} tokens the header announces"
+        )
+    return count
+
+
+def load_tokens(path) -> np.ndarray:
+    """Validates `path` and returns its tokens as a native uint16 array."""
+    count = validate_shard(path)
+    tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
+    return tokens.astype(np.uint16, copy=False)
+
+
+def write_shard(path, tokens) -> None:
+    """Writes `tokens` as a shard at `path`; readers never see a partial file (temp file, then os.replace)."""
+    path = Path(path)
+    array = np.asarray(tokens)
+    if array.ndim != 1:
+        raise ShardError(f"{path}: tokens must be a 1-D sequence, got shape {array.shape}")
+    if array.dtype != np.uint16:
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise ShardError(f"{path}: tokens must be integers, got dtype {array.dtype}")
+        if array.size and (array.min() < 0 or array.max() > MAX_TOKEN):
+            raise ShardError(f"{path}: tokens must lie in 0..{MAX_TOKEN}, got {array.min()}..{array.max()}")
+    if len(array) > np.iinfo(np.int32).max:
+        raise ShardError(f"{path}: {len(array)} tokens do not fit the int32 header count")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = MAGIC, VERSION, len(array)
+    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(temp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(array.astype("<u2", copy=False).tobytes())
+        os.replace(temp, path)
+    finally:
+        if temp.exists():
+            temp.unlink()
+
+
+def shard_name(prefix: str, index: int) -> str:
+    """Upstream naming: index 0 is the validation shard, 1, 2, ... are training shards."""
+    split = "val" if index == 0 else "train"
+    return f"{prefix}_{split}_{index:06d}.bin"
+
+
+def find_shards(pattern) -> list[Path]:
+    """Files matching the glob `pattern`, sorted by path; ShardError when nothing matches."""
+    pattern = str(pattern)
+    matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+    if not matches:
+        raise ShardError(f"{pattern}: no shard files match this pattern")
+    return matches
+
+
+def _paths_from_args(args: list[str]) -> list[Path]:
+    paths = []
+    for arg in args:
+        # A pattern the shell left unexpanded (nothing matched) still gets a clear message.
+        paths.extend(find_shards(arg) if glob.has_magic(arg) else [Path(arg)])
+    return paths
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(
+        prog="python -m data.shards",
+        description="Validate token shard files (header, magic, version, size); print `path: N tokens` for each.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="shard files or glob patterns")
+    args = parser.parse_args(argv)
+    try:
+        for path in _paths_from_args(args.files):
+            print(f"{path}: {validate_shard(path)} tokens", flush=True)
+    except ShardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""The command line: summarize/compare/record-check values against independent computations, report and record
+layouts, and bad input (one line, exit status 2)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+import analysis_logs as logs_for_tests
+from analysis.cli import main
+from analysis.textfmt import pval
+from test_analysis_stats import ARTICLE_LOSSES, ARTICLE_TIMES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(capsys, *argv):
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as exit_:
+        status = exit_.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def final_curve(final, total=100):
+    return lambda step: logs_for_tests.default_curve(step, total, final)
+
+
+def write_arm(root, arm, finals, times_s, total=100, **options):
+    for seed, (final, time_s) in enumerate(zip(finals, times_s)):
+        text = logs_for_tests.our_log_text(variant=arm, seed=seed, total_steps=total, losses=final_curve(final, total),
+                                           step_ms=time_s * 1000 / total, **options)
+        logs_for_tests.write(Path(root) / arm / f"seed{seed}.txt", text)
+
+
+@pytest.fixture
+def article_runs(tmp_path):
+    """The article's 22 record runs as logs, plus one unfinished run and one garbage file."""
+    root = tmp_path / "record_study"
+    write_arm(root, "record", ARTICLE_LOSSES, ARTICLE_TIMES)
+    logs_for_tests.write(root / "record" / "seed99.txt",
+                         logs_for_tests.our_log_text(variant="record", seed=99, complete=False, stop_at=40))
+    (root / "record" / "garbage.txt").write_bytes(b"\x00\xff" * 50)
+    return root
+
+
+def test_summarize_json_matches_the_article_and_independent_computation(capsys, article_runs):
+    status, out, _ = run_cli(capsys, "summarize", article_runs, "--target", "2.92", "--json")
+    assert status == 0
+    result = json.loads(out)
+    complete = [r for r in result["runs"] if r["complete"]]
+    assert len(result["runs"]) == 23 and len(complete) == 22
+    unfinished = [r for r in result["runs"] if not r["complete"]]
+    assert unfinished[0]["seed"] == 99 and unfinished[0]["final_step"] == 40 and unfinished[0]["steps"] == 100
+    assert set(result["runs"][0]) >= {"path", "variant", "seed", "complete", "steps", "final_step",
+                                      "final_val_loss", "train_time_s", "time_to_target_s", "step_to_target"}
+    by_seed = {r["seed"]: r for r in complete}
+    assert [by_seed[i]["final_val_loss"] for i in range(22)] == ARTICLE_LOSSES
+    assert [by_seed[i]["train_time_s"] for i in range(22)] == pytest.approx(ARTICLE_TIMES, abs=1e-9)
+    (group,) = result["groups"]
+    assert group["variant"] == "record" and group["n"] == 22
+    assert group["mean_val_loss"] == pytest.approx(np.mean(ARTICLE_LOSSES), abs=1e-12)
+    assert group["std_val_loss"] == pytest.approx(np.std(ARTICLE_LOSSES, ddof=1), rel=1e-9)
+    assert group["p_value"] == pytest.approx(
+        scipy_stats.ttest_1samp(ARTICLE_LOSSES, 2.92, alternative="less").pvalue, rel=1e-9)
+    assert group["p_value"] == pytest.approx(0.0001256, rel=1e-3)
+    assert group["mean_time_s"] == pytest.approx(1384.6224, abs=1e-4)
+    assert group["std_time_s"] == pytest.approx(2.5382, abs=1e-4)
+    assert result["unreadable"][0]["path"].endswith("garbage.txt")
+
+
+def test_summarize_time_to_target_and_group_statistics_of_reaching_runs(capsys, tmp_path):
+    # Validations every 25 of 100 steps, 0.1 s per step; hand-made curves around 2.92.
+    curves = {0: {0: 9.0, 25: 3.5, 50: 3.0, 75: 2.90, 100: 2.85},   # crosses between 50 and 75: 4/5 of the way
+              1: {0: 9.0, 25: 3.5, 50: 2.95, 75: 2.93, 100: 2.92},  # reaches it exactly at the last validation
+              2: {0: 9.0, 25: 3.5, 50: 3.0, 75: 2.95, 100: 2.93}}   # never reaches it
+    for seed, losses in curves.items():
+        logs_for_tests.write(tmp_path / "arm" / f"seed{seed}.txt",
+                             logs_for_tests.our_log_text(variant="arm", seed=seed, losses=losses, step_ms=100.0))
+    status, out, _ = run_cli(capsys, "summarize", tmp_path, "--target", "2.92", "--json")
+    result = json.loads(out)
+    runs = {r["seed"]: r for r in result["runs"]}
+    assert runs[0]["step_to_target"] == pytest.approx(70.0) and runs[0]["time_to_target_s"] == pytest.approx(7.0)
+    assert runs[1]["step_to_target"] == pytest.approx(100.0) and runs[1]["time_to_target_s"] == pytest.approx(10.0)
+    assert runs[2]["step_to_target"] is None and runs[2]["time_to_target_s"] is None
+    (group,) = result["groups"]
+    assert group["n"] == 3 and group["n_reached_target"] == 2
+    assert group["mean_time_to_target_s"] == pytest.approx(8.5)
+    assert group["std_time_to_target_s"] == pytest.approx(np.std([7.0, 10.0], ddof=1))
+    assert group["mean_val_loss"] == pytest.approx(np.mean([2.85, 2.92, 2.93]))
+
+
+def test_summarize_table_lists_unfinished_and_unreadable(capsys, article_runs):
+    status, out, _ = run_cli(capsys, "summarize", article_runs, "--target", "2.92")
+    assert status == 0
+    assert "UNFINISHED" in out and "unreadable:" in out and "garbage.txt" in out
+    assert "2.9194" in out and "0.00069" in out and "0.0001256" in out
+
+
+def test_summarize_reads_upstream_and_our_logs_together(capsys, tmp_path):
+    logs_for_tests.write(tmp_path / "2024_Old" / "a.txt", logs_for_tests.upstream_log_text(era="2024"))
+    logs_for_tests.write(tmp_path / "2025_New" / "b.txt", logs_for_tests.upstream_log_text(era="2025"))
+    write_arm(tmp_path / "ours", "baseline", [2.919, 2.921], [1390.0, 1392.0])
+    status, out, _ = run_cli(capsys, "summarize", tmp_path / "2024_Old", tmp_path / "2025_New", tmp_path / "ours",
+                             "--target", "3.28", "--json")
+    groups = {g["variant"]: g for g in json.loads(out)["groups"]}
+    assert set(groups) == {"2024_Old", "2025_New", "baseline"}
+    assert groups["2024_Old"]["mean_val_loss"] == pytest.approx(3.279) and groups["2024_Old"]["std_val_loss"] is None
+
+
+def study(tmp_path):
+    root = tmp_path / "sweep"
+    rng = np.random.default_rng(5)
+    finals = {"baseline": 2.9200, "L3": 2.9199, "L11": 2.9185, "L14": 2.9210}
+    for arm, center in finals.items():
+        losses = list(np.round(center + rng.normal(0, 0.0006, 4), 6))
+        times = list(np.round(1390 + rng.normal(0, 2, 4), 3))
+        write_arm(root, arm, losses, times, config={"backout_layers": [] if arm == "baseline" else [int(arm[1:])]},
+                  scalars=lambda step, arm=arm: {"backout.x": 1 - step / 500} |
+                  ({} if arm == "baseline" else {f"backout.{arm}": -step / 300}))
+    return root
+
+
+def test_compare_welch_with_holm_and_bh_and_the_selection_warning(capsys, tmp_path):
+    root = study(tmp_path)
+    status, out, _ = run_cli(capsys, "compare", root, "--json")
+    assert status == 0
+    result = json.loads(out)
+    assert result["baseline"] == "baseline"
+    assert [c["variant"] for c in result["comparisons"]] == ["L3", "L11", "L14"]  # natural order
+    from analysis.logs import load_runs
+    runs, _ = load_runs([root])
+    loss = {arm: [r.final_val_loss for r in runs if r.variant == arm] for arm in ("baseline", "L3", "L11", "L14")}
+    raw = []
+    for comparison in result["comparisons"]:
+        test = scipy_stats.ttest_ind(loss[comparison["variant"]], loss["baseline"], equal_var=False)
+        interval = test.confidence_interval(0.99)
+        assert comparison["loss_p"] == pytest.approx(test.pvalue)
+        assert comparison["loss_ci"] == pytest.approx([interval.low, interval.high])
+        arm_mean = np.mean(loss[comparison["variant"]])
+        assert comparison["loss_diff"] == pytest.approx(arm_mean - np.mean(loss["baseline"]))
+        raw.append(test.pvalue)
+    m = len(raw)
+    order = np.argsort(raw)
+    holm_by_hand = np.maximum.accumulate([min(1, (m - k) * raw[i]) for k, i in enumerate(order)])
+    assert [result["comparisons"][i]["loss_p_holm"] for i in order] == pytest.approx(list(holm_by_hand))
+    assert [c["loss_p_bh"] for c in result["comparisons"]] == pytest.approx(
+        list(scipy_stats.false_discovery_control(raw)))
+    assert any("L11" in w and "picked after seeing the results" in w for w in result["warnings"])
+    status, out, _ = run_cli(capsys, "compare", root, "--arms", "baseline,L11")
+    assert status == 0 and "WARNING" not in out and "L11" in out and "99% CI" in out
+
+
+def test_compare_by_folder_of_the_same_variant(capsys, tmp_path):
+    for folder, times in (("h100", [1390.0, 1391.0, 1392.0]), ("h200", [1380.0, 1381.0, 1382.5])):
+        for seed, (final, time_s) in enumerate(zip([2.919, 2.920, 2.921], times)):
+            logs_for_tests.write(tmp_path / folder / f"seed{seed}.txt", logs_for_tests.our_log_text(
+                variant="same", seed=seed, losses=final_curve(final), step_ms=time_s * 10))
+    status, out, _ = run_cli(capsys, "compare", tmp_path / "h100", tmp_path / "h200", "--by", "folder", "--json")
+    assert status == 0
+    (comparison,) = json.loads(out)["comparisons"]
+    assert (comparison["baseline"], comparison["variant"]) == ("h100", "h200")  # the first PATH's arm is the baseline
+    assert comparison["time_diff"] == pytest.approx(np.mean([1380.0, 1381.0, 1382.5]) - 1391.0)
+    assert comparison["loss_diff"] == pytest.approx(0.0, abs=1e-12)
+    status, _, err = run_cli(capsys, "compare", tmp_path)  # by variant there is one arm only
+    assert "only one arm" in one_line_error(status, err)
+
+
+def test_record_check_pass_fail_bootstrap_and_runs_needed(capsys, tmp_path):
+    write_arm(tmp_path / "cand", "record", ARTICLE_LOSSES, ARTICLE_TIMES)
+    write_arm(tmp_path / "base", "baseline", [2.9191, 2.9185, 2.9195, 2.9188, 2.9196],
+              [1393.1, 1393.5, 1392.8, 1393.3, 1393.1])
+    argv = ["record-check", tmp_path / "cand", "--baseline", tmp_path / "base", "--resamples", "500", "--json"]
+    status, out, _ = run_cli(capsys, *argv)
+    result = json.loads(out)
+    assert status == 0 and result["verdict"] == "pass" and result["target"] == 2.92  # from the config's track
+    assert result["p_value"] == pytest.approx(scipy_stats.ttest_1samp(ARTICLE_LOSSES, 2.92, alternative="less").pvalue)
+    base_times = [1393.1, 1393.5, 1392.8, 1393.3, 1393.1]
+    assert result["time_p"] == pytest.approx(
+        scipy_stats.ttest_ind(ARTICLE_TIMES, base_times, equal_var=False, alternative="less").pvalue, rel=1e-6)
+    assert result["bootstrap"]["runs"] == 22 and 0.8 < result["bootstrap"]["pass_chance"] <= 1
+    assert 2 <= result["runs_needed"] <= 22
+    # Same candidate against a faster baseline: the time rule fails, exit status 1.
+    write_arm(tmp_path / "fast", "fast", [2.919] * 3, [1370.0, 1371.0, 1372.0])
+    status, out, _ = run_cli(capsys, "record-check", tmp_path / "cand", "--baseline", tmp_path / "fast",
+                             "--resamples", "200", "--max-runs", "5")
+    assert status == 1 and "FAIL" in out and "verdict: FAIL" in out
+    base_losses = [2.9191, 2.9185, 2.9195, 2.9188, 2.9196]
+    passes = scipy_stats.ttest_1samp(base_losses, 2.92, alternative="less").pvalue < 0.01
+    status, out, _ = run_cli(capsys, "record-check", tmp_path / "base", "--resamples", "200", "--runs", "40")
+    assert status == (0 if passes else 1) and "fresh batch of 40 runs" in out and "not checked" in out
+
+
+def one_line_error(status, err):
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+ROOT = ["--records-root", "{tmp}/records"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["summarize", "{tmp}/missing", "--target", "2.92"], "not found"),
+    (["summarize", "{tmp}", "--target", "-1"], "--target"),
+    (["summarize", "{tmp}", "--target", "abc"], "--target"),
+    (["summarize", "{tmp}/empty_dir", "--target", "2.92"], "no *.txt"),
+    (["summarize", "{tmp}/junk", "--target", "2.92"], "no run logs"),
+    (["summarize", "{tmp}"], "--target"),
+    (["compare", "{tmp}/study/baseline"], "only one arm"),
+    (["compare", "{tmp}/study", "--baseline", "nope"], "--baseline"),
+    (["compare", "{tmp}/study", "--arms", "baseline,zzz"], "--arms"),
+    (["compare", "{tmp}/study", "--confidence", "1.5"], "--confidence"),
+    (["record-check", "{tmp}/study"], "several variants"),
+    (["record-check", "{tmp}/study/other", "--baseline", "{tmp}/nothing"], "--baseline path not found"),
+    (["record-check", "{tmp}/study/other", "--runs", "1"], "--runs"),
+    (["plot", "val-loss-step", "{tmp}/study"], "--out"),
+    (["plot", "lambda-by-layer", "{tmp}/study", "--out", "{tmp}/x.png"], "lambda-by-layer"),
+    (["plot", "bogus", "{tmp}/study", "--out", "{tmp}/x.png"], "KIND"),
+    (["report", "{tmp}/study/baseline/seed0.txt"], "not a folder"),
+    (["report", "{tmp}/upstream"], "--target"),
+    (["record", "{tmp}/study", "--track", "medium", "--name", "X", "--date", "2025-13-01", *ROOT], "--date"),
+    (["record", "{tmp}/study", "--track", "medium", "--name", "a b", *ROOT], "--name"),
+    (["record", "{tmp}/study", "--track", "large", "--name", "X", *ROOT], "--track"),
+    (["record", "{tmp}/study", "--track", "medium", "--name", "X", *ROOT], "several variants"),
+    (["record", "{tmp}/unfinished", "--track", "medium", "--name", "X", *ROOT], "no complete runs"),
+    ([], "COMMAND"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
+    write_arm(tmp_path / "study", "baseline", [2.92, 2.921], [10.0, 11.0])
+    write_arm(tmp_path / "study", "other", [2.91, 2.912], [10.0, 11.0])
+    logs_for_tests.write(tmp_path / "unfinished" / "a" / "seed0.txt",
+                         logs_for_tests.our_log_text(complete=False, stop_at=10))
+    logs_for_tests.write(tmp_path / "upstream" / "rec" / "a.txt", logs_for_tests.upstream_log_text())
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.txt").write_bytes(b"\x00")
+    status, _, err = run_cli(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert needle in one_line_error(status, err)
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "records").exists()
+
+
+def test_unwritable_output_is_one_line(capsys, tmp_path):
+    write_arm(tmp_path / "s", "baseline", [2.92, 2.921], [10.0, 11.0])
+    (tmp_path / "taken.png").mkdir()  # a folder where the PNG should go
+    status, _, err = run_cli(capsys, "plot", "val-loss-step", tmp_path / "s", "--out", tmp_path / "taken.png")
+    assert "taken.png" in one_line_error(status, err)
+
+
+def test_compare_warns_about_single_run_arms(capsys, tmp_path):
+    write_arm(tmp_path / "s", "baseline", [2.920, 2.921, 2.9195], [10.0, 11.0, 10.5])
+    write_arm(tmp_path / "s", "lucky", [2.9150], [10.0])
+    status, out, _ = run_cli(capsys, "compare", tmp_path / "s", "--json")
+    result = json.loads(out)
+    (comparison,) = result["comparisons"]
+    assert comparison["loss_diff"] == pytest.approx(2.915 - np.mean([2.920, 2.921, 2.9195]))
+    assert comparison["loss_p"] is None and comparison["loss_ci"] is None and comparison["loss_p_holm"] is None
+    (warning,) = result["warnings"]
+    assert "'lucky' has 1 complete run" in warning and f"{np.std([2.920, 2.921, 2.9195], ddof=1):.5f}" in warning
+
+
+def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "analysis", "summarize", str(tmp_path / "nope"), "--target", "2.92"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == f"python -m analysis summarize: error: PATH not found: {tmp_path / 'nope'}"
+
+
+def test_report_of_a_study_folder(capsys, tmp_path):
+    root = study(tmp_path)
+    logs_for_tests.write(root / "L3" / "seed9.txt", logs_for_tests.our_log_text(variant="L3", seed=9, complete=False,
+                                                                                  stop_at=30))
+    (root / "L3" / "broken.txt").write_bytes(b"")
+    status, out, _ = run_cli(capsys, "report", root)
+    assert status == 0
+    report = root / "report.md"
+    assert out.strip() == str(report)
+    text = report.read_text()
+    for heading in ("## Arms", "## Comparisons", "## Parameters, memory, step time, effective FLOPs", "## Plots",
+                    "## Unfinished runs", "## Unreadable files"):
+        assert heading in text
+    assert "L3/seed9.txt" in text and "broken.txt" in text and "empty file" in text
+    assert "p Holm" in text and "picked after seeing the results" in text
+    images = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert {"report_val_loss_step.png", "report_val_loss_time.png", "report_lambda_by_layer.png",
+            "report_loss_by_layer.png", "report_scalars_0.png"} <= set(images)
+    for image in images:
+        data = (root / image).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+    compare_status, compare_out, _ = run_cli(capsys, "compare", root, "--markdown")
+    assert compare_status == 0 and compare_out.strip() in text  # the same numbers as `compare`
+    assert not list(root.glob(".*.tmp"))
+
+
+def test_record_packages_complete_runs_with_a_recomputable_readme(capsys, tmp_path):
+    write_arm(tmp_path / "runs" / "rec", "record", ARTICLE_LOSSES[:6], ARTICLE_TIMES[:6])
+    logs_for_tests.write(tmp_path / "runs" / "rec" / "record" / "seed7.txt",
+                         logs_for_tests.our_log_text(variant="record", seed=7, complete=False, stop_at=20))
+    argv = ["record", tmp_path / "runs" / "rec", "--track", "medium", "--name", "Backout", "--date", "2025-10-05",
+            "--records-root", tmp_path / "records"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    folder = tmp_path / "records" / "track_2_medium" / "2025-10-05_Backout"
+    assert out.strip() == str(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [f"seed{i}.txt" for i in range(6)] + ["README.md", "train_gpt_medium.py"])
+    for i in range(6):
+        assert (folder / f"seed{i}.txt").read_bytes() == (tmp_path / "runs/rec/record" / f"seed{i}.txt").read_bytes()
+    assert (folder / "train_gpt_medium.py").read_text() == logs_for_tests.TRICKY_CODE
+    readme = (folder / "README.md").read_text()
+    expected_p = scipy_stats.ttest_1samp(ARTICLE_LOSSES[:6], 2.92, alternative="less").pvalue
+    assert f"p = {pval(expected_p)}" in readme and "sample standard deviation" in readme
+    assert "6 complete runs" in readme and "1 unfinished run(s)" in readme
+    assert f"{np.mean(ARTICLE_LOSSES[:6]):.6f}" in readme and f"{np.std(ARTICLE_LOSSES[:6], ddof=1):.6f}" in readme
+    snippet = readme.split("```python\n")[1].split("```")[0]
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True)
+    assert done.returncode == 0
+    assert float(done.stdout.strip().splitlines()[-1].split("p = ")[1]) == pytest.approx(expected_p, rel=1e-12)
+    # Refuses to overwrite, with one line.
+    status, _, err = run_cli(capsys, *argv)
+    assert "already exists" in one_line_error(status, err)
+    # The small track goes to track_1_short.
+    status, out, _ = run_cli(capsys, *argv[:3], "small", *argv[4:])
+    assert status == 0 and (tmp_path / "records" / "track_1_short" / "2025-10-05_Backout" / "train_gpt.py").exists()
