@@ -185,8 +185,9 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
     if importlib.util.find_spec("analysis") is None:
         reporter.line("report", "skipped: the analysis package is not available here (python -m analysis)")
         return 0
-    reporter.line("report", f"python -m analysis report {folder}")
-    result = subprocess.run([sys.executable, "-m", "analysis", "report", str(folder)], check=False)
+    command = ["analysis", "report", str(folder), "--target", str(study.target)]
+    reporter.line("report", f"python -m {' '.join(command)}")
+    result = subprocess.run([sys.executable, "-m", *command], check=False)
     if result.returncode != 0:
         reporter.line("report", f"failed with exit status {result.returncode}")
         return 1

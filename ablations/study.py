@@ -237,8 +237,8 @@ def select_arms(study: Study, patterns: list[str] | None) -> list[str]:
 
 # ----- checking flags against the training script ---------------------------------------------------------------
 
-def load_arg_parser(script: Path):
-    """Imports the training script from its path (importing runs nothing, by contract) and returns its parser."""
+def load_script(script: Path):
+    """Imports the training script from its path (importing runs nothing, by contract)."""
     if not script.is_file():
         raise StudyError(f"training script {script} does not exist")
     spec = importlib.util.spec_from_file_location(f"_study_script_{script.stem.replace('-', '_')}", script)
@@ -253,7 +253,7 @@ def load_arg_parser(script: Path):
         raise StudyError(f"{script.name}: cannot be imported: {type(e).__name__}: {e}") from None
     if not hasattr(module, "make_arg_parser"):
         raise StudyError(f"{script.name} has no make_arg_parser() to check the study's flags against")
-    return module.make_arg_parser()
+    return module
 
 
 def _last_line(text: str) -> str:
@@ -263,7 +263,11 @@ def _last_line(text: str) -> str:
 
 def check_flags(study: Study, runs: list[Run], runs_dir: Path) -> None:
     """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError."""
-    parser = load_arg_parser(study.script)
+    module = load_script(study.script)
+    parser = module.make_arg_parser()
+    # A script may also offer resolve_args(argv), its full check of flag combinations (layer indices, flags that
+    # need each other); when it does, a combination that cannot work is refused here rather than mid-study.
+    resolve = getattr(module, "resolve_args", None)
     checked: set[tuple[str, ...]] = set()
     for run in runs:
         argv = tuple(run.flags + runner_flags(run, runs_dir))
@@ -279,11 +283,16 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path) -> None:
         try:
             with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
                 parser.parse_args(list(argv))
+            if callable(resolve):
+                resolve(list(argv))
         except SystemExit as e:
             if e.code not in (0, None):
                 message = _last_line(captured.getvalue()).split("error: ", 1)[-1]
                 raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
                                  f"{message}") from None
+        except Exception as e:  # noqa: BLE001 (the script's own usage errors, whatever their class)
+            raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
+                             f"{e}") from None
         init_from = _flag_value(run.flags, "--init-from")
         if init_from is not None and not Path(init_from).exists():
             raise StudyError(f"{study.path.name}: arm {run.arm!r} seed {run.seed}: --init-from {init_from} does not "
