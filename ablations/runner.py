@@ -301,14 +301,16 @@ class StudyRunner:
 
     def _record_failure(self, run: Run, paths: RunPaths, why: str, elapsed: float | None) -> None:
         key = describe_run(run)
-        tail = _tail(paths.output)
-        marker = {"time": time.time(), "why": why, "output": str(paths.output), "last_output": tail}
+        lines = _last_attempt(paths.output)
+        reason = _likely_reason(lines)
+        marker = {"time": time.time(), "why": why, "reason": reason, "output": str(paths.output),
+                  "last_output": lines[-5:]}
         tmp = paths.failed_marker.with_suffix(".failed.tmp")
         tmp.write_text(json.dumps(marker) + "\n")
         os.replace(tmp, paths.failed_marker)
         self.outcome[key] = "failed"
-        self.failures[key] = f"{why} (see {paths.output})"
-        last = f": {tail[-1]}" if tail else ""
+        self.failures[key] = f"{why}" + (f": {reason}" if reason else "") + f" (see {paths.output})"
+        last = f": {reason}" if reason else ""
         self.reporter.line("failed", f"{key} {why}" + (f" after {duration(elapsed)}" if elapsed else "")
                                      + f"{last}; {self._tally()}")
 
@@ -378,14 +380,26 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _tail(path: Path, lines: int = 5) -> list[str]:
+def _last_attempt(output: Path) -> list[str]:
+    """The non-empty output lines of the latest attempt (after its ==== header line)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+        with open(output, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 18)))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return []
-    return [line for line in text.splitlines() if line.strip()][-lines:]
+    return [line.rstrip() for line in text.split("\n==== ")[-1].splitlines()[1:] if line.strip()]
+
+
+def _likely_reason(lines: list[str]) -> str | None:
+    """The line that most likely says why an attempt failed: the training script's own one-line `error: ...`
+    first, then a Python exception line, else the last line that is not part of torchrun's report."""
+    for pick in (lambda l: l.startswith("error:"), lambda l: "Error: " in l and not l.startswith(" ")):
+        found = [line for line in lines if pick(line)]
+        if found:
+            return found[0].strip()
+    meaningful = [line for line in lines if line.strip("=-") and not line.startswith((" ", "["))]
+    return meaningful[-1].strip() if meaningful else None
 
 
 def run_study(study: Study, runs: list[Run], options: Options, reporter: Reporter) -> int:

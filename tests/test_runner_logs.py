@@ -56,3 +56,25 @@ def test_duration_and_eta():
     clock = StepClock(started=0.0)
     assert clock.eta(100.0, 10, 110) is None  # start-up time before the first step does not count
     assert clock.eta(120.0, 20, 110) == 180.0  # 10 steps in 20 s, 90 to go
+
+
+def test_failure_reason_is_the_scripts_error_line_not_torchruns_footer(tmp_path):
+    from ablations.runner import _last_attempt, _likely_reason
+
+    out = tmp_path / "seed0.out"
+    out.write_text("==== 2026-01-01 00:00:00 python -m torch.distributed.run ... first attempt\n"
+                   "error: --val-files: no files match 'old/*.bin'\n"
+                   "==== 2026-01-01 00:10:00 python -m torch.distributed.run ... second attempt\n"
+                   "W1122 torch.distributed.run: Setting OMP_NUM_THREADS\n"
+                   "error: --train-files: no files match 'data/fineweb10B/fineweb_train_*.bin'\n"
+                   "Traceback (most recent call last):\n"
+                   "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                   "============================================================\n"
+                   "[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 2 (pid: 1)\n"
+                   "============================================================\n")
+    lines = _last_attempt(out)
+    assert lines[0].startswith("W1122") and lines[-1].startswith("=====")
+    assert _likely_reason(lines) == "error: --train-files: no files match 'data/fineweb10B/fineweb_train_*.bin'"
+    assert _likely_reason(["Traceback (most recent call last):", '  File "x.py", line 1',
+                           "ValueError: bad shape", "=" * 60]) == "ValueError: bad shape"
+    assert _likely_reason(["starting", "step 3 of 10", "-" * 60]) == "step 3 of 10"
