@@ -66,3 +66,17 @@ def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
         assert "baseline" in report and "backout-L4" in report
     else:
         assert "report   skipped: the analysis package is not available" in result.stdout
+
+
+def test_every_bundled_study_passes_the_training_scripts_own_checks(tmp_path):
+    """The study files and the script's flags (and its checks of flag combinations) must not drift apart."""
+    from ablations.study import available_studies, check_flags, load_study
+
+    checkpoint = tmp_path / "base.pt"
+    checkpoint.write_bytes(b"only its existence is checked before launch")
+    for path in available_studies():
+        if path.stem == "backout-multi-skip":  # needs a finished sweep; its arms are covered by test_runner_orders
+            continue
+        overrides = {"base_checkpoint": str(checkpoint)} if path.stem == "dlo" else None
+        study = load_study(path.stem, overrides, runs_dir=tmp_path / "runs")
+        check_flags(study, study.runs(tmp_path / "runs"), tmp_path / "runs")
