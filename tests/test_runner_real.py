@@ -3,13 +3,14 @@
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from runner_support import REPO, ablations, is_complete, runner_env, write_study
+from runner_support import REPO, ablations, is_complete, runner_env, wait_for, write_study
 
 SCRIPT = REPO / "train_gpt_medium.py"
 DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
@@ -39,15 +40,50 @@ def test_bad_flag_for_the_training_script_is_refused(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
-def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
-    """`./run.sh` on a machine with no GPU, in a copy of the tree (so the test leaves the checkout's runs/ alone)."""
+def copy_of_the_tree(tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of the checkout (so tests leave its runs/ alone) and an environment in which run.sh uses the
+    interpreter running the tests as it is (it has every dependency)."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "logs", "__pycache__",
                                                               "fineweb10B", ".pytest_cache"))
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_VENV", "CUDA_VISIBLE_DEVICES")}
-    # The interpreter running the tests has every dependency: run.sh uses it as it is.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return tree, env
+
+
+def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
+    """With GPUs (a stand-in nvidia-smi listing two) and FineWeb shards, `./run.sh` starts the record study with
+    one GPU slice per run; the test stops it once the first run has started."""
+    tree, env = copy_of_the_tree(tmp_path)
+    fineweb = tree / "data" / "fineweb10B"
+    fineweb.mkdir(parents=True)
+    for name in ("fineweb_val_000000.bin", "fineweb_train_000001.bin"):
+        (fineweb / name).write_bytes(b"")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: a)'\necho 'GPU 1: NVIDIA H100 (UUID: b)'\n")
+    os.chmod(tools / "nvidia-smi", 0o755)
+    env["PATH"] = f"{tools}{os.pathsep}{env['PATH']}"
+    output = tmp_path / "run.out"
+    with open(output, "w") as out:
+        job = subprocess.Popen(["./run.sh"], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        wait_for(lambda: " start " in output.read_text(), 60, "the first run to start")
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+    text = output.read_text()
+    assert text.splitlines()[0].startswith("run.sh: main job: the record study (2 CUDA GPU(s) and FineWeb shards")
+    assert "2 GPU(s) per run, GPUs 0,1" in text
+    assert "record start    baseline/seed0 [1/10]" in text and "(GPUs 0,1)" in text
+    assert "got SIGTERM" in text
+
+
+@pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
+def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
+    """`./run.sh` on a machine with no GPU: the demo study and its report."""
+    tree, env = copy_of_the_tree(tmp_path)
     result = subprocess.run(["./run.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     first = result.stdout.splitlines()[0]
