@@ -1507,10 +1507,28 @@ def dlo_model_config(cfg: ModelConfig, args):
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Shows a flag's default only when it has a real one (None means "preset's value" or "off")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags end the process with one line and exit 2 (not the whole usage text)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
 def make_arg_parser():
-    p = argparse.ArgumentParser(
-        description="GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineErrorParser(
+        description="GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline. Size and run "
+                    "flags without a default take the --preset's value.",
+        formatter_class=HelpWithDefaults)
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(PRESETS), default="full",
                      help="model size and data defaults: full = the record run; tiny = CPU-sized, demo shards")

@@ -138,3 +138,11 @@ def test_init_from_a_checkpoint_of_another_shape_is_refused(tmp_path, capsys):
     assert rc == 2
     line = one_error_line(capsys)
     assert "other.pt" in line and "does not match" in line
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--backout-mode", "nope"], ["--seed", "x"]])
+def test_argparse_errors_are_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        T.resolve_args(argv)
+    assert exit_info.value.code == 2
+    one_error_line(capsys)
