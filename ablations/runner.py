@@ -127,7 +127,7 @@ class StudyRunner:
         self.started = time.time()
 
     # ----- scheduling ---------------------------------------------------------------------------------------------
-    def capacity_for(self, run: Run) -> bool:
+    def has_capacity(self) -> bool:
         limit = self.options.parallel
         if self.options.gpu_ids and self.options.nnodes == 1:
             if len(self.free_gpus) < self.study.nproc:
@@ -185,7 +185,7 @@ class StudyRunner:
             key = describe_run(run)
             if key in self.watched:
                 continue
-            if not self.capacity_for(run):
+            if not self.has_capacity():
                 return
             paths = run_paths(self.options.runs_dir, run.study, run.arm, run.seed)
             if log_is_complete(paths.log):
@@ -348,8 +348,9 @@ class StudyRunner:
                                        f"run the same command again to continue")
         for active in self.active:
             _signal_group(active.process.pid, signal.SIGTERM)
-        deadline = time.time() + self.options.grace_s
-        while any(a.process.poll() is None for a in self.active) and time.time() < deadline:
+        asked = time.time()
+        # grace_s is read on every pass: a second signal cuts it to zero.
+        while any(a.process.poll() is None for a in self.active) and time.time() < asked + self.options.grace_s:
             time.sleep(0.1)
         for active in list(self.active):
             # SIGKILL the whole group: also torchrun workers that outlived their parent.
