@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Front door of the project.
-#   ./run.sh            set up (if needed) and run the main job
-#   ./run.sh setup      only set up the Python environment
+#   ./run.sh                      set up (if needed) and run the main job (record study on GPUs, else the demo)
+#   ./run.sh STUDY [options]      run a study of ablations/ and write its report (options: python -m ablations run -h)
+#   ./run.sh status STUDY         done / running / failed / to do per arm
+#   ./run.sh slurm STUDY [opts]   write a Slurm batch script for the study
+#   ./run.sh --help               this help and the list of studies
+#   ./run.sh setup                only set up the Python environment
 #   ./run.sh test [pytest args]   set up (if needed) and run the test suite (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -35,6 +39,59 @@ setup_python() {
     PY=$(pwd)/.venv/bin/python
 }
 
+gpu_count() {
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        nvidia-smi -L | grep -c '^GPU ' || true
+    else
+        echo 0
+    fi
+}
+
+# The record study needs GPUs and the FineWeb shards; anywhere else the demo shows the whole loop on the CPU.
+main_job() {
+    setup_python
+    local gpus study why
+    gpus=$(gpu_count)
+    local shards=no
+    if compgen -G "data/fineweb10B/fineweb_train_*.bin" >/dev/null && compgen -G "data/fineweb10B/fineweb_val_*.bin" >/dev/null; then
+        shards=yes
+    fi
+    if [ "$gpus" -gt 0 ] && [ "$shards" = yes ]; then
+        # Each run uses 8 GPUs when the node has them; smaller nodes run the same schedule on fewer processes
+        # (the training script accumulates gradients so every world size sees the same tokens per step).
+        local nproc=1
+        for n in 8 4 2; do if [ "$gpus" -ge "$n" ]; then nproc=$n; break; fi; done
+        echo "run.sh: main job: the record study ($gpus CUDA GPU(s) and FineWeb shards in data/fineweb10B/;" \
+             "$nproc GPU(s) per run), then its report in runs/record/"
+        exec "$PY" -m ablations run record --nproc "$nproc" --report
+    fi
+    if [ "$gpus" -eq 0 ]; then
+        why="no CUDA GPU here (nvidia-smi -L finds none)"
+    else
+        why="$gpus GPU(s) but no FineWeb shards in data/fineweb10B/ (python data/cached_fineweb10B.py 30 fetches them)"
+    fi
+    echo "run.sh: main job: the demo study on the CPU with the bundled demo data, because $why;" \
+         "then its report in runs/demo/"
+    # Small CPU runs go faster side by side, one thread each, than one after the other on all cores.
+    local parallel
+    parallel=$(nproc 2>/dev/null || echo 1)
+    [ "$parallel" -gt 4 ] && parallel=4
+    exec "$PY" -m ablations run demo --gpus 0 --parallel "$parallel" --report
+}
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    echo
+    echo "Studies (ablations/<name>.toml):"
+    # Listing needs only the standard library: any Python 3.11+ will do, no environment set-up first.
+    if command -v python3 >/dev/null && python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        python3 -m ablations list
+    else
+        setup_python
+        "$PY" -m ablations list
+    fi
+}
+
 case "${1:-}" in
     setup)
         setup_python need-test
@@ -45,9 +102,24 @@ case "${1:-}" in
         setup_python need-test
         exec "$PY" -m pytest -q "$@"
         ;;
+    -h|--help|help)
+        usage
+        ;;
+    "")
+        main_job
+        ;;
+    status|slurm|list)
+        setup_python
+        exec "$PY" -m ablations "$@"
+        ;;
+    -*)
+        echo "run.sh: unknown option $1 (see ./run.sh --help)" >&2
+        exit 2
+        ;;
     *)
         setup_python
-        echo "run.sh: the study runner is not built yet; checking the bundled demo data instead." >&2
-        exec "$PY" -m data.shards data/demo/*.bin
+        study=$1
+        shift
+        exec "$PY" -m ablations run "$study" --report "$@"
         ;;
 esac

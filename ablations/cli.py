@@ -1,0 +1,274 @@
+"""Command line: python -m ablations list|run|status|slurm|run-one ..."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import StudyError
+from .progress import Reporter
+from .runstate import read_lock_info, read_progress, run_paths, run_state
+from .runner import Options, detect_gpus, launch_command, run_study
+from .slurm import SlurmOptions, batch_script, nodes_for, write_batch_script
+from .study import (Study, check_flags, describe_studies, load_study, parse_seeds, parse_sets, select_arms)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse would print the whole usage first)
+        print(f"{self.prog}: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _study_options(parser: argparse.ArgumentParser, arms: bool = True) -> None:
+    parser.add_argument("study", help="a study name (ablations/<name>.toml) or a path to a study file")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                        help="where logs go: <runs-dir>/<study>/<arm>/seed<k>.txt (default: runs)")
+    parser.add_argument("--seeds", help="seeds instead of the study's own, e.g. 0,1,2 or 0-4")
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                        help="override a variable of the study's [vars] table (repeatable)")
+    if arms:
+        parser.add_argument("--arms", nargs="+", metavar="ARM",
+                            help="only these arms (names or shell patterns such as 'late-to-early-*')")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m ablations",
+                     description="Run studies (arms x seeds of a training script) resumably; see ablations/README.md")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    commands.add_parser("list", help="list the studies with their descriptions")
+
+    run = commands.add_parser("run", help="run every (arm, seed) of a study that is not complete yet")
+    _study_options(run)
+    run.add_argument("--parallel", type=int, help="most runs at once (default: 1 on CPU; on GPUs as many as fit)")
+    run.add_argument("--gpus", type=int, help="GPUs to use on this node (default: all that nvidia-smi or "
+                                              "CUDA_VISIBLE_DEVICES show; 0 hides them: runs on the CPU)")
+    _launch_options(run)
+    run.add_argument("--dry-run", action="store_true", help="check the study and print the commands; run nothing")
+    run.add_argument("--report", action="store_true",
+                     help="afterwards write the study report with `python -m analysis report`")
+    run.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                     help="step progress lines at most this often (validation steps always; default 30)")
+    run.add_argument("--grace", type=float, default=15.0, metavar="SECONDS",
+                     help="when stopped, how long runs get to exit before SIGKILL (default 15)")
+
+    one = commands.add_parser("run-one", help="run a single (arm, seed) of a study (what each Slurm task calls)")
+    one.add_argument("study")
+    one.add_argument("arm")
+    one.add_argument("seed", type=int)
+    one.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    one.add_argument("--set", action="append", metavar="NAME=VALUE")
+    one.add_argument("--gpus", type=int)
+    _launch_options(one)
+    one.add_argument("--nnodes", type=int, default=1, help="nodes the run spans (launched through srun)")
+    one.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun rendezvous for --nnodes > 1")
+
+    status = commands.add_parser("status", help="done / running / failed / to do, per arm")
+    _study_options(status, arms=False)
+    status.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+    slurm = commands.add_parser("slurm", help="write a Slurm batch script (job array, one task per run)")
+    _study_options(slurm)
+    slurm.add_argument("-o", "--output", type=Path, help="script path (default: <runs-dir>/<study>/slurm.sbatch)")
+    slurm.add_argument("--gpus-per-node", type=int, default=8)
+    slurm.add_argument("--partition")
+    slurm.add_argument("--account")
+    slurm.add_argument("--time", help="time limit per task, e.g. 00:45:00 (default: the study's, else 01:00:00)")
+    slurm.add_argument("--max-parallel", type=int, help="at most this many tasks at once (array throttle)")
+    slurm.add_argument("--cpus-per-task", type=int)
+    slurm.add_argument("--rdzv-port", type=int, default=29500)
+    slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                       help="another #SBATCH option, e.g. --sbatch=--qos=high (repeatable)")
+    slurm.add_argument("--no-resume", action="store_true", help="tasks restart unfinished runs from scratch")
+    slurm.add_argument("--nproc", type=int, help="processes (GPUs) per run instead of the study's nproc")
+    return parser
+
+
+def _launch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, help="processes (GPUs) per run instead of the study's nproc")
+    parser.add_argument("--launcher", choices=("torchrun", "python"),
+                        help="torchrun (default) or plain python (single-process runs only)")
+    parser.add_argument("--no-resume", action="store_true",
+                        help="restart unfinished runs from scratch even when a checkpoint exists")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return {"list": cmd_list, "run": cmd_run, "run-one": cmd_run_one, "status": cmd_status,
+                "slurm": cmd_slurm}[args.command](args)
+    except StudyError as e:
+        print(f"ablations: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ablations: interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_list(_args) -> int:
+    rows = describe_studies()
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, description in rows:
+        print(f"  {name:<{width}}  {description}")
+    return 0
+
+
+def _load(args) -> Study:
+    seeds = parse_seeds(args.seeds) if getattr(args, "seeds", None) else None
+    return _with_nproc(load_study(args.study, parse_sets(args.set), seeds, args.runs_dir), args)
+
+
+def _with_nproc(study: Study, args) -> Study:
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        if nproc < 1:
+            raise StudyError("--nproc must be at least 1")
+        if study.launcher == "python" and nproc != 1:
+            study.launcher = "torchrun"  # several processes per run need torchrun
+        study.nproc = nproc
+    return study
+
+
+def _gpu_ids(study: Study, requested: int | None, nnodes: int = 1) -> list[str]:
+    found = detect_gpus()
+    if requested is not None:
+        if requested < 0:
+            raise StudyError("--gpus must be 0 or more")
+        found = (found + [str(i) for i in range(len(found), requested)])[:requested]
+    if found and nnodes == 1 and study.nproc > len(found):
+        raise StudyError(f"study {study.name} runs {study.nproc} processes per run but this node has "
+                         f"{len(found)} GPU(s); use a bigger node, `--gpus 0` for CPU processes, or "
+                         f"`python -m ablations slurm {study.name}`")
+    return found
+
+
+def _options(args, study: Study, nnodes: int = 1) -> Options:
+    if getattr(args, "parallel", None) is not None and args.parallel < 1:
+        raise StudyError("--parallel must be at least 1")
+    launcher = args.launcher
+    if launcher == "python" and study.nproc != 1:
+        raise StudyError(f"--launcher python runs one process; study {study.name} needs {study.nproc}")
+    return Options(runs_dir=args.runs_dir, launcher=launcher, gpu_ids=_gpu_ids(study, args.gpus, nnodes),
+                   hide_gpus=args.gpus == 0,
+                   parallel=getattr(args, "parallel", None), resume=not args.no_resume, nnodes=nnodes,
+                   rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
+                   grace_s=getattr(args, "grace", 15.0), progress_every_s=getattr(args, "progress_every", 30.0))
+
+
+def cmd_run(args) -> int:
+    study = _load(args)
+    runs = study.runs(args.runs_dir, select_arms(study, args.arms))
+    check_flags(study, runs, args.runs_dir)
+    options = _options(args, study)
+    if args.dry_run:
+        for run in runs:
+            paths = run_paths(args.runs_dir, run.study, run.arm, run.seed)
+            state = run_state(paths)
+            resume = paths.checkpoint if options.resume and paths.checkpoint.exists() else None
+            print(f"{state:<8} {' '.join(launch_command(study, run, options, resume))}")
+        return 0
+    reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
+    reporter.line("begin", f"{study.path} - {study.description}")
+    code = run_study(study, runs, options, reporter)
+    if args.report and code < 128:
+        code = max(code, write_report(study, args.runs_dir, reporter))
+    return code
+
+
+def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
+    """The analysis package's report of the study folder, when that package is installed."""
+    folder = runs_dir / study.name
+    if importlib.util.find_spec("analysis") is None:
+        reporter.line("report", "skipped: the analysis package is not available here (python -m analysis)")
+        return 0
+    command = ["analysis", "report", str(folder), "--target", str(study.target)]
+    reporter.line("report", f"python -m {' '.join(command)}")
+    result = subprocess.run([sys.executable, "-m", *command], check=False)
+    if result.returncode != 0:
+        reporter.line("report", f"failed with exit status {result.returncode}")
+        return 1
+    return 0
+
+
+def cmd_run_one(args) -> int:
+    study = _with_nproc(load_study(args.study, parse_sets(args.set), None, args.runs_dir), args)
+    if args.arm not in study.arms:
+        raise StudyError(f"study {study.name} has no arm {args.arm!r} (its arms: {', '.join(study.arms)})")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise StudyError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT")
+    study.seeds = [args.seed]
+    runs = study.runs(args.runs_dir, [args.arm])
+    check_flags(study, runs, args.runs_dir)
+    options = _options(args, study, nnodes=args.nnodes)
+    options.wait_for_others = False
+    reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
+    return run_study(study, runs, options, reporter)
+
+
+def study_status(study: Study, runs_dir: Path) -> dict:
+    arms = {}
+    for arm in study.arms:
+        entry = {"done": [], "running": [], "failed": [], "todo": [], "kept_aside": 0}
+        for seed in study.seeds:
+            paths = run_paths(runs_dir, study.name, arm, seed)
+            state = run_state(paths)
+            item: dict = {"seed": seed}
+            if state == "running":
+                progress = read_progress(paths.log)
+                item.update(step=progress.step, total=progress.total, host=read_lock_info(paths).get("host"))
+            entry[state].append(item)
+            entry["kept_aside"] += len(paths.kept_aside())
+        arms[arm] = entry
+    totals = {state: sum(len(a[state]) for a in arms.values()) for state in ("done", "running", "failed", "todo")}
+    return {"study": study.name, "folder": str(runs_dir / study.name), "runs": len(study.arms) * len(study.seeds),
+            **totals, "arms": arms}
+
+
+def cmd_status(args) -> int:
+    status = study_status(_load(args), args.runs_dir)
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    print(f"{status['study']} ({status['folder']}): {status['runs']} runs: {status['done']} done, "
+          f"{status['running']} running, {status['failed']} failed, {status['todo']} to do")
+    width = max(len(arm) for arm in status["arms"])
+    for arm, entry in status["arms"].items():
+        parts = []
+        for state, label in (("done", "done"), ("running", "running"), ("failed", "failed"), ("todo", "to do")):
+            if entry[state]:
+                seeds = " ".join(_seed_text(item) for item in entry[state])
+                parts.append(f"{label}: {seeds}")
+        if entry["kept_aside"]:
+            parts.append(f"({entry['kept_aside']} unfinished log(s) kept aside)")
+        print(f"  {arm:<{width}}  {'  '.join(parts)}")
+    return 0
+
+
+def _seed_text(item: dict) -> str:
+    text = f"seed{item['seed']}"
+    if item.get("step") is not None:
+        text += f" (step {item['step']}/{item['total']}" + (f" on {item['host']}" if item.get("host") else "") + ")"
+    return text
+
+
+def cmd_slurm(args) -> int:
+    study = _load(args)
+    runs = study.runs(args.runs_dir, select_arms(study, args.arms))
+    check_flags(study, runs, args.runs_dir)
+    options = SlurmOptions(gpus_per_node=args.gpus_per_node, partition=args.partition, account=args.account,
+                           time_limit=args.time, max_parallel=args.max_parallel, cpus_per_task=args.cpus_per_task,
+                           rdzv_port=args.rdzv_port, extra=args.sbatch)
+    if options.gpus_per_node < 1:
+        raise StudyError("--gpus-per-node must be at least 1")
+    nodes_for(study, options)
+    passed_on = [f"--set={item}" for item in args.set or []] + (["--no-resume"] if args.no_resume else []) \
+        + ([f"--nproc={args.nproc}"] if args.nproc else [])
+    text = batch_script(study, runs, args.runs_dir, options, passed_on)
+    path = args.output or args.runs_dir / study.name / "slurm.sbatch"
+    write_batch_script(path, text, (args.runs_dir / study.name / "slurm").resolve())
+    print(f"wrote {path}: {len(runs)} array tasks; submit with: sbatch {path}")
+    return 0

@@ -1,0 +1,291 @@
+"""What the files of one run say about it, and the per-run lock.
+
+Every fact the runner needs lives in files next to the log, so that a runner killed at any moment (or several runners,
+on one machine or on the nodes of a cluster sharing the folder) can pick up where things are:
+
+    <runs>/<study>/<arm>/seed<k>.txt                      the run log (complete iff its last line is the peak memory line)
+    <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
+    <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
+    <runs>/<study>/<arm>/seed<k>.out                      the process output of every attempt (for failures)
+    <runs>/<study>/<arm>/seed<k>.failed                   written when an attempt exited with an error
+    <runs>/<study>/<arm>/seed<k>.lock                     flock()ed while a process of the run is alive
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+COMPLETE_PREFIX = "peak memory allocated:"
+SEPARATOR = "=" * 100
+STEP_LINE = re.compile(r"^step:(\d+)/(\d+) (?:val_loss:([0-9.eE+-]+|nan|inf) )?train_time:")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """File names of one (arm, seed) run of a study."""
+
+    log_dir: Path
+    run_name: str
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"{self.run_name}.txt"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.log_dir / f"{self.run_name}.pt"
+
+    @property
+    def output(self) -> Path:
+        return self.log_dir / f"{self.run_name}.out"
+
+    @property
+    def failed_marker(self) -> Path:
+        return self.log_dir / f"{self.run_name}.failed"
+
+    @property
+    def lock(self) -> Path:
+        return self.log_dir / f"{self.run_name}.lock"
+
+    def kept_aside(self) -> list[Path]:
+        return sorted(self.log_dir.glob(f"{self.run_name}.unfinished-*.txt"))
+
+
+def run_paths(runs_dir: Path, study: str, arm: str, seed: int) -> RunPaths:
+    return RunPaths(Path(runs_dir) / study / arm, f"seed{seed}")
+
+
+def last_line(path: Path) -> str | None:
+    """The last non-empty line of a text file, or None when the file is missing or empty."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            chunk = 4096
+            while True:
+                start = max(0, size - chunk)
+                f.seek(start)
+                lines = f.read(size - start).rstrip(b"\r\n").splitlines()
+                if lines and (start == 0 or len(lines) > 1):
+                    return lines[-1].decode("utf-8", "replace")
+                if start == 0:
+                    return None
+                chunk *= 4
+    except FileNotFoundError:
+        return None
+
+
+def log_is_complete(path: Path) -> bool:
+    line = last_line(path)
+    return line is not None and line.startswith(COMPLETE_PREFIX)
+
+
+def keep_aside(paths: RunPaths) -> Path | None:
+    """Renames an unfinished log out of the way (never deletes it); returns its new name."""
+    if not paths.log.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1, 1000):
+        suffix = stamp if attempt == 1 else f"{stamp}-{attempt}"
+        target = paths.log_dir / f"{paths.run_name}.unfinished-{suffix}.txt"
+        if not target.exists():
+            os.replace(paths.log, target)
+            return target
+    raise OSError(f"cannot find a free name to keep {paths.log} aside")
+
+
+@dataclasses.dataclass
+class StepProgress:
+    """Progress read from the step lines of a run log (only those after the two separator lines)."""
+
+    step: int | None = None
+    total: int | None = None
+    val_loss: float | None = None
+    val_step: int | None = None
+    is_val: bool = False  # whether the line this entry came from was a validation line
+
+
+class LogFollower:
+    """Reads a growing log incrementally and keeps the latest step it reports."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.separators = 0
+        self.pending = b""
+        self.progress = StepProgress()
+
+    def poll(self) -> list[StepProgress]:
+        """Reads what was appended since the last call; returns one entry per new step line."""
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    # The log was replaced (kept aside, run restarted): read it from the start.
+                    self.offset, self.separators, self.pending = 0, 0, b""
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self.pending + data
+        lines = data.split(b"\n")
+        self.pending = lines.pop()
+        updates = []
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip("\r")
+            if self.separators < 2:
+                if line == SEPARATOR:
+                    self.separators += 1
+                continue
+            match = STEP_LINE.match(line)
+            if not match:
+                continue
+            self.progress.step, self.progress.total = int(match.group(1)), int(match.group(2))
+            self.progress.is_val = match.group(3) is not None
+            if self.progress.is_val:
+                self.progress.val_loss = float(match.group(3))
+                self.progress.val_step = self.progress.step
+            updates.append(dataclasses.replace(self.progress))
+        return updates
+
+
+def read_progress(path: Path) -> StepProgress:
+    follower = LogFollower(path)
+    follower.poll()
+    return follower.progress
+
+
+# ----- the per-run lock -----------------------------------------------------------------------------------------
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _process_group_runs(pgid: int, marker: str) -> bool:
+    """True when a live process of group pgid has `marker` (the run's log path) in its command line (Linux)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # Field 5 (pgrp) follows the parenthesised command name, which may itself hold spaces.
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace") + " "
+        except (OSError, ValueError, IndexError):
+            continue
+        if marker in cmdline:
+            return True
+    return False
+
+
+class RunLock:
+    """An exclusive flock() on <run>.lock, held by the runner and inherited by the run's process.
+
+    The kernel releases it when every holder has died, so a runner killed with SIGKILL leaves no stale lock, while a
+    training process that outlives its runner keeps the run marked as running. The file also records the process
+    group, so that stragglers of that group (torchrun workers) still count as running after their parent died.
+    """
+
+    def __init__(self, paths: RunPaths):
+        self.paths = paths
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Takes the lock without waiting; False when a live process of this run holds it."""
+        fd = _try_flock(self.paths)
+        if fd is None:
+            return False
+        self.fd = fd
+        self.record(state="starting")
+        return True
+
+    def record(self, **info) -> None:
+        """Replaces the lock file's description of who holds it."""
+        assert self.fd is not None
+        content = {"host": socket.gethostname(), "boot_id": _boot_id(), "runner_pid": os.getpid(),
+                   "since": time.time(), **info}
+        data = (json.dumps(content) + "\n").encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def read_lock_info(paths: RunPaths) -> dict:
+    try:
+        return json.loads(paths.lock.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def process_marker(log_dir: str, run_name: str) -> str:
+    """A string every process of the run has in its command line (the runner puts these two flags side by side)."""
+    return f"--log-dir {log_dir} --run-name {run_name} "
+
+
+def _stragglers_alive(info: dict) -> bool:
+    pgid, marker = info.get("pgid"), info.get("marker")
+    if not pgid or not marker or info.get("host") != socket.gethostname() or info.get("boot_id") != _boot_id():
+        return False
+    return _process_group_runs(int(pgid), marker)
+
+
+def _try_flock(paths: RunPaths) -> int | None:
+    """An fd holding the run's lock, or None when a live process of the run holds it or still runs."""
+    paths.log_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    if _stragglers_alive(read_lock_info(paths)):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_running(paths: RunPaths) -> bool:
+    """True while some process of this run (on any host sharing the folder) holds its lock."""
+    if not paths.lock.exists():
+        return False
+    fd = _try_flock(paths)
+    if fd is None:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    return False
+
+
+def run_state(paths: RunPaths) -> str:
+    """One of: done, running, failed, todo."""
+    if log_is_complete(paths.log):
+        return "done"
+    if is_running(paths):
+        return "running"
+    if paths.failed_marker.exists():
+        return "failed"
+    return "todo"

@@ -1,0 +1,341 @@
+"""Study files: ablations/<study>.toml, read with tomllib, checked, expanded into runs.
+
+A study names a training script, the flags its arms share, the arms (name -> flags), the seeds and the processes per
+run. Flag tables map a flag name without its dashes to a value: `true` gives the bare flag, `false` leaves it out
+(so an arm can switch off a shared one), a list is joined with commas, anything else is passed as one string.
+String values may name `{seed}`, `{arm}`, `{study}`, `{runs}` and the study's own `[vars]` (overridable with
+`--set NAME=VALUE`). See ablations/README.md for the whole format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import io
+import re
+import string
+import tomllib
+from pathlib import Path
+
+from . import layer_orders
+from .errors import StudyError
+
+STUDY_DIR = Path(__file__).resolve().parent
+REPO_ROOT = STUDY_DIR.parent
+
+TOP_KEYS = {"description", "script", "nproc", "launcher", "seeds", "flags", "arms", "vars", "requires_results",
+            "generate", "target", "time_limit"}
+LAUNCHERS = ("torchrun", "python")
+# The runner sets these for every run; a study setting them would break the log layout.
+RUNNER_FLAGS = {"seed", "log-dir", "run-name", "variant", "resume"}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+@dataclasses.dataclass
+class Run:
+    study: str
+    arm: str
+    seed: int
+    flags: list[str]  # the arm's argv, without the runner's own flags
+
+
+@dataclasses.dataclass
+class Study:
+    name: str
+    path: Path
+    description: str
+    script: Path
+    nproc: int
+    launcher: str
+    seeds: list[int]
+    arms: dict[str, dict]  # arm -> merged flag table (shared flags overridden by the arm's)
+    vars: dict[str, str]
+    requires_results: str | None
+    target: float
+    time_limit: str | None
+    generate: dict | None
+
+    def runs(self, runs_dir: Path, arms: list[str] | None = None) -> list[Run]:
+        """Every (arm, seed) run, seed by seed, so that a study stopped early has all arms at its first seeds."""
+        chosen = arms if arms is not None else list(self.arms)
+        return [Run(self.name, arm, seed, self.argv(arm, seed, runs_dir)) for seed in self.seeds for arm in chosen]
+
+    def argv(self, arm: str, seed: int, runs_dir: Path) -> list[str]:
+        builtins = {"seed": str(seed), "arm": arm, "study": self.name, "runs": str(runs_dir)}
+        # Variables may themselves use the built-in placeholders (e.g. "{runs}/record/baseline/seed{seed}.pt").
+        values = {name: substitute(value, builtins, f"{self.path.name}: [vars] {name}")
+                  for name, value in self.vars.items()}
+        values.update(builtins)
+        argv: list[str] = []
+        for key, value in self.arms[arm].items():
+            if value is False:
+                continue
+            argv.append(f"--{key}")
+            if value is True:
+                continue
+            if isinstance(value, list):
+                value = ",".join(str(v) for v in value)
+            argv.append(substitute(str(value), values, f"{self.path.name}: arm {arm!r}, flag --{key}"))
+        return argv
+
+
+def substitute(text: str, values: dict[str, str], where: str) -> str:
+    for _, field, _, _ in string.Formatter().parse(text):
+        if field is not None and field not in values:
+            raise StudyError(f"{where}: unknown placeholder {{{field}}} (known: {', '.join(sorted(values))})")
+    return text.format_map(values)
+
+
+def study_path(name_or_path: str) -> Path:
+    """A study name (ablations/<name>.toml) or a path to a .toml file."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        return Path(name_or_path)
+    return STUDY_DIR / f"{name_or_path}.toml"
+
+
+def available_studies() -> list[Path]:
+    return sorted(STUDY_DIR.glob("*.toml"))
+
+
+def describe_studies() -> list[tuple[str, str]]:
+    """(name, description) of every bundled study; a broken file shows its error instead."""
+    rows = []
+    for path in available_studies():
+        try:
+            with open(path, "rb") as f:
+                rows.append((path.stem, str(tomllib.load(f).get("description", ""))))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            rows.append((path.stem, f"(unreadable: {e})"))
+    return rows
+
+
+def _check_type(value, kind, where: str):
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        names = {int: "an integer", str: "a string", dict: "a table", list: "a list", float: "a number"}
+        raise StudyError(f"{where} must be {names.get(kind, kind.__name__)}")
+    return value
+
+
+def _flag_table(table, where: str) -> dict:
+    _check_type(table, dict, where)
+    for key, value in table.items():
+        if key.startswith("-") or not NAME.match(key):
+            raise StudyError(f"{where}: {key!r} is not a flag name (write it without dashes, e.g. backout-layers)")
+        if key in RUNNER_FLAGS:
+            raise StudyError(f"{where}: --{key} is set by the runner for every run; remove it from the study")
+        if isinstance(value, dict) or isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+            raise StudyError(f"{where}: --{key} must be a string, number, boolean or flat list")
+    return dict(table)
+
+
+def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds: list[int] | None = None,
+               runs_dir: Path = Path("runs")) -> Study:
+    """Reads and checks a study file; derived arms (the `generate` table) are computed here."""
+    path = study_path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(p.stem for p in available_studies())
+        raise StudyError(f"no study {name_or_path!r} ({path} does not exist); studies: {known}")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise StudyError(f"{path}: not valid TOML: {e}") from None
+    where = path.name
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise StudyError(f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(TOP_KEYS))})")
+    for key in ("description", "script", "seeds"):
+        if key not in data:
+            raise StudyError(f"{where}: missing key {key!r}")
+    description = _check_type(data["description"], str, f"{where}: description")
+    script = Path(_check_type(data["script"], str, f"{where}: script"))
+    script = script if script.is_absolute() else REPO_ROOT / script
+    nproc = _check_type(data.get("nproc", 1), int, f"{where}: nproc")
+    if nproc < 1:
+        raise StudyError(f"{where}: nproc must be at least 1")
+    launcher = _check_type(data.get("launcher", "torchrun"), str, f"{where}: launcher")
+    if launcher not in LAUNCHERS:
+        raise StudyError(f"{where}: launcher must be one of {', '.join(LAUNCHERS)}, not {launcher!r}")
+    if launcher == "python" and nproc != 1:
+        raise StudyError(f"{where}: launcher 'python' runs one process; nproc {nproc} needs torchrun")
+    study_seeds = _check_type(data["seeds"], list, f"{where}: seeds")
+    for seed in study_seeds:
+        _check_type(seed, int, f"{where}: each seed")
+    if seeds is not None:
+        study_seeds = seeds
+    if not study_seeds or len(set(study_seeds)) != len(study_seeds):
+        raise StudyError(f"{where}: seeds must be a non-empty list without repeats")
+    shared = _flag_table(data.get("flags", {}), f"{where}: [flags]")
+    arm_tables = _check_type(data.get("arms", {}), dict, f"{where}: [arms]")
+    variables = {k: str(v) for k, v in _check_type(data.get("vars", {}), dict, f"{where}: [vars]").items()}
+    for key, value in (overrides or {}).items():
+        if key not in variables:
+            known = ", ".join(sorted(variables)) or "none"
+            raise StudyError(f"--set {key}: study {path.stem} has no such variable (its variables: {known})")
+        variables[key] = value
+    requires = data.get("requires_results")
+    if requires is not None:
+        _check_type(requires, str, f"{where}: requires_results")
+    target = data.get("target", 2.92)
+    if not isinstance(target, (int, float)) or isinstance(target, bool):
+        raise StudyError(f"{where}: target must be a number")
+    time_limit = data.get("time_limit")
+    if time_limit is not None:
+        _check_type(time_limit, str, f"{where}: time_limit")
+    generate = data.get("generate")
+    if generate is not None:
+        _check_type(generate, dict, f"{where}: [generate]")
+
+    arms: dict[str, dict] = {}
+    for arm, table in arm_tables.items():
+        if not NAME.match(arm):
+            raise StudyError(f"{where}: arm name {arm!r} must be letters, digits and ._+- (it names a folder)")
+        arms[arm] = {**shared, **_flag_table(table, f"{where}: [arms.{arm}]")}
+    if generate is not None:
+        if requires is not None:
+            check_results_exist(requires, runs_dir, where)
+        for arm, table in layer_orders.generate_arms(generate, requires, runs_dir, where).items():
+            if arm in arms:
+                raise StudyError(f"{where}: generated arm {arm!r} is also listed under [arms]")
+            arms[arm] = {**shared, **table}
+    elif requires is not None:
+        check_results_exist(requires, runs_dir, where)
+    if not arms:
+        raise StudyError(f"{where}: the study has no arms")
+    return Study(path.stem, path, description, script, nproc, launcher, list(study_seeds), arms, variables,
+                 requires, float(target), time_limit, generate)
+
+
+def check_results_exist(required: str, runs_dir: Path, where: str) -> None:
+    """A derived study needs every arm of the study it builds on to have at least one complete run."""
+    from .runstate import log_is_complete  # noqa: PLC0415 (kept local: runstate is only needed here)
+
+    base = load_study(required, runs_dir=runs_dir)
+    missing = [arm for arm in base.arms
+               if not any(log_is_complete(p) for p in (Path(runs_dir) / base.name / arm).glob("seed*.txt"))]
+    if missing:
+        raise StudyError(f"{where}: needs finished results of study {required!r} in {Path(runs_dir) / required}; "
+                         f"arms with no complete run: {', '.join(missing)} (run `./run.sh {required}` first)")
+
+
+def select_arms(study: Study, patterns: list[str] | None) -> list[str]:
+    """Arms named by --arms (exact names or shell patterns); all arms when none given."""
+    if not patterns:
+        return list(study.arms)
+    import fnmatch  # noqa: PLC0415
+
+    chosen: list[str] = []
+    for pattern in patterns:
+        matches = [arm for arm in study.arms if fnmatch.fnmatchcase(arm, pattern)]
+        if not matches:
+            raise StudyError(f"--arms {pattern}: study {study.name} has no such arm "
+                             f"(its arms: {', '.join(study.arms)})")
+        chosen.extend(arm for arm in matches if arm not in chosen)
+    return chosen
+
+
+# ----- checking flags against the training script ---------------------------------------------------------------
+
+def load_script(script: Path):
+    """Imports the training script from its path (importing runs nothing, by contract)."""
+    if not script.is_file():
+        raise StudyError(f"training script {script} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_study_script_{script.stem.replace('-', '_')}", script)
+    module = importlib.util.module_from_spec(spec)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            spec.loader.exec_module(module)
+    except SystemExit:
+        raise StudyError(f"{script.name}: importing it exited ({_last_line(captured.getvalue())})") from None
+    except Exception as e:  # noqa: BLE001 (any failure to import is reported as one line)
+        raise StudyError(f"{script.name}: cannot be imported: {type(e).__name__}: {e}") from None
+    if not hasattr(module, "make_arg_parser"):
+        raise StudyError(f"{script.name} has no make_arg_parser() to check the study's flags against")
+    return module
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no message"
+
+
+def check_flags(study: Study, runs: list[Run], runs_dir: Path) -> None:
+    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError."""
+    module = load_script(study.script)
+    parser = module.make_arg_parser()
+    # A script may also offer resolve_args(argv), its full check of flag combinations (layer indices, flags that
+    # need each other); when it does, a combination that cannot work is refused here rather than mid-study.
+    resolve = getattr(module, "resolve_args", None)
+    checked: set[tuple[str, ...]] = set()
+    for run in runs:
+        argv = tuple(run.flags + runner_flags(run, runs_dir))
+        key = tuple(run.flags)
+        if key in checked:
+            continue
+        checked.add(key)
+        for token in run.flags:
+            # Exact names only: argparse would take an abbreviation (--backout-layer) for the full flag.
+            if token.startswith("--") and token not in parser._option_string_actions:
+                raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} has no flag {token}")
+        captured = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+                parser.parse_args(list(argv))
+            if callable(resolve):
+                resolve(list(argv))
+        except SystemExit as e:
+            if e.code not in (0, None):
+                message = _last_line(captured.getvalue()).split("error: ", 1)[-1]
+                raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
+                                 f"{message}") from None
+        except Exception as e:  # noqa: BLE001 (the script's own usage errors, whatever their class)
+            raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
+                             f"{e}") from None
+        init_from = _flag_value(run.flags, "--init-from")
+        if init_from is not None and not Path(init_from).exists():
+            raise StudyError(f"{study.path.name}: arm {run.arm!r} seed {run.seed}: --init-from {init_from} does not "
+                             f"exist (run the study that writes it first, or point to it with --set)")
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, token in enumerate(argv[:-1]):
+        if token == flag:
+            return argv[i + 1]
+    return None
+
+
+def runner_flags(run: Run, runs_dir: Path) -> list[str]:
+    """The flags the runner adds; --log-dir and --run-name stay side by side (see runstate.process_marker)."""
+    return ["--seed", str(run.seed), "--variant", run.arm,
+            "--log-dir", str(Path(runs_dir) / run.study / run.arm), "--run-name", f"seed{run.seed}"]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """--seeds 0,1,2 or 0-4."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part.strip()[1:]:
+                lo, hi = part.split("-", 1)
+                seeds.extend(range(int(lo), int(hi) + 1))
+            else:
+                seeds.append(int(part))
+    except ValueError:
+        raise StudyError(f"--seeds {text}: expected a list like 0,1,2 or a range like 0-4") from None
+    return seeds
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    result = {}
+    for item in items or []:
+        if "=" not in item:
+            raise StudyError(f"--set {item}: expected NAME=VALUE")
+        key, value = item.split("=", 1)
+        result[key.strip()] = value
+    return result
+
+
+def describe_run(run: Run) -> str:
+    return f"{run.arm}/seed{run.seed}"

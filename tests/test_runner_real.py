@@ -1,0 +1,118 @@
+"""The runner with the real training script: a tiny study on synthetic shards, and `./run.sh` as the README says."""
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner_support import REPO, ablations, is_complete, runner_env, wait_for, write_study
+
+SCRIPT = REPO / "train_gpt_medium.py"
+DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
+
+
+def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
+    flags = {"preset": "tiny", "num-iterations": 3, "val-every": 0,
+             "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
+    study = write_study(tmp_path, "tiny", {"baseline": {}, "layers-4": {"num-layers": 4}}, flags=flags,
+                        script=SCRIPT)
+    result = ablations(["run", study, "--parallel", "2", "--gpus", "0"], tmp_path, runner_env(), timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for arm in ("baseline", "layers-4"):
+        for seed in (0, 1):
+            log = tmp_path / "runs" / "tiny" / arm / f"seed{seed}.txt"
+            assert is_complete(log)
+            text = log.read_text()
+            assert f'"variant": "{arm}"' in text and f'"seed": {seed}' in text
+            assert "step:3/3 val_loss:" in text
+    assert result.stdout.count(" val_loss ") >= 4  # progress shows each run's validation
+
+
+def test_bad_flag_for_the_training_script_is_refused(tmp_path):
+    study = write_study(tmp_path, "bad", {"baseline": {}, "odd": {"backout-layerz": 11}}, script=SCRIPT)
+    result = ablations(["run", study], tmp_path, runner_env())
+    assert result.returncode == 2 and "has no flag --backout-layerz" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def copy_of_the_tree(tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of the checkout (so tests leave its runs/ alone) and an environment in which run.sh uses the
+    interpreter running the tests as it is (it has every dependency)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "logs", "__pycache__",
+                                                              "fineweb10B", ".pytest_cache"))
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_VENV", "CUDA_VISIBLE_DEVICES")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return tree, env
+
+
+def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
+    """With GPUs (a stand-in nvidia-smi listing two) and FineWeb shards, `./run.sh` starts the record study with
+    one GPU slice per run; the test stops it once the first run has started."""
+    tree, env = copy_of_the_tree(tmp_path)
+    fineweb = tree / "data" / "fineweb10B"
+    fineweb.mkdir(parents=True)
+    for name in ("fineweb_val_000000.bin", "fineweb_train_000001.bin"):
+        (fineweb / name).write_bytes(b"")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: a)'\necho 'GPU 1: NVIDIA H100 (UUID: b)'\n")
+    os.chmod(tools / "nvidia-smi", 0o755)
+    env["PATH"] = f"{tools}{os.pathsep}{env['PATH']}"
+    output = tmp_path / "run.out"
+    with open(output, "w") as out:
+        job = subprocess.Popen(["./run.sh"], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        wait_for(lambda: " start " in output.read_text(), 60, "the first run to start")
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+    text = output.read_text()
+    assert text.splitlines()[0].startswith("run.sh: main job: the record study (2 CUDA GPU(s) and FineWeb shards")
+    assert "2 GPU(s) per run, GPUs 0,1" in text
+    assert "record start    baseline/seed0 [1/10]" in text and "(GPUs 0,1)" in text
+    assert "got SIGTERM" in text
+
+
+@pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
+def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
+    """`./run.sh` on a machine with no GPU: the demo study and its report."""
+    tree, env = copy_of_the_tree(tmp_path)
+    result = subprocess.run(["./run.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    first = result.stdout.splitlines()[0]
+    if shutil.which("nvidia-smi") is None:
+        assert first.startswith("run.sh: main job: the demo study") and "no CUDA GPU" in first
+    logs = sorted((tree / "runs" / "demo").rglob("seed*.txt"))
+    assert {(log.parent.name, log.name) for log in logs} == {
+        ("baseline", "seed0.txt"), ("baseline", "seed1.txt"), ("backout-L4", "seed0.txt"), ("backout-L4", "seed1.txt")}
+    assert len(logs) == 4
+    assert all(is_complete(log) for log in logs)
+    assert "4 runs: 4 done (4 by this runner), 0 failed" in result.stdout
+    assert (tree / "runs" / "demo" / "runner.log").read_text().count(" done ") >= 4
+    if importlib.util.find_spec("analysis") is not None:
+        assert "python -m analysis report" in result.stdout
+        report = (tree / "runs" / "demo" / "report.md").read_text()
+        assert "baseline" in report and "backout-L4" in report
+    else:
+        assert "report   skipped: the analysis package is not available" in result.stdout
+
+
+def test_every_bundled_study_passes_the_training_scripts_own_checks(tmp_path):
+    """The study files and the script's flags (and its checks of flag combinations) must not drift apart."""
+    from ablations.study import available_studies, check_flags, load_study
+
+    checkpoint = tmp_path / "base.pt"
+    checkpoint.write_bytes(b"only its existence is checked before launch")
+    for path in available_studies():
+        if path.stem == "backout-multi-skip":  # needs a finished sweep; its arms are covered by test_runner_orders
+            continue
+        overrides = {"base_checkpoint": str(checkpoint)} if path.stem == "dlo" else None
+        study = load_study(path.stem, overrides, runs_dir=tmp_path / "runs")
+        check_flags(study, study.runs(tmp_path / "runs"), tmp_path / "runs")
