@@ -1,0 +1,149 @@
+"""Step time, throughput, model-FLOPs utilisation and peak memory of train_gpt_medium.py arms, on synthetic shards
+(GPU machines often cannot download FineWeb), plus a check that FlexAttention computes the same function as the
+CPU attention on the same document-causal windowed mask.
+
+    python benchmarks/gpu_medium.py --steps 30 --arms baseline backout-L11 'laurel-*' --out benchmarks/results/X.txt
+    python benchmarks/gpu_medium.py --preset tiny --steps 4 --arm base= --arm bo='--backout-layers 4'   # CPU
+
+Arms come from ablations/speed.toml (--arms, names or patterns) and/or --arm NAME=FLAGS. Every arm runs the first
+--steps steps of the full 5590-step schedule (--stop-after), so step times are comparable within one call only.
+MFU counts matmul FLOPs only (6 x matmul parameters per token, attention scores left out), against --peak-tflops.
+"""
+import argparse
+import datetime
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ablations.study import load_script, load_study, select_arms  # noqa: E402
+from analysis.logs import parse_log  # noqa: E402
+from data.shards import write_shard  # noqa: E402
+
+SCRIPT = ROOT / "train_gpt_medium.py"
+
+
+def synthetic_tokens(n, rng):
+    """Zipf-distributed GPT-2 token ids in documents that start with 50256 (about 1000 tokens each)."""
+    tokens = (rng.zipf(1.2, n) % 50257).astype(np.uint16)
+    tokens[rng.random(n) < 1e-3] = 50256
+    tokens[0] = 50256
+    return tokens
+
+
+def make_shards(folder, train_tokens, val_tokens):
+    rng = np.random.default_rng(0)
+    write_shard(folder / "synthetic_val_000000.bin", synthetic_tokens(val_tokens, rng))
+    write_shard(folder / "synthetic_train_000001.bin", synthetic_tokens(train_tokens, rng))
+    return str(folder / "synthetic_train_*.bin"), str(folder / "synthetic_val_*.bin")
+
+
+def matmul_flops_per_token(module, argv):
+    """6 x the parameters used in matmuls (blocks' matrices and the lm head; embeddings are lookups)."""
+    args = module.resolve_args(argv)
+    with torch.device("meta"):
+        model = module.GPT(module.model_config(args), max_seq_len=1)
+    lookups = {id(p) for p in model.embedding_params()}
+    return 6 * sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in lookups)
+
+
+def flex_matches_dense(module, seq_len=8192, window_blocks=7, block=128):
+    """Max |FlexAttention - SDPA with the dense mask| on random documents, bf16 inputs on CUDA."""
+    from torch.nn.attention.flex_attention import flex_attention
+    g = torch.Generator(device="cuda").manual_seed(0)
+    seq = torch.randint(0, 50257, (seq_len,), device="cuda", generator=g)
+    seq[torch.rand(seq_len, device="cuda", generator=g) < 2e-3] = 50256
+    seq[0] = 50256
+    q, k, v = (torch.randn(1, 8, seq_len, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    w = torch.tensor(window_blocks, device="cuda")
+    block_mask = module.flex_block_masks(seq, [w], block)[0]
+    flex = torch.compile(flex_attention)(q, k, v, block_mask=block_mask, scale=0.12)
+    dense = module.attend(q.float(), k.float(), v.float(), module.dense_window_mask(seq, w, block), 0.12)
+    return (flex.float() - dense).abs().max().item()
+
+
+def parse_arm(text):
+    name, sep, flags = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"error: --arm wants NAME=FLAGS, got {text!r}")
+    return name, shlex.split(flags)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=30, help="training steps per arm (--stop-after)")
+    p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run")
+    p.add_argument("--preset", default="full", choices=["full", "tiny"])
+    p.add_argument("--arms", nargs="*", default=[], help="arms of ablations/speed.toml (names or patterns)")
+    p.add_argument("--arm", action="append", default=[], type=parse_arm, help="extra arm NAME=FLAGS")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200: 989)")
+    p.add_argument("--out", help="also write the figures to this file (with date, device and command)")
+    args = p.parse_args()
+    if args.steps < 2:
+        raise SystemExit("error: --steps must be at least 2")
+
+    arms = {}
+    if args.arms:
+        study = load_study("speed")
+        for name in select_arms(study, args.arms):
+            flags = study.argv(name, 0, Path("runs"))
+            arms[name] = [f for f in flags if f not in ("--stop-after", "--num-iterations")]
+    arms.update(dict(args.arm))
+    if not arms:
+        raise SystemExit("error: name arms with --arms and/or --arm")
+
+    module = load_script(SCRIPT)
+    preset = module.PRESETS[args.preset]
+    tokens_per_step = module.VIRTUAL_RANKS * preset["train_seq_len"]
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if cuda else f"CPU {platform.processor() or platform.machine()}"
+    lines = [f"date: {datetime.date.today().isoformat()}", f"device: {device}",
+             f"command: {' '.join(shlex.quote(a) for a in sys.argv)}", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        train_glob, val_glob = make_shards(tmp, (args.steps + 3) * tokens_per_step,
+                                           module.VIRTUAL_RANKS * preset["val_seq_len"] + 2)
+        header = f"{'arm':28} {'step ms':>9} {'tokens/s':>11} {'MFU':>6} {'peak MiB':>9} {'vs first':>8}"
+        lines.append(header)
+        first_ms = None
+        for name, flags in arms.items():
+            argv = ["--preset", args.preset, "--train-files", train_glob, "--val-files", val_glob,
+                    "--val-tokens", str(module.VIRTUAL_RANKS * preset["val_seq_len"]), "--val-every", "0",
+                    "--num-iterations", str(preset["num_iterations"]), "--stop-after", str(args.steps),
+                    "--log-dir", str(tmp / "logs"), "--run-name", name, "--variant", name, *flags]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc_per_node={args.nproc}", str(SCRIPT), *argv]
+            res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            log_path = tmp / "logs" / f"{name}.txt"
+            run = parse_log(log_path) if log_path.exists() else None
+            if res.returncode != 0 or run is None or not run.complete:
+                err = [l for l in res.stderr.splitlines() if l.startswith("error:")] or res.stderr.splitlines()[-1:]
+                lines.append(f"{name:28} failed: {err[0] if err else 'no output'}")
+                continue
+            step_ms = run.step_time_ms
+            first_ms = first_ms or step_ms
+            tokens_s = tokens_per_step / (step_ms / 1000)
+            mfu = matmul_flops_per_token(module, ["--preset", args.preset, *flags]) * tokens_s / (
+                args.peak_tflops * 1e12 * args.nproc)
+            lines.append(f"{name:28} {step_ms:9.2f} {tokens_s:11.0f} {mfu:6.1%} {run.peak_allocated_mib or 0:9.0f} "
+                         f"{step_ms / first_ms - 1:+8.2%}")
+    if cuda:
+        lines += ["", f"FlexAttention vs SDPA on the dense mask (bf16 vs fp32): max abs diff "
+                      f"{flex_matches_dense(module):.2e}"]
+    else:
+        lines += ["", "FlexAttention check: needs CUDA (skipped)"]
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
