@@ -146,3 +146,21 @@ def test_argparse_errors_are_one_line(capsys, argv):
         T.resolve_args(argv)
     assert exit_info.value.code == 2
     one_error_line(capsys)
+
+
+@pytest.mark.slow
+def test_world_sizes_1_and_2_follow_the_same_trajectory_with_mixed_muon_shapes(tmp_path):
+    # relu-linear (D x D) and LAuReL's low-rank matrices put Muon parameters of different sizes in one
+    # owner group, which the 2-rank run must share by broadcast; the losses may differ only by summation order.
+    flags = ["--preset", "tiny", "--num-iterations", "6", "--val-every", "3", "--backout-layers", "3",
+             "--backout-transform", "relu-linear", "--laurel", "lr", "--laurel-rank", "4", "--log-dir", str(tmp_path)]
+    losses = {}
+    for nproc in (1, 2):
+        res = run_training(flags + ["--run-name", f"ws{nproc}"], nproc=nproc)
+        assert res.returncode == 0, res.stderr[-2000:]
+        losses[nproc] = [float(m.group(3)) for m in map(VAL_LINE.match, (tmp_path / f"ws{nproc}.txt")
+                                                         .read_text().splitlines()) if m]
+    assert len(losses[1]) == len(losses[2]) == 3
+    assert losses[1][0] == losses[2][0]
+    assert losses[1] == pytest.approx(losses[2], abs=1e-3)
+    assert losses[1][-1] < losses[1][0]
