@@ -9,7 +9,7 @@ Where the facts come from (first found wins):
   arms without one (`L11`) are not part of a selection order.
 - layer count: config key `num_layers` (default 16, the medium model).
 - parameters: config or `key: value` line `params` (or `num_params`, `total_params`, `n_params`); added parameters:
-  `added_params`; effective FLOPs: `effective_flops` (or `flops_per_token`), else the last `scalars:` entry whose
+  `added_params` (a number, or the training scripts' `{"variant": n, ...} total N`, read as N); effective FLOPs: `effective_flops` (or `flops_per_token`), else the last `scalars:` entry whose
   name contains "flops".
 """
 from __future__ import annotations
@@ -95,6 +95,16 @@ def numeric_mean(values):
     return present[0] if present else None
 
 
+_ADDED_TOTAL = re.compile(r"\btotal (\d+)\s*$")
+
+
+def added_params(run):
+    """The run's added parameter count: the `total N` of the training scripts' line, else the value as given."""
+    value = run.setting(*ADDED_PARAM_KEYS)
+    match = _ADDED_TOTAL.search(value) if isinstance(value, str) else None
+    return int(match.group(1)) if match else value
+
+
 def effective_flops(run):
     value = run.setting(*FLOPS_KEYS)
     if value is not None:
@@ -115,7 +125,7 @@ def resource_rows(groups: dict, baseline: str | None = None) -> list[dict]:
         rows.append({
             "variant": name, "n": len(runs),
             "params": numeric_mean([r.setting(*PARAM_KEYS) for r in runs]),
-            "added_params": numeric_mean([r.setting(*ADDED_PARAM_KEYS) for r in runs]),
+            "added_params": numeric_mean([added_params(r) for r in runs]),
             "mean_val_loss": mean_loss, "std_val_loss": std_loss,
             "loss_diff": None if base_mean is None or mean_loss is None or name == baseline
             else mean_loss - base_mean,

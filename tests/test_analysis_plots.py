@@ -135,11 +135,14 @@ def test_resource_table_reads_config_env_and_scalars(tmp_path):
     root = tmp_path / "laurel"
     arm_logs(root, "baseline", 2, 2.921, env={"params": 454496336})
     arm_logs(root, "rw", 2, 2.919, env={"params": 454496368, "added_params": 32})
+    # the training scripts' own form: per-variant JSON, then the total
+    arm_logs(root, "lr", 1, 2.918, env={"params": 455544912, "added_params": '{"laurel": 1048576} total 1048576'})
     arm_logs(root, "dlo30", 1, 2.93, config={"params": 500000000}, scalars=lambda s: {"dlo.effective_flops": 0.7})
     runs, _ = load_runs([root])
     groups = group_runs(runs)
     rows = {r["variant"]: r for r in resource_rows(groups, "baseline")}
     assert rows["rw"]["params"] == 454496368 and rows["rw"]["added_params"] == 32
+    assert rows["lr"]["added_params"] == 1048576
     assert rows["baseline"]["added_params"] is None and rows["dlo30"]["effective_flops"] == 0.7
     assert rows["rw"]["loss_diff"] == pytest.approx(np.mean([2.919, 2.920]) - np.mean([2.921, 2.922]))
     assert rows["rw"]["step_time_ms"] == pytest.approx(np.mean([200.0, 201.0]))
