@@ -2030,8 +2030,9 @@ def run(args, ddp: Dist):
     if ddp.device.type == "cuda":
         alloc = torch.cuda.max_memory_allocated() // 1024 // 1024
         reserved = torch.cuda.max_memory_reserved() // 1024 // 1024
-    else:
-        alloc = reserved = 0
+    else:  # CPU: no allocator statistics; the process's peak resident memory stands in for both
+        import resource
+        alloc = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     log.write(f"peak memory allocated: {alloc} MiB reserved: {reserved} MiB")
     log.close()
 
