@@ -1684,6 +1684,8 @@ def resolve_args(argv=None):
     args = make_arg_parser().parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key, None) is None:
+            if key in ("train_files", "val_files"):  # the preset's data lives next to this script
+                value = os.path.relpath(Path(__file__).resolve().parent / value)
             setattr(args, key, value)
     if args.run_name is None:
         args.run_name = str(uuid.uuid4())
