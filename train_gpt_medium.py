@@ -1033,14 +1033,34 @@ class Muon(torch.optim.Optimizer):
 
     def _share(self, chunk):
         """Every rank receives the parameters updated by their owners."""
-        ws = self.world_size
-        if len({q.numel() for q in chunk}) == 1 and len({q.dtype for q in chunk}) == 1:
-            flat = [q.data.view(-1) for q in chunk]
-            flat += [torch.empty_like(flat[0]) for _ in range(ws - len(chunk))]
+        self._exchange([q.data for q in chunk])
+
+    def _exchange(self, tensors):
+        """tensors[j] is authoritative on rank j (the owner of position base+j); afterwards on every rank."""
+        if len({t.numel() for t in tensors}) == 1 and len({t.dtype for t in tensors}) == 1:
+            flat = [t.view(-1) for t in tensors]
+            flat += [torch.empty_like(flat[0]) for _ in range(self.world_size - len(tensors))]
             dist.all_gather(flat, flat[self.rank].clone())
         else:
-            for j, q in enumerate(chunk):
-                dist.broadcast(q.data, j)
+            for j, t in enumerate(tensors):
+                dist.broadcast(t, j)
+
+    def master_values(self):
+        """{id(p): fp32 value} of every matrix on every rank: the bf16 parameter plus its owner's low bits."""
+        out = {}
+        for base in range(0, len(self.ordered), self.world_size):
+            chunk = self.ordered[base:base + self.world_size]
+            lows = []
+            for p in chunk:
+                st = self.state.get(p, {})
+                owned = self.owner(p) == self.rank and "mantissa" in st
+                lows.append(st["mantissa"] if owned else torch.zeros_like(p, dtype=torch.int16))
+            if self.world_size > 1 and any(p.dtype == torch.bfloat16 for p in chunk):
+                lows = [t.clone() for t in lows]
+                self._exchange([t.view(torch.bfloat16) for t in lows])  # same bits; gloo has no int16
+            for p, low in zip(chunk, lows):
+                out[id(p)] = fp32_from_bf16_parts(p.data, low) if p.dtype == torch.bfloat16 else p.data.float()
+        return out
 
     def full_state(self):
         """This rank's owned states keyed by position in the sort order (merged across ranks by the caller)."""
@@ -1057,11 +1077,17 @@ class Muon(torch.optim.Optimizer):
 class Snoo:
     """Outer optimiser: every `every`-th call (the first call included) treats (old - new) as a gradient, resets
     the parameters to the old copy and takes a Nesterov SGD step from there. The old copy is kept in fp32 and is
-    identical on every rank."""
+    identical on every rank.
 
-    def __init__(self, params, lr=0.68, momentum=0.37, every=28, write=None):
+    `read_all()` gives the parameters' current fp32 values (for bf16 Muon matrices, the full-precision master, so
+    the truncated bf16 copy is not mistaken for motion), `write(p, v)` stores a fp32 value into p, and
+    `stored(p, v)` is what p then holds, so (old - new) compares like with like."""
+
+    def __init__(self, params, lr=0.68, momentum=0.37, every=28, write=None, stored=None, read_all=None):
         self.params, self.lr, self.momentum, self.every = list(params), lr, momentum, every
         self.write = write or (lambda p, v: p.data.copy_(v))
+        self.stored = stored or (lambda p, v: v.to(p.dtype).float())
+        self.read_all = read_all or (lambda: [p.detach().float() for p in self.params])
         self.old = [p.detach().float().clone() for p in self.params]
         self.buf = [None] * len(self.params)
         self.calls = 0
@@ -1075,8 +1101,8 @@ class Snoo:
         self.calls += 1
         if not fired:
             return False
-        for i, p in enumerate(self.params):
-            grad = self.old[i] - p.float()
+        for i, (p, current) in enumerate(zip(self.params, self.read_all())):
+            grad = self.stored(p, self.old[i]) - current
             buf = grad.clone() if self.buf[i] is None else self.buf[i].mul_(self.momentum).add_(grad)
             self.buf[i] = buf
             self.old[i].sub_(grad.add(buf, alpha=self.momentum), alpha=self.lr)
@@ -1125,8 +1151,16 @@ class Optimizers:
         self.adam = torch.optim.Adam(adam_groups, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0,
                                      fused=fused_adam)
         muon_set = set(id(p) for p, _ in matrices)
-        self.snoo = Snoo(list(model.parameters()),
-                         write=lambda p, v: self.muon.write_master(p, v) if id(p) in muon_set else p.data.copy_(v))
+        params = list(model.parameters())
+
+        def read_all():
+            masters = self.muon.master_values()
+            return [masters[id(p)] if id(p) in muon_set else p.detach().float() for p in params]
+
+        # Muon matrices are compared at full precision (exact fp32 masters); others as their dtype holds them.
+        self.snoo = Snoo(params, read_all=read_all,
+                         write=lambda p, v: self.muon.write_master(p, v) if id(p) in muon_set else p.data.copy_(v),
+                         stored=lambda p, v: v if id(p) in muon_set else v.to(p.dtype).float())
 
     def step(self, step, num_iterations):
         factor = lr_factor(step, num_iterations)

@@ -306,3 +306,44 @@ def test_named_scalars_cover_the_scalar_vector():
     no_attn = model.pattern["no_attention_layer"]
     assert f"block{no_attn}.v_self" not in names and "block0.v_embed" in names
     assert names["block0.a"] == 1.0 and names["block0.v_self"] == 0.5
+
+
+def snoo_trajectory(dtype, firings):
+    """Muon + Snoo on one matrix: two firings with real movement, then inner lr 0 for `firings` more."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(32, 16, generator=g).to(dtype))
+    muon = T.Muon([(p, 1.0)], lr=0.01, weight_decay=0.0, momentum=0.9)
+    snoo = T.Snoo([p], write=muon.write_master, stored=lambda p, v: v,
+                  read_all=lambda: [muon.master_values()[id(p)]])
+    for call in range((2 + firings) * snoo.every):
+        if call == 2 * snoo.every:
+            muon.param_groups[0]["lr"] = 0.0
+        p.grad = torch.randn(32, 16, generator=g).to(dtype)
+        muon.step()
+        snoo.step()
+    return muon.master_value(p)
+
+
+def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
+    # The bf16 parameter is the truncated top half of the fp32 master: comparing the outer copy with it would read
+    # the truncation as a pseudo-gradient and shrink every matrix a little at every firing.
+    bf16, fp32 = snoo_trajectory(torch.bfloat16, 20), snoo_trajectory(torch.float32, 20)
+    assert bf16.norm() / fp32.norm() == pytest.approx(1.0, abs=5e-4)
+    assert (bf16 - fp32).norm() / fp32.norm() < 5e-3
+
+
+def test_snoo_reads_the_full_precision_masters_of_bf16_muon_matrices():
+    args, model, _ = tiny_model_and_optimizers()
+    T.cast_model(model, torch.bfloat16)
+    opt = T.Optimizers(model, 0, 1, fused_adam=False)
+    seq = random_documents(64 * 8 + 1, 3)
+    batches = [(seq[v * 64:(v + 1) * 64], seq[v * 64 + 1:(v + 1) * 64 + 1]) for v in range(8)]
+    for step in range(2):
+        T.train_step(model, batches, torch.tensor(2), T.Dist())
+        opt.step(step, args.num_iterations)
+    current = dict(zip(map(id, opt.snoo.params), opt.snoo.read_all()))
+    differs = False
+    for p in opt.muon.ordered:
+        assert torch.equal(current[id(p)], opt.muon.master_value(p))
+        differs |= not torch.equal(current[id(p)], p.float())
+    assert differs  # the masters really carry bits the bf16 parameters do not
