@@ -25,7 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import torch
+
+if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:  # must be set before torch starts; less fragmentation
+    os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -125,7 +128,8 @@ def layer_pattern(num_layers):
 # ----------------------------------------------------------------------------------------------------------------
 # Data: shards and the upstream token stream
 
-def read_shard(path):
+def read_shard(path, pin=False):
+    """The shard's tokens as a uint16 tensor (in pinned memory with pin=True, for asynchronous copies to the GPU)."""
     path = str(path)
     try:
         with open(path, "rb") as f:
@@ -137,12 +141,18 @@ def read_shard(path):
             if header[1] != SHARD_VERSION:
                 raise UsageError(f"{path}: unsupported shard version {header[1]}")
             num_tokens = int(header[2])
-            tokens = np.frombuffer(f.read(), dtype="<u2")
+            if num_tokens < 0:
+                raise UsageError(f"{path}: malformed shard (negative token count {num_tokens})")
+            tokens = torch.empty(num_tokens, dtype=torch.uint16, pin_memory=pin)
+            got = f.readinto(tokens.numpy()) // 2
+            extra = len(f.read(2))
     except OSError as e:
         raise UsageError(f"{path}: cannot read shard ({e.strerror})")
-    if tokens.size != num_tokens:
-        raise UsageError(f"{path}: truncated shard ({tokens.size} tokens present, header says {num_tokens})")
-    return torch.from_numpy(tokens.astype(np.int32))
+    if got != num_tokens:
+        raise UsageError(f"{path}: truncated shard ({got} tokens present, header says {num_tokens})")
+    if extra:
+        raise UsageError(f"{path}: malformed shard (longer than the {num_tokens} tokens its header says)")
+    return tokens
 
 
 def find_shards(pattern, flag):
@@ -156,8 +166,9 @@ class TokenStream:
     """The upstream stream: files in name order, no wrap-around; each step takes VIRTUAL_RANKS sequences of
     seq_len(+1) tokens from `pos`, virtual rank v taking [pos + v*T, pos + (v+1)*T + 1)."""
 
-    def __init__(self, files, seq_len, what):
+    def __init__(self, files, seq_len, what, device="cpu"):
         self.files, self.seq_len, self.what = files, seq_len, what
+        self.device = torch.device(device)
         self.file_index, self.pos, self.tokens = -1, 0, None
         self._advance_file()
 
@@ -166,7 +177,7 @@ class TokenStream:
         if self.file_index >= len(self.files):
             raise UsageError(f"{self.what}: ran out of tokens after {len(self.files)} file(s); "
                              f"download more shards or train for fewer steps")
-        self.tokens, self.pos = read_shard(self.files[self.file_index]), 0
+        self.tokens, self.pos = read_shard(self.files[self.file_index], pin=self.device.type == "cuda"), 0
 
     def state(self):
         return dict(file_index=self.file_index, pos=self.pos)
@@ -177,7 +188,8 @@ class TokenStream:
         self.pos = state["pos"]
 
     def next_batch(self, virtual_ranks):
-        """Returns [(inputs, targets)] for the given virtual ranks of the next step, and advances the stream."""
+        """Returns [(inputs, targets)] (int64, on the stream's device) for the given virtual ranks of the next step,
+        and advances the stream. Copies from pinned memory are asynchronous: no host sync per step."""
         span = VIRTUAL_RANKS * self.seq_len
         if self.pos + span + 1 >= len(self.tokens):
             self._advance_file()
@@ -187,7 +199,7 @@ class TokenStream:
         out = []
         for v in virtual_ranks:
             start = self.pos + v * self.seq_len
-            chunk = self.tokens[start:start + self.seq_len + 1].long()
+            chunk = self.tokens[start:start + self.seq_len + 1].to(self.device, non_blocking=True).long()
             out.append((chunk[:-1], chunk[1:]))
         self.pos += span
         return out
@@ -341,11 +353,19 @@ def flex_block_masks(input_seq, window_blocks_list, block_size):
     return masks
 
 
+_compiled_flex_attention = None
+
+
 def attend(q, k, v, mask, scale):
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    from torch.nn.attention.flex_attention import flex_attention
-    return flex_attention(q, k, v, block_mask=mask, scale=scale)
+    global _compiled_flex_attention
+    if _compiled_flex_attention is None:
+        # Always compiled, also under --compile off: eager FlexAttention ignores the block sparsity (the window)
+        # and materialises the whole score matrix.
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex_attention(q, k, v, block_mask=mask, scale=scale)
 
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
@@ -1867,7 +1887,7 @@ def sync_gradients(model, ddp: Dist):
 
 def train_step(model, batches, window, ddp: Dist):
     for inputs, targets in batches:
-        loss = model(inputs.to(ddp.device), targets.to(ddp.device), window)
+        loss = model(inputs.to(ddp.device), targets.to(ddp.device), window)  # no-ops for stream batches
         (loss / len(batches)).backward()
     sync_gradients(model, ddp)
 
@@ -1875,12 +1895,12 @@ def train_step(model, batches, window, ddp: Dist):
 @torch.no_grad()
 def validate(model, args, ddp: Dist, window):
     model.eval()
-    stream = TokenStream(find_shards(args.val_files, "--val-files"), args.val_seq_len, "--val-files")
+    stream = TokenStream(find_shards(args.val_files, "--val-files"), args.val_seq_len, "--val-files", ddp.device)
     steps = args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len)
     total = torch.zeros((), device=ddp.device, dtype=torch.float32)
     for _ in range(steps):
         for inputs, targets in stream.next_batch(ddp.virtual_ranks):
-            total += model(inputs.to(ddp.device), targets.to(ddp.device), window, head_chunks=4).float()
+            total += model(inputs, targets, window, head_chunks=4).float()
     if ddp.world_size > 1:
         dist.all_reduce(total)
     model.train()
@@ -2013,8 +2033,11 @@ def run(args, ddp: Dist):
 
     if args.warmup_steps:
         kernel_warmup(train_model, model, opt, args, ddp, cfg)
+    if ddp.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
+    window_tensors = {}
 
-    stream = TokenStream(train_files, args.train_seq_len, "--train-files")
+    stream = TokenStream(train_files, args.train_seq_len, "--train-files", ddp.device)
     start_step, train_ms = 0, 0.0
     if resume_state is not None:
         opt.load_state_dict(resume_state["optimizers"])
@@ -2037,8 +2060,12 @@ def run(args, ddp: Dist):
     t0 = time.perf_counter()
     for step in range(start_step, last_step + 1):
         is_last = step == last_step
-        # A tensor, so the compiled model is not specialised on (and recompiled for) each window size.
-        window = torch.tensor(window_blocks_at(step, N, cfg), device=ddp.device)
+        # A tensor, so the compiled model is not specialised on (and recompiled for) each window size; one per
+        # value, made once, so no step waits on a host-to-device copy.
+        blocks = window_blocks_at(step, N, cfg)
+        if blocks not in window_tensors:
+            window_tensors[blocks] = torch.tensor(blocks, device=ddp.device)
+        window = window_tensors[blocks]
         if is_last or (args.val_every and step % args.val_every == 0):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)

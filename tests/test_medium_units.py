@@ -104,6 +104,7 @@ def test_stream_runs_out_with_a_clear_error(tmp_path):
     (lambda b: (123).to_bytes(4, "little") + b[4:], "not a token shard"),
     (lambda b: b[:4] + (7).to_bytes(4, "little") + b[8:], "version 7"),
     (lambda b: b[:-10], "truncated"),
+    (lambda b: b + b"\x00\x00", "longer than"),
 ])
 def test_malformed_shards_name_the_file(tmp_path, corrupt, message):
     f = tmp_path / "bad_000000.bin"
