@@ -2,7 +2,7 @@
 of the differences and, for more than one arm, Holm and Benjamini-Hochberg corrections."""
 from __future__ import annotations
 
-from .stats import benjamini_hochberg, holm, mean_std, welch
+from .stats import benjamini_hochberg, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
 
 # (key in the comparison, what a run contributes, readable name, digits)
@@ -11,10 +11,8 @@ METRICS = (("loss", lambda run: run.final_val_loss, "final val loss", 4),
 
 
 def arm_record(name: str, runs) -> dict:
-    mean_loss, std_loss = mean_std([r.final_val_loss for r in runs])
-    mean_time, std_time = mean_std([r.train_time_s for r in runs])
-    return {"variant": name, "n": len(runs), "mean_val_loss": mean_loss, "std_val_loss": std_loss,
-            "mean_time_s": mean_time, "std_time_s": std_time}
+    return {"variant": name, "n": len(runs),
+            **loss_time_stats([r.final_val_loss for r in runs], [r.train_time_s for r in runs])}
 
 
 def _selection_warning(comparisons, key: str, label: str, baseline: str) -> str | None:

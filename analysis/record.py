@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from .logs import code_section
-from .stats import mean_std, p_below_target
+from .stats import loss_time_stats
 from .textfmt import num, pval, table
 from .tracks import RECORD_FOLDERS, TARGETS
 
@@ -40,9 +40,9 @@ def readme_text(runs, names, track: str, name: str, date: str, target: float, va
                 left_out: int = 0) -> str:
     losses = [run.final_val_loss for run in runs]
     times = [run.train_time_s for run in runs]
-    mean_loss, std_loss = mean_std(losses)
-    mean_time, std_time = mean_std(times)
-    p_value = p_below_target(losses, target)
+    st = loss_time_stats(losses, times, target)
+    mean_loss, std_loss, p_value = st["mean_val_loss"], st["std_val_loss"], st["p_value"]
+    mean_time, std_time = st["mean_time_s"], st["std_time_s"]
     rows = [[f"`{log}`", run.seed, repr(run.final_val_loss), repr(run.train_time_s)] for log, run in zip(names, runs)]
     return f"""# {name}
 

@@ -6,7 +6,7 @@ the bootstrap chance that a fresh batch of n runs passes the loss test, and the 
 chance."""
 from __future__ import annotations
 
-from .stats import bootstrap_pass_chance, mean_std, p_below_target, runs_needed, welch
+from .stats import bootstrap_pass_chance, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
 
@@ -15,15 +15,12 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
                  confidence: float = 0.99) -> dict:
     losses = [r.final_val_loss for r in candidates]
     times = [r.train_time_s for r in candidates]
-    mean_loss, std_loss = mean_std(losses)
-    mean_time, std_time = mean_std(times)
-    p_loss = p_below_target(losses, target)
+    loss_time = loss_time_stats(losses, times, target)
+    p_loss = loss_time["p_value"]
     batch = batch or len(candidates)
     result = {
         "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
-        "mean_val_loss": mean_loss, "std_val_loss": std_loss, "p_value": p_loss,
-        "loss_ok": p_loss is not None and p_loss < alpha,
-        "mean_time_s": mean_time, "std_time_s": std_time,
+        **loss_time, "loss_ok": p_loss is not None and p_loss < alpha,
         "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
         "bootstrap": {
             "runs": batch, "resamples": resamples, "seed": seed,

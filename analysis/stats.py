@@ -55,6 +55,18 @@ def p_below_target(losses, target: float) -> float | None:
     return _none_if_nan(_quiet(stats.ttest_1samp, array, target, alternative="less").pvalue)
 
 
+def loss_time_stats(losses, times, target: float | None = None) -> dict:
+    """Mean and sample std of final losses and train times; with a target, also the one-sided one-sample t-test
+    p-value that the mean loss is below it. Keys as in the summarize contract."""
+    mean_loss, std_loss = mean_std(losses)
+    mean_time, std_time = mean_std(times)
+    out = {"mean_val_loss": mean_loss, "std_val_loss": std_loss}
+    if target is not None:
+        out["p_value"] = p_below_target(losses, target)
+    out.update({"mean_time_s": mean_time, "std_time_s": std_time})
+    return out
+
+
 def _none_if_nan(value) -> float | None:
     value = float(value)
     return None if math.isnan(value) else value

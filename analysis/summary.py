@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .logs import group_runs
-from .stats import crossing, mean_std, p_below_target
+from .stats import crossing, loss_time_stats, mean_std
 
 
 def run_record(run, target: float) -> dict:
@@ -24,21 +24,13 @@ def run_record(run, target: float) -> dict:
 def group_record(variant: str, records: list[dict], target: float) -> dict:
     """Statistics of one group's complete runs. Beyond the contract's keys: how many runs reached the target and
     the mean/std of their time and step to target (runs that never reach it are left out of those)."""
-    losses = [r["final_val_loss"] for r in records]
-    times = [r["train_time_s"] for r in records]
-    mean_loss, std_loss = mean_std(losses)
-    mean_time, std_time = mean_std(times)
     reached = [r for r in records if r["time_to_target_s"] is not None]
     mean_ttt, std_ttt = mean_std([r["time_to_target_s"] for r in reached])
     mean_stt, _ = mean_std([r["step_to_target"] for r in reached])
     return {
         "variant": variant,
         "n": len(records),
-        "mean_val_loss": mean_loss,
-        "std_val_loss": std_loss,
-        "p_value": p_below_target(losses, target),
-        "mean_time_s": mean_time,
-        "std_time_s": std_time,
+        **loss_time_stats([r["final_val_loss"] for r in records], [r["train_time_s"] for r in records], target),
         "n_reached_target": len(reached),
         "mean_time_to_target_s": mean_ttt,
         "std_time_to_target_s": std_ttt,
