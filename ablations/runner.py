@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from .progress import Reporter, StepClock, duration
-from .runstate import (LogFollower, RunLock, RunPaths, is_running, keep_aside, log_is_complete, process_marker,
-                       run_paths)
+from .runstate import (RUN_TOKEN_VARIABLE, LogFollower, RunLock, RunPaths, end_processes, is_running, keep_aside,
+                       log_is_complete, new_run_token, run_paths)
 from .study import Run, Study, describe_run, runner_flags
 
 PR_SET_PDEATHSIG = 1
@@ -97,6 +97,7 @@ class Active:
     lock: RunLock
     process: subprocess.Popen
     gpus: list[str]
+    token: str  # in the environment of every process of the launch, torchrun's workers included
     follower: LogFollower
     clock: StepClock
     started: float
@@ -222,7 +223,8 @@ class StudyRunner:
             notes.append(f"resuming from {resume_from}")
         command = launch_command(self.study, run, self.options, resume_from)
         gpus = []
-        env = dict(os.environ)
+        token = new_run_token()
+        env = dict(os.environ, **{RUN_TOKEN_VARIABLE: token})
         if self.options.gpu_ids and self.options.nnodes == 1:
             gpus, self.free_gpus = self.free_gpus[:self.study.nproc], self.free_gpus[self.study.nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -245,10 +247,9 @@ class StudyRunner:
                 self.free_gpus += gpus
                 self._record_failure(run, paths, f"could not start: {e}", None)
                 return
-        lock.record(state="running", pid=process.pid, pgid=process.pid, command=command,
-                    marker=process_marker(str(paths.log_dir), paths.run_name))
+        lock.record(state="running", pid=process.pid, pgid=process.pid, command=command, token=token)
         now = time.time()
-        self.active.append(Active(run, paths, lock, process, gpus, LogFollower(paths.log), StepClock(now), now))
+        self.active.append(Active(run, paths, lock, process, gpus, token, LogFollower(paths.log), StepClock(now), now))
         position = self.runs.index(run) + 1
         self.reporter.line("start", f"{key} [{position}/{len(self.runs)}] pid {process.pid}"
                                     + (f" ({'; '.join(notes)})" if notes else ""))
@@ -282,6 +283,9 @@ class StudyRunner:
                                    f"elapsed {duration(now - active.started)} eta {duration(eta)}")
 
     def _finish(self, active: Active, code: int) -> None:
+        # Workers outliving their agent (torchrun killed with SIGKILL) die before the lock is let go, so the run can
+        # never be started again while part of it still runs.
+        leftovers = end_processes(active.token)
         self.active.remove(active)
         self.free_gpus += active.gpus
         key = describe_run(active.run)
@@ -296,6 +300,8 @@ class StudyRunner:
             self.reporter.line("done", f"{key} in {duration(elapsed)}{loss}{warning}; {self._tally()}")
         elif self.stop_signal is None:
             why = f"exit status {code}" if code != 0 else "exited without finishing its log"
+            if leftovers:
+                why += f"; killed {len(leftovers)} of its processes left running"
             self._record_failure(active.run, active.paths, why, elapsed)
         active.lock.release()
 
@@ -316,7 +322,7 @@ class StudyRunner:
 
     def _follow_watched(self, pending: list[Run]) -> None:
         for key, watched in list(self.watched.items()):
-            if is_running(watched.paths):
+            if is_running(watched.paths, count_leftovers=False):  # leftovers die when the lock is taken
                 continue
             del self.watched[key]
             if log_is_complete(watched.paths.log):
@@ -353,8 +359,7 @@ class StudyRunner:
         while any(a.process.poll() is None for a in self.active) and time.time() < asked + self.options.grace_s:
             time.sleep(0.1)
         for active in list(self.active):
-            # SIGKILL the whole group: also torchrun workers that outlived their parent.
-            _signal_group(active.process.pid, signal.SIGKILL)
+            _signal_group(active.process.pid, signal.SIGKILL)  # _finish also ends workers outside the group
             active.process.wait()
             self._finish(active, active.process.returncode)
 

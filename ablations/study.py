@@ -307,7 +307,7 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def runner_flags(run: Run, runs_dir: Path) -> list[str]:
-    """The flags the runner adds; --log-dir and --run-name stay side by side (see runstate.process_marker)."""
+    """The flags the runner adds to every run's argv."""
     return ["--seed", str(run.seed), "--variant", run.arm,
             "--log-dir", str(Path(runs_dir) / run.study / run.arm), "--run-name", f"seed{run.seed}"]
 

@@ -38,6 +38,8 @@ _PEAK_LINE = re.compile(
     r"^peak memory (?:allocated: (\d+(?:\.\d+)?) MiB reserved: (\d+(?:\.\d+)?) MiB"
     r"|consumption: (\d+(?:\.\d+)?) MiB)\s*$"
 )
+# Logs the study runner set aside (`seed0.unfinished-<time>.txt`, `seed0.stale-<time>.txt`) never count.
+_SET_ASIDE = re.compile(r"\.(?:unfinished|stale)-[^.]*\.txt$")
 _SEED_IN_NAME = re.compile(r"seed[_-]?(\d+)$|^(\d+)$")
 
 class LogUnreadable(Exception):
@@ -255,7 +257,8 @@ def find_log_files(paths) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted((p for p in path.rglob("*.txt") if p.is_file()), key=lambda p: natural_key(str(p))))
+            found.extend(sorted((p for p in path.rglob("*.txt") if p.is_file() and not _SET_ASIDE.search(p.name)),
+                                key=lambda p: natural_key(str(p))))
         elif path.exists():
             found.append(path)
         else:
