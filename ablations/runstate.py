@@ -89,18 +89,62 @@ def log_is_complete(path: Path) -> bool:
     return line is not None and line.startswith(COMPLETE_PREFIX)
 
 
-def keep_aside(paths: RunPaths) -> Path | None:
-    """Renames an unfinished log out of the way (never deletes it); returns its new name."""
-    if not paths.log.exists():
-        return None
+def set_aside(paths: RunPaths, path: Path, reason: str) -> Path:
+    """Renames one file of a run out of the way (never deletes it) as <run>.<reason>-<time><suffix>; returns the
+    new name. Analysis never reads logs named so (analysis/logs.py)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1, 1000):
         suffix = stamp if attempt == 1 else f"{stamp}-{attempt}"
-        target = paths.log_dir / f"{paths.run_name}.unfinished-{suffix}.txt"
+        target = paths.log_dir / f"{paths.run_name}.{reason}-{suffix}{path.suffix}"
         if not target.exists():
-            os.replace(paths.log, target)
+            os.replace(path, target)
             return target
-    raise OSError(f"cannot find a free name to keep {paths.log} aside")
+    raise OSError(f"cannot find a free name to set {path} aside")
+
+
+def keep_aside(paths: RunPaths) -> Path | None:
+    """Renames an unfinished log out of the way; returns its new name."""
+    return set_aside(paths, paths.log, "unfinished") if paths.log.exists() else None
+
+
+def log_config(path: Path) -> dict | None:
+    """The `config: {json}` line of a run log (in the section between its last two separator lines; the source
+    above them may hold look-alike text), or None when the log has none yet."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    separators = [i for i, line in enumerate(lines) if line == SEPARATOR]
+    if not separators:
+        return None
+    start = separators[-2] if len(separators) > 1 else separators[-1]
+    end = separators[-1] if len(separators) > 1 else len(lines)
+    for line in lines[start + 1:end]:
+        if line.startswith("config: {"):
+            try:
+                config = json.loads(line[len("config: "):])
+            except ValueError:
+                return None
+            return config if isinstance(config, dict) else None
+    return None
+
+
+def checkpoint_config(path: Path) -> dict | None:
+    """The config a checkpoint was saved with (the training script's `config` entry), or None when it has none or
+    cannot be read (the training script then names the problem itself)."""
+    try:
+        with open(path, "rb") as f:
+            is_json = f.read(1) == b"{"  # the stand-in script of the tests keeps JSON checkpoints
+        if is_json:
+            state = json.loads(path.read_text())
+        else:
+            import torch  # noqa: PLC0415 (only needed when a torch checkpoint is about to be resumed)
+
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001 (any unreadable checkpoint: no config to compare)
+        return None
+    config = state.get("config") if isinstance(state, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 @dataclasses.dataclass

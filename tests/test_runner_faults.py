@@ -105,3 +105,174 @@ def test_analysis_never_counts_a_set_aside_log(tmp_path):
     (folder / "seed0.unfinished-20261122-101010.txt").write_text(complete)
     (folder / "seed0.stale-20261122-101010.txt").write_text(complete)
     assert [run.path.name for run in complete_logs_counted_by_analysis(tmp_path)] == ["seed0.txt"]
+
+
+def test_edited_study_refuses_then_redoes_stale_runs_without_mixing_schedules(tmp_path):
+    starts = tmp_path / "starts.jsonl"
+    arms = {"baseline": {}, "backout": {"backout-layers": [11]}}
+    flags = {**FLAGS, "checkpoint-every": 2}
+    study = write_study(tmp_path, "s", arms, seeds=[0], flags=flags)
+    first = ablations(["run", study], tmp_path, runner_env(starts, FAKE_TRAIN_FAIL_VARIANT="backout",
+                                                           FAKE_TRAIN_FAIL_AT=7))
+    assert first.returncode == 1  # backout failed at step 7, leaving its step-6 checkpoint
+    assert (run_dir(tmp_path, "backout") / "seed0.pt").exists()
+    old_baseline = (run_dir(tmp_path) / "seed0.txt").read_bytes()
+
+    write_study(tmp_path, "s", arms, seeds=[0], flags={**flags, "num-iterations": 16})
+    refused = ablations(["run", study], tmp_path, runner_env(starts))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "ablations: 1 complete run(s) of study s differ from the study now (baseline/seed0 was made with "
+        "--num-iterations 12, the study now asks 16); pass --redo-stale to set their logs aside and run them "
+        "again, or undo the edit"]
+    assert len(read_events(starts)) == 3  # 2 starts and 1 finish of the first round: nothing launched
+
+    redone = ablations(["run", study, "--redo-stale"], tmp_path, runner_env(starts))
+    assert redone.returncode == 0, redone.stdout + redone.stderr
+    assert "checkpoint made with --num-iterations 12, the study now asks 16 set aside" in redone.stdout
+    assert all(event["resume"] is None for event in read_events(starts))
+    for arm in arms:
+        lines = step_lines(run_dir(tmp_path, arm) / "seed0.txt")
+        assert lines and all(line.split()[0].endswith("/16") for line in lines), lines
+    (stale_log,) = run_dir(tmp_path).glob("seed0.stale-*.txt")
+    assert stale_log.read_bytes() == old_baseline
+    assert len(list(run_dir(tmp_path, "backout").glob("seed0.stale-*.pt"))) == 1
+    counted = complete_logs_counted_by_analysis(tmp_path)
+    assert sorted(run.total_steps for run in counted) == [16, 16]
+
+
+# ----- leftovers, unwritable folders, bad input: one line each, never a traceback --------------------------------
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def can_mount_in_a_namespace() -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True,
+                              timeout=30).returncode == 0
+    except OSError:
+        return False
+
+
+def ablations_with_tmpfs(args, cwd: Path, env: dict, mount_point: Path, options: str, before: str = ":"):
+    """The runner with a tmpfs (mount options `options`, e.g. "ro" or "size=64k") over mount_point, in a mount
+    namespace of its own: a real read-only or full file system, without touching the machine's mounts."""
+    import subprocess
+
+    script = 'mount -t tmpfs -o "$1" tmpfs "$2" && sh -c "$3" && shift 3 && exec "$@"'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", options, str(mount_point), before,
+                           sys.executable, "-m", "ablations", *map(str, args)],
+                          cwd=cwd, env=env, text=True, capture_output=True, timeout=120)
+
+
+needs_mounts = pytest.mark.skipif(not can_mount_in_a_namespace(), reason="needs `unshare -rm` and tmpfs mounts")
+
+
+@needs_mounts
+def test_read_only_runs_folder_is_one_line(tmp_path):
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    (tmp_path / "runs").mkdir()
+    result = ablations_with_tmpfs(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"),
+                                  tmp_path / "runs", "ro")
+    assert one_error_line(result) == "ablations: error: runs/s: Read-only file system"
+    assert read_events(tmp_path / "starts.jsonl") == []
+
+
+@needs_mounts
+def test_full_disk_is_one_line(tmp_path):
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    (tmp_path / "runs").mkdir()
+    fill = f"mkdir -p {tmp_path}/runs/s && head -c 200000 /dev/zero > {tmp_path}/runs/filler 2>/dev/null; true"
+    result = ablations_with_tmpfs(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"),
+                                  tmp_path / "runs", "size=64k", before=fill)
+    assert one_error_line(result) == "ablations: error: runs/s/runner.log: No space left on device"
+    assert read_events(tmp_path / "starts.jsonl") == []
+
+
+def test_runner_log_that_cannot_be_appended_to_is_one_line(tmp_path):
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    (tmp_path / "runs" / "s" / "runner.log").mkdir(parents=True)  # not openable for append, even by root
+    result = ablations(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"))
+    assert one_error_line(result) == "ablations: error: runs/s/runner.log: Is a directory"
+    assert read_events(tmp_path / "starts.jsonl") == []
+
+
+def test_study_folder_deleted_mid_run_fails_that_run_only(tmp_path):
+    env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
+    runner = start_ablations(["run", study], tmp_path, env, tmp_path / "runner1.out")
+    log = run_dir(tmp_path) / "seed0.txt"
+    wait_for(lambda: log.exists() and "step:2/12" in log.read_text(), 30, "the first run to be part-way")
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs" / "s")
+    assert runner.wait(timeout=60) == 1
+    output = (tmp_path / "runner1.out").read_text()
+    assert "Traceback" not in output
+    assert "baseline/seed0 exited without finishing its log" in output
+    assert is_complete(run_dir(tmp_path) / "seed1.txt")
+    rerun = ablations(["run", study], tmp_path, env)
+    assert rerun.returncode == 0 and is_complete(log)
+
+
+def test_leftover_checkpoint_temp_files_are_removed(tmp_path):
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    folder = run_dir(tmp_path)
+    folder.mkdir(parents=True)
+    leftovers = [folder / "seed0.pt.tmp", folder / "seed0.pt.tmp4242"]  # the stand-in's and the real script's
+    for path in leftovers:
+        path.write_bytes(b"half a checkpoint")
+    other_run = folder / "seed1.pt.tmp99"
+    other_run.write_bytes(b"not this run's")
+    result = ablations(["run", study], tmp_path, runner_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not any(path.exists() for path in leftovers) and other_run.exists()
+
+
+def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    folder = run_dir(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "seed0.pt").write_bytes(b"\x00garbage")
+    result = ablations(["run", study], tmp_path, runner_env())
+    assert result.returncode == 1
+    assert ("(it resumed from seed0.pt: if that checkpoint is damaged, run again with --no-resume)"
+            in result.stdout)
+    again = ablations(["run", study, "--no-resume"], tmp_path, runner_env())
+    assert again.returncode == 0 and is_complete(folder / "seed0.txt")
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("utf8", "not UTF-8 text (byte"),
+    ("brace", "arm 'baseline', flag --train-files: '{seed' is not a valid placeholder text"),
+    ("self", "requires_results forms a cycle (s -> s)"),
+    ("nproc", "s.toml: nproc 3 does not divide 8: the training scripts need 1, 2, 4 or 8 processes per run"),
+])
+def test_bad_study_files_are_one_line(tmp_path, case, expected):
+    if case == "utf8":
+        study = write_study(tmp_path, "s", {"baseline": {}}, extra="# caf\xe9")
+        study.write_bytes(study.read_bytes().replace("caf\xe9".encode(), b"caf\xe9"))
+    elif case == "brace":
+        study = write_study(tmp_path, "s", {"baseline": {}}, flags={"train-files": "{seed"})
+    elif case == "self":
+        study = write_study(tmp_path, "s", {"baseline": {}}, extra=f'requires_results = "{tmp_path / "s.toml"}"')
+    else:
+        study = write_study(tmp_path, "s", {"baseline": {}}, launcher="torchrun", nproc=3)
+    assert expected in one_error_line(ablations(["run", study], tmp_path, runner_env()))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--seeds", "0-1000000000000"], "--seeds 0-1000000000000: more than 1000 seeds"),
+    (["--nproc", "3"], "--nproc 3 does not divide 8"),
+])
+def test_bad_command_lines_are_one_line(tmp_path, args, expected):
+    study = write_study(tmp_path, "s", {"baseline": {}})
+    assert expected in one_error_line(ablations(["run", study, *args], tmp_path, runner_env(), timeout=30))
