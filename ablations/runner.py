@@ -279,7 +279,8 @@ class StudyRunner:
                 return
         lock.record(state="running", pid=process.pid, pgid=process.pid, command=command, token=token)
         now = time.time()
-        self.active.append(Active(run, paths, lock, process, gpus, token, resume_from, LogFollower(paths.log), StepClock(now), now))
+        self.active.append(Active(run, paths, lock, process, gpus, token, resume_from, LogFollower(paths.log),
+                                  StepClock(now), now))
         position = self.runs.index(run) + 1
         self.reporter.line("start", f"{key} [{position}/{len(self.runs)}] pid {process.pid}"
                                     + (f" ({'; '.join(notes)})" if notes else ""))
@@ -333,7 +334,8 @@ class StudyRunner:
             if leftovers:
                 why += f"; killed {len(leftovers)} of its processes left running"
             if active.resumed_from is not None:
-                why += f" (it resumed from {active.resumed_from.name}: if that checkpoint is damaged, run again with --no-resume)"
+                why += (f" (it resumed from {active.resumed_from.name}: if that checkpoint is damaged, run again "
+                        f"with --no-resume)")
             self._record_failure(active.run, active.paths, why, elapsed)
         active.lock.release()
 

@@ -6,6 +6,7 @@ on one machine or on the nodes of a cluster sharing the folder) can pick up wher
     <runs>/<study>/<arm>/seed<k>.txt                      the run log (complete iff its last line is the peak memory line)
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
+    <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
     <runs>/<study>/<arm>/seed<k>.out                      the process output of every attempt (for failures)
     <runs>/<study>/<arm>/seed<k>.failed                   written when an attempt exited with an error
     <runs>/<study>/<arm>/seed<k>.lock                     flock()ed while a process of the run is alive

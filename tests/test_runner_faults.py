@@ -276,3 +276,31 @@ def test_bad_study_files_are_one_line(tmp_path, case, expected):
 def test_bad_command_lines_are_one_line(tmp_path, args, expected):
     study = write_study(tmp_path, "s", {"baseline": {}})
     assert expected in one_error_line(ablations(["run", study, *args], tmp_path, runner_env(), timeout=30))
+
+
+def test_real_script_runs_are_current_until_the_study_changes(tmp_path, shard_dir, monkeypatch):
+    """The comparison on the training script's own config and checkpoint: no false alarm on an unchanged study
+    (which would refuse every rerun), and the edited flag named for log and checkpoint alike."""
+    from ablations.runstate import checkpoint_config, log_config
+    from ablations.staleness import ConfigCheck
+    from ablations.study import check_flags, load_study
+
+    flags = {"preset": "tiny", "num-iterations": 2, "val-every": 0, "checkpoint-every": 1,
+             "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
+    path = write_study(tmp_path, "s", {"baseline": {"backout-layers": [4]}}, seeds=[0], flags=flags,
+                       script=REPO / "train_gpt_medium.py")
+    first = ablations(["run", path, "--gpus", "0"], tmp_path, runner_env(), timeout=400)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = ablations(["run", path, "--gpus", "0"], tmp_path, runner_env(), timeout=400)
+    assert again.returncode == 0 and "1 already complete, 0 to run" in again.stdout, again.stdout + again.stderr
+
+    folder = run_dir(tmp_path)
+    for edit, named in ((None, None), ({"num-iterations": 3}, "--num-iterations 2, the study now asks 3")):
+        write_study(tmp_path, "s", {"baseline": {"backout-layers": [4]}}, seeds=[0], flags={**flags, **(edit or {})},
+                    script=REPO / "train_gpt_medium.py")
+        study = load_study(str(path), runs_dir=tmp_path / "runs")
+        runs = study.runs(Path("runs"))
+        monkeypatch.chdir(tmp_path)  # the runs folder is relative, as the command line has it
+        check = ConfigCheck(check_flags(study, runs, Path("runs")), study, Path("runs"))
+        assert check.difference(runs[0], log_config(folder / "seed0.txt")) == named
+        assert check.difference(runs[0], checkpoint_config(folder / "seed0.pt")) == named
