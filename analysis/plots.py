@@ -21,8 +21,10 @@ from .stats import mean_std  # noqa: E402
 
 _PALETTE = matplotlib.colormaps["tab10"]
 _WIDE_PALETTE = matplotlib.colormaps["tab20"]
-# With more series than colours, each further round of colours gets its own line style: 120 distinct series.
-_LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+# With more series than colours, each further round of colours gets its own line style, then the same styles
+# with markers: 20 x 4 x 3 = 240 distinct series.
+_LINE_STYLES = ("-", "--", ":", "-.")
+_MARKERS = (None, "o", "^")
 # Above this many entries the legend goes outside the axes, in columns of at most _LEGEND_ROWS entries.
 _LEGEND_INSIDE_MAX = 10
 _LEGEND_ROWS = 32
@@ -33,12 +35,16 @@ def _color(index: int):
 
 
 def _series_style(index: int, count: int) -> dict:
-    """Colour and line style of series `index` of `count`: tab10 up to 10 series, tab20 beyond, and a new line
-    style for each round of 20 colours, so no two series of one figure look the same."""
+    """Colour and line style of series `index` of `count`: tab10 up to 10 series, tab20 beyond, with a new line
+    style (then marker) for each round of 20 colours, so no two series of one figure look the same."""
     if count <= _PALETTE.N:
         return {"color": _PALETTE(index), "linestyle": "-"}
-    return {"color": _WIDE_PALETTE(index % _WIDE_PALETTE.N),
-            "linestyle": _LINE_STYLES[(index // _WIDE_PALETTE.N) % len(_LINE_STYLES)]}
+    round_ = index // _WIDE_PALETTE.N
+    style = {"color": _WIDE_PALETTE(index % _WIDE_PALETTE.N), "linestyle": _LINE_STYLES[round_ % len(_LINE_STYLES)]}
+    marker = _MARKERS[(round_ // len(_LINE_STYLES)) % len(_MARKERS)]
+    if marker:
+        style.update(marker=marker, markevery=0.1, markersize=4)
+    return style
 
 
 def _place_legend(figure: Figure, axes) -> None:

@@ -40,10 +40,10 @@ def _arm_table(summary: dict, runs) -> str:
     rows = [[g["variant"], g["n"], g["n_diverged"], unfinished.get(g["variant"], 0), num(g["mean_val_loss"]),
              num(g["std_val_loss"], 5), pval(g["p_value"]), num(g["mean_time_s"], 2), num(g["std_time_s"], 2),
              f"{g['n_reached_target']}/{g['n']}", num(g["mean_time_to_target_s"], 2),
-             num(g["mean_step_to_target"], 1)] for g in summary["groups"]]
-    return table(["arm", "complete", "diverged", "unfinished", "mean loss", "std loss", "p (mean < target)", "mean time s",
-                  "std time s", "reached target", "mean time to target s", "mean step to target"], rows,
-                 markdown=True)
+             num(g["mean_step_to_target"], 1)] for g in groups]
+    return table(["arm", "complete", "diverged", "unfinished", "mean loss", "std loss", "p (mean < target)",
+                  "mean time s", "std time s", "reached target", "mean time to target s", "mean step to target"],
+                 rows, markdown=True)
 
 
 def _planned_figures(groups: dict, runs, baseline: str | None, target: float, scalar_patterns):

@@ -10,20 +10,11 @@ import pytest
 from scipy import stats as scipy_stats
 
 import analysis_logs as logs_for_tests
-from analysis.cli import main
+from analysis_logs import run_cli
 from analysis.textfmt import pval
 from test_analysis_stats import ARTICLE_LOSSES, ARTICLE_TIMES
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(capsys, *argv):
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def final_curve(final, total=100):
