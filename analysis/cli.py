@@ -12,13 +12,11 @@ import re
 import sys
 from pathlib import Path
 
-from . import plots
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
 from .logs import group_runs, load_runs, planned_steps_warnings
 from .record import RecordError, package_record
 from .record_check import record_check, render_record_check
-from .report import build_report
 from .studies import render_resource_table
 from .summary import summarize
 from .textfmt import num, pval, table
@@ -281,6 +279,8 @@ def _existing_folder_for(out: Path, flag: str):
 
 
 def cmd_plot(args):
+    from . import plots  # matplotlib loads only for the commands that draw: summarize starts faster
+
     if args.out is not None:
         _existing_folder_for(args.out, "--out")
     runs, _ = _load(args.paths, args.jobs)
@@ -315,6 +315,8 @@ def cmd_plot(args):
 
 
 def cmd_report(args):
+    from .report import build_report  # matplotlib, as in cmd_plot
+
     if not args.dir.is_dir():
         raise UsageError(f"DIR is not a folder: {args.dir}")
     if args.out is not None:

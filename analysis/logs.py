@@ -385,6 +385,6 @@ def planned_steps_warnings(groups: dict) -> list[str]:
         others = "; ".join(f"{steps} steps: {', '.join(r.path.name for r in members)}"
                            for steps, members in counts.items() if steps != usual)
         warnings.append(f"arm '{name}' pools runs that planned different step counts ({len(counts[usual])} of "
-                        f"{len(runs)} planned {usual}; {others}): compare like with like, e.g. with --by folder "
-                        f"or separate folders")
+                        f"{len(runs)} planned {usual}; {others}); they are pooled as one arm: put runs of "
+                        f"different step counts in separate folders or variants to compare like with like")
     return warnings
