@@ -151,11 +151,11 @@ def _print_json(value):
     print(json.dumps(_json_safe(value), indent=1, allow_nan=False))
 
 
-def _add_paths(parser, help_text="log files or folders (searched recursively for *.txt)"):
+def _add_paths(parser, help_text="log files or folders (searched recursively for *.txt and *.log)"):
     parser.add_argument("paths", nargs="+", metavar="PATH", help=help_text)
     parser.add_argument("--by", choices=("variant", "folder"), default="variant",
-                        help="what makes an arm: the config line's variant (upstream logs: their folder name; "
-                             "default) or the name of the folder holding the log")
+                        help="what makes an arm: the config line's variant (logs without one: their folder "
+                             "relative to the PATH; default) or that folder for every log")
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="processes parsing logs (default: the CPUs available)")
 
@@ -346,7 +346,8 @@ def cmd_record(args):
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m analysis", description=(
         "Statistics, plots, reports and record packaging for speedrun run logs (this project's logs and upstream "
-        "modded-nanogpt record logs). Only complete runs (last line 'peak memory ...') enter statistics."))
+        "modded-nanogpt record logs of every era). Only finished runs (a final validation at the planned last step; "
+        "for this project's logs also the closing peak-memory line) enter statistics."))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = commands.add_parser("summarize", help="runs and groups: final losses, times, p-values, time to target",
@@ -363,13 +364,14 @@ def make_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("compare", help="arms against a baseline arm: Welch t-tests, CIs, Holm/BH",
                             description=(
                                 "Arms are groups of complete runs: by the config line's variant (upstream logs: "
-                                "their folder name), or with --by folder by the folder holding each log. So "
+                                "their folder relative to the PATH), or with --by folder by that folder. So "
                                 "`compare runs/STUDY` compares a study's arms, `compare records/A records/B` two "
                                 "upstream records. Every arm is compared with the baseline arm by Welch's t-test "
                                 "on final loss and on train time, with the difference (arm - baseline) and its "
                                 "confidence interval (Welch-Satterthwaite df). With several arms, Holm "
                                 "(family-wise) and Benjamini-Hochberg (FDR) adjusted p-values are given, and a "
-                                "warning names the best arm, whose unadjusted p-value overstates the evidence."))
+                                "warning names the arm with the lowest value, whose unadjusted p-value "
+                                "overstates the evidence (or says that no arm is below the baseline)."))
     _add_paths(p)
     p.add_argument("--baseline", help="baseline arm (default: the arm named 'baseline', else the arm of the "
                                        "first complete run in PATH order)")
