@@ -173,16 +173,26 @@ def _unsupported_reason(data: bytes) -> str:
     return "unsupported format: no line of 100 '=' (not a modded-nanogpt run log)"
 
 
+def planned_last_step(run: RunLog) -> int | None:
+    """The step a run plans to end at: N of `step:s/N`, or the config's `stop_after` (a run told to stop early
+    validates and ends there)."""
+    stop_after = run.config.get("stop_after")
+    if isinstance(stop_after, int) and not isinstance(stop_after, bool) and stop_after > 0:
+        return stop_after
+    return run.total_steps
+
+
 def _incomplete_reason(run: RunLog, has_peak_line: bool) -> str | None:
     """Why the run is not finished, or None when it is. Finished: a final validation at the planned last step;
     for this project's logs (those with a config line) also the closing peak-memory line. Upstream logs of 2024
     end at their final validation line, before logs had a peak-memory line."""
     if run.final_step is None:
         return "no step line: stopped before training"
-    if not run.val_steps or run.val_steps[-1] != run.total_steps:
-        if run.final_step == run.total_steps:
+    last = planned_last_step(run)
+    if not run.val_steps or run.val_steps[-1] != last:
+        if run.final_step == last:
             return "no final validation: the log stops after its last training step"
-        return f"stopped at step {run.final_step}/{run.total_steps}"
+        return f"stopped at step {run.final_step}/{last}"
     if not run.upstream and not has_peak_line:
         return "no peak-memory line after the final validation: the log was cut off"
     return None

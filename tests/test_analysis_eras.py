@@ -184,3 +184,24 @@ def test_a_diverged_run_counts_is_shown_and_fails_the_record_check(capsys, tmp_p
     (tmp_path / "claim" / "seed5.txt").unlink()
     status, out, _ = run_cli(capsys, "record-check", tmp_path, "--against", "2", "--resamples", "200")
     assert status == 0 and "runs: 5  " in out and "verdict: PASS" in out
+
+
+@pytest.mark.parametrize("argv", [["record-check", "{dir}", "--target", "2.92"], ["compare", "{dir}"],
+                                  ["plot", "resource-table", "{dir}"]])
+def test_with_no_finished_run_the_error_says_why(capsys, tmp_path, argv):
+    logs_for_tests.write(tmp_path / "arm" / "seed0.txt", logs_for_tests.our_log_text(final_validation=False))
+    status, _, err = run_cli(capsys, *[arg.format(dir=tmp_path) for arg in argv])
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "no complete runs among 1 run log(s)" in err and "seed0.txt: no final validation" in err
+
+
+def test_a_run_told_to_stop_early_is_finished_at_its_stop_step(tmp_path):
+    """`--stop-after S` (the GPU smoke runs, the benchmark) validates at S and closes the log there."""
+    text = logs_for_tests.our_log_text(config={"stop_after": 30}, stop_at=30, val_every=10)
+    run = parse_log(logs_for_tests.write(tmp_path / "a.txt", text))
+    assert run.complete and run.total_steps == 100 and run.final_step == 30 and run.val_steps[-1] == 30
+    text = logs_for_tests.our_log_text(config={"stop_after": 30}, stop_at=30, val_every=25)
+    run = parse_log(logs_for_tests.write(tmp_path / "b.txt", text))
+    assert not run.complete and run.problem == "no final validation: the log stops after its last training step"
+    text = logs_for_tests.our_log_text(config={"stop_after": 60}, stop_at=30, val_every=10, complete=False)
+    assert parse_log(logs_for_tests.write(tmp_path / "c.txt", text)).problem == "stopped at step 30/60"
