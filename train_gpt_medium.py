@@ -25,7 +25,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from speedrun.backout import add_backout_args, backout_config, check_backout_args  # noqa: E402
-from speedrun.checkpoint import cast_model, load_checkpoint, load_model_weights, save_checkpoint  # noqa: E402
+from speedrun.checkpoint import (cast_model, load_checkpoint, load_model_weights, load_resume_state,  # noqa: E402
+                                 save_checkpoint)
 from speedrun.cli import make_parser, resolve_shared_args, run_main  # noqa: E402
 from speedrun.data import TokenStream, find_shards, read_shard  # noqa: E402
 from speedrun.distributed import Dist  # noqa: E402
@@ -323,11 +324,10 @@ def run(args, ddp: Dist):
     cfg = model_config(args)
     train_files = find_shards(args.train_files, "--train-files")
     find_shards(args.val_files, "--val-files")
-    for f in train_files[:1]:
-        read_shard(f)
+    read_shard(train_files[0])  # its token ids, before the log starts
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
-    resume_state = load_checkpoint(args.resume) if args.resume else None
+    resume_state = load_resume_state(args)
     init_state = load_checkpoint(args.init_from) if args.init_from else None
 
     torch.manual_seed(args.seed)

@@ -1,6 +1,7 @@
 """Checkpoints (model, optimisers with Muon's owner-sharded state merged, stream position, RNG, log lines) and
 loading model weights."""
 
+import glob
 import os
 
 import torch
@@ -25,16 +26,52 @@ def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
                  log_lines=list(log.lines))
     if ddp.rank == 0:
         tmp = f"{path}.tmp{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        for leftover in glob.glob(glob.escape(str(path)) + ".tmp*"):
+            if leftover != tmp:
+                os.remove(leftover)  # a save that was killed half-way (only rank 0 of this run writes here)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)  # never leave half a checkpoint behind, least of all on a full disk
+            if isinstance(e, OSError):
+                raise UsageError(f"{path}: cannot save the checkpoint ({e.strerror or e})")
+            raise
     ddp.barrier()
 
 
-def load_checkpoint(path):
+# Flags a resumed run must share with the run that saved the checkpoint: otherwise it would continue another
+# schedule, model or study arm into this run's log (step lines of two lengths, a model of another shape).
+RESUME_MUST_MATCH = ("num_iterations", "seed", "preset", "num_layers", "train_seq_len")
+STUDY_FLAG_PREFIXES = ("backout_", "laurel", "dlo_", "rolling_skip")
+NO_RESUME_HINT = "start again without --resume (with the study runner: --no-resume)"
+
+
+def load_checkpoint(path, flag=None):
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # any unreadable file is bad input, named by its path
-        raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__})")
+        hint = f"; {NO_RESUME_HINT}" if flag == "--resume" else ""
+        raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}){hint}")
+
+
+def load_resume_state(args):
+    """The checkpoint --resume names, refused (one line naming the flag) when it was saved with other
+    schedule-relevant flags than this command's; None without --resume."""
+    if not args.resume:
+        return None
+    state = load_checkpoint(args.resume, "--resume")
+    saved = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        return state  # nothing recorded to compare with
+    for key, value in vars(args).items():
+        relevant = key in RESUME_MUST_MATCH or key.startswith(STUDY_FLAG_PREFIXES)
+        if relevant and key in saved and saved[key] != value:
+            raise UsageError(f"--resume {args.resume}: the checkpoint was made with --{key.replace('_', '-')} "
+                             f"{saved[key]}, this command has {value}; resume with the run's own flags, or "
+                             f"{NO_RESUME_HINT}")
+    return state
 
 
 def load_model_weights(model, state, path):
