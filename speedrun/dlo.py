@@ -219,7 +219,7 @@ def init_expanded_block(block, source, members, policy, slerp_t):
                 nn.init.xavier_uniform_(matrix)
     elif policy in ("copy", "identity", "strict-identity") + EXPANSION_BASELINES:
         block.load_state_dict(source.state_dict())
-        if policy != "copy" and block.attn is not None:
+        if policy in ("identity", "strict-identity") and block.attn is not None:
             block.attn.qkvo_w[3].zero_()
         if policy == "strict-identity":
             block.mlp.proj_w.zero_()
