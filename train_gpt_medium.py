@@ -25,8 +25,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from speedrun.backout import add_backout_args, backout_config, check_backout_args  # noqa: E402
-from speedrun.checkpoint import (cast_model, load_checkpoint, load_model_weights, save_checkpoint,  # noqa: E402
-                                 schedule_clock, schedule_origin)
+from speedrun.checkpoint import (cast_model, load_checkpoint, load_model_weights, run_schedule_clock,  # noqa: E402
+                                 save_checkpoint)
 from speedrun.cli import make_parser, resolve_shared_args, run_main  # noqa: E402
 from speedrun.data import TokenStream, find_shards, read_shard  # noqa: E402
 from speedrun.distributed import Dist  # noqa: E402
@@ -330,10 +330,7 @@ def run(args, ddp: Dist):
         args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
     resume_state = load_checkpoint(args.resume) if args.resume else None
     init_state = load_checkpoint(args.init_from) if args.init_from else None
-    # Written to the config (and so into this run's checkpoints): a resumed run keeps its schedule.
-    args.init_schedule_origin = (resume_state["config"].get("init_schedule_origin") if resume_state is not None
-                                 else schedule_origin(args.init_schedule, init_state, args.init_from))
-    schedule_at = schedule_clock(args.init_schedule_origin, args.num_iterations)
+    schedule_at = run_schedule_clock(args, init_state, resume_state)
 
     torch.manual_seed(args.seed)
     model = GPT(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(ddp.device)

@@ -1,9 +1,11 @@
 """--init-schedule: a run started from a checkpoint restarts the learning-rate / window schedules, or continues
 them from the checkpoint's position in its own schedule. CPU, tiny preset."""
+from argparse import Namespace
+
 import pytest
 
 import train_gpt_medium as T
-from speedrun.checkpoint import schedule_clock, schedule_origin
+from speedrun.checkpoint import run_schedule_clock, schedule_clock, schedule_origin
 
 CFG = T.ModelConfig(block_size=16, max_window_tokens=48)
 
@@ -43,6 +45,16 @@ def test_schedule_origin_reads_the_checkpoint():
 def test_a_checkpoint_without_a_usable_position_is_refused(state, needle):
     with pytest.raises(T.UsageError, match=needle):
         schedule_origin("continue", state, "c.pt")
+
+
+def test_a_resumed_run_keeps_the_schedule_it_started_with():
+    started = Namespace(init_schedule="continue", init_from="c.pt", num_iterations=8)
+    clock = run_schedule_clock(started, dict(step=12, config=dict(num_iterations=20)), None)
+    assert started.init_schedule_origin == [12, 20] and clock(1) == (13, 20)
+    # --resume cannot take --init-from: the origin comes from the resumed run's own config (its checkpoint).
+    resumed = Namespace(init_schedule="restart", init_from=None, num_iterations=8)
+    clock = run_schedule_clock(resumed, None, dict(config=vars(started)))
+    assert resumed.init_schedule_origin == [12, 20] and clock(5) == (17, 20)
 
 
 def test_init_schedule_needs_init_from(tiny_data_args, capsys):
