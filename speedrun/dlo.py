@@ -379,8 +379,9 @@ def check_dlo_args(args):
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key, choices in DLO_CHOICES.items():
-        if getattr(args, key) not in choices:
-            raise UsageError(f"{dlo_flag(key)}: unknown value {getattr(args, key)!r} (choose from {', '.join(choices)})")
+        value = getattr(args, key)
+        if value not in choices:
+            raise UsageError(f"{dlo_flag(key)}: unknown value {value!r} (choose from {', '.join(choices)})")
     if args.dlo_anneal_steps is None:
         args.dlo_anneal_steps = args.num_iterations // 2
     rescaled = args.dlo_score == "rescaled"
