@@ -13,6 +13,7 @@ from speedrun.errors import UsageError
 from speedrun.layers import MLP, norm, uniform_init_
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
+BACKOUT_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh}
 
 
 def backout_mlp_hidden(cfg):
@@ -26,7 +27,7 @@ class BackoutParts(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         D, k = cfg.model_dim, len(cfg.backout_layers)
-        if cfg.backout_transform == "relu-linear":
+        if cfg.backout_transform.endswith("-linear"):
             self.transform_w = nn.Parameter(uniform_init_(torch.empty(k, D, D)))
         if cfg.backout_mode == "concat-mlp":
             self.down_w = nn.Parameter(uniform_init_(torch.empty(k, cfg.backout_concat_dim, D)))
@@ -95,16 +96,10 @@ class BackoutMethods:
             else:
                 source = outputs[name]
             t = cfg.backout_transform
-            if t == "detach":
-                moved = source.detach()
-            elif t == "relu":
-                moved = F.relu(source)
-            elif t == "tanh":
-                moved = torch.tanh(source)
-            elif t == "relu-linear":
-                moved = F.linear(F.relu(source), backout.transform_w[j].type_as(source))
-            else:
-                moved = source
+            activation, _, linear = t.partition("-")
+            moved = source.detach() if t == "detach" else BACKOUT_ACTIVATIONS.get(activation, lambda v: v)(source)
+            if linear:  # relu-linear, tanh-linear: the activation, then a learned D x D matrix per source
+                moved = F.linear(moved, backout.transform_w[j].type_as(source))
             moved_normed = norm(moved)
             if t != "none" and not self.training:
                 # The first tokens suffice and keep the fp32 copies small (a val sequence is 262144 tokens).
@@ -157,7 +152,7 @@ class BackoutMethods:
 
 
 BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]
-BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear"]
+BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-linear"]
 
 
 def add_backout_args(parser):
@@ -170,8 +165,8 @@ def add_backout_args(parser):
                         "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
                         "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input")
     g.add_argument("--backout-transform", choices=BACKOUT_TRANSFORMS, default=None,
-                   help="applied to each source before its norm (default none); relu-linear = ReLU then a learned "
-                        "DxD matrix (Muon)")
+                   help="applied to each source before its norm (default none); relu-linear / tanh-linear = ReLU / "
+                        "tanh then a learned DxD matrix (Muon)")
     g.add_argument("--backout-x-init", type=float, default=None, help="initial x_lambda (sum mode; default 1.0)")
     g.add_argument("--backout-skip-init", type=float, default=None,
                    help="initial lambda of every source (default 0.0 in sum mode, 0.5 in subtract mode)")
