@@ -182,6 +182,12 @@ def add_backout_args(parser):
                    help="from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)")
 
 
+def backout_defaults(mode):
+    """Defaults of the backout's numeric flags (the skip lambda's depends on the mode)."""
+    return dict(backout_x_init=1.0, backout_skip_init=0.5 if mode == "subtract" else 0.0, backout_concat_dim=128,
+                backout_mlp_ratio=1.0)
+
+
 def check_backout_args(args):
     """Validates the backout flags and fills their defaults; args.backout_layers becomes a list of ints/names."""
     L, last = args.num_layers, args.num_layers - 1
@@ -239,14 +245,9 @@ def check_backout_args(args):
     if args.backout_mlp_ratio is not None and args.backout_mlp_ratio <= 0:
         raise UsageError("--backout-mlp-ratio must be positive")
     args.backout_layers = sources
-    if args.backout_x_init is None:
-        args.backout_x_init = 1.0
-    if args.backout_skip_init is None:
-        args.backout_skip_init = 0.5 if mode == "subtract" else 0.0
-    if args.backout_concat_dim is None:
-        args.backout_concat_dim = 128
-    if args.backout_mlp_ratio is None:
-        args.backout_mlp_ratio = 1.0
+    for name, value in backout_defaults(mode).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def backout_config(args):
@@ -259,3 +260,28 @@ def backout_config(args):
                 backout_freeze=args.backout_freeze, backout_norm_after_sum=args.backout_norm_after_sum,
                 backout_concat_dim=args.backout_concat_dim, backout_mlp_ratio=args.backout_mlp_ratio,
                 rolling_skip=args.rolling_skip)
+
+
+# Name pieces of the settings that differ from their defaults, in the order they are checked.
+BACKOUT_NAME_PIECES = [("backout_mode", "sum", "{}"), ("backout_transform", "none", "{}"),
+                       ("backout_x_init", None, "x{:g}"), ("backout_skip_init", None, "skip{:g}"),
+                       ("backout_fixed_x", False, "fixed-x"), ("backout_freeze", False, "frozen"),
+                       ("backout_norm_after_sum", False, "norm-after-sum"), ("backout_concat_dim", None, "dim{}"),
+                       ("backout_mlp_ratio", None, "ratio{:g}")]
+
+
+def backout_variant_name(args):
+    """The run's default variant name, e.g. backout-L11, backout-L11+L10+embed-tanh-linear, rolling-skip: the
+    sources, then every backout setting that is not its default (None without backout and rolling skip)."""
+    parts = []
+    if args.backout_layers:
+        defaults = backout_defaults(args.backout_mode)
+        pieces = ["backout-" + "+".join(f"L{s}" if isinstance(s, int) else s for s in args.backout_layers)]
+        for name, default, form in BACKOUT_NAME_PIECES:
+            value = getattr(args, name)
+            if value != (defaults[name] if default is None else default):
+                pieces.append(form.format(value))
+        parts.append("-".join(pieces))
+    if args.rolling_skip:
+        parts.append("rolling-skip")
+    return "_".join(parts) or None

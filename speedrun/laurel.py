@@ -355,8 +355,8 @@ def laurel_variant_name(args):
     for n in ("laurel_rw_form", "laurel_rw_scale", "laurel_where", "laurel_factor_init", "laurel_zero_factor"):
         value = getattr(args, n)
         if value != LAUREL_DEFAULTS[n]:
-            text = f"{value:g}" if isinstance(value, float) else value
-            pieces.append(f"{n.removeprefix('laurel_').replace('_', '-')}-{text}")
+            text = f"{value:g}" if isinstance(value, float) else f"-{value}"
+            pieces.append(n.removeprefix("laurel_").replace("_", "-") + text)
     if args.laurel_layers is not None:
         pieces.append("+".join(f"L{i}" for i in args.laurel_layers))
     return "-".join(pieces)
