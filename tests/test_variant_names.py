@@ -3,8 +3,7 @@
 import pytest
 
 import train_gpt_medium as tgm
-from ablations.study import available_studies, load_study
-from ablations.errors import StudyError
+from conftest import bundled_medium_studies
 
 
 def variant(argv):
@@ -53,19 +52,7 @@ def test_groups_without_a_namer_are_named_generically_from_their_flags(tmp_path)
     assert variant(argv) == "dlo-groups2-init-slerp-sparsity0.25-layer-lr"
 
 
-def medium_studies():
-    out = []
-    for path in available_studies():
-        try:
-            study = load_study(str(path))
-        except StudyError:  # a study that needs another's results (the multi-skip orders) cannot expand here
-            continue
-        if study.script.name == "train_gpt_medium.py":
-            out.append(study)
-    return out
-
-
-@pytest.mark.parametrize("study", medium_studies(), ids=lambda s: s.name)
+@pytest.mark.parametrize("study", bundled_medium_studies(), ids=lambda s: s.name)
 def test_hand_started_arms_of_a_bundled_study_do_not_pool(study, tmp_path):
     """Every arm, started by hand without --variant, gets a name no other arm of its study has."""
     (tmp_path / "record" / "baseline").mkdir(parents=True)
