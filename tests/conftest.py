@@ -28,6 +28,16 @@ def synthetic_tokens(n, seed):
     return tokens
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a test module (tiny models are dominated by thread overhead)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def shard_dir(tmp_path_factory):
     """A val shard and two train shards, large enough for the tiny preset's default schedule."""

@@ -14,13 +14,8 @@ from conftest import run_training
 SEQ_LEN = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model is dominated by thread overhead on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny model is dominated by thread overhead on a shared 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(flags, seed=0, module=tgm):
