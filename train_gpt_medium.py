@@ -40,6 +40,7 @@ from speedrun.muon import Muon, Snoo  # noqa: E402
 from speedrun.runlog import RunLog, write_preamble  # noqa: E402
 from speedrun.training import (kernel_warmup, log_train_step, log_validation, peak_memory_line,  # noqa: E402
                                train_step, validate)
+from speedrun.variants import default_variant, given_study_flags  # noqa: E402
 
 TRACK = "medium"
 
@@ -281,12 +282,18 @@ def make_arg_parser():
 
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
-    args = make_arg_parser().parse_args(argv)
+    parser = make_arg_parser()
+    args = parser.parse_args(argv)
+    given = given_study_flags(parser, args)
     resolve_shared_args(args, PRESETS, __file__)
     no_attention_layer = layer_pattern(args.num_layers)["no_attention_layer"]
     check_backout_args(args)
     check_laurel_args(args, PRESETS[args.preset]["model_dim"], no_attention_layer)
     check_dlo_args(args)
+    if args.variant is None:
+        # naive scaling is no study flag but is an arm of its own
+        layers = [f"layers{args.num_layers}"] if args.num_layers != PRESETS[args.preset]["num_layers"] else []
+        args.variant = default_variant(given, args, extra=layers)
     return args
 
 

@@ -24,6 +24,8 @@ ARMS = {
     "pa": ["--laurel", "pa"],
     "rw+lr": ["--laurel", "rw+lr"],
     "rw+lr+pa": ["--laurel", "rw+lr+pa"],
+    "rw+lr+pa-shared-h": ["--laurel", "rw+lr+pa", "--laurel-pa-h", "lowrank-shared"],
+    "rw+lr-block": ["--laurel", "rw+lr", "--laurel-where", "block"],
     "baseline-18": ["--num-layers", "18"],
 }
 

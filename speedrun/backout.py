@@ -13,6 +13,7 @@ from speedrun.errors import UsageError
 from speedrun.layers import MLP, norm, uniform_init_
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
+BACKOUT_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh}
 
 
 def backout_mlp_hidden(cfg):
@@ -26,7 +27,7 @@ class BackoutParts(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         D, k = cfg.model_dim, len(cfg.backout_layers)
-        if cfg.backout_transform == "relu-linear":
+        if cfg.backout_transform.endswith("-linear"):
             self.transform_w = nn.Parameter(uniform_init_(torch.empty(k, D, D)))
         if cfg.backout_mode == "concat-mlp":
             self.down_w = nn.Parameter(uniform_init_(torch.empty(k, cfg.backout_concat_dim, D)))
@@ -95,16 +96,10 @@ class BackoutMethods:
             else:
                 source = outputs[name]
             t = cfg.backout_transform
-            if t == "detach":
-                moved = source.detach()
-            elif t == "relu":
-                moved = F.relu(source)
-            elif t == "tanh":
-                moved = torch.tanh(source)
-            elif t == "relu-linear":
-                moved = F.linear(F.relu(source), backout.transform_w[j].type_as(source))
-            else:
-                moved = source
+            activation, _, linear = t.partition("-")
+            moved = source.detach() if t == "detach" else BACKOUT_ACTIVATIONS.get(activation, lambda v: v)(source)
+            if linear:  # relu-linear, tanh-linear: the activation, then a learned D x D matrix per source
+                moved = F.linear(moved, backout.transform_w[j].type_as(source))
             moved_normed = norm(moved)
             if t != "none" and not self.training:
                 # The first tokens suffice and keep the fp32 copies small (a val sequence is 262144 tokens).
@@ -157,7 +152,7 @@ class BackoutMethods:
 
 
 BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]
-BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear"]
+BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-linear"]
 
 
 def add_backout_args(parser):
@@ -170,8 +165,8 @@ def add_backout_args(parser):
                         "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
                         "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input")
     g.add_argument("--backout-transform", choices=BACKOUT_TRANSFORMS, default=None,
-                   help="applied to each source before its norm (default none); relu-linear = ReLU then a learned "
-                        "DxD matrix (Muon)")
+                   help="applied to each source before its norm (default none); relu-linear / tanh-linear = ReLU / "
+                        "tanh then a learned DxD matrix (Muon)")
     g.add_argument("--backout-x-init", type=float, default=None, help="initial x_lambda (sum mode; default 1.0)")
     g.add_argument("--backout-skip-init", type=float, default=None,
                    help="initial lambda of every source (default 0.0 in sum mode, 0.5 in subtract mode)")
@@ -185,6 +180,12 @@ def add_backout_args(parser):
                    help="concat-mlp: hidden width of the last MLP as a multiple of the model dim (default 1.0)")
     g.add_argument("--rolling-skip", action="store_true",
                    help="from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)")
+
+
+def backout_defaults(mode):
+    """Defaults of the backout's numeric flags (the skip lambda's depends on the mode)."""
+    return dict(backout_x_init=1.0, backout_skip_init=0.5 if mode == "subtract" else 0.0, backout_concat_dim=128,
+                backout_mlp_ratio=1.0)
 
 
 def check_backout_args(args):
@@ -244,14 +245,9 @@ def check_backout_args(args):
     if args.backout_mlp_ratio is not None and args.backout_mlp_ratio <= 0:
         raise UsageError("--backout-mlp-ratio must be positive")
     args.backout_layers = sources
-    if args.backout_x_init is None:
-        args.backout_x_init = 1.0
-    if args.backout_skip_init is None:
-        args.backout_skip_init = 0.5 if mode == "subtract" else 0.0
-    if args.backout_concat_dim is None:
-        args.backout_concat_dim = 128
-    if args.backout_mlp_ratio is None:
-        args.backout_mlp_ratio = 1.0
+    for name, value in backout_defaults(mode).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def backout_config(args):
@@ -264,3 +260,28 @@ def backout_config(args):
                 backout_freeze=args.backout_freeze, backout_norm_after_sum=args.backout_norm_after_sum,
                 backout_concat_dim=args.backout_concat_dim, backout_mlp_ratio=args.backout_mlp_ratio,
                 rolling_skip=args.rolling_skip)
+
+
+# Name pieces of the settings that differ from their defaults, in the order they are checked.
+BACKOUT_NAME_PIECES = [("backout_mode", "sum", "{}"), ("backout_transform", "none", "{}"),
+                       ("backout_x_init", None, "x{:g}"), ("backout_skip_init", None, "skip{:g}"),
+                       ("backout_fixed_x", False, "fixed-x"), ("backout_freeze", False, "frozen"),
+                       ("backout_norm_after_sum", False, "norm-after-sum"), ("backout_concat_dim", None, "dim{}"),
+                       ("backout_mlp_ratio", None, "ratio{:g}")]
+
+
+def backout_variant_name(args):
+    """The run's default variant name, e.g. backout-L11, backout-L11+L10+embed-tanh-linear, rolling-skip: the
+    sources, then every backout setting that is not its default (None without backout and rolling skip)."""
+    parts = []
+    if args.backout_layers:
+        defaults = backout_defaults(args.backout_mode)
+        pieces = ["backout-" + "+".join(f"L{s}" if isinstance(s, int) else s for s in args.backout_layers)]
+        for name, default, form in BACKOUT_NAME_PIECES:
+            value = getattr(args, name)
+            if value != (defaults[name] if default is None else default):
+                pieces.append(form.format(value))
+        parts.append("-".join(pieces))
+    if args.rolling_skip:
+        parts.append("rolling-skip")
+    return "_".join(parts) or None

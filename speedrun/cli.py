@@ -23,7 +23,9 @@ def make_parser(description, presets):
     run.add_argument("--seed", type=int, default=0, help="seed for initialisation and warm-up tokens")
     run.add_argument("--log-dir", default="logs", help="folder of the run log")
     run.add_argument("--run-name", default=None, help="log file is <log-dir>/<run-name>.txt (default: a uuid)")
-    run.add_argument("--variant", default=None, help="short name of the study arm, for the config line")
+    run.add_argument("--variant", default=None,
+                     help="short name of the study arm, for the config line (default: made from the study flags, "
+                          "e.g. backout-L11; baseline without any)")
     run.add_argument("--num-iterations", type=int, default=None, help="optimiser steps of the full schedule")
     run.add_argument("--stop-after", type=int, default=None,
                      help="run only the first N steps of the schedule (validates at the stop)")
@@ -65,8 +67,6 @@ def resolve_shared_args(args, presets, script_path):
             setattr(args, key, value)
     if args.run_name is None:
         args.run_name = str(uuid.uuid4())
-    if args.variant is None:
-        args.variant = "baseline"
     positive = ["num_iterations", "train_seq_len", "val_seq_len", "val_tokens", "num_layers"]
     for name in positive:
         if getattr(args, name) <= 0:

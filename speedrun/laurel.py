@@ -2,6 +2,7 @@
 
 import math
 from collections import deque
+from itertools import accumulate
 
 import torch
 import torch.nn as nn
@@ -10,16 +11,19 @@ import torch.nn.functional as F
 from speedrun.errors import UsageError, parse_int_flag
 
 # A LAuReL'd residual replaces x + f(x) by  alpha*f(x) + g(x, history). Sites are the attention and MLP residuals
-# of a block; x is the stream entering that residual (after the U-net skip and the block's own mix for the
-# attention site, after the attention residual for the MLP site). The PA history holds the inputs of the last k
-# LAuReL'd residuals, the current one included (history[j] = x_{i-j}).
+# of a block, or the whole block (f = attention + MLP); x is the stream entering that residual (after the U-net
+# skip and the block's own mix for the attention and block sites, after the attention residual for the MLP site).
+# The PA history holds the inputs of the last k LAuReL'd residuals, the current one included (history[j] = x_{i-j}),
+# so site n (in execution order) sees min(k, n + 1) of them and gets exactly that many gammas.
 
 LAUREL_VARIANTS = ("rw", "lr", "pa", "rw+lr", "rw+pa", "rw+lr+pa")
 LAUREL_RW_FORMS = ("softmax", "sigmoid", "single", "vector")
-LAUREL_PA_H = ("identity", "lowrank")
-LAUREL_WHERE = ("attn", "mlp", "both")
+LAUREL_PA_H = ("identity", "lowrank", "lowrank-shared")
+LAUREL_WHERE = ("attn", "mlp", "both", "block")
+LAUREL_FACTOR_INITS = ("orthogonal", "xavier")
+LAUREL_ZERO_FACTORS = ("up", "down")
 LAUREL_DEFAULTS = dict(laurel_rank=32, laurel_k=3, laurel_rw_form="softmax", laurel_rw_scale=2.0,
-                       laurel_where="mlp")
+                       laurel_where="mlp", laurel_factor_init="orthogonal", laurel_zero_factor="up")
 
 
 def laurel_sites(num_layers, no_attention_layer, where, layers=None):
@@ -33,16 +37,32 @@ def laurel_parts(variant, pa_h):
     """(rw, lr, pa, pa_lowrank). In rw+lr+pa the low-rank products are PA's h (eq. 6): no separate LR term."""
     parts = set(variant.split("+"))
     pa = "pa" in parts
-    return "rw" in parts, "lr" in parts and not pa, pa, pa and pa_h == "lowrank"
+    return "rw" in parts, "lr" in parts and not pa, pa, pa and pa_h != "identity"
 
 
-def laurel_down_init(count, rank, dim):
-    """The paper's column-orthogonal A (D x r, A[i, j] = 1/sqrt(rD) iff i mod r == j) for `count` products, stored
-    as F.linear weights [count, r, D]: A is the down-projection D -> r, read first."""
+def laurel_column_orthogonal(count, rank, dim):
+    """The paper's LLM init of a D x r factor (entry [i, j] = 1/sqrt(rD) iff i mod r == j: columns with disjoint
+    supports, hence orthogonal), for `count` products, stored as F.linear weights of the down-projection [count, r, D]."""
     a = torch.zeros(rank, dim)
     i = torch.arange(dim)
     a[i % rank, i] = 1 / math.sqrt(rank * dim)
     return a.repeat(count, 1, 1)
+
+
+def laurel_xavier(count, rank, dim):
+    """Xavier (Glorot) uniform for a D x r factor, the paper's ResNet init: U(-b, b), b = sqrt(6 / (D + r))."""
+    bound = math.sqrt(6 / (dim + rank))
+    return torch.empty(count, rank, dim).uniform_(-bound, bound)
+
+
+def laurel_factors(count, rank, dim, init, zero_factor):
+    """(down [count, r, D], up [count, D, r]) of `count` low-rank products B A: one factor starts at zero so every
+    product starts at exactly zero, the other gets `init`. zero_factor "up": B = 0 (LoRA's layout, the default);
+    "down": A = 0 and B is the initialised one."""
+    live = (laurel_column_orthogonal if init == "orthogonal" else laurel_xavier)(count, rank, dim)
+    if zero_factor == "up":
+        return live, torch.zeros(count, dim, rank)
+    return torch.zeros(count, rank, dim), live.transpose(1, 2).contiguous()
 
 
 def laurel_rw_weights(raw, form, scale):
@@ -65,41 +85,56 @@ class LaurelResiduals(nn.Module):
         super().__init__()
         self.rw, self.lr, self.pa, self.pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
         self.k, self.rw_form, self.rw_scale = cfg.laurel_k, cfg.laurel_rw_form, cfg.laurel_rw_scale
+        self.whole_block = cfg.laurel_where == "block"
         self.sites = laurel_sites(cfg.num_layers, no_attention_layer, cfg.laurel_where, cfg.laurel_layers)
         self.index = {site: n for n, site in enumerate(self.sites)}
         self.layers = {layer for layer, _ in self.sites}
-        self.products_per_site = 1 if self.lr else (self.k if self.pa_lowrank else 0)
-        if self.products_per_site:
-            count = len(self.sites) * self.products_per_site
-            self.down = nn.Parameter(laurel_down_init(count, cfg.laurel_rank, cfg.model_dim))
-            self.up = nn.Parameter(torch.zeros(count, cfg.model_dim, cfg.laurel_rank))  # B = 0: starts as x
+        # PA: site n reads the min(k, n + 1) inputs the history holds there; a gamma (or product) for an input that
+        # is never there could never receive a gradient, so none is made.
+        self.history_lengths = [min(self.k, n + 1) for n in range(len(self.sites))] if self.pa else []
+        self.gamma_start = [0, *accumulate(self.history_lengths)]
+        # One product per site (LR, or PA's h shared by the k inputs, section 2.3) or per history entry (eq. 6).
+        self.product_per_input = self.pa_lowrank and cfg.laurel_pa_h == "lowrank"
+        counts = (self.history_lengths if self.product_per_input
+                  else [1] * len(self.sites) if self.lr or self.pa_lowrank else [])
+        self.product_start = [0, *accumulate(counts)]
+        if counts:
+            down, up = laurel_factors(sum(counts), cfg.laurel_rank, cfg.model_dim, cfg.laurel_factor_init,
+                                      cfg.laurel_zero_factor)
+            self.down, self.up = nn.Parameter(down), nn.Parameter(up)
 
     def scalar_inits(self, dim):
         n, out = len(self.sites), {}
         if self.rw:
             out["rw"] = torch.zeros({"single": (n, 1), "vector": (n, 2, dim)}.get(self.rw_form, (n, 2)))
         if self.pa:
-            out["gamma"] = torch.zeros(n, self.k)
+            # identity h: gamma = 0 (the term is zero and gamma's gradient h(x) is not). Low-rank h: the product is
+            # already zero through its zero factor; gamma = 1 lets that factor's gradient through at the first
+            # step (gamma = 0 with a zero factor would leave gamma, A and B at zero gradient forever).
+            fill = 1.0 if self.pa_lowrank else 0.0
+            out["gamma"] = torch.full((self.gamma_start[-1],), fill)
         return out
 
     def rw_shape(self, dim):
         return {"single": (-1, 1), "vector": (-1, 2, dim)}.get(self.rw_form, (-1, 2))
 
     def weights(self, model):
-        """(alpha, beta, gamma) tensors from the model's scalar vector (None where the variant has none)."""
+        """(alpha, beta, gamma) tensors from the model's scalar vector (None where the variant has none); gamma is
+        flat, site n's entries start at gamma_start[n]."""
         alpha = beta = gamma = None
         if self.rw:
             raw = model.scalar_slice("laurel.rw").view(self.rw_shape(model.cfg.model_dim))
             alpha, beta = laurel_rw_weights(raw, self.rw_form, self.rw_scale)
         if self.pa:
-            gamma = model.scalar_slice("laurel.gamma").view(-1, self.k)
+            gamma = model.scalar_slice("laurel.gamma")
         return alpha, beta, gamma
 
     def begin(self, model):
         return LaurelPass(self, *self.weights(model))
 
-    def product(self, index, x):
-        """B A x for the index-th low-rank product."""
+    def product(self, site, j, x):
+        """B A x for the product of site `site` that reads its j-th history entry (LR and shared h: the one)."""
+        index = self.product_start[site] + (j if self.product_per_input else 0)
         return F.linear(F.linear(x, self.down[index].type_as(x)), self.up[index].type_as(x))
 
 
@@ -111,32 +146,62 @@ class LaurelPass:
         self.history = deque(maxlen=module.k) if module.pa else None
 
     def for_layer(self, layer):
+        """The residual function a block calls as laurel(x, f(x), "attn" / "mlp"), or None (layer not LAuReL'd)."""
         if layer not in self.m.layers:
             return None
-        return lambda x, fx, site: self.residual(layer, site, x, fx)
+        return LayerResidual(self, layer)
 
-    def residual(self, layer, site, x, fx):
+    def residual(self, layer, site, x, parts):
+        """The LAuReL'd residual of f = the sum of `parts` (a tuple, added in order after g, so that at init the
+        sum is the baseline's, bit for bit)."""
         m = self.m
         n = m.index.get((layer, site))
         if n is None:  # the other site of a layer LAuReL'd at one site only
-            return x + fx
+            return sum_in_order(x, parts)
         g = x
         if m.lr:  # eq. 3
-            g = x + m.product(n, x)
+            g = x + m.product(n, 0, x)
         if m.pa:  # eq. 4: x_i + sum_j gamma_j h_j(x_{i-j}) over the inputs in the history
             self.history.appendleft(x)
             extra = None
             for j, earlier in enumerate(self.history):
-                h = m.product(n * m.k + j, earlier) if m.pa_lowrank else earlier
-                term = self.gamma[n, j] * h
+                h = m.product(n, j, earlier) if m.pa_lowrank else earlier
+                term = self.gamma[m.gamma_start[n] + j] * h
                 extra = term if extra is None else extra + term
             g = x + extra
         if m.rw:  # eqs. 5 and 6: alpha f(x) + beta g
             alpha, beta = self.alpha[n], self.beta[n]
             if alpha.ndim:  # vector form: per-dimension weights in the activation dtype
-                alpha, beta = alpha.type_as(fx), beta.type_as(x)
-            return alpha * fx + beta * g
-        return g + fx
+                alpha, beta = alpha.type_as(x), beta.type_as(x)
+            return sum_in_order(beta * g, [alpha * p for p in parts])
+        return sum_in_order(g, parts)
+
+
+def sum_in_order(first, rest):
+    for t in rest:
+        first = first + t
+    return first
+
+
+class LayerResidual:
+    """What a block calls at its residuals: laurel(x, fx, site) with site "attn" or "mlp". With the whole-block
+    site the attention residual stays plain and is remembered; the MLP call then LAuReLs
+    x_block + (attn + mlp), x_block being the attention's input (the MLP's own input in the layer without
+    attention)."""
+
+    def __init__(self, laurel_pass, layer):
+        self.laurel_pass, self.layer, self.attention = laurel_pass, layer, None
+
+    def __call__(self, x, fx, site):
+        if not self.laurel_pass.m.whole_block:
+            return self.laurel_pass.residual(self.layer, site, x, (fx,))
+        if site == "attn":
+            self.attention = (x, fx)
+            return x + fx
+        if self.attention is None:
+            return self.laurel_pass.residual(self.layer, "block", x, (fx,))
+        x_block, attn = self.attention
+        return self.laurel_pass.residual(self.layer, "block", x_block, (attn, fx))
 
 
 def attach_laurel(model, cfg):
@@ -165,7 +230,7 @@ def laurel_named_scalars(model):
         if alpha is not None:
             out[f"{key}.alpha{suffix}"], out[f"{key}.beta{suffix}"] = alpha[n], beta[n]
         if gamma is not None:
-            for j, value in enumerate(gamma[n]):
+            for j, value in enumerate(gamma[m.gamma_start[n]:m.gamma_start[n + 1]]):
                 out[f"{key}.gamma{j}"] = value
     return out
 
@@ -183,39 +248,54 @@ def add_laurel_args(parser):
     g.add_argument("--laurel-rw-scale", default=None, metavar="S",
                    help="RW: alpha, beta lie in (0, S) and start at S/2 (default 2: the plain residual at init)")
     g.add_argument("--laurel-pa-h", default=None, metavar="H",
-                   help="PA: h is identity or lowrank (default identity; rw+lr+pa is eq. 6: lowrank)")
+                   help="PA: h is identity, lowrank (one product per previous activation, eq. 6) or lowrank-shared "
+                        "(one product per site for all k, section 2.3) (default identity; rw+lr+pa: lowrank)")
     g.add_argument("--laurel-where", default=None, metavar="SITE",
-                   help="residuals LAuReL'd: attn, mlp or both (default mlp: one per layer, as the paper)")
+                   help="residuals LAuReL'd: attn, mlp, both, or block (f = attention + MLP) (default mlp: one per "
+                        "layer, as the paper)")
     g.add_argument("--laurel-layers", default=None, metavar="LIST",
                    help="comma-separated layer indices to LAuReL (default: every layer)")
+    g.add_argument("--laurel-factor-init", default=None, metavar="INIT",
+                   help="init of the low-rank factor that does not start at zero: orthogonal (the paper's LLM "
+                        "column-orthogonal) or xavier (its ResNet init) (default orthogonal)")
+    g.add_argument("--laurel-zero-factor", default=None, metavar="FACTOR",
+                   help="the factor of each low-rank product that starts at zero: up (B, the default) or down (A)")
+
+
+LAUREL_CHOICES = dict(laurel_rw_form=LAUREL_RW_FORMS, laurel_pa_h=LAUREL_PA_H, laurel_where=LAUREL_WHERE,
+                      laurel_factor_init=LAUREL_FACTOR_INITS, laurel_zero_factor=LAUREL_ZERO_FACTORS)
+
+
+def laurel_flag(name):
+    return "--" + name.replace("_", "-")
 
 
 def check_laurel_args(args, model_dim, no_attention_layer):
     """Validates the --laurel* flags and fills their defaults (only when --laurel is given); model_dim and the
     layer without attention are the track's at args.num_layers."""
-    names = ["laurel_rank", "laurel_k", "laurel_rw_form", "laurel_rw_scale", "laurel_pa_h", "laurel_where",
-             "laurel_layers"]
-    flag = {n: "--" + n.replace("_", "-") for n in names}
+    names = [*LAUREL_DEFAULTS, "laurel_pa_h", "laurel_layers"]
     if args.laurel is None:
         for n in names:
             if getattr(args, n) is not None:
-                raise UsageError(f"{flag[n]} needs --laurel")
+                raise UsageError(f"{laurel_flag(n)} needs --laurel")
         return
     if args.laurel not in LAUREL_VARIANTS:
         raise UsageError(f"--laurel: unknown variant {args.laurel!r} (choose from {', '.join(LAUREL_VARIANTS)})")
-    for n, allowed in [("laurel_rw_form", LAUREL_RW_FORMS), ("laurel_pa_h", LAUREL_PA_H),
-                       ("laurel_where", LAUREL_WHERE)]:
+    for n, allowed in LAUREL_CHOICES.items():
         if getattr(args, n) is not None and getattr(args, n) not in allowed:
-            raise UsageError(f"{flag[n]}: unknown value {getattr(args, n)!r} (choose from {', '.join(allowed)})")
+            raise UsageError(f"{laurel_flag(n)}: unknown value {getattr(args, n)!r} "
+                             f"(choose from {', '.join(allowed)})")
     pa_h = args.laurel_pa_h or ("lowrank" if args.laurel == "rw+lr+pa" else "identity")
-    if args.laurel == "rw+lr+pa" and pa_h != "lowrank":
+    if args.laurel == "rw+lr+pa" and pa_h == "identity":
         raise UsageError("--laurel-pa-h identity: rw+lr+pa is eq. 6 (low-rank h); use --laurel rw+pa for identity h")
     rw, lr, pa, pa_lowrank = laurel_parts(args.laurel, pa_h)
-    unused = {"laurel_rank": not (lr or pa_lowrank), "laurel_k": not pa, "laurel_pa_h": not pa,
-              "laurel_rw_form": not rw, "laurel_rw_scale": not rw}
+    low_rank = lr or pa_lowrank
+    unused = {"laurel_rank": not low_rank, "laurel_k": not pa, "laurel_pa_h": not pa, "laurel_rw_form": not rw,
+              "laurel_rw_scale": not rw, "laurel_factor_init": not low_rank, "laurel_zero_factor": not low_rank}
     for n, is_unused in unused.items():
         if is_unused and getattr(args, n) is not None:
-            raise UsageError(f"{flag[n]} has no effect with --laurel {args.laurel}")
+            raise UsageError(f"{laurel_flag(n)} has no effect with --laurel {args.laurel}"
+                             + (f" --laurel-pa-h {pa_h}" if pa else ""))
     for n, value in LAUREL_DEFAULTS.items():
         if getattr(args, n) is None:
             setattr(args, n, value)
@@ -242,7 +322,7 @@ def check_laurel_args(args, model_dim, no_attention_layer):
             raise UsageError("--laurel-layers: a layer is listed twice")
         if args.laurel_where == "attn" and no_attention in layers:
             raise UsageError(f"--laurel-layers: layer {no_attention} has no attention residual "
-                             f"(use --laurel-where mlp or both)")
+                             f"(use --laurel-where mlp, both or block)")
         args.laurel_layers = sorted(layers)
     sites = laurel_sites(num_layers, no_attention, args.laurel_where, args.laurel_layers)
     if pa and not 0 < args.laurel_k <= len(sites):
@@ -254,7 +334,29 @@ def laurel_config(args):
     """ModelConfig fields of the LAuReL flags ({} when off: the dataclass defaults mean off)."""
     if args.laurel is None:
         return {}
-    return dict(laurel=args.laurel, laurel_rank=args.laurel_rank, laurel_k=args.laurel_k,
-                laurel_rw_form=args.laurel_rw_form, laurel_rw_scale=args.laurel_rw_scale,
-                laurel_pa_h=args.laurel_pa_h, laurel_where=args.laurel_where,
-                laurel_layers=None if args.laurel_layers is None else tuple(args.laurel_layers))
+    fields = {n: getattr(args, n) for n in [*LAUREL_DEFAULTS, "laurel", "laurel_pa_h"]}
+    return dict(fields, laurel_layers=None if args.laurel_layers is None else tuple(args.laurel_layers))
+
+
+def laurel_variant_name(args):
+    """The run's default variant name, e.g. laurel-rw+lr+pa-r32-k3: the variant, its rank and k when it has
+    them, then every other LAuReL setting that is not its default (None when LAuReL is off)."""
+    if args.laurel is None:
+        return None
+    rw, lr, pa, pa_lowrank = laurel_parts(args.laurel, args.laurel_pa_h)
+    pieces = [f"laurel-{args.laurel}"]
+    if lr or pa_lowrank:
+        pieces.append(f"r{args.laurel_rank}")
+    if pa:
+        pieces.append(f"k{args.laurel_k}")
+    default_pa_h = "lowrank" if args.laurel == "rw+lr+pa" else "identity"
+    if pa and args.laurel_pa_h != default_pa_h:
+        pieces.append(f"h-{args.laurel_pa_h}")
+    for n in ("laurel_rw_form", "laurel_rw_scale", "laurel_where", "laurel_factor_init", "laurel_zero_factor"):
+        value = getattr(args, n)
+        if value != LAUREL_DEFAULTS[n]:
+            text = f"{value:g}" if isinstance(value, float) else f"-{value}"
+            pieces.append(n.removeprefix("laurel_").replace("_", "-") + text)
+    if args.laurel_layers is not None:
+        pieces.append("+".join(f"L{i}" for i in args.laurel_layers))
+    return "-".join(pieces)

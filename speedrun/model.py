@@ -38,6 +38,8 @@ class StudyConfig:
     laurel_pa_h: str = "identity"
     laurel_where: str = "mlp"
     laurel_layers: tuple = None
+    laurel_factor_init: str = "orthogonal"
+    laurel_zero_factor: str = "up"
     # DLO (off when dlo_groups == 0): num_layers is then the expanded depth, dlo_base_layers the checkpoint's.
     dlo_groups: int = 0
     dlo_add: int = 0

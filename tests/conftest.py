@@ -28,6 +28,16 @@ def synthetic_tokens(n, seed):
     return tokens
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a test module (tiny models are dominated by thread overhead)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def shard_dir(tmp_path_factory):
     """A val shard and two train shards, large enough for the tiny preset's default schedule."""
@@ -83,3 +93,18 @@ def unmodified_medium(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def bundled_medium_studies():
+    """The ablations/*.toml studies of train_gpt_medium.py, loaded; those whose arms are generated from another
+    study's results (the backout multi-skip orders) are left out, they cannot expand without them."""
+    import tomllib
+    from ablations.study import available_studies, load_study
+    out = []
+    for path in available_studies():
+        if "requires_results" in tomllib.loads(path.read_text()):
+            continue
+        study = load_study(str(path))
+        if study.script.name == "train_gpt_medium.py":
+            out.append(study)
+    return out

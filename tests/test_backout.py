@@ -14,13 +14,8 @@ from conftest import run_training
 SEQ_LEN = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model is dominated by thread overhead on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny model is dominated by thread overhead on a shared 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(flags, seed=0, module=tgm):
@@ -231,13 +226,31 @@ def test_concat_mlp_shapes_and_optimiser():
     assert id(down) in muon and id(mlp.fc_w) in muon
 
 
-def test_relu_linear_matrix_is_a_muon_matrix_initialised_like_the_others():
-    model = build(["--backout-layers", "2", "--backout-transform", "relu-linear"])
+@pytest.mark.parametrize("transform", ["relu-linear", "tanh-linear"])
+def test_linear_transforms_are_muon_matrices_initialised_like_the_others(transform):
+    model = build(["--backout-layers", "2", "--backout-transform", transform])
     w = model.study["backout"].transform_w
     bound = math.sqrt(3) * 0.5 / math.sqrt(64)
     assert w.shape == (1, 64, 64) and w.abs().max() <= bound and w.abs().max() > 0.9 * bound
     assert id(w) in {id(p) for p, _ in model.matrix_params()}
     assert model.added_params() == {"backout": 2 + 64 * 64}
+
+
+HAND_TRANSFORMS = {"none": lambda v, w: v, "detach": lambda v, w: v, "relu": lambda v, w: F.relu(v),
+                   "tanh": lambda v, w: torch.tanh(v), "relu-linear": lambda v, w: F.relu(v) @ w.T,
+                   "tanh-linear": lambda v, w: torch.tanh(v) @ w.T}
+
+
+@pytest.mark.parametrize("transform", HAND_TRANSFORMS)
+def test_each_transform_mixes_norm_of_t_of_the_source(transform):
+    """sum mode: x_lambda norm(x) + lambda norm(T(out[L])), T written out by hand."""
+    assert set(HAND_TRANSFORMS) == set(speedrun.backout.BACKOUT_TRANSFORMS)
+    model = build(["--backout-layers", "3", "--backout-transform", transform, "--backout-skip-init", "0.7"])
+    wake_up(model)
+    x, outputs, x00 = model.hidden_states(tokens(3)[0], WINDOW)
+    w = model.study["backout"].transform_w[0] if transform.endswith("-linear") else None
+    want = tgm.norm(x) + 0.7 * tgm.norm(HAND_TRANSFORMS[transform](outputs[3], w))
+    torch.testing.assert_close(model.head_input(x, outputs, x00), want)
 
 
 # --- rolling skip -------------------------------------------------------------------------------------------

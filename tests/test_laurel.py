@@ -29,8 +29,12 @@ VARIANT_FLAGS = [
     ["--laurel", "rw+pa", "--laurel-k", "2"],
     ["--laurel", "rw+pa", "--laurel-pa-h", "lowrank", "--laurel-rw-form", "single"],
     ["--laurel", "rw+lr+pa", "--laurel-rw-form", "vector", "--laurel-rank", "4"],
+    ["--laurel", "rw+lr+pa", "--laurel-pa-h", "lowrank-shared", "--laurel-rank", "4"],
+    ["--laurel", "pa", "--laurel-pa-h", "lowrank-shared", "--laurel-zero-factor", "down"],
+    ["--laurel", "lr", "--laurel-factor-init", "xavier", "--laurel-zero-factor", "down"],
 ]
-WHERE_FLAGS = [[], ["--laurel-where", "attn"], ["--laurel-where", "both", "--laurel-layers", "1,2,4"]]
+WHERE_FLAGS = [[], ["--laurel-where", "attn"], ["--laurel-where", "both", "--laurel-layers", "1,2,4"],
+               ["--laurel-where", "block"]]
 
 
 def build(argv, seed=0):
@@ -89,7 +93,8 @@ def ref_add(*vecs):
 
 
 def ref_residual(variant, pa_h, form, scale, k, params, history, x, fx):
-    """One LAuReL'd residual on one token: x, fx are lists of D floats; history (newest first) is updated."""
+    """One LAuReL'd residual on one token: x, fx are lists of D floats; history (newest first) is updated. PA's
+    h_j is the j-th low-rank product (eq. 6) or the site's only one (section 2.3's shared h)."""
     rw, pa = "rw" in variant, "pa" in variant
     lr = "lr" in variant and not pa
     g = x
@@ -100,7 +105,8 @@ def ref_residual(variant, pa_h, form, scale, k, params, history, x, fx):
         del history[k:]
         total = [0.0] * len(x)
         for j, earlier in enumerate(history):
-            h = ref_low_rank(params["down"][j], params["up"][j], earlier) if pa_h == "lowrank" else earlier
+            p = j if pa_h == "lowrank" else 0
+            h = earlier if pa_h == "identity" else ref_low_rank(params["down"][p], params["up"][p], earlier)
             total = ref_add(total, ref_scale(params["gamma"][j], h))
         g = ref_add(x, total)
     if rw:  # eq. 5 / 6
@@ -129,7 +135,6 @@ def test_each_variant_matches_the_reference_equation(flags):
     laurel_pass = LaurelPass(module, alpha, beta, gamma)
 
     histories = [[] for _ in range(tokens_per_seq)]
-    per_site = module.products_per_site
     checked = 0
     for layer in range(num_layers):
         residual = laurel_pass.for_layer(layer)
@@ -140,10 +145,10 @@ def test_each_variant_matches_the_reference_equation(flags):
             fx = torch.randn(1, tokens_per_seq, dim, generator=gen)
             got = residual(x, fx, site)
             n = module.index[(layer, site)]
+            products = range(module.product_start[n], module.product_start[n + 1]) if hasattr(module, "up") else []
             params = dict(
-                down=[module.down[n * per_site + j].tolist() for j in range(per_site)] if per_site else None,
-                up=[module.up[n * per_site + j].tolist() for j in range(per_site)] if per_site else None,
-                gamma=gamma[n].tolist() if gamma is not None else None,
+                down=[module.down[i].tolist() for i in products], up=[module.up[i].tolist() for i in products],
+                gamma=gamma[module.gamma_start[n]:module.gamma_start[n + 1]].tolist() if gamma is not None else None,
                 rw=rw_raw[n].tolist() if rw_raw is not None else None)
             for t in range(tokens_per_seq):
                 want = ref_residual(cfg.laurel, cfg.laurel_pa_h, cfg.laurel_rw_form, cfg.laurel_rw_scale,
@@ -193,13 +198,14 @@ def test_sites_see_the_stream_after_the_unet_skip_and_block_mix(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # Initialisation and parameter counts
 
+@pytest.mark.parametrize("where", ["both", "block"])
 @pytest.mark.parametrize("flags", VARIANT_FLAGS, ids=lambda f: " ".join(f[1:]))
-def test_variant_at_init_reproduces_the_baseline_loss_exactly(flags):
+def test_variant_at_init_reproduces_the_baseline_loss_exactly(flags, where):
     inputs, targets = tokens(1)
     window = torch.tensor(2)
     baseline, _ = build([], seed=3)
     randomise_baseline_weights(baseline, 11)
-    laurel, _ = build(flags + ["--laurel-where", "both"], seed=3)
+    laurel, _ = build(flags + ["--laurel-where", where], seed=3)
     randomise_baseline_weights(laurel, 11)
     base_loss = baseline(inputs, targets, window)
     assert laurel(inputs, targets, window).item() == base_loss.item()
@@ -214,12 +220,20 @@ def test_variant_at_init_reproduces_the_baseline_loss_exactly(flags):
     assert laurel(inputs, targets, window).item() != base_loss.item()
 
 
-def paper_params_per_site(variant, form, pa_h, rank, k, dim):
-    """Table 4 (per instantiation) plus the RW scalars: 1 or 2 (single / two), 2D for the vector form."""
-    rw = {"softmax": 2, "sigmoid": 2, "single": 1, "vector": 2 * dim}[form] if "rw" in variant else 0
-    if "pa" in variant:
-        return rw + (2 * rank * k * dim + k if pa_h == "lowrank" else k)
-    return rw + (2 * rank * dim if "lr" in variant else 0)
+def paper_params(variant, form, pa_h, rank, k, dim, sites):
+    """Table 4 summed over the LAuReL'd residuals, with PA's k read as the inputs the history holds at the n-th
+    residual, min(k, n + 1) (Table 4 exactly from the k-th residual on), plus the RW scalars: 1 or 2, 2D for the
+    vector form."""
+    total = 0
+    for n in range(sites):
+        held = min(k, n + 1)
+        total += {"softmax": 2, "sigmoid": 2, "single": 1, "vector": 2 * dim}[form] if "rw" in variant else 0
+        if "pa" in variant:
+            total += {"identity": held, "lowrank": 2 * rank * held * dim + held,
+                      "lowrank-shared": 2 * rank * dim + held}[pa_h]
+        elif "lr" in variant:
+            total += 2 * rank * dim
+    return total
 
 
 @pytest.mark.parametrize("where", WHERE_FLAGS, ids=lambda f: " ".join(f) or "default")
@@ -229,14 +243,13 @@ def test_added_params_equal_the_paper_formulas(flags, where):
     num_layers, dim = args.num_layers, model.cfg.model_dim
     layers = args.laurel_layers or list(range(num_layers))
     no_attention = tgm.layer_pattern(num_layers)["no_attention_layer"]
-    sites = {"mlp": len(layers), "attn": len([i for i in layers if i != no_attention])}
+    sites = {"mlp": len(layers), "block": len(layers), "attn": len([i for i in layers if i != no_attention])}
     sites["both"] = sites["mlp"] + sites["attn"]
-    per_site = paper_params_per_site(args.laurel, args.laurel_rw_form, args.laurel_pa_h, args.laurel_rank,
-                                     args.laurel_k, dim)
-    assert model.added_params() == {"laurel": sites[args.laurel_where] * per_site}
+    want = paper_params(args.laurel, args.laurel_rw_form, args.laurel_pa_h, args.laurel_rank, args.laurel_k, dim,
+                        sites[args.laurel_where])
+    assert model.added_params() == {"laurel": want}
     baseline, _ = build([])
-    assert (sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in baseline.parameters())
-            == sites[args.laurel_where] * per_site)
+    assert sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in baseline.parameters()) == want
 
 
 def test_default_rank_and_k_follow_the_small_llm_ablation():
@@ -246,17 +259,31 @@ def test_default_rank_and_k_follow_the_small_llm_ablation():
     assert args.laurel_pa_h == "identity"
 
 
-def test_low_rank_down_projection_is_the_papers_column_orthogonal_init():
-    model, args = build(["--laurel", "lr", "--laurel-rank", "8"])
+@pytest.mark.parametrize("zero_factor", ["up", "down"])
+def test_low_rank_live_factor_is_the_papers_column_orthogonal_init(zero_factor):
+    model, args = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-zero-factor", zero_factor])
     down, up = model.study["laurel"].down, model.study["laurel"].up
+    # the D x r factor: A is stored as the down-projection [r, D], B as the up-projection [D, r]
+    live, zero = (down.transpose(1, 2), up) if zero_factor == "up" else (up, down)
     r, dim = 8, model.cfg.model_dim
-    for a in down:  # stored [r, D]: A[i, j] = a[j, i]
+    for a in live:
         for i in range(dim):
             for j in range(r):
-                assert a[j, i].item() == pytest.approx(1 / math.sqrt(r * dim) if i % r == j else 0.0)
-        gram = a @ a.T  # columns of A orthogonal
+                assert a[i, j].item() == pytest.approx(1 / math.sqrt(r * dim) if i % r == j else 0.0)
+        gram = a.T @ a  # columns orthogonal
         assert torch.allclose(gram, torch.diag(torch.diag(gram)))
+    assert zero.abs().sum().item() == 0.0
+
+
+def test_xavier_factor_init_has_the_glorot_bound_and_spread():
+    model, _ = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-factor-init", "xavier"], seed=1)
+    down, up = model.study["laurel"].down, model.study["laurel"].up
+    bound = math.sqrt(6 / (model.cfg.model_dim + 8))
+    assert down.abs().max().item() <= bound and down.abs().max().item() > 0.9 * bound
+    assert down.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)  # uniform(-b, b): std b/sqrt(3)
     assert up.abs().sum().item() == 0.0
+    other, _ = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-factor-init", "xavier"], seed=2)
+    assert not torch.equal(down, other.study["laurel"].down)  # drawn from the seed, not a fixed pattern
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -304,7 +331,7 @@ def test_optimiser_assignment_muon_for_low_rank_adam_scalars_for_rw_and_gamma():
     a, b = model.scalar_layout["laurel.rw"]
     assert b - a == n * 2 * dim
     a, b = model.scalar_layout["laurel.gamma"]
-    assert b - a == n * 3
+    assert b - a == sum(min(3, i + 1) for i in range(n))
 
 
 def test_muon_trains_zero_initialised_up_projection():
@@ -328,6 +355,66 @@ def test_muon_trains_zero_initialised_up_projection():
     assert study.down.grad.abs().sum().item() > 0.0  # with B != 0, A learns from the next step on
 
 
+def per_product_grad(tensor):
+    return tensor.grad.flatten(start_dim=1).abs().sum(dim=1)
+
+
+@pytest.mark.parametrize("flags", [["--laurel", "rw+lr+pa"], ["--laurel", "pa", "--laurel-pa-h", "lowrank-shared"],
+                                   ["--laurel", "rw+lr+pa", "--laurel-zero-factor", "down"]],
+                         ids=lambda f: " ".join(f[1:]))
+def test_low_rank_pa_trains_gamma_and_both_factors(flags):
+    """gamma = 1 and a zero factor: at the first step only the zero factor has a gradient (gamma's is h(x) = B A x
+    = 0; the live factor's passes through the zero one); once it has moved, gamma and the live factor have one
+    too. The old gamma = 0 init left gamma, A and B at exactly zero gradient forever."""
+    model, _ = build(flags + ["--laurel-rank", "4"])
+    randomise_baseline_weights(model, 9)
+    study = model.study["laurel"]
+    zero, live = (study.down, study.up) if "down" in flags else (study.up, study.down)
+    a, b = model.scalar_layout["laurel.gamma"]
+    assert model.scalars[a:b].eq(1).all()
+    opt = tgm.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
+    inputs, targets = tokens(3)
+    model(inputs, targets, torch.tensor(2)).backward()
+    assert (per_product_grad(zero) > 0).all()
+    assert live.grad.abs().sum().item() == 0.0 and model.scalars.grad[a:b].abs().sum().item() == 0.0
+    opt.step(0, 40)
+    model(inputs, targets, torch.tensor(2)).backward()
+    assert (per_product_grad(zero) > 0).all() and (per_product_grad(live) > 0).all()
+    assert (model.scalars.grad[a:b] != 0).all()
+
+
+def test_pa_makes_one_gamma_per_input_the_history_holds():
+    """The n-th LAuReL'd residual sees min(k, n + 1) inputs: no gamma (or product) that could never be used."""
+    model, _ = build(["--laurel", "rw+lr+pa", "--laurel-rank", "4", "--laurel-k", "3"])
+    study = model.study["laurel"]
+    held = [min(3, n + 1) for n in range(len(study.sites))]
+    assert study.history_lengths == held == [1, 2, 3, 3, 3, 3]
+    assert study.up.size(0) == study.down.size(0) == sum(held)
+    names = [k for k in model.named_scalars() if ".gamma" in k]
+    assert names[:3] == ["laurel.L0.mlp.gamma0", "laurel.L1.mlp.gamma0", "laurel.L1.mlp.gamma1"]
+    assert len(names) == sum(held)
+
+
+def test_whole_block_site_weighs_attention_plus_mlp():
+    """--laurel-where block: the attention residual stays plain inside; the block's output is
+    alpha (attn + mlp) + beta x_block, x_block the attention's input (the MLP's in the layer without attention)."""
+    model, _ = build(["--laurel", "rw", "--laurel-rw-form", "sigmoid", "--laurel-where", "block"])
+    study = model.study["laurel"]
+    assert study.sites == [(i, "block") for i in range(6)]
+    gen = torch.Generator().manual_seed(3)
+    raw = torch.randn(6, 2, generator=gen)
+    alpha, beta = laurel_rw_weights(raw, "sigmoid", 2.0)
+    laurel_pass = LaurelPass(study, alpha, beta, None)
+    x, attn, mlp = (torch.randn(1, 4, 64, generator=gen) for _ in range(3))
+    residual = laurel_pass.for_layer(1)
+    inner = residual(x, attn, "attn")
+    assert torch.equal(inner, x + attn)
+    assert torch.allclose(residual(inner, mlp, "mlp"), beta[1] * x + alpha[1] * (attn + mlp))
+    no_attention = model.pattern["no_attention_layer"]
+    residual = laurel_pass.for_layer(no_attention)
+    assert torch.allclose(residual(x, mlp, "mlp"), beta[no_attention] * x + alpha[no_attention] * mlp)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: one line, exit status 2
 
@@ -349,6 +436,13 @@ def test_muon_trains_zero_initialised_up_projection():
     (["--laurel", "lr", "--laurel-k", "2"], "--laurel-k"),
     (["--laurel", "rw+lr+pa", "--laurel-pa-h", "identity"], "--laurel-pa-h"),
     (["--laurel", "rw", "--laurel-rw-scale", "-1"], "--laurel-rw-scale"),
+    (["--laurel", "pa", "--laurel-pa-h", "shared"], "--laurel-pa-h"),
+    (["--laurel", "rw", "--laurel-where", "blocks"], "--laurel-where"),
+    (["--laurel", "lr", "--laurel-factor-init", "kaiming"], "--laurel-factor-init"),
+    (["--laurel", "lr", "--laurel-zero-factor", "both"], "--laurel-zero-factor"),
+    (["--laurel", "pa", "--laurel-factor-init", "xavier"], "--laurel-factor-init"),  # identity h: no product
+    (["--laurel", "rw", "--laurel-zero-factor", "down"], "--laurel-zero-factor"),
+    (["--laurel-factor-init", "xavier"], "--laurel-factor-init"),
 ])
 def test_invalid_laurel_flags_are_one_line_errors(argv, needle, capsys):
     assert tgm.main(TINY + argv) == 2
@@ -426,14 +520,15 @@ def test_run_log_names_every_laurel_scalar(tmp_path, tiny_data_args):
     assert result.returncode == 0, result.stderr[-2000:]
     lines = (tmp_path / "laurel.txt").read_text().splitlines()
     added = next(line for line in lines if line.startswith("added_params: "))
-    assert json.loads(added[len("added_params: "):added.index(" total")]) == {"laurel": 3 * (2 + 2)}
+    # 3 sites x 2 RW scalars, and 1 + 2 + 2 gammas (the first residual's history holds only its own input)
+    assert json.loads(added[len("added_params: "):added.index(" total")]) == {"laurel": 3 * 2 + 5}
     scalars = [json.loads(line.split(" scalars: ", 1)[1]) for line in lines
                if line.startswith("step:") and " scalars: " in line]
     assert len(scalars) == 2  # steps 0 and 2
     names = sorted(k for k in scalars[-1] if k.startswith("laurel."))
     # layer 2 is the tiny model's layer without attention: it has no attn site
-    assert names == sorted(f"laurel.L{layer}.{site}.{w}" for layer, site in [(1, "attn"), (1, "mlp"), (2, "mlp")]
-                           for w in ("alpha", "beta", "gamma0", "gamma1"))
+    assert names == sorted([f"laurel.L{layer}.{site}.{w}" for layer, site in [(1, "attn"), (1, "mlp"), (2, "mlp")]
+                            for w in ("alpha", "beta", "gamma0")] + ["laurel.L1.mlp.gamma1", "laurel.L2.mlp.gamma1"])
     assert scalars[0]["laurel.L1.attn.alpha"] == 1.0 and scalars[0]["laurel.L1.attn.gamma0"] == 0.0
     assert scalars[-1]["laurel.L1.attn.alpha"] != 1.0  # trained between the two validations
     assert lines[-1].startswith("peak memory allocated:")

@@ -104,7 +104,7 @@ def test_seed_option_parsing():
 def test_bundled_studies_are_well_formed():
     names = {path.stem for path in STUDY_DIR.glob("*.toml")}
     required = {"record", "backout-layer-sweep", "backout-multi-skip", "backout-transforms", "backout-norms",
-                "backout-concat", "rolling-skip", "laurel", "dlo", "speed", "demo"}
+                "backout-concat", "rolling-skip", "laurel", "laurel-forms", "dlo", "speed", "demo"}
     assert required <= names, required - names
     for name in sorted(names):
         with open(STUDY_DIR / f"{name}.toml", "rb") as f:
