@@ -15,56 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from data._cli import ArgumentParser, file_problem
+from data._cli import ArgumentParser
+from speedrun.data import (HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, ShardError,  # noqa: F401 (the data API)
+                           read_header, validate_shard)
 
-HEADER_INTS = 256
-MAGIC = 20240520
-VERSION = 1
-HEADER_BYTES = HEADER_INTS * 4
-TOKEN_BYTES = 2
 MAX_TOKEN = 2**16 - 1
-
-
-class ShardError(ValueError):
-    """A shard (or a pattern meant to find shards) is unusable; the message is one line naming it."""
-
-
-def read_header(path) -> int:
-    """Checks the header of `path` and returns its token count; the payload is not looked at."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
-    except OSError as e:
-        raise ShardError(file_problem(path, e)) from None
-    if len(raw) < HEADER_BYTES:
-        raise ShardError(f"{path}: malformed header: file has {len(raw)} bytes, a header needs {HEADER_BYTES}")
-    header = np.frombuffer(raw, dtype="<i4")
-    if header[0] != MAGIC:
-        raise ShardError(f"{path}: wrong magic number {int(header[0])} (expected {MAGIC}); not a token shard")
-    if header[1] != VERSION:
-        raise ShardError(f"{path}: unsupported shard version {int(header[1])} (expected {VERSION})")
-    count = int(header[2])
-    if count < 0:
-        raise ShardError(f"{path}: malformed header: negative token count {count}")
-    return count
-
-
-def validate_shard(path) -> int:
-    """Checks header and file size (exactly header + 2 bytes per token); returns the token count."""
-    path = Path(path)
-    count = read_header(path)
-    expected = HEADER_BYTES + TOKEN_BYTES * count
-    actual = path.stat().st_size
-    if actual < expected:
-        raise ShardError(
-            f"{path}: truncated payload: header says {count} tokens ({expected} bytes in all), file has {actual} bytes"
-        )
-    if actual > expected:
-        raise ShardError(
-            f"{path}: {actual - expected} extra bytes after the {count} tokens the header announces"
-        )
-    return count
 
 
 def load_tokens(path) -> np.ndarray:

@@ -55,6 +55,15 @@ def run_training(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kwargs)
 
 
+def embedded_sources(script):
+    """The code section a run of `script` writes: its source, then every speedrun/*.py module (the scripts import
+    all of them) under one `==> speedrun/NAME.py <==` header each, in name order."""
+    parts = [Path(script).read_text().rstrip("\n")]
+    for module in sorted((ROOT / "speedrun").glob("*.py")):
+        parts += [f"==> speedrun/{module.name} <==", module.read_text().rstrip("\n")]
+    return "\n".join(parts)
+
+
 BASELINE_COMMIT = "12c2aa8"  # train_gpt_medium.py before any study flag was added
 
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import speedrun.backout
 import train_gpt_medium as tgm
+from speedrun.data import BOS_TOKEN
 from conftest import run_training
 
 SEQ_LEN = 64
@@ -30,7 +32,7 @@ def build(flags, seed=0, module=tgm):
 def tokens(seed, n=SEQ_LEN + 1):
     gen = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, 2000, (n,), generator=gen)
-    seq[0] = seq[n // 2] = tgm.BOS_TOKEN
+    seq[0] = seq[n // 2] = BOS_TOKEN
     return seq[:-1], seq[1:]
 
 
@@ -258,7 +260,7 @@ def test_rolling_skip_starts_as_the_baseline_and_learns():
 # --- observability: similarity record and a real log ----------------------------------------------------------
 
 def test_similarity_is_recorded_in_eval_only(monkeypatch):
-    monkeypatch.setattr(tgm, "SIMILARITY_TOKENS", 16)  # measured on the first tokens only
+    monkeypatch.setattr(speedrun.backout, "SIMILARITY_TOKENS", 16)  # measured on the first tokens only
     model = build(["--backout-layers", "2", "--backout-transform", "tanh"])
     wake_up(model)
     loss_of(model)

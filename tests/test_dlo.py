@@ -8,6 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt_medium as T
+from speedrun.data import BOS_TOKEN
+from speedrun.dlo import (DLO_POLICIES, DLORouters, dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token,
+                          similarity_labels, skip_loss)
 from conftest import run_training
 
 MAX_SEQ = 64
@@ -56,8 +59,8 @@ def expanded_model(path, *flags):
 def token_batch(seed=0, n=MAX_SEQ + 1):
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, 2000, (n,), generator=g)
-    seq[torch.rand(n, generator=g) < 0.03] = T.BOS_TOKEN
-    seq[0] = T.BOS_TOKEN
+    seq[torch.rand(n, generator=g) < 0.03] = BOS_TOKEN
+    seq[0] = BOS_TOKEN
     return seq[:-1], seq[1:]
 
 
@@ -70,7 +73,7 @@ def block_state(block):
 
 def test_expanded_layer_pattern_follows_the_rule():
     cfg = T.ModelConfig(num_layers=8, dlo_groups=2, dlo_add=1, dlo_base_layers=6)
-    pat = T.dlo_layer_pattern(cfg)
+    pat = dlo_layer_pattern(cfg, T.layer_pattern)
     # Base (L=6): ve on 0 and 5, long windows 0 and 5, no attention at 2, U-net 1->4; groups [0,1,2], [3,4,5].
     assert pat["dlo_position"] == [0, 1, 2, 4, 5, 6]
     assert pat["dlo_new_layers"] == {3: 2, 7: 5}
@@ -82,7 +85,7 @@ def test_expanded_layer_pattern_follows_the_rule():
     assert [b.attn is None for b in model.blocks] == [False, False, True, True, False, False, False, False]
 
 
-@pytest.mark.parametrize("policy", T.DLO_POLICIES)
+@pytest.mark.parametrize("policy", DLO_POLICIES)
 def test_expansion_policy_weights_match_definition(ckpt, policy):
     base = base_model(ckpt)
     # G=3 groups of two: [0,1] [2,3] [4,5]; layer 2 has no attention, so group 1's merge/slerp mix layer 3 only.
@@ -173,7 +176,7 @@ def test_routers_start_fully_active(ckpt):
 def test_labels_select_the_least_similar_at_the_requested_rate():
     sims = torch.rand(5, 40, generator=torch.Generator().manual_seed(3))
     for rate in [0.0, 0.1, 0.33, 0.5, 0.9]:
-        labels = T.similarity_labels(sims, rate)
+        labels = similarity_labels(sims, rate)
         assert labels.shape == sims.shape
         assert labels.sum().item() == round((1 - rate) * sims.numel())
         if 0 < labels.sum() < labels.numel():
@@ -192,7 +195,7 @@ def test_training_forward_labels_follow_the_skip_rate(ckpt):
 
 def test_skip_loss_trains_a_router_toward_the_labels():
     cfg = T.ModelConfig(num_layers=1, model_dim=16, dlo_threshold=1.0, dlo_score_scale=1.0)
-    routers = T.DLORouters(cfg)
+    routers = DLORouters(cfg)
     g = torch.Generator().manual_seed(0)
     z = F.rms_norm(torch.randn(1, 400, 16, generator=g), (16,))
     labels = (z @ torch.randn(16, generator=g)) > 0.3
@@ -204,7 +207,7 @@ def test_skip_loss_trains_a_router_toward_the_labels():
     before = agreement()
     opt = torch.optim.Adam(routers.parameters(), lr=0.05)
     for _ in range(150):
-        loss = T.skip_loss(routers.router_logits(0, z), labels)
+        loss = skip_loss(routers.router_logits(0, z), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -212,10 +215,10 @@ def test_skip_loss_trains_a_router_toward_the_labels():
 
 
 def test_annealing_follows_its_schedule(ckpt):
-    assert T.dlo_skip_rate(0, 0.05, 0.3, 100) == 0.05
-    assert math.isclose(T.dlo_skip_rate(50, 0.05, 0.3, 100), 0.175)
-    assert T.dlo_skip_rate(100, 0.05, 0.3, 100) == 0.3 and T.dlo_skip_rate(500, 0.05, 0.3, 100) == 0.3
-    assert T.dlo_skip_rate(0, 0.05, 0.3, 0) == 0.3
+    assert dlo_skip_rate(0, 0.05, 0.3, 100) == 0.05
+    assert math.isclose(dlo_skip_rate(50, 0.05, 0.3, 100), 0.175)
+    assert dlo_skip_rate(100, 0.05, 0.3, 100) == 0.3 and dlo_skip_rate(500, 0.05, 0.3, 100) == 0.3
+    assert dlo_skip_rate(0, 0.05, 0.3, 0) == 0.3
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-sparsity", "0.2", "--dlo-anneal-start", "0.1",
                                  "--dlo-anneal-steps", "10")
     for step, expected in [(0, 0.1), (5, 0.15), (10, 0.2), (20, 0.2)]:
@@ -266,7 +269,7 @@ def test_validation_skipping_matches_an_explicit_mask_reference(ckpt):
 def test_effective_flops_match_a_hand_count(ckpt):
     cfg = T.ModelConfig(num_layers=8, model_dim=64, num_heads=2, head_dim=32, block_size=16,
                         dlo_groups=2, dlo_add=1, dlo_base_layers=6)
-    pat = T.dlo_layer_pattern(cfg)
+    pat = dlo_layer_pattern(cfg, T.layer_pattern)
     active = [1, 0.5, 0.25, 0, 1, 0.75, 0.5, 1]
     # Hand count, window 2 blocks of 16 (long 32 keys, short 16), 128 tokens: attention on 0,1,4,5,6,7 (long: 0,6,7).
     head = 2 * 64 * 50304
@@ -274,10 +277,10 @@ def test_effective_flops_match_a_hand_count(ckpt):
     mlp = 2 * 2 * 64 * 256
     effective = head + attention + sum(active) * mlp + 8 * 2 * 64
     dense = head + attention + 8 * mlp
-    assert T.forward_flops_per_token(cfg, pat, 2, 128, active, routers=True) == effective
-    assert T.forward_flops_per_token(cfg, pat, 2, 128) == dense
+    assert forward_flops_per_token(cfg, pat, 2, 128, active, routers=True) == effective
+    assert forward_flops_per_token(cfg, pat, 2, 128) == dense
     # The window is capped at the sequence: 8 blocks of 16 > 64 tokens.
-    assert T.forward_flops_per_token(cfg, pat, 8, 64) == head + 6 * (2 * 4 * 64 * 64 + 2 * 2 * 64 * 64) + 8 * mlp
+    assert forward_flops_per_token(cfg, pat, 8, 64) == head + 6 * (2 * 4 * 64 * 64 + 2 * 2 * 64 * 64) + 8 * mlp
 
     model, _ = expanded_model(ckpt, "--dlo-groups", "2")
     with torch.no_grad():
@@ -285,8 +288,8 @@ def test_effective_flops_match_a_hand_count(ckpt):
         model.eval()(*token_batch(), WINDOW)
     s = model.named_scalars()
     measured = [s[f"dlo.L{i}.active"] for i in range(8)]
-    expected = (T.forward_flops_per_token(model.cfg, model.pattern, 2, MAX_SEQ, measured, routers=True)
-                / T.forward_flops_per_token(model.cfg, model.pattern, 2, MAX_SEQ))
+    expected = (forward_flops_per_token(model.cfg, model.pattern, 2, MAX_SEQ, measured, routers=True)
+                / forward_flops_per_token(model.cfg, model.pattern, 2, MAX_SEQ))
     assert math.isclose(s["dlo.flops_rel"], expected)
     assert sum(measured) < 0.8 * 8 and s["dlo.flops_rel"] < 1  # (the tiny model's lm head dominates its FLOPs)
 
@@ -378,7 +381,7 @@ def test_dlo_run_end_to_end(ckpt, tiny_data_args, tmp_path):
     # Strict identity: the step-0 validation is the checkpoint's own validation loss.
     args = T.resolve_args(common)
     window = torch.tensor(T.window_blocks_at(0, 2, T.model_config(args)))
-    assert val_losses(log)[0] == f"{T.validate(base_model(ckpt), args, T.Dist(), window):.6f}"
+    assert val_losses(log)[0] == f"{T.validate(base_model(ckpt), args, T.Dist(), window, head_chunks=T.VAL_HEAD_CHUNKS):.6f}"
     scalars = scalars_lines(log)
     assert len(scalars) == 2
     assert [scalars[0][f"dlo.L{i}.active"] for i in range(9)] == [1.0] * 9  # routers start fully active

@@ -12,6 +12,7 @@ from conftest import ROOT, run_training
 
 sys.path.insert(0, str(ROOT))
 import train_gpt_medium as tgm  # noqa: E402
+from speedrun.laurel import LaurelPass, LaurelResiduals, laurel_rw_weights
 
 TINY = ["--preset", "tiny"]
 
@@ -115,7 +116,7 @@ def test_each_variant_matches_the_reference_equation(flags):
     args = tgm.resolve_args(TINY + flags + ["--laurel-where", "both", "--num-layers", str(num_layers)])
     cfg = tgm.ModelConfig(num_layers=num_layers, model_dim=dim, **dict(tgm.laurel_config(args), laurel_rank=3))
     no_attention = tgm.layer_pattern(num_layers)["no_attention_layer"]
-    module = tgm.LaurelResiduals(cfg, no_attention)
+    module = LaurelResiduals(cfg, no_attention)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in module.parameters():
@@ -123,9 +124,9 @@ def test_each_variant_matches_the_reference_equation(flags):
     inits = module.scalar_inits(dim)
     rw_raw = torch.randn(inits["rw"].shape, generator=gen) if "rw" in inits else None
     gamma = torch.randn(inits["gamma"].shape, generator=gen) if "gamma" in inits else None
-    alpha, beta = (tgm.laurel_rw_weights(rw_raw, cfg.laurel_rw_form, cfg.laurel_rw_scale)
+    alpha, beta = (laurel_rw_weights(rw_raw, cfg.laurel_rw_form, cfg.laurel_rw_scale)
                    if rw_raw is not None else (None, None))
-    laurel_pass = tgm.LaurelPass(module, alpha, beta, gamma)
+    laurel_pass = LaurelPass(module, alpha, beta, gamma)
 
     histories = [[] for _ in range(tokens_per_seq)]
     per_site = module.products_per_site
@@ -160,14 +161,14 @@ def test_sites_see_the_stream_after_the_unet_skip_and_block_mix(monkeypatch):
     with torch.no_grad():
         model.scalars.copy_(torch.randn(model.scalars.shape, generator=torch.Generator().manual_seed(8)))
     calls = {}
-    original = tgm.LaurelPass.residual
+    original = LaurelPass.residual
 
     def recording_residual(self, layer, site, x, fx):
         out = original(self, layer, site, x, fx)
         calls[(layer, site)] = (x, out)
         return out
 
-    monkeypatch.setattr(tgm.LaurelPass, "residual", recording_residual)
+    monkeypatch.setattr(LaurelPass, "residual", recording_residual)
     inputs, targets = tokens(4)
     with torch.no_grad():
         _, outputs, x00 = model.hidden_states(inputs, torch.tensor(2))
@@ -267,7 +268,7 @@ def test_pa_keeps_at_most_k_activations_alive(monkeypatch, where):
     model, args = build(["--laurel", "pa", "--laurel-k", str(k), "--laurel-where", where])
     randomise_baseline_weights(model, 5)
     inputs_seen, alive_counts = [], []
-    original = tgm.LaurelPass.residual
+    original = LaurelPass.residual
 
     def counting_residual(self, layer, site, x, fx):
         out = original(self, layer, site, x, fx)
@@ -278,7 +279,7 @@ def test_pa_keeps_at_most_k_activations_alive(monkeypatch, where):
             alive_counts.append(sum(r() is not None for r in inputs_seen[:-1]) + 1)
         return out
 
-    monkeypatch.setattr(tgm.LaurelPass, "residual", counting_residual)
+    monkeypatch.setattr(LaurelPass, "residual", counting_residual)
     inputs, targets = tokens(2)
     with torch.no_grad():
         model(inputs, targets, torch.tensor(2))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train_gpt_medium as T
-from conftest import MEDIUM_SCRIPT, ROOT, run_training, write_token_shard
+from conftest import MEDIUM_SCRIPT, ROOT, embedded_sources, run_training, write_token_shard
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{6}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
 TRAIN_LINE = re.compile(r"^step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
@@ -37,7 +37,7 @@ def test_two_process_gloo_run_writes_a_complete_contract_log(tmp_path):
                         "--log-dir", str(tmp_path), "--run-name", "two", "--variant", "demo-arm"], nproc=2)
     assert res.returncode == 0, res.stderr[-2000:]
     code, env, body = parse_log(tmp_path / "two.txt")
-    assert code == MEDIUM_SCRIPT.read_text().rstrip("\n")
+    assert code == embedded_sources(MEDIUM_SCRIPT)
     configs = [l for l in env if l.startswith("config: ")]
     assert len(configs) == 1
     config = json.loads(configs[0][len("config: "):])

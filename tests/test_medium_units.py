@@ -6,6 +6,9 @@ import pytest
 import torch
 
 import train_gpt_medium as T
+from speedrun.data import BOS_TOKEN
+from speedrun.layers import attend, dense_window_mask, flex_block_masks
+from speedrun.muon import NS5_COEFFS, fp32_from_bf16_parts, newton_schulz5, split_fp32_into_bf16_parts
 from conftest import synthetic_tokens, write_token_shard
 
 
@@ -100,11 +103,11 @@ def test_stream_runs_out_with_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("corrupt, message", [
-    (lambda b: b[:100], "header shorter"),
+    (lambda b: b[:100], "malformed header"),
     (lambda b: (123).to_bytes(4, "little") + b[4:], "not a token shard"),
     (lambda b: b[:4] + (7).to_bytes(4, "little") + b[8:], "version 7"),
     (lambda b: b[:-10], "truncated"),
-    (lambda b: b + b"\x00\x00", "longer than"),
+    (lambda b: b + b"\x00\x00", "2 extra bytes"),
 ])
 def test_malformed_shards_name_the_file(tmp_path, corrupt, message):
     f = tmp_path / "bad_000000.bin"
@@ -120,8 +123,8 @@ def test_malformed_shards_name_the_file(tmp_path, corrupt, message):
 def random_documents(T_len, seed):
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, 1000, (T_len,), generator=g)
-    seq[torch.rand(T_len, generator=g) < 0.04] = T.BOS_TOKEN
-    seq[0] = T.BOS_TOKEN
+    seq[torch.rand(T_len, generator=g) < 0.04] = BOS_TOKEN
+    seq[0] = BOS_TOKEN
     return seq
 
 
@@ -129,7 +132,7 @@ def brute_force_mask(seq, window, block):
     n = len(seq)
     doc, current = [], 0
     for token in seq.tolist():
-        current += token == T.BOS_TOKEN
+        current += token == BOS_TOKEN
         doc.append(current)
     m = torch.zeros(n, n, dtype=torch.bool)
     for q in range(n):
@@ -141,11 +144,11 @@ def brute_force_mask(seq, window, block):
 @pytest.mark.parametrize("window", [1, 2, 3, 5, 100])
 def test_cpu_mask_and_attention_equal_brute_force(window):
     seq, block = random_documents(96, window), 8
-    mask = T.dense_window_mask(seq, window, block)
+    mask = dense_window_mask(seq, window, block)
     assert torch.equal(mask, brute_force_mask(seq, window, block))
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 96, 16, generator=g, dtype=torch.float64) for _ in range(3))
-    out = T.attend(q, k, v, mask, 0.12)
+    out = attend(q, k, v, mask, 0.12)
     scores = (q @ k.transpose(-1, -2)) * 0.12
     scores = scores.masked_fill(~mask, float("-inf"))
     assert torch.allclose(out, scores.softmax(-1) @ v, atol=1e-10)
@@ -154,13 +157,13 @@ def test_cpu_mask_and_attention_equal_brute_force(window):
 @pytest.mark.parametrize("window", [1, 2, 4, 7])
 def test_flex_block_mask_is_the_same_function_as_the_cpu_mask(window):
     seq, block = random_documents(128, 10 + window), 16
-    bm = T.flex_block_masks(seq, [torch.tensor(window)], block)[0]
+    bm = flex_block_masks(seq, [torch.tensor(window)], block)[0]
     visible_blocks = bm.to_dense()[0, 0].bool()
     idx = torch.arange(len(seq))
     token_level = visible_blocks[idx[:, None] // block, idx[None, :] // block]
-    docs = (seq == T.BOS_TOKEN).cumsum(0)
+    docs = (seq == BOS_TOKEN).cumsum(0)
     token_level &= (idx[:, None] >= idx[None, :]) & (docs[:, None] == docs[None, :])
-    assert torch.equal(token_level, T.dense_window_mask(seq, window, block))
+    assert torch.equal(token_level, dense_window_mask(seq, window, block))
 
 
 # --- optimisers ------------------------------------------------------------------------------------------------
@@ -168,14 +171,14 @@ def test_flex_block_mask_is_the_same_function_as_the_cpu_mask(window):
 @pytest.mark.parametrize("shape", [(64, 32), (32, 96), (3, 48, 48)])
 def test_ns5_is_near_orthogonal_and_matches_float64(shape):
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
-    out = T.newton_schulz5(g).float()
+    out = newton_schulz5(g).float()
     assert out.dtype == torch.float32 and out.shape == g.shape
     # float64 reference of the same iteration
     x = g.double()
     tr = x.size(-2) > x.size(-1)
     x = x.mT if tr else x
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for a, b, c in T.NS5_COEFFS:
+    for a, b, c in NS5_COEFFS:
         A = x @ x.mT
         x = a * x + (b * A + c * A @ A) @ x
     ref = (x.mT if tr else x).float()
@@ -190,16 +193,16 @@ def test_mantissa_buffer_update_equals_fp32_update():
     master = torch.randn(32, 32, generator=g)
     high = torch.empty(32, 32, dtype=torch.bfloat16)
     low = torch.empty(32, 32, dtype=torch.int16)
-    T.split_fp32_into_bf16_parts(master, high, low)
-    assert torch.equal(T.fp32_from_bf16_parts(high, low), master)
+    split_fp32_into_bf16_parts(master, high, low)
+    assert torch.equal(fp32_from_bf16_parts(high, low), master)
     reference = master.clone()
     for _ in range(50):
         upd = torch.randn(32, 32, generator=g) * 1e-4  # far below bf16 resolution of the values
         reference.mul_(1 - 0.03 * 0.01).add_(upd, alpha=-0.03)
-        value = T.fp32_from_bf16_parts(high, low)
+        value = fp32_from_bf16_parts(high, low)
         value.mul_(1 - 0.03 * 0.01).add_(upd, alpha=-0.03)
-        T.split_fp32_into_bf16_parts(value, high, low)
-    assert torch.equal(T.fp32_from_bf16_parts(high, low), reference)
+        split_fp32_into_bf16_parts(value, high, low)
+    assert torch.equal(fp32_from_bf16_parts(high, low), reference)
     # the bf16 parameter is the truncation of the fp32 master
     assert torch.equal(high.view(torch.int16), (reference.view(torch.int32) >> 16).to(torch.int16))
 
@@ -216,7 +219,7 @@ def test_muon_step_matches_the_spec_formula():
         p.grad = grad.clone()
         muon.step()
         m = 0.9 * m + 0.1 * grad
-        u = T.newton_schulz5(0.9 * m + 0.1 * grad, torch.float32)
+        u = newton_schulz5(0.9 * m + 0.1 * grad, torch.float32)
         s = 0.2 * s + 0.8 * u
         ref = ref * (1 - 0.03 * 0.01 * 2.0) - 0.03 * math.sqrt(48 / 16) * s
     assert torch.allclose(p.detach(), ref, atol=1e-6)
@@ -273,7 +276,7 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     before_adam = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)} for k, v in opt.adam.state.items()}
     before_muon = opt.muon.full_state()
     before_snoo = opt.snoo.state_dict()
-    T.kernel_warmup(model, model, opt, args, ddp, model.cfg)
+    T.kernel_warmup(args.warmup_steps, model, opt, T.random_token_steps(model, opt, args, ddp, model.cfg))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before_model[k]), k
     for p, st in opt.adam.state.items():

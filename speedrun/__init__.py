@@ -1,0 +1,6 @@
+"""What both speedrun tracks share: data stream, distributed setup, run log, checkpoints, attention pieces, Muon,
+the study-variant model machinery and the study flags (backout, LAuReL, DLO).
+
+`train_gpt.py` (small track) and `train_gpt_medium.py` (medium track) each keep their own model, optimiser settings
+and training loop, and import the rest from here.
+"""

@@ -1,0 +1,266 @@
+"""The backout skip (docs/backout.md): earlier layers' outputs mixed into the final latents before the head.
+
+Its tensors live in `BackoutParts` (under model.study["backout"]), its learned lambdas in the model's scalar vector;
+`BackoutMethods` is the part of the model that builds and applies it."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speedrun.errors import UsageError
+from speedrun.layers import MLP, norm, uniform_init_
+
+SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
+
+
+def backout_mlp_hidden(cfg):
+    return max(1, round(cfg.backout_mlp_ratio * cfg.model_dim))
+
+
+class BackoutParts(nn.Module):
+    """The backout's own tensors: transform matrices, down-projections, a fresh embedding, frozen lambdas and the
+    similarity record. Its learned lambdas live in GPT.scalars like every other scalar."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D, k = cfg.model_dim, len(cfg.backout_layers)
+        if cfg.backout_transform == "relu-linear":
+            self.transform_w = nn.Parameter(uniform_init_(torch.empty(k, D, D)))
+        if cfg.backout_mode == "concat-mlp":
+            self.down_w = nn.Parameter(uniform_init_(torch.empty(k, cfg.backout_concat_dim, D)))
+        if "new-embed" in cfg.backout_layers:
+            self.new_embed = nn.Embedding(cfg.vocab_size, D)
+        if cfg.backout_transform != "none":
+            # (cos, relative L2) per source, overwritten by each eval forward: the last validation batch's values.
+            self.register_buffer("similarity", torch.zeros(k, 2))
+
+
+class BackoutMethods:
+    """Backout methods of the study model (mixed into speedrun.model.StudyGPT)."""
+
+    def add_backout(self, cfg):
+        D, k = cfg.model_dim, len(cfg.backout_layers)
+        backout = BackoutParts(cfg)
+        self.study["backout"] = backout
+        frozen = cfg.backout_freeze
+        if cfg.backout_mode == "sum":
+            x_init = torch.tensor(cfg.backout_x_init)
+            if frozen or cfg.backout_fixed_x:
+                backout.register_buffer("x_lambda", x_init)
+            else:
+                self.add_scalars("backout.x", x_init)
+        if cfg.backout_mode in ("sum", "subtract"):
+            skip_init = torch.full((k,), float(cfg.backout_skip_init))
+            if frozen:
+                backout.register_buffer("skip_lambdas", skip_init)
+            else:
+                self.add_scalars("backout.skip", skip_init)
+        elif cfg.backout_mode == "concat-head":
+            # The head reads [norm(x), source 1, ...]: widen the (all-zero) lm head, so the new columns start at
+            # zero and train exactly like the old ones (same Adam group, fp32).
+            rows = self.lm_head_w.size(0)
+            self.lm_head_w = nn.Parameter(torch.zeros(rows, D * (1 + k)))
+            self.extra_param_counts["backout"] = rows * D * k
+        elif cfg.backout_mode == "concat-mlp":
+            old = self.blocks[-1].mlp
+            new = MLP(D, backout_mlp_hidden(cfg), in_dim=D + k * cfg.backout_concat_dim)
+            self.blocks[-1].mlp = new
+            self.extra_param_counts["backout"] = (sum(p.numel() for p in new.parameters())
+                                                  - sum(p.numel() for p in old.parameters()))
+
+    def backout_lambdas(self):
+        """(x_lambda or None, [skip lambda per source]) as 0-dim tensors (0-dim: they keep the activation dtype)."""
+        backout = self.study["backout"]
+        if "backout.x" in self.scalar_layout:
+            x_lambda = self.scalar_slice("backout.x")[0]
+        else:
+            x_lambda = getattr(backout, "x_lambda", None)
+        skips = self.scalar_slice("backout.skip") if "backout.skip" in self.scalar_layout else backout.skip_lambdas
+        return x_lambda, list(skips.unbind(0))
+
+    def backout_mixed(self, outputs, x00, input_seq, normed=True):
+        """The vectors the backout mixes in, one per source: norm(T(source)) (normed) or T(source).
+
+        In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source)) on the
+        first SIMILARITY_TOKENS tokens."""
+        cfg, backout = self.cfg, self.study["backout"]
+        mixed = []
+        for j, name in enumerate(cfg.backout_layers):
+            if name == "embed":
+                source = x00
+            elif name == "new-embed":
+                source = backout.new_embed(input_seq)[None]
+            else:
+                source = outputs[name]
+            t = cfg.backout_transform
+            if t == "detach":
+                moved = source.detach()
+            elif t == "relu":
+                moved = F.relu(source)
+            elif t == "tanh":
+                moved = torch.tanh(source)
+            elif t == "relu-linear":
+                moved = F.linear(F.relu(source), backout.transform_w[j].type_as(source))
+            else:
+                moved = source
+            moved_normed = norm(moved)
+            if t != "none" and not self.training:
+                # The first tokens suffice and keep the fp32 copies small (a val sequence is 262144 tokens).
+                a = norm(source[:, :SIMILARITY_TOKENS].float())
+                b = moved_normed[:, :SIMILARITY_TOKENS].float()
+                cos = F.cosine_similarity(a, b, dim=-1).mean()
+                rel_l2 = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(a).clamp_min(1e-12)
+                backout.similarity[j].copy_(torch.stack([cos, rel_l2]).detach())
+            mixed.append(moved_normed if normed else moved)
+        return mixed
+
+    def backout_head(self, x, outputs, x00, input_seq):
+        cfg = self.cfg
+        if cfg.backout_mode == "concat-head":
+            return torch.cat([norm(x)] + self.backout_mixed(outputs, x00, input_seq), dim=-1)
+        x_lambda, skip_lambdas = self.backout_lambdas()
+        if cfg.backout_mode == "subtract":
+            for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x00, input_seq, normed=False)):
+                x = x - lam * v
+            return norm(x)
+        out = x_lambda * norm(x)
+        for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x00, input_seq)):
+            out = out + lam * v
+        return norm(out) if cfg.backout_norm_after_sum else out
+
+    def backout_mlp_input(self, outputs, x00, input_seq):
+        """concat-mlp: each source's norm(T(source)) projected down to backout_concat_dim, concatenated."""
+        down = self.study["backout"].down_w
+        mixed = self.backout_mixed(outputs, x00, input_seq)
+        return torch.cat([F.linear(v, down[j].type_as(v)) for j, v in enumerate(mixed)], dim=-1)
+
+    def backout_named_scalars(self):
+        cfg, out = self.cfg, {}
+        if "backout" in self.study:
+            backout = self.study["backout"]
+            labels = [name if isinstance(name, str) else f"L{name}" for name in cfg.backout_layers]
+            if cfg.backout_mode in ("sum", "subtract"):
+                x_lambda, skip_lambdas = self.backout_lambdas()
+                if x_lambda is not None:
+                    out["backout.x"] = x_lambda.item()
+                for label, lam in zip(labels, skip_lambdas):
+                    out[f"backout.{label}"] = lam.item()
+            if cfg.backout_transform != "none":
+                for label, (cos, rel_l2) in zip(labels, backout.similarity.tolist()):
+                    out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
+        if cfg.rolling_skip:
+            for i, (a, b) in enumerate(self.scalar_slice("rolling").view(-1, 2).tolist(), start=3):
+                out[f"rolling.L{i}.a"], out[f"rolling.L{i}.b"] = a, b
+        return out
+
+
+BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]
+BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear"]
+
+
+def add_backout_args(parser):
+    g = parser.add_argument_group("backout (docs/backout.md; every flag but --rolling-skip needs --backout-layers)")
+    g.add_argument("--backout-layers", nargs="+", default=None, metavar="SOURCE",
+                   help="sources mixed into the final latents: 0-based layer indices, `embed` (x00) or `new-embed` "
+                        "(a fresh embedding table); comma- or space-separated. The record: 11")
+    g.add_argument("--backout-mode", choices=BACKOUT_MODES, default=None,
+                   help="sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
+                        "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
+                        "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input")
+    g.add_argument("--backout-transform", choices=BACKOUT_TRANSFORMS, default=None,
+                   help="applied to each source before its norm (default none); relu-linear = ReLU then a learned "
+                        "DxD matrix (Muon)")
+    g.add_argument("--backout-x-init", type=float, default=None, help="initial x_lambda (sum mode; default 1.0)")
+    g.add_argument("--backout-skip-init", type=float, default=None,
+                   help="initial lambda of every source (default 0.0 in sum mode, 0.5 in subtract mode)")
+    g.add_argument("--backout-fixed-x", action="store_true", help="x_lambda is a constant (its init), not learned")
+    g.add_argument("--backout-freeze", action="store_true", help="every backout lambda stays at its init")
+    g.add_argument("--backout-norm-after-sum", action="store_true",
+                   help="sum mode: norm(x_lambda*norm(x) + sum_L lambda_L*norm(out[L]))")
+    g.add_argument("--backout-concat-dim", type=int, default=None,
+                   help="concat-mlp: width each source is projected down to (default 128)")
+    g.add_argument("--backout-mlp-ratio", type=float, default=None,
+                   help="concat-mlp: hidden width of the last MLP as a multiple of the model dim (default 1.0)")
+    g.add_argument("--rolling-skip", action="store_true",
+                   help="from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)")
+
+
+def check_backout_args(args):
+    """Validates the backout flags and fills their defaults; args.backout_layers becomes a list of ints/names."""
+    L, last = args.num_layers, args.num_layers - 1
+    if args.rolling_skip and L < 4:
+        raise UsageError(f"--rolling-skip needs at least 4 layers (got --num-layers {L})")
+    dependent = dict(mode=args.backout_mode, transform=args.backout_transform, x_init=args.backout_x_init,
+                     skip_init=args.backout_skip_init, fixed_x=args.backout_fixed_x or None,
+                     freeze=args.backout_freeze or None, norm_after_sum=args.backout_norm_after_sum or None,
+                     concat_dim=args.backout_concat_dim, mlp_ratio=args.backout_mlp_ratio)
+    given = [f"--backout-{k.replace('_', '-')}" for k, v in dependent.items() if v is not None]
+    if not args.backout_layers:
+        if given:
+            raise UsageError(f"{given[0]} needs --backout-layers (no backout source given)")
+        args.backout_layers = []
+        return
+    sources = []
+    for item in ",".join(args.backout_layers).split(","):
+        item = item.strip()
+        if item in ("embed", "new-embed"):
+            source = item
+        else:
+            try:
+                source = int(item)
+            except ValueError:
+                raise UsageError(f"--backout-layers: {item!r} is not a layer index, `embed` or `new-embed`")
+            if not 0 <= source <= last:
+                raise UsageError(f"--backout-layers: layer {source} is outside the model (layers 0..{last})")
+        if source in sources:
+            raise UsageError(f"--backout-layers: {item} is listed twice")
+        sources.append(source)
+    mode = args.backout_mode = args.backout_mode or "sum"
+    transform = args.backout_transform = args.backout_transform or "none"
+    if last in sources and mode in ("sum", "subtract"):
+        raise UsageError(f"--backout-layers: layer {last} is the last layer; mixing out[{last}] into x = out[{last}] "
+                         f"only rescales it (use --backout-mode concat-head for that control)")
+    if last in sources and mode == "concat-mlp":
+        raise UsageError(f"--backout-layers: layer {last} is not computed yet when the last MLP runs (concat-mlp)")
+    if transform == "detach" and "new-embed" in sources:
+        raise UsageError("--backout-transform detach: the new-embed table would never receive a gradient")
+    for flag, value, modes in [("--backout-x-init", args.backout_x_init, ["sum"]),
+                               ("--backout-fixed-x", dependent["fixed_x"], ["sum"]),
+                               ("--backout-norm-after-sum", dependent["norm_after_sum"], ["sum"]),
+                               ("--backout-skip-init", args.backout_skip_init, ["sum", "subtract"]),
+                               ("--backout-freeze", dependent["freeze"], ["sum", "subtract"]),
+                               ("--backout-concat-dim", args.backout_concat_dim, ["concat-mlp"]),
+                               ("--backout-mlp-ratio", args.backout_mlp_ratio, ["concat-mlp"])]:
+        if value is not None and mode not in modes:
+            raise UsageError(f"{flag} does not apply to --backout-mode {mode} (only {'/'.join(modes)})")
+    for flag, value in [("--backout-x-init", args.backout_x_init), ("--backout-skip-init", args.backout_skip_init),
+                        ("--backout-mlp-ratio", args.backout_mlp_ratio)]:
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be finite")
+    if args.backout_concat_dim is not None and args.backout_concat_dim <= 0:
+        raise UsageError("--backout-concat-dim must be positive")
+    if args.backout_mlp_ratio is not None and args.backout_mlp_ratio <= 0:
+        raise UsageError("--backout-mlp-ratio must be positive")
+    args.backout_layers = sources
+    if args.backout_x_init is None:
+        args.backout_x_init = 1.0
+    if args.backout_skip_init is None:
+        args.backout_skip_init = 0.5 if mode == "subtract" else 0.0
+    if args.backout_concat_dim is None:
+        args.backout_concat_dim = 128
+    if args.backout_mlp_ratio is None:
+        args.backout_mlp_ratio = 1.0
+
+
+def backout_config(args):
+    """The ModelConfig fields of the backout flags (args already checked; no sources: the off defaults)."""
+    if not args.backout_layers:
+        return dict(rolling_skip=args.rolling_skip)
+    return dict(backout_layers=tuple(args.backout_layers), backout_mode=args.backout_mode,
+                backout_transform=args.backout_transform, backout_x_init=args.backout_x_init,
+                backout_skip_init=args.backout_skip_init, backout_fixed_x=args.backout_fixed_x,
+                backout_freeze=args.backout_freeze, backout_norm_after_sum=args.backout_norm_after_sum,
+                backout_concat_dim=args.backout_concat_dim, backout_mlp_ratio=args.backout_mlp_ratio,
+                rolling_skip=args.rolling_skip)

@@ -1,0 +1,122 @@
+"""Token shards and the upstream token stream, identical at every world size dividing VIRTUAL_RANKS."""
+
+import glob
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speedrun.errors import UsageError, file_problem
+
+VIRTUAL_RANKS = 8  # upstream's 8 GPUs: the unit of data parallelism every world size reproduces
+BOS_TOKEN = 50256
+
+# A shard: 256 little-endian int32 ([0] magic, [1] version, [2] token count N, the rest zero), then N uint16 tokens.
+HEADER_INTS, MAGIC, VERSION = 256, 20240520, 1
+HEADER_BYTES, TOKEN_BYTES = HEADER_INTS * 4, 2
+
+
+class ShardError(UsageError, ValueError):
+    """A shard (or a pattern meant to find shards) is unusable; the message is one line naming it."""
+
+
+def read_header(path) -> int:
+    """Checks the header of `path` and returns its token count; the payload is not looked at."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ShardError(file_problem(path, e)) from None
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(f"{path}: malformed header: file has {len(raw)} bytes, a header needs {HEADER_BYTES}")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != MAGIC:
+        raise ShardError(f"{path}: wrong magic number {int(header[0])} (expected {MAGIC}); not a token shard")
+    if header[1] != VERSION:
+        raise ShardError(f"{path}: unsupported shard version {int(header[1])} (expected {VERSION})")
+    count = int(header[2])
+    if count < 0:
+        raise ShardError(f"{path}: malformed header: negative token count {count}")
+    return count
+
+
+def validate_shard(path) -> int:
+    """Checks header and file size (exactly header + 2 bytes per token); returns the token count."""
+    path = Path(path)
+    count = read_header(path)
+    expected = HEADER_BYTES + TOKEN_BYTES * count
+    actual = path.stat().st_size
+    if actual < expected:
+        raise ShardError(
+            f"{path}: truncated payload: header says {count} tokens ({expected} bytes in all), file has {actual} bytes"
+        )
+    if actual > expected:
+        raise ShardError(f"{path}: {actual - expected} extra bytes after the {count} tokens the header announces")
+    return count
+
+
+def read_shard(path, pin=False):
+    """The shard's tokens as a uint16 tensor (in pinned memory with pin=True, for asynchronous copies to the GPU)."""
+    count = validate_shard(path)
+    tokens = torch.empty(count, dtype=torch.uint16, pin_memory=pin)
+    try:
+        with open(path, "rb") as f:
+            f.seek(HEADER_BYTES)
+            got = f.readinto(tokens.numpy()) // TOKEN_BYTES
+    except OSError as e:
+        raise ShardError(file_problem(path, e)) from None
+    if got != count:  # the file shrank after the size check
+        raise ShardError(f"{path}: truncated payload: {got} tokens present, header says {count}")
+    return tokens
+
+
+def find_shards(pattern, flag):
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise UsageError(f"{flag}: no files match {pattern!r}")
+    return files
+
+
+class TokenStream:
+    """The upstream stream: files in name order, no wrap-around; each step takes VIRTUAL_RANKS sequences of
+    seq_len(+1) tokens from `pos`, virtual rank v taking [pos + v*T, pos + (v+1)*T + 1)."""
+
+    def __init__(self, files, seq_len, what, device="cpu"):
+        self.files, self.seq_len, self.what = files, seq_len, what
+        self.device = torch.device(device)
+        self.file_index, self.pos, self.tokens = -1, 0, None
+        self._advance_file()
+
+    def _advance_file(self):
+        self.file_index += 1
+        if self.file_index >= len(self.files):
+            raise UsageError(f"{self.what}: ran out of tokens after {len(self.files)} file(s); "
+                             f"download more shards or train for fewer steps")
+        self.tokens, self.pos = read_shard(self.files[self.file_index], pin=self.device.type == "cuda"), 0
+
+    def state(self):
+        return dict(file_index=self.file_index, pos=self.pos)
+
+    def restore(self, state):
+        self.file_index = state["file_index"] - 1
+        self._advance_file()
+        self.pos = state["pos"]
+
+    def next_batch(self, virtual_ranks):
+        """Returns [(inputs, targets)] (int64, on the stream's device) for the given virtual ranks of the next step,
+        and advances the stream. Copies from pinned memory are asynchronous: no host sync per step."""
+        span = VIRTUAL_RANKS * self.seq_len
+        if self.pos + span + 1 >= len(self.tokens):
+            self._advance_file()
+            if span + 1 >= len(self.tokens):
+                raise UsageError(f"{self.files[self.file_index]}: shard has {len(self.tokens)} tokens, "
+                                 f"fewer than one step's {span + 1}")
+        out = []
+        for v in virtual_ranks:
+            start = self.pos + v * self.seq_len
+            chunk = self.tokens[start:start + self.seq_len + 1].to(self.device, non_blocking=True).long()
+            out.append((chunk[:-1], chunk[1:]))
+        self.pos += span
+        return out
+

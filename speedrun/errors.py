@@ -1,0 +1,41 @@
+"""Bad input: one line naming the problem on stderr, exit status 2, before any log is written."""
+
+import argparse
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr and exit status 2, before any log is written."""
+
+
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Shows a flag's default only when it has a real one (None means "preset's value" or "off")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags end the process with one line and exit 2 (not the whole usage text)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def parse_int_flag(value, flag):
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"{flag}: expected an integer, got {value!r}")
+
+
+
+def file_problem(path, error: OSError) -> str:
+    """One line saying why `path` could not be read."""
+    if isinstance(error, FileNotFoundError):
+        return f"{path}: no such file"
+    if isinstance(error, IsADirectoryError):
+        return f"{path}: is a directory, not a file"
+    return f"{path}: cannot read ({error.strerror or error})"

@@ -1,0 +1,213 @@
+"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout,
+rolling skip, LAuReL, DLO), parameter counts and groups, and the generic layer loop (U-net skips, value embeddings,
+masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn as nn
+
+from speedrun.backout import BackoutMethods
+from speedrun.dlo import DLORouters, dlo_layer_pattern
+from speedrun.laurel import attach_laurel, laurel_named_scalars
+from speedrun.layers import dense_window_mask, flex_block_masks, norm
+
+
+@dataclass
+class StudyConfig:
+    """The study-flag fields of a track's ModelConfig; every default means off."""
+    # backout (docs/backout.md): empty backout_layers = off. Entries are layer indices, "embed" or "new-embed".
+    backout_layers: tuple = ()
+    backout_mode: str = "sum"
+    backout_transform: str = "none"
+    backout_x_init: float = 1.0
+    backout_skip_init: float = 0.0
+    backout_fixed_x: bool = False
+    backout_freeze: bool = False
+    backout_norm_after_sum: bool = False
+    backout_concat_dim: int = 128
+    backout_mlp_ratio: float = 1.0
+    rolling_skip: bool = False
+    baseline_layers: int = None  # the preset's layer count: added_params reports extra layers against it
+    # LAuReL (docs/laurel.md); laurel=None is off
+    laurel: str = None
+    laurel_rank: int = 32
+    laurel_k: int = 3
+    laurel_rw_form: str = "softmax"
+    laurel_rw_scale: float = 2.0
+    laurel_pa_h: str = "identity"
+    laurel_where: str = "mlp"
+    laurel_layers: tuple = None
+    # DLO (off when dlo_groups == 0): num_layers is then the expanded depth, dlo_base_layers the checkpoint's.
+    dlo_groups: int = 0
+    dlo_add: int = 0
+    dlo_base_layers: int = 0
+    dlo_score_scale: float = 1.0
+    dlo_threshold: float = 1.0
+    dlo_skip_loss_weight: float = 0.0
+    dlo_train_gating: str = "soft"
+
+
+STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
+TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
+
+
+class StudyGPT(BackoutMethods, nn.Module):
+    """Track-independent part of the GPT. A subclass sets, in its __init__ and in this order: `self.embeds`-like
+    modules, `value_embeds` (ModuleList), `blocks` (ModuleList), `lm_head_w`, the baseline scalars ("unet",
+    "block", "value") with add_scalars, then calls finish_init(). It also provides:
+      layer_pattern(num_layers) (staticmethod): ve_index, num_value_embeds, long_window_layers, no_attention_layer,
+        unet_pairs;
+      track_embedding_params(): its token and value embedding tables;
+      block_matrix_params(block): [(matrix, weight-decay multiplier)] in Muon's order;
+      embed_inputs(input_seq): the embedding streams, the first starts the residual (the backout's "embed");
+      block_scalars(): per-forward tensors indexed by layer, handed to run_block / mix_and_attend;
+      run_block(i, block, x, embeds, ve, mask, scalars, mlp_extra, laurel) and
+      mix_and_attend(i, block, x, embeds, ve, mask, scalars) (everything before the MLP, for DLO);
+      block_named_scalars(): the per-layer scalars under readable names.
+    """
+
+    def __init__(self, cfg, max_seq_len):
+        super().__init__()
+        self.cfg = cfg
+        self.pattern = dlo_layer_pattern(cfg, self.layer_pattern) if cfg.dlo_groups else self.layer_pattern(
+            cfg.num_layers)
+        self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
+        # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
+        self.extra_param_counts = {}
+        # Every learned scalar lives in one vector; `scalar_layout` names the slices.
+        self._scalar_inits, self.scalar_layout = [], {}
+
+    def finish_init(self):
+        """Adds the study variants and builds the scalar vector (after the track's own modules and scalars)."""
+        # Study variants keep their modules here (key = variant name) and their scalars in the shared vector,
+        # so parameter counts, optimiser groups and logging find them without special cases.
+        self.study = nn.ModuleDict()
+        self.add_study_variants(self.cfg)
+        self.scalars = nn.Parameter(torch.cat(self._scalar_inits))
+        del self._scalar_inits
+
+    def add_scalars(self, name, init):
+        """Reserves a named slice of the scalar vector (only during __init__)."""
+        start = sum(t.numel() for t in self._scalar_inits)
+        self._scalar_inits.append(init.float().flatten())
+        self.scalar_layout[name] = (start, start + init.numel())
+
+    def add_study_variants(self, cfg):
+        """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
+        if cfg.backout_layers:
+            self.add_backout(cfg)
+        if cfg.rolling_skip:
+            # Per layer i >= 3: (a, b) in `a*out[i-3] + b*out[i-1]`; (0, 1) is the baseline's input out[i-1].
+            self.add_scalars("rolling", torch.tensor([0.0, 1.0]).repeat(cfg.num_layers - 3))
+        attach_laurel(self, cfg)
+        if cfg.dlo_groups:
+            self.study["dlo"] = DLORouters(cfg)
+
+    def scalar_slice(self, name):
+        a, b = self.scalar_layout[name]
+        return self.scalars[a:b]
+
+    def added_params(self):
+        """Parameters added by each study variant: its modules plus its scalar slices ("name" or "name.*")."""
+        counts = {name: sum(p.numel() for p in module.parameters()) for name, module in self.study.items()}
+        for key, (a, b) in self.scalar_layout.items():
+            variant = key.split(".")[0]
+            if variant not in TRACK_SCALARS:
+                counts[variant] = counts.get(variant, 0) + (b - a)
+        for variant, n in self.extra_param_counts.items():
+            counts[variant] = counts.get(variant, 0) + n
+        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers \
+                and not self.cfg.dlo_groups:  # DLO counts its new layers itself
+            counts["layers"] = self.extra_layer_params()
+        if "dlo" in self.study:  # the expanded layers are added parameters too
+            counts["dlo"] += sum(p.numel() for i in self.pattern["dlo_new_layers"] for p in self.blocks[i].parameters())
+        return counts
+
+    def extra_layer_params(self):
+        """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling)."""
+        base = replace(self.cfg, **STUDY_OFF)
+        with torch.device("meta"):
+            counts = [sum(p.numel() for p in type(self)(replace(base, num_layers=n), max_seq_len=1).parameters())
+                      for n in (self.cfg.num_layers, self.cfg.baseline_layers)]
+        return counts[0] - counts[1]
+
+    def matrix_params(self):
+        """The hidden matrices Muon trains, with their weight-decay multipliers (study matrices: 1)."""
+        out = []
+        for block in self.blocks:
+            out += self.block_matrix_params(block)
+        study_embeds = {id(p) for p in self.study_embedding_params()}
+        out += [(p, 1.0) for p in self.study.parameters() if p.ndim >= 2 and id(p) not in study_embeds]
+        return out
+
+    def study_embedding_params(self):
+        """nn.Embedding tables under self.study train as embeddings (Adam), not as Muon matrices."""
+        return [m.weight for m in self.study.modules() if isinstance(m, nn.Embedding)]
+
+    def embedding_params(self):
+        return self.track_embedding_params() + self.study_embedding_params()
+
+    def masks(self, input_seq, window_blocks):
+        """(long, short) masks for this sequence and window; short is half the long window, at least 1 block."""
+        bs = self.cfg.block_size
+        long_w, short_w = window_blocks, torch.clamp_min(window_blocks // 2, 1)
+        if input_seq.is_cuda:
+            return tuple(flex_block_masks(input_seq, [long_w, short_w], bs))
+        return dense_window_mask(input_seq, long_w, bs), dense_window_mask(input_seq, short_w, bs)
+
+    def hidden_states(self, input_seq, window_blocks, aux_losses=None):
+        """Runs the blocks; returns the final residual, every layer's output, and the embedding the residual
+        started from. Variants that train with an extra loss append it to aux_losses."""
+        pat = self.pattern
+        ve_all = [e(input_seq)[None] for e in self.value_embeds]
+        long_mask, short_mask = self.masks(input_seq, window_blocks)
+        embeds = self.embed_inputs(input_seq)
+        x = x00 = embeds[0]
+        skip_w = self.scalar_slice("unet")
+        scalars = self.block_scalars()
+        skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
+        rolling = self.scalar_slice("rolling").view(-1, 2) if self.cfg.rolling_skip else None
+        concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
+        dlo = self.study["dlo"] if "dlo" in self.study else None
+        dlo_records = []
+        outputs = []
+        laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
+        for i, block in enumerate(self.blocks):
+            if rolling is not None and i >= 3:
+                # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
+                x = rolling[i - 3, 0] * outputs[i - 3] + rolling[i - 3, 1] * x
+            if i in skip_into:
+                j, src = skip_into[i]
+                x = x + skip_w[j] * outputs[src]
+            ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
+            mask = long_mask if i in pat["long_window_layers"] else short_mask
+            if dlo is None:
+                extra = (self.backout_mlp_input(outputs, x00, input_seq)
+                         if concat_mlp and i == len(self.blocks) - 1 else None)
+                x = self.run_block(i, block, x, embeds, ve, mask, scalars, mlp_extra=extra,
+                                   laurel=laurel and laurel.for_layer(i))
+            else:
+                x = dlo.routed_mlp(i, block, self.mix_and_attend(i, block, x, embeds, ve, mask, scalars),
+                                   dlo_records)
+            outputs.append(x)
+        if dlo is not None:
+            dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
+        return x, outputs, x00
+
+    def head_input(self, x, outputs, x00, input_seq=None):
+        if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
+            return self.backout_head(x, outputs, x00, input_seq)
+        return norm(x)
+
+    def named_scalars(self):
+        """Every learned scalar a study plots, under readable names."""
+        out = {}
+        for (src, dst), w in zip(self.pattern["unet_pairs"], self.scalar_slice("unet").tolist()):
+            out[f"skip.L{src}->L{dst}"] = w
+        out.update(self.block_named_scalars())
+        out.update(self.backout_named_scalars())
+        out.update(laurel_named_scalars(self))
+        if "dlo" in self.study:
+            out.update(self.study["dlo"].named_scalars(self))
+        return out

@@ -1,0 +1,193 @@
+"""Muon (Newton-Schulz orthogonalised momentum, owner-sharded across ranks) and the Snoo outer optimiser."""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+# Per-iteration coefficients (the medium track's); the small track uses one constant triple five times.
+NS5_COEFFS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+              (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))
+
+
+def newton_schulz5(g, dtype=torch.bfloat16, coeffs=NS5_COEFFS):
+    """Approximately orthogonalises the last two dims of g (batched over leading dims), in bf16 (upstream)."""
+    x = g.to(dtype)
+    transposed = g.size(-2) > g.size(-1)
+    if transposed:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for a, b, c in coeffs:
+        A = x @ x.mT
+        B = b * A + c * A @ A
+        x = a * x + B @ x
+    return x.mT if transposed else x
+
+
+def fp32_from_bf16_parts(high_bf16, low_bits):
+    """The fp32 value whose top 16 bits are the bf16 parameter and bottom 16 bits the mantissa buffer."""
+    bits = (high_bf16.view(torch.int16).to(torch.int32) << 16) | (low_bits.to(torch.int32) & 0xFFFF)
+    return bits.view(torch.float32)
+
+
+def split_fp32_into_bf16_parts(value_fp32, high_bf16, low_bits):
+    bits = value_fp32.contiguous().view(torch.int32)
+    high_bf16.view(torch.int16).copy_((bits >> 16).to(torch.int16))
+    low_bits.copy_(bits.to(torch.int16))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon with Nesterov momentum, NS5, update smoothing and decoupled weight decay.
+
+    Parameters are sorted by size and taken world_size at a time: each rank updates one and the group is
+    all-gathered, so a parameter's state lives on its owning rank only. bf16 parameters are updated as if fp32 by
+    keeping their low 16 bits in a separate buffer.
+    """
+
+    def __init__(self, params_with_wd_mul, lr, weight_decay, momentum, smoothing=0.2, rank=0, world_size=1,
+                 ns_dtype=torch.bfloat16, ns_coeffs=NS5_COEFFS):
+        params = [p for p, _ in params_with_wd_mul]
+        super().__init__([dict(params=params)], dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
+        self.wd_mul = {p: m for p, m in params_with_wd_mul}
+        self.lr_mul = {}  # per-parameter learning-rate multipliers (DLO's layer-wise rates); absent = 1
+        self.smoothing, self.rank, self.world_size, self.ns_dtype = smoothing, rank, world_size, ns_dtype
+        self.ns_coeffs = ns_coeffs
+        self.ordered = sorted(params, key=lambda p: p.numel(), reverse=True)
+        self.position = {id(p): i for i, p in enumerate(self.ordered)}
+
+    def owner(self, p):
+        return self.position[id(p)] % self.world_size
+
+    def _state(self, p):
+        st = self.state[p]
+        if not st:
+            st["momentum"] = torch.zeros_like(p, dtype=torch.float32)
+            st["smoothed"] = torch.zeros_like(p, dtype=torch.float32)
+            if p.dtype == torch.bfloat16:
+                st["mantissa"] = torch.zeros_like(p, dtype=torch.int16)
+        return st
+
+    def master_value(self, p):
+        st = self._state(p)
+        return fp32_from_bf16_parts(p.data, st["mantissa"]) if "mantissa" in st else p.data.float()
+
+    def write_master(self, p, value_fp32):
+        """Sets p to a fp32 value: truncated to bf16 on every rank (identical everywhere), low bits kept by owner."""
+        if p.dtype == torch.bfloat16:
+            if self.owner(p) == self.rank:
+                split_fp32_into_bf16_parts(value_fp32, p.data, self._state(p)["mantissa"])
+            else:
+                p.data.view(torch.int16).copy_((value_fp32.contiguous().view(torch.int32) >> 16).to(torch.int16))
+        else:
+            p.data.copy_(value_fp32)
+
+    @torch.no_grad()
+    def step(self):
+        group = self.param_groups[0]
+        lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        ws = self.world_size
+        for base in range(0, len(self.ordered), ws):
+            chunk = self.ordered[base:base + ws]
+            if base + self.rank < len(self.ordered):
+                p = self.ordered[base + self.rank]
+                st = self._state(p)
+                g = p.grad.float()
+                st["momentum"].lerp_(g, 1 - mu)
+                update = newton_schulz5(g.lerp(st["momentum"], mu), self.ns_dtype, self.ns_coeffs).float()
+                st["smoothed"].mul_(self.smoothing).add_(update, alpha=1 - self.smoothing)
+                scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
+                value = self.master_value(p)
+                p_lr = lr * self.lr_mul.get(p, 1.0)
+                value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
+                self.write_master(p, value)
+            if ws > 1:
+                self._share(chunk)
+
+    def _share(self, chunk):
+        """Every rank receives the parameters updated by their owners."""
+        self._exchange([q.data for q in chunk])
+
+    def _exchange(self, tensors):
+        """tensors[j] is authoritative on rank j (the owner of position base+j); afterwards on every rank."""
+        if len({t.numel() for t in tensors}) == 1 and len({t.dtype for t in tensors}) == 1:
+            flat = [t.view(-1) for t in tensors]
+            flat += [torch.empty_like(flat[0]) for _ in range(self.world_size - len(tensors))]
+            dist.all_gather(flat, flat[self.rank].clone())
+        else:
+            for j, t in enumerate(tensors):
+                dist.broadcast(t, j)
+
+    def master_values(self):
+        """{id(p): fp32 value} of every matrix on every rank: the bf16 parameter plus its owner's low bits."""
+        out = {}
+        for base in range(0, len(self.ordered), self.world_size):
+            chunk = self.ordered[base:base + self.world_size]
+            lows = []
+            for p in chunk:
+                st = self.state.get(p, {})
+                owned = self.owner(p) == self.rank and "mantissa" in st
+                lows.append(st["mantissa"] if owned else torch.zeros_like(p, dtype=torch.int16))
+            if self.world_size > 1 and any(p.dtype == torch.bfloat16 for p in chunk):
+                lows = [t.clone() for t in lows]
+                self._exchange([t.view(torch.bfloat16) for t in lows])  # same bits; gloo has no int16
+            for p, low in zip(chunk, lows):
+                out[id(p)] = fp32_from_bf16_parts(p.data, low) if p.dtype == torch.bfloat16 else p.data.float()
+        return out
+
+    def full_state(self):
+        """This rank's owned states keyed by position in the sort order (merged across ranks by the caller)."""
+        return {i: {k: v.clone() for k, v in self.state[p].items()} for i, p in enumerate(self.ordered)
+                if self.state.get(p)}
+
+    def load_full_state(self, merged):
+        self.state.clear()
+        for i, p in enumerate(self.ordered):
+            if i in merged and self.owner(p) == self.rank:
+                self.state[p] = {k: v.clone().to(p.device) for k, v in merged[i].items()}
+
+
+class Snoo:
+    """Outer optimiser: every `every`-th call (the first call included) treats (old - new) as a gradient, resets
+    the parameters to the old copy and takes a Nesterov SGD step from there. The old copy is kept in fp32 and is
+    identical on every rank.
+
+    `read_all()` gives the parameters' current fp32 values (for bf16 Muon matrices, the full-precision master, so
+    the truncated bf16 copy is not mistaken for motion), `write(p, v)` stores a fp32 value into p, and
+    `stored(p, v)` is what p then holds, so (old - new) compares like with like."""
+
+    def __init__(self, params, lr=0.68, momentum=0.37, every=28, write=None, stored=None, read_all=None):
+        self.params, self.lr, self.momentum, self.every = list(params), lr, momentum, every
+        self.write = write or (lambda p, v: p.data.copy_(v))
+        self.stored = stored or (lambda p, v: v.to(p.dtype).float())
+        self.read_all = read_all or (lambda: [p.detach().float() for p in self.params])
+        self.old = [p.detach().float().clone() for p in self.params]
+        self.buf = [None] * len(self.params)
+        self.calls = 0
+
+    def fires(self, call_index):
+        return call_index % self.every == 0
+
+    @torch.no_grad()
+    def step(self):
+        fired = self.fires(self.calls)
+        self.calls += 1
+        if not fired:
+            return False
+        for i, (p, current) in enumerate(zip(self.params, self.read_all())):
+            grad = self.stored(p, self.old[i]) - current
+            buf = grad.clone() if self.buf[i] is None else self.buf[i].mul_(self.momentum).add_(grad)
+            self.buf[i] = buf
+            self.old[i].sub_(grad.add(buf, alpha=self.momentum), alpha=self.lr)
+            self.write(p, self.old[i])
+        return True
+
+    def state_dict(self):
+        return dict(old=[t.clone() for t in self.old], buf=[None if b is None else b.clone() for b in self.buf],
+                    calls=self.calls)
+
+    def load_state_dict(self, sd):
+        dev = self.params[0].device
+        self.old = [t.clone().to(dev) for t in sd["old"]]
+        self.buf = [None if b is None else b.clone().to(dev) for b in sd["buf"]]
+        self.calls = sd["calls"]
+

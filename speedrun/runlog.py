@@ -1,0 +1,83 @@
+"""The run log (contracts section 3): sources, environment, config, step lines; rank 0 only, flushed per line."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from speedrun.distributed import Dist
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+RULE = "=" * 100
+
+
+class RunLog:
+    """Rank 0 writes the run log line by line (flushed); other ranks write nothing."""
+
+    def __init__(self, path, enabled):
+        self.enabled, self.path, self.lines = enabled, path, []
+        self.file = None
+        if enabled:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "w")
+
+    def write(self, line, echo=True, keep=False):
+        if not self.enabled:
+            return
+        self.file.write(line + "\n")
+        self.file.flush()
+        if keep:
+            self.lines.append(line)
+        if echo:
+            print(line, flush=True)
+
+    def close(self):
+        if self.file:
+            self.file.close()
+
+
+def environment_lines(ddp: Dist):
+    lines = [f"Running Python {sys.version}", f"Running PyTorch {torch.__version__}"
+             + (f" compiled for CUDA {torch.version.cuda}" if torch.version.cuda else "")]
+    if ddp.device.type == "cuda":
+        try:
+            lines.append(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip())
+        except (OSError, subprocess.SubprocessError):
+            lines.append(f"GPU: {torch.cuda.get_device_name(ddp.device)}")
+    else:
+        lines.append(f"Hardware: CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    return lines
+
+
+def package_sources():
+    """(relative name, text) of every speedrun module this process imported, in name order."""
+    files = set()
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if (name == "speedrun" or name.startswith("speedrun.")) and path:
+            files.add(Path(path).resolve())
+    return [(f"speedrun/{f.name}", f.read_text()) for f in sorted(files) if f.parent == PACKAGE_DIR]
+
+
+def write_sources(log: RunLog, script_path):
+    """The script's source (no header, as upstream), then each package module under `==> speedrun/NAME.py <==`."""
+    log.write(Path(script_path).read_text().rstrip("\n"), echo=False)
+    for name, text in package_sources():
+        log.write(f"==> {name} <==", echo=False)
+        log.write(text.rstrip("\n"), echo=False)
+
+
+def write_preamble(log: RunLog, script_path, ddp: Dist, config, extra_lines=()):
+    """Everything before the step lines: sources, a rule, environment and config lines, a rule."""
+    write_sources(log, script_path)
+    log.write(RULE, echo=False)
+    for line in environment_lines(ddp):
+        log.write(line, echo=False)
+    log.write("config: " + json.dumps(config, sort_keys=True))
+    for line in extra_lines:
+        log.write(line)
+    log.write(RULE, echo=False)
