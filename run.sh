@@ -2,7 +2,7 @@
 # Front door of the project.
 #   ./run.sh                      set up (if needed) and run the main job: on CUDA GPUs the record study (its
 #                                 FineWeb shards downloaded first when missing), elsewhere the CPU demo
-#   ./run.sh demo                 the CPU demo study, on any machine
+#   ./run.sh demo [options]       the CPU demo study, on any machine (options as for a study)
 #   ./run.sh gpu-check            qualify a CUDA node in minutes: a few full-size steps of each training script
 #                                 and FlexAttention against the dense mask, as a pass/fail table
 #   ./run.sh STUDY [options]      run a study of ablations/ and write its report (options: python -m ablations run -h)
@@ -96,17 +96,20 @@ main_job() {
     exec "$PY" -m ablations run record --nproc "$nproc" --report
 }
 
-# The demo study on the CPU with the bundled demo text; $1 says why it is the main job here (empty: asked for).
+# The demo study on the CPU with the bundled demo text; $1 says why it is the main job here (empty: asked for),
+# further arguments go to the runner.
 demo_job() {
+    local why=$1
+    shift
     setup_python
-    echo "run.sh: ${1:+main job: }the demo study on the CPU with the bundled demo data${1:+, because $1};" \
+    echo "run.sh: ${why:+main job: }the demo study on the CPU with the bundled demo data${why:+, because $why};" \
          "then its report and result in runs/demo/"
     # Small CPU runs go faster side by side, one thread each, than one after the other on all cores.
     local parallel
     # (nproc would count OMP_NUM_THREADS instead of the cores when it is set.)
     parallel=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
     [ "$parallel" -gt 4 ] && parallel=4
-    exec "$PY" -m ablations run demo --gpus 0 --parallel "$parallel" --report
+    exec "$PY" -m ablations run demo --gpus 0 --parallel "$parallel" --report "$@"
 }
 
 gpu_check() {
@@ -148,7 +151,8 @@ case "${1:-}" in
         main_job
         ;;
     demo)
-        demo_job ""
+        shift
+        demo_job "" "$@"
         ;;
     gpu-check)
         shift

@@ -91,10 +91,11 @@ def test_without_a_gpu_the_main_job_is_the_demo_one_run_per_core(checkout, tmp_p
 
 
 def test_demo_runs_the_demo_on_a_gpu_node_too(checkout, tmp_path):
-    result, calls = run_sh(checkout, tmp_path, "demo", gpus=8)
+    result, calls = run_sh(checkout, tmp_path, "demo", "--seeds", "0", gpus=8)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("run.sh: the demo study on the CPU") and "because" not in result.stdout
     assert study_calls(calls)[0].startswith("-m ablations run demo --gpus 0")
+    assert study_calls(calls)[0].endswith("--report --seeds 0")
 
 
 def test_gpu_node_without_shards_downloads_them_then_runs_the_record_study(checkout, tmp_path, hub):
