@@ -102,37 +102,6 @@ def softcap(logits):
     return 15 * logits * torch.rsqrt(logits.square() + 225)
 
 
-class SoftcappedCrossEntropy(torch.autograd.Function):
-    """sum of cross_entropy(softcap(logits), targets), forward and backward in a few in-place passes over the
-    [tokens, vocab] logits. On the CPU the autograd graph of the two makes about twenty passes, each allocating a
-    fresh tensor of the logits' size: at 64 tokens per micro-step and a 50k vocabulary they dominated the tiny
-    preset's step. (On CUDA the compiled model fuses the plain expression instead.)"""
-
-    @staticmethod
-    def forward(ctx, logits, targets):
-        scale = logits.square().add_(225).rsqrt_()  # softcap(z) = 15 z (z^2 + 225)^-1/2
-        capped = scale.mul(logits).mul_(15)
-        log_norm = torch.logsumexp(capped, dim=-1, keepdim=True)
-        loss = (log_norm.squeeze(-1) - capped.gather(-1, targets[:, None]).squeeze(-1)).sum()
-        ctx.save_for_backward(capped, scale, log_norm, targets)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        capped, scale, log_norm, targets = ctx.saved_tensors
-        grad = capped.sub_(log_norm).exp_()  # softmax, in the buffer of the capped logits (used once)
-        grad[torch.arange(len(targets)), targets] -= 1
-        # d softcap(z) / dz = 15 * 225 * (z^2 + 225)^-3/2
-        return grad.mul_(scale.pow_(3)).mul_(3375 * grad_loss), None
-
-
-def softcapped_cross_entropy(logits, targets):
-    """Summed over the tokens; the hand-fused version off CUDA (both give the same values)."""
-    if logits.is_cuda:
-        return F.cross_entropy(softcap(logits), targets, reduction="sum")
-    return SoftcappedCrossEntropy.apply(logits, targets)
-
-
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, has_attention, max_seq_len):
         super().__init__()
@@ -209,7 +178,8 @@ class GPT(StudyGPT):
         x = self.head_input(x, outputs, x00, input_seq)
         total = x.new_zeros((), dtype=torch.float32)
         for xc, tc in zip(x[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
-            total = total + softcapped_cross_entropy(F.linear(xc, self.lm_head_w.type_as(xc)).float(), tc)
+            logits = softcap(F.linear(xc, self.lm_head_w.type_as(xc)).float())
+            total = total + F.cross_entropy(logits, tc, reduction="sum")
         loss = total / target_seq.numel()
         for extra in aux_losses:
             loss = loss + extra
@@ -373,8 +343,7 @@ def run(args, ddp: Dist):
         if ddp.world_size > 1:
             dist.broadcast(p.data, 0)
     # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
-    # Fused Adam on the CPU too: one pass over the 50k-row embedding tables instead of one per operation.
-    opt = Optimizers(model, ddp.rank, ddp.world_size, fused_adam=True, ns_dtype=low)
+    opt = Optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low)
     compiled = args.compile == "on" or (args.compile == "auto" and ddp.device.type == "cuda")
     if compiled:
         import torch._inductor.config as inductor_config
