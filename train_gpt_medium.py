@@ -25,7 +25,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from speedrun.backout import add_backout_args, backout_config, check_backout_args  # noqa: E402
-from speedrun.checkpoint import cast_model, load_checkpoint, load_model_weights, save_checkpoint  # noqa: E402
+from speedrun.checkpoint import (cast_model, load_checkpoint, load_model_weights, load_resume_state,  # noqa: E402
+                                 run_schedule_clock, save_checkpoint)
 from speedrun.cli import make_parser, resolve_shared_args, run_main  # noqa: E402
 from speedrun.data import TokenStream, find_shards, read_shard  # noqa: E402
 from speedrun.distributed import Dist  # noqa: E402
@@ -323,12 +324,12 @@ def run(args, ddp: Dist):
     cfg = model_config(args)
     train_files = find_shards(args.train_files, "--train-files")
     find_shards(args.val_files, "--val-files")
-    for f in train_files[:1]:
-        read_shard(f)
+    read_shard(train_files[0])  # its token ids, before the log starts
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
-    resume_state = load_checkpoint(args.resume) if args.resume else None
+    resume_state = load_resume_state(args)
     init_state = load_checkpoint(args.init_from) if args.init_from else None
+    schedule_at = run_schedule_clock(args, init_state, resume_state)
 
     torch.manual_seed(args.seed)
     model = GPT(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(ddp.device)
@@ -395,7 +396,7 @@ def run(args, ddp: Dist):
         is_last = step == last_step
         # A tensor, so the compiled model is not specialised on (and recompiled for) each window size; one per
         # value, made once, so no step waits on a host-to-device copy.
-        blocks = window_blocks_at(step, N, cfg)
+        blocks = window_blocks_at(*schedule_at(step), cfg)
         if blocks not in window_tensors:
             window_tensors[blocks] = torch.tensor(blocks, device=ddp.device)
         window = window_tensors[blocks]
@@ -411,7 +412,7 @@ def run(args, ddp: Dist):
         dlo_before_step(model, args, step)
         train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp)
         dlo_after_step(model, opt, args, ddp)
-        opt.step(step, N)
+        opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log_train_step(log, step + 1, N, elapsed)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < last_step:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from .errors import StudyError
 from .progress import Reporter
-from .runstate import read_lock_info, read_progress, run_paths, run_state
+from .runstate import log_config, log_is_complete, read_lock_info, read_progress, run_paths, run_state
 from .runner import Options, detect_gpus, launch_command, run_study
+from .staleness import ConfigCheck
 from .slurm import SlurmOptions, batch_script, nodes_for, write_batch_script
-from .study import (Study, check_flags, describe_studies, load_study, parse_seeds, parse_sets, select_arms)
+from .study import (Study, check_flags, check_world_size, describe_studies, load_study, parse_seeds, parse_sets,
+                    select_arms)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,6 +96,9 @@ def _launch_options(parser: argparse.ArgumentParser) -> None:
                         help="torchrun (default) or plain python (single-process runs only)")
     parser.add_argument("--no-resume", action="store_true",
                         help="restart unfinished runs from scratch even when a checkpoint exists")
+    parser.add_argument("--redo-stale", action="store_true",
+                        help="complete runs made with other flags than the study now asks (it was edited): set "
+                             "their logs aside and run them again (default: refuse to start)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ablations: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # read-only or deleted folders, a full disk: one line, never a traceback
+        print(f"ablations: error: {os_problem(e)}", file=sys.stderr)
+        return 2
+
+
+def os_problem(error: OSError) -> str:
+    """`path: reason` for an OSError (both paths of a failed rename)."""
+    where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+    reason = error.strerror or str(error)
+    return f"{where}: {reason}" if where else reason
 
 
 def cmd_list(_args) -> int:
@@ -125,10 +140,9 @@ def _load(args) -> Study:
 def _with_nproc(study: Study, args) -> Study:
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
-        if nproc < 1:
-            raise StudyError("--nproc must be at least 1")
         if study.launcher == "python" and nproc != 1:
             study.launcher = "torchrun"  # several processes per run need torchrun
+        check_world_size(nproc, study.launcher, "--nproc")
         study.nproc = nproc
     return study
 
@@ -144,6 +158,23 @@ def _gpu_ids(study: Study, requested: int | None, nnodes: int = 1) -> list[str]:
                          f"{len(found)} GPU(s); use a bigger node, `--gpus 0` for CPU processes, or "
                          f"`python -m ablations slurm {study.name}`")
     return found
+
+
+def _config_check(study: Study, runs, module, args) -> ConfigCheck:
+    """Refuses, in one line, to start a study whose complete runs were made with other flags than it now asks,
+    unless --redo-stale; the runner redoes those and never resumes a checkpoint made with other flags."""
+    check = ConfigCheck(module, study, args.runs_dir)
+    stale = []
+    for run in runs:
+        log = run_paths(args.runs_dir, run.study, run.arm, run.seed).log
+        difference = check.difference(run, log_config(log)) if log_is_complete(log) else None
+        if difference is not None:
+            stale.append(f"{run.arm}/seed{run.seed} was made with {difference}")
+    if stale and not args.redo_stale:
+        raise StudyError(f"{len(stale)} complete run(s) of study {study.name} differ from the study now "
+                         f"({stale[0]}); pass --redo-stale to set their logs aside and run them again, or undo the "
+                         f"edit")
+    return check
 
 
 def _options(args, study: Study, nnodes: int = 1) -> Options:
@@ -162,15 +193,19 @@ def _options(args, study: Study, nnodes: int = 1) -> Options:
 def cmd_run(args) -> int:
     study = _load(args)
     runs = study.runs(args.runs_dir, select_arms(study, args.arms))
-    check_flags(study, runs, args.runs_dir)
+    module = check_flags(study, runs, args.runs_dir)
     options = _options(args, study)
     if args.dry_run:
+        check = ConfigCheck(module, study, args.runs_dir)
         for run in runs:
             paths = run_paths(args.runs_dir, run.study, run.arm, run.seed)
             state = run_state(paths)
+            if state == "done" and check.difference(run, log_config(paths.log)) is not None:
+                state = "stale"
             resume = paths.checkpoint if options.resume and paths.checkpoint.exists() else None
             print(f"{state:<8} {' '.join(launch_command(study, run, options, resume))}")
         return 0
+    options.config_check = _config_check(study, runs, module, args)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
     reporter.line("begin", f"{study.path} - {study.description}")
     code = run_study(study, runs, options, reporter)
@@ -205,9 +240,10 @@ def cmd_run_one(args) -> int:
         raise StudyError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT")
     study.seeds = [args.seed]
     runs = study.runs(args.runs_dir, [args.arm])
-    check_flags(study, runs, args.runs_dir)
+    module = check_flags(study, runs, args.runs_dir)
     options = _options(args, study, nnodes=args.nnodes)
     options.wait_for_others = False
+    options.config_check = _config_check(study, runs, module, args)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
     return run_study(study, runs, options, reporter)
 

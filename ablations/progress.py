@@ -27,15 +27,26 @@ class Reporter:
         self.study = study
         self.log_file = log_file
         self.stream = stream if stream is not None else sys.stdout
-        if log_file is not None:
-            log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.appended = False  # whether a line reached the log file yet
+        self.log_problem: str | None = None  # set once appending failed: lines then go to the stream only
 
     def line(self, event: str, text: str) -> None:
         message = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.study} {event:<8} {text}"
         print(message, file=self.stream, flush=True)
-        if self.log_file is not None:
+        if self.log_file is None or self.log_problem is not None:
+            return
+        try:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)  # the study folder may have been deleted
             with open(self.log_file, "a", encoding="utf-8") as f:
                 f.write(message + "\n")
+            self.appended = True
+        except OSError as e:
+            if not self.appended:  # the study's folder cannot be written at all: refused before any run starts
+                raise OSError(e.errno, e.strerror, e.filename or str(self.log_file)) from None
+            # Runs already going are worth more than the log: say so once and carry on.
+            self.log_problem = e.strerror or str(e)
+            print(f"warning: cannot append to {self.log_file} ({self.log_problem}); progress lines go to the "
+                  f"terminal only from here", file=sys.stderr, flush=True)
 
 
 class StepClock:

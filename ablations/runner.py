@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from .progress import Reporter, StepClock, duration
-from .runstate import (LogFollower, RunLock, RunPaths, is_running, keep_aside, log_is_complete, process_marker,
-                       run_paths)
+from .runstate import (RUN_TOKEN_VARIABLE, LogFollower, RunLock, RunPaths, checkpoint_config, end_processes, is_running,
+                       keep_aside, log_config, log_is_complete, new_run_token, run_paths, set_aside)
+from .staleness import ConfigCheck
 from .study import Run, Study, describe_run, runner_flags
 
 PR_SET_PDEATHSIG = 1
@@ -48,6 +49,7 @@ class Options:
     grace_s: float = 15.0              # how long stopped children get between SIGTERM and SIGKILL
     poll_s: float = 0.25
     progress_every_s: float = 30.0     # training-step progress lines at most this often (validations always)
+    config_check: ConfigCheck | None = None  # redoes complete runs and skips checkpoints made with other flags
 
 
 def detect_gpus() -> list[str]:
@@ -97,6 +99,8 @@ class Active:
     lock: RunLock
     process: subprocess.Popen
     gpus: list[str]
+    token: str  # in the environment of every process of the launch, torchrun's workers included
+    resumed_from: Path | None
     follower: LogFollower
     clock: StepClock
     started: float
@@ -138,7 +142,7 @@ class StudyRunner:
     def execute(self) -> int:
         pending = []
         for run in self.runs:
-            if log_is_complete(run_paths(self.options.runs_dir, run.study, run.arm, run.seed).log):
+            if self._is_done(run, run_paths(self.options.runs_dir, run.study, run.arm, run.seed)):
                 self.outcome[describe_run(run)] = "done-before"
             else:
                 pending.append(run)
@@ -161,6 +165,10 @@ class StudyRunner:
             self._stop_all()
             self._summary(pending, interrupted=True)
             return 128 + (self.stop_signal or signal.SIGTERM)
+        except OSError as e:  # a folder gone read-only or deleted, a full disk: stop the runs before saying so
+            self.stop_signal = signal.SIGTERM
+            self._stop_all(f"cannot write {e.filename or 'a file of the study'} ({e.strerror or e})")
+            raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -188,7 +196,7 @@ class StudyRunner:
             if not self.has_capacity():
                 return
             paths = run_paths(self.options.runs_dir, run.study, run.arm, run.seed)
-            if log_is_complete(paths.log):
+            if self._is_done(run, paths):
                 pending.remove(run)
                 self.outcome[key] = "done-elsewhere"
                 continue
@@ -202,7 +210,7 @@ class StudyRunner:
                     self.outcome[key] = "running-elsewhere"
                     self.reporter.line("elsewhere", f"{key} is running in another process; leaving it")
                 continue
-            if log_is_complete(paths.log):  # finished by another runner just before we locked it
+            if self._is_done(run, paths):  # finished by another runner just before we locked it
                 lock.release()
                 pending.remove(run)
                 self.outcome[key] = "done-elsewhere"
@@ -210,19 +218,43 @@ class StudyRunner:
             pending.remove(run)
             self._launch(run, paths, lock)
 
+    def _difference(self, run: Run, recorded: dict | None) -> str | None:
+        check = self.options.config_check
+        return check.difference(run, recorded) if check is not None else None
+
+    def _is_done(self, run: Run, paths: RunPaths) -> bool:
+        """A complete log made with the flags the study asks now (a stale one is redone: the command line refused
+        to start unless asked to)."""
+        return log_is_complete(paths.log) and self._difference(run, log_config(paths.log)) is None
+
     def _launch(self, run: Run, paths: RunPaths, lock: RunLock) -> None:
         key = describe_run(run)
         paths.failed_marker.unlink(missing_ok=True)
         notes = []
-        kept = keep_aside(paths)
-        if kept is not None:
-            notes.append(f"unfinished log kept aside as {kept.name}")
+        for leftover in paths.log_dir.glob(f"{paths.checkpoint.name}.tmp*"):
+            leftover.unlink()  # a save killed half-way; the lock is ours, so nothing of the run is writing it
+        recorded = log_config(paths.log)
+        if log_is_complete(paths.log):
+            notes.append(f"log made with {self._difference(run, recorded)} set aside as "
+                         f"{set_aside(paths, paths.log, 'stale').name}")
+        else:
+            kept = keep_aside(paths)
+            if kept is not None:
+                notes.append(f"unfinished log kept aside as {kept.name}")
         resume_from = paths.checkpoint if self.options.resume and paths.checkpoint.exists() else None
         if resume_from is not None:
-            notes.append(f"resuming from {resume_from}")
+            stale = self._difference(run, checkpoint_config(resume_from) or recorded)
+            if stale is not None:
+                # Resuming would continue another schedule into this run's log (step lines of two lengths).
+                notes.append(f"checkpoint made with {stale} set aside as "
+                             f"{set_aside(paths, resume_from, 'stale').name}; starting afresh")
+                resume_from = None
+            else:
+                notes.append(f"resuming from {resume_from}")
         command = launch_command(self.study, run, self.options, resume_from)
         gpus = []
-        env = dict(os.environ)
+        token = new_run_token()
+        env = dict(os.environ, **{RUN_TOKEN_VARIABLE: token})
         if self.options.gpu_ids and self.options.nnodes == 1:
             gpus, self.free_gpus = self.free_gpus[:self.study.nproc], self.free_gpus[self.study.nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -245,10 +277,10 @@ class StudyRunner:
                 self.free_gpus += gpus
                 self._record_failure(run, paths, f"could not start: {e}", None)
                 return
-        lock.record(state="running", pid=process.pid, pgid=process.pid, command=command,
-                    marker=process_marker(str(paths.log_dir), paths.run_name))
+        lock.record(state="running", pid=process.pid, pgid=process.pid, command=command, token=token)
         now = time.time()
-        self.active.append(Active(run, paths, lock, process, gpus, LogFollower(paths.log), StepClock(now), now))
+        self.active.append(Active(run, paths, lock, process, gpus, token, resume_from, LogFollower(paths.log),
+                                  StepClock(now), now))
         position = self.runs.index(run) + 1
         self.reporter.line("start", f"{key} [{position}/{len(self.runs)}] pid {process.pid}"
                                     + (f" ({'; '.join(notes)})" if notes else ""))
@@ -282,6 +314,9 @@ class StudyRunner:
                                    f"elapsed {duration(now - active.started)} eta {duration(eta)}")
 
     def _finish(self, active: Active, code: int) -> None:
+        # Workers outliving their agent (torchrun killed with SIGKILL) die before the lock is let go, so the run can
+        # never be started again while part of it still runs.
+        leftovers = end_processes(active.token)
         self.active.remove(active)
         self.free_gpus += active.gpus
         key = describe_run(active.run)
@@ -296,6 +331,11 @@ class StudyRunner:
             self.reporter.line("done", f"{key} in {duration(elapsed)}{loss}{warning}; {self._tally()}")
         elif self.stop_signal is None:
             why = f"exit status {code}" if code != 0 else "exited without finishing its log"
+            if leftovers:
+                why += f"; killed {len(leftovers)} of its processes left running"
+            if active.resumed_from is not None:
+                why += (f" (it resumed from {active.resumed_from.name}: if that checkpoint is damaged, run again "
+                        f"with --no-resume)")
             self._record_failure(active.run, active.paths, why, elapsed)
         active.lock.release()
 
@@ -306,6 +346,7 @@ class StudyRunner:
         marker = {"time": time.time(), "why": why, "reason": reason, "output": str(paths.output),
                   "last_output": lines[-5:]}
         tmp = paths.failed_marker.with_suffix(".failed.tmp")
+        paths.log_dir.mkdir(parents=True, exist_ok=True)  # the study folder may have been deleted meanwhile
         tmp.write_text(json.dumps(marker) + "\n")
         os.replace(tmp, paths.failed_marker)
         self.outcome[key] = "failed"
@@ -316,7 +357,7 @@ class StudyRunner:
 
     def _follow_watched(self, pending: list[Run]) -> None:
         for key, watched in list(self.watched.items()):
-            if is_running(watched.paths):
+            if is_running(watched.paths, count_leftovers=False):  # leftovers die when the lock is taken
                 continue
             del self.watched[key]
             if log_is_complete(watched.paths.log):
@@ -342,9 +383,10 @@ class StudyRunner:
         return text
 
     # ----- stopping -----------------------------------------------------------------------------------------------
-    def _stop_all(self) -> None:
-        name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal"
-        self.reporter.line("stopping", f"got {name}: stopping {len(self.active)} running run(s); "
+    def _stop_all(self, why: str | None = None) -> None:
+        if why is None:
+            why = f"got {signal.Signals(self.stop_signal).name if self.stop_signal else 'a signal'}"
+        self.reporter.line("stopping", f"{why}: stopping {len(self.active)} running run(s); "
                                        f"run the same command again to continue")
         for active in self.active:
             _signal_group(active.process.pid, signal.SIGTERM)
@@ -353,8 +395,7 @@ class StudyRunner:
         while any(a.process.poll() is None for a in self.active) and time.time() < asked + self.options.grace_s:
             time.sleep(0.1)
         for active in list(self.active):
-            # SIGKILL the whole group: also torchrun workers that outlived their parent.
-            _signal_group(active.process.pid, signal.SIGKILL)
+            _signal_group(active.process.pid, signal.SIGKILL)  # _finish also ends workers outside the group
             active.process.wait()
             self._finish(active, active.process.returncode)
 

@@ -6,6 +6,7 @@ on one machine or on the nodes of a cluster sharing the folder) can pick up wher
     <runs>/<study>/<arm>/seed<k>.txt                      the run log (complete iff its last line is the peak memory line)
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
+    <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
     <runs>/<study>/<arm>/seed<k>.out                      the process output of every attempt (for failures)
     <runs>/<study>/<arm>/seed<k>.failed                   written when an attempt exited with an error
     <runs>/<study>/<arm>/seed<k>.lock                     flock()ed while a process of the run is alive
@@ -19,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -88,18 +90,62 @@ def log_is_complete(path: Path) -> bool:
     return line is not None and line.startswith(COMPLETE_PREFIX)
 
 
-def keep_aside(paths: RunPaths) -> Path | None:
-    """Renames an unfinished log out of the way (never deletes it); returns its new name."""
-    if not paths.log.exists():
-        return None
+def set_aside(paths: RunPaths, path: Path, reason: str) -> Path:
+    """Renames one file of a run out of the way (never deletes it) as <run>.<reason>-<time><suffix>; returns the
+    new name. Analysis never reads logs named so (analysis/logs.py)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1, 1000):
         suffix = stamp if attempt == 1 else f"{stamp}-{attempt}"
-        target = paths.log_dir / f"{paths.run_name}.unfinished-{suffix}.txt"
+        target = paths.log_dir / f"{paths.run_name}.{reason}-{suffix}{path.suffix}"
         if not target.exists():
-            os.replace(paths.log, target)
+            os.replace(path, target)
             return target
-    raise OSError(f"cannot find a free name to keep {paths.log} aside")
+    raise OSError(f"cannot find a free name to set {path} aside")
+
+
+def keep_aside(paths: RunPaths) -> Path | None:
+    """Renames an unfinished log out of the way; returns its new name."""
+    return set_aside(paths, paths.log, "unfinished") if paths.log.exists() else None
+
+
+def log_config(path: Path) -> dict | None:
+    """The `config: {json}` line of a run log (in the section between its last two separator lines; the source
+    above them may hold look-alike text), or None when the log has none yet."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    separators = [i for i, line in enumerate(lines) if line == SEPARATOR]
+    if not separators:
+        return None
+    start = separators[-2] if len(separators) > 1 else separators[-1]
+    end = separators[-1] if len(separators) > 1 else len(lines)
+    for line in lines[start + 1:end]:
+        if line.startswith("config: {"):
+            try:
+                config = json.loads(line[len("config: "):])
+            except ValueError:
+                return None
+            return config if isinstance(config, dict) else None
+    return None
+
+
+def checkpoint_config(path: Path) -> dict | None:
+    """The config a checkpoint was saved with (the training script's `config` entry), or None when it has none or
+    cannot be read (the training script then names the problem itself)."""
+    try:
+        with open(path, "rb") as f:
+            is_json = f.read(1) == b"{"  # the stand-in script of the tests keeps JSON checkpoints
+        if is_json:
+            state = json.loads(path.read_text())
+        else:
+            import torch  # noqa: PLC0415 (only needed when a torch checkpoint is about to be resumed)
+
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001 (any unreadable checkpoint: no config to compare)
+        return None
+    config = state.get("config") if isinstance(state, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 @dataclasses.dataclass
@@ -172,34 +218,60 @@ def _boot_id() -> str:
         return ""
 
 
-def _process_group_runs(pgid: int, marker: str) -> bool:
-    """True when a live process of group pgid has `marker` (the run's log path) in its command line (Linux)."""
+RUN_TOKEN_VARIABLE = "ABLATIONS_RUN_TOKEN"
+
+
+def new_run_token() -> str:
+    """A value unique to one launch; every process of the launch inherits it in its environment."""
+    return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+
+
+def processes_with_token(token: str) -> list[int]:
+    """Live processes on this machine whose environment carries `token` (Linux /proc; empty elsewhere).
+
+    torchrun starts its workers in sessions of their own, so neither the launch's process group nor the lock
+    reaches them; the environment they inherit does."""
     proc = Path("/proc")
-    if not proc.is_dir():
-        return False
+    if not token or not proc.is_dir():
+        return []
+    needle = f"{RUN_TOKEN_VARIABLE}={token}".encode()
+    found = []
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            stat = (entry / "stat").read_text()
-            # Field 5 (pgrp) follows the parenthesised command name, which may itself hold spaces.
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) != pgid or fields[0] == "Z":
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace") + " "
-        except (OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone, or another user's process
             continue
-        if marker in cmdline:
-            return True
-    return False
+        if stat[stat.rindex(")") + 2:].split()[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def end_processes(token: str, timeout_s: float = 10.0) -> list[int]:
+    """SIGKILLs every live process of a launch (e.g. workers whose torchrun agent died) and waits until they are
+    gone; returns the pids it killed."""
+    killed = processes_with_token(token)
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + timeout_s
+    while processes_with_token(token) and time.time() < deadline:
+        time.sleep(0.05)
+    return killed
 
 
 class RunLock:
     """An exclusive flock() on <run>.lock, held by the runner and inherited by the run's process.
 
     The kernel releases it when every holder has died, so a runner killed with SIGKILL leaves no stale lock, while a
-    training process that outlives its runner keeps the run marked as running. The file also records the process
-    group, so that stragglers of that group (torchrun workers) still count as running after their parent died.
+    training process that outlives its runner keeps the run marked as running. torchrun's workers do not inherit
+    it, so the file also records the launch's token (see processes_with_token): workers left behind by a killed
+    agent are found by it, counted as running by `status`, and killed before the run starts again.
     """
 
     def __init__(self, paths: RunPaths):
@@ -208,7 +280,7 @@ class RunLock:
 
     def acquire(self) -> bool:
         """Takes the lock without waiting; False when a live process of this run holds it."""
-        fd = _try_flock(self.paths)
+        fd = _try_flock(self.paths, leftovers="end")
         if fd is None:
             return False
         self.fd = fd
@@ -238,20 +310,19 @@ def read_lock_info(paths: RunPaths) -> dict:
         return {}
 
 
-def process_marker(log_dir: str, run_name: str) -> str:
-    """A string every process of the run has in its command line (the runner puts these two flags side by side)."""
-    return f"--log-dir {log_dir} --run-name {run_name} "
+def _leftover_token(info: dict) -> str | None:
+    """The token of the launch that last held the lock, when its processes could be on this machine."""
+    if info.get("host") != socket.gethostname() or info.get("boot_id") != _boot_id():
+        return None
+    return info.get("token")
 
 
-def _stragglers_alive(info: dict) -> bool:
-    pgid, marker = info.get("pgid"), info.get("marker")
-    if not pgid or not marker or info.get("host") != socket.gethostname() or info.get("boot_id") != _boot_id():
-        return False
-    return _process_group_runs(int(pgid), marker)
+def _try_flock(paths: RunPaths, leftovers: str) -> int | None:
+    """An fd holding the run's lock, or None when a live process of the run holds it or still runs.
 
-
-def _try_flock(paths: RunPaths) -> int | None:
-    """An fd holding the run's lock, or None when a live process of the run holds it or still runs."""
+    With the lock free, processes of the last launch that are still alive are workers whose agent died. leftovers:
+    "end" kills them (the lock is ours, so no one else will), "count" counts them as the run still running,
+    "ignore" leaves them to whoever takes the lock."""
     paths.log_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -261,18 +332,23 @@ def _try_flock(paths: RunPaths) -> int | None:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return None
         raise
-    if _stragglers_alive(read_lock_info(paths)):
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-        return None
+    token = _leftover_token(read_lock_info(paths))
+    if leftovers != "ignore" and token and processes_with_token(token):
+        if leftovers == "end":
+            end_processes(token)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            return None
     return fd
 
 
-def is_running(paths: RunPaths) -> bool:
-    """True while some process of this run (on any host sharing the folder) holds its lock."""
+def is_running(paths: RunPaths, count_leftovers: bool = True) -> bool:
+    """True while some process of this run (on any host sharing the folder) holds its lock, or, with
+    `count_leftovers`, while workers of its last launch outlive their agent (see _try_flock)."""
     if not paths.lock.exists():
         return False
-    fd = _try_flock(paths)
+    fd = _try_flock(paths, leftovers="count" if count_leftovers else "ignore")
     if fd is None:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)

@@ -30,6 +30,17 @@ LAUNCHERS = ("torchrun", "python")
 # The runner sets these for every run; a study setting them would break the log layout.
 RUNNER_FLAGS = {"seed", "log-dir", "run-name", "variant", "resume"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+MAX_SEEDS = 1000
+# The training scripts split every step into 8 virtual ranks, so a torchrun world size must divide 8.
+VIRTUAL_RANKS = 8
+
+
+def check_world_size(nproc: int, launcher: str, where: str) -> None:
+    if nproc < 1:
+        raise StudyError(f"{where} must be at least 1")
+    if launcher == "torchrun" and VIRTUAL_RANKS % nproc:
+        raise StudyError(f"{where} {nproc} does not divide {VIRTUAL_RANKS}: the training scripts need 1, 2, 4 or 8 "
+                         f"processes per run")
 
 
 @dataclasses.dataclass
@@ -81,7 +92,12 @@ class Study:
 
 
 def substitute(text: str, values: dict[str, str], where: str) -> str:
-    for _, field, _, _ in string.Formatter().parse(text):
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(text)]
+    except ValueError as e:  # "{seed" or a lone "}"
+        raise StudyError(f"{where}: {text!r} is not a valid placeholder text ({e}; write {{{{ and }}}} for "
+                         f"literal braces)") from None
+    for field in fields:
         if field is not None and field not in values:
             raise StudyError(f"{where}: unknown placeholder {{{field}}} (known: {', '.join(sorted(values))})")
     return text.format_map(values)
@@ -105,7 +121,7 @@ def describe_studies() -> list[tuple[str, str]]:
         try:
             with open(path, "rb") as f:
                 rows.append((path.stem, str(tomllib.load(f).get("description", ""))))
-        except (OSError, tomllib.TOMLDecodeError) as e:
+        except (OSError, ValueError) as e:  # ValueError: bad TOML or bytes that are not UTF-8
             rows.append((path.stem, f"(unreadable: {e})"))
     return rows
 
@@ -130,8 +146,9 @@ def _flag_table(table, where: str) -> dict:
 
 
 def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds: list[int] | None = None,
-               runs_dir: Path = Path("runs")) -> Study:
-    """Reads and checks a study file; derived arms (the `generate` table) are computed here."""
+               runs_dir: Path = Path("runs"), _requiring: tuple[Path, ...] = ()) -> Study:
+    """Reads and checks a study file; derived arms (the `generate` table) are computed here. `_requiring`: the
+    studies whose requires_results led here (a cycle is refused instead of recursing for ever)."""
     path = study_path(name_or_path)
     if not path.is_file():
         known = ", ".join(p.stem for p in available_studies())
@@ -141,6 +158,10 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise StudyError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise StudyError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
+    except OSError as e:
+        raise StudyError(f"{path}: cannot be read ({e.strerror or e})") from None
     where = path.name
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
@@ -152,13 +173,12 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
     script = Path(_check_type(data["script"], str, f"{where}: script"))
     script = script if script.is_absolute() else REPO_ROOT / script
     nproc = _check_type(data.get("nproc", 1), int, f"{where}: nproc")
-    if nproc < 1:
-        raise StudyError(f"{where}: nproc must be at least 1")
     launcher = _check_type(data.get("launcher", "torchrun"), str, f"{where}: launcher")
     if launcher not in LAUNCHERS:
         raise StudyError(f"{where}: launcher must be one of {', '.join(LAUNCHERS)}, not {launcher!r}")
     if launcher == "python" and nproc != 1:
         raise StudyError(f"{where}: launcher 'python' runs one process; nproc {nproc} needs torchrun")
+    check_world_size(nproc, launcher, f"{where}: nproc")
     study_seeds = _check_type(data["seeds"], list, f"{where}: seeds")
     for seed in study_seeds:
         _check_type(seed, int, f"{where}: each seed")
@@ -177,6 +197,10 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
     requires = data.get("requires_results")
     if requires is not None:
         _check_type(requires, str, f"{where}: requires_results")
+        chain = (*_requiring, path.resolve())
+        if study_path(requires).resolve() in chain:
+            names = " -> ".join(p.stem for p in (*chain, study_path(requires)))
+            raise StudyError(f"{where}: requires_results forms a cycle ({names}); a study cannot need its own results")
     target = data.get("target", 2.92)
     if not isinstance(target, (int, float)) or isinstance(target, bool):
         raise StudyError(f"{where}: target must be a number")
@@ -194,24 +218,24 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
         arms[arm] = {**shared, **_flag_table(table, f"{where}: [arms.{arm}]")}
     if generate is not None:
         if requires is not None:
-            check_results_exist(requires, runs_dir, where)
+            check_results_exist(requires, runs_dir, where, chain)
         for arm, table in layer_orders.generate_arms(generate, requires, runs_dir, where).items():
             if arm in arms:
                 raise StudyError(f"{where}: generated arm {arm!r} is also listed under [arms]")
             arms[arm] = {**shared, **table}
     elif requires is not None:
-        check_results_exist(requires, runs_dir, where)
+        check_results_exist(requires, runs_dir, where, chain)
     if not arms:
         raise StudyError(f"{where}: the study has no arms")
     return Study(path.stem, path, description, script, nproc, launcher, list(study_seeds), arms, variables,
                  requires, float(target), time_limit, generate)
 
 
-def check_results_exist(required: str, runs_dir: Path, where: str) -> None:
+def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> None:
     """A derived study needs every arm of the study it builds on to have at least one complete run."""
     from .runstate import log_is_complete  # noqa: PLC0415 (kept local: runstate is only needed here)
 
-    base = load_study(required, runs_dir=runs_dir)
+    base = load_study(required, runs_dir=runs_dir, _requiring=chain)
     missing = [arm for arm in base.arms
                if not any(log_is_complete(p) for p in (Path(runs_dir) / base.name / arm).glob("seed*.txt"))]
     if missing:
@@ -261,8 +285,9 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "no message"
 
 
-def check_flags(study: Study, runs: list[Run], runs_dir: Path) -> None:
-    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError."""
+def check_flags(study: Study, runs: list[Run], runs_dir: Path):
+    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError.
+    Returns the imported script (its parser also tells what a run's recorded config should hold)."""
     module = load_script(study.script)
     parser = module.make_arg_parser()
     # A script may also offer resolve_args(argv), its full check of flag combinations (layer indices, flags that
@@ -297,6 +322,7 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path) -> None:
         if init_from is not None and not Path(init_from).exists():
             raise StudyError(f"{study.path.name}: arm {run.arm!r} seed {run.seed}: --init-from {init_from} does not "
                              f"exist (run the study that writes it first, or point to it with --set)")
+    return module
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -307,23 +333,25 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def runner_flags(run: Run, runs_dir: Path) -> list[str]:
-    """The flags the runner adds; --log-dir and --run-name stay side by side (see runstate.process_marker)."""
+    """The flags the runner adds to every run's argv."""
     return ["--seed", str(run.seed), "--variant", run.arm,
             "--log-dir", str(Path(runs_dir) / run.study / run.arm), "--run-name", f"seed{run.seed}"]
 
 
 def parse_seeds(text: str) -> list[int]:
-    """--seeds 0,1,2 or 0-4."""
+    """--seeds 0,1,2 or 0-4 (at most MAX_SEEDS seeds, so that a slip such as 0-1000000000 is refused at once)."""
     seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part.strip()[1:]:
-                lo, hi = part.split("-", 1)
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
-    except ValueError:
-        raise StudyError(f"--seeds {text}: expected a list like 0,1,2 or a range like 0-4") from None
+    for part in text.split(","):
+        bounds = part.split("-", 1) if "-" in part.strip()[1:] else [part]
+        try:
+            low, high = int(bounds[0]), int(bounds[-1])
+        except ValueError:
+            raise StudyError(f"--seeds {text}: expected a list like 0,1,2 or a range like 0-4") from None
+        if low > high:
+            raise StudyError(f"--seeds {text}: range {part.strip()} runs backwards")
+        if len(seeds) + high - low + 1 > MAX_SEEDS:
+            raise StudyError(f"--seeds {text}: more than {MAX_SEEDS} seeds")
+        seeds.extend(range(low, high + 1))
     return seeds
 
 

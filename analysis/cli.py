@@ -12,17 +12,16 @@ import re
 import sys
 from pathlib import Path
 
-from . import plots
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
-from .logs import group_runs, load_runs
+from .logs import group_runs, load_runs, planned_steps_warnings
 from .record import RecordError, package_record
 from .record_check import record_check, render_record_check
-from .report import build_report
 from .studies import render_resource_table
 from .summary import summarize
 from .textfmt import num, pval, table
 from .tracks import TARGETS, track_of
+from .upstream_records import RECORDS_TABLE, RecordsTableError, find_record, load_records
 
 
 class UsageError(Exception):
@@ -96,17 +95,23 @@ def _load(paths, jobs=None, what="PATH"):
     except FileNotFoundError as missing:
         raise UsageError(f"{what} not found: {missing}") from None
     if not runs and not unreadable:
-        raise UsageError(f"no *.txt logs under {' '.join(map(str, paths))}")
+        raise UsageError(f"no *.txt or *.log logs under {' '.join(map(str, paths))}")
     if not runs:
         raise UsageError(f"no run logs among the {len(unreadable)} files under {' '.join(map(str, paths))} "
                          f"(first: {unreadable[0].path}: {unreadable[0].problem})")
     return runs, unreadable
 
 
+def _no_complete_runs(runs) -> UsageError:
+    """The error for logs none of which is a finished run, with the reason of the first."""
+    first = next(run for run in runs if not run.complete)
+    return UsageError(f"no complete runs among {len(runs)} run log(s) (first: {first.path}: {first.problem})")
+
+
 def _complete_groups(runs, by, arms=None):
     groups = group_runs(runs, by=by)
     if not groups:
-        raise UsageError("no complete runs (a complete log ends with 'peak memory allocated: ...')")
+        raise _no_complete_runs(runs)
     if arms:
         missing = [a for a in arms if a not in groups]
         if missing:
@@ -115,13 +120,21 @@ def _complete_groups(runs, by, arms=None):
     return groups
 
 
-def _target(args, runs) -> float:
+def _track(args, runs) -> str | None:
+    """--track when given, else the track the logs name (config line, or an upstream records folder)."""
+    return getattr(args, "track", None) or track_of(runs)
+
+
+def _target(args, runs, required: bool = True) -> float | None:
+    """--target when given, else the target of the logs' track; without either: an error, or None when the
+    command can do without."""
     if args.target is not None:
         return args.target
-    track = track_of(runs)
-    if track is None:
-        raise UsageError("--target is needed: the logs name no single track in their config line")
-    return TARGETS[track]
+    track = _track(args, runs)
+    if track is None and required:
+        raise UsageError("--target is needed: the logs name no single track (config `track`, or a "
+                         "records/track_1_short|track_2_medium folder)")
+    return None if track is None else TARGETS[track]
 
 
 def _json_safe(value):
@@ -138,37 +151,58 @@ def _print_json(value):
     print(json.dumps(_json_safe(value), indent=1, allow_nan=False))
 
 
-def _add_paths(parser, help_text="log files or folders (searched recursively for *.txt)"):
+def _add_paths(parser, help_text="log files or folders (searched recursively for *.txt and *.log)"):
     parser.add_argument("paths", nargs="+", metavar="PATH", help=help_text)
     parser.add_argument("--by", choices=("variant", "folder"), default="variant",
-                        help="what makes an arm: the config line's variant (upstream logs: their folder name; "
-                             "default) or the name of the folder holding the log")
+                        help="what makes an arm: the config line's variant (logs without one: their folder "
+                             "relative to the PATH; default) or that folder for every log")
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="processes parsing logs (default: the CPUs available)")
 
 
 # ----------------------------------------------------------------------------------------------- commands
 
+def _status(run_record: dict) -> str:
+    if run_record["diverged"]:
+        return "DIVERGED"
+    return "complete" if run_record["complete"] else "UNFINISHED"
+
+
+def _n_text(group: dict) -> str:
+    return f"{group['n']} ({group['n_diverged']} diverged)" if group["n_diverged"] else str(group["n"])
+
+
+def _print_warnings(warnings):
+    for warning in warnings:
+        print(f"warning: {warning}")
+
+
 def cmd_summarize(args):
     runs, unreadable = _load(args.paths, args.jobs)
-    result = summarize(runs, args.target, unreadable, by=args.by)
+    target = _target(args, runs)
+    result = summarize(runs, target, unreadable, by=args.by)
     if args.json:
         _print_json(result)
         return 0
-    run_rows = [[r["variant"], r["seed"], "complete" if r["complete"] else "UNFINISHED",
+    run_rows = [[r["variant"], r["seed"], _status(r),
                  f"{num(r['final_step'])}/{num(r['steps'])}", num(r["final_val_loss"]), num(r["train_time_s"], 2),
                  num(r["time_to_target_s"], 2), num(r["step_to_target"], 1), r["path"]] for r in result["runs"]]
     print(table(["variant", "seed", "status", "step", "final loss", "time s", "time to target s",
                  "step to target", "path"], run_rows))
     print()
-    group_rows = [[g["variant"], g["n"], num(g["mean_val_loss"]), num(g["std_val_loss"], 5), pval(g["p_value"]),
+    group_rows = [[g["variant"], _n_text(g), num(g["mean_val_loss"]), num(g["std_val_loss"], 5), pval(g["p_value"]),
                    num(g["mean_time_s"], 2), num(g["std_time_s"], 2), f"{g['n_reached_target']}/{g['n']}",
                    num(g["mean_time_to_target_s"], 2)] for g in result["groups"]]
-    print(f"groups (complete runs only; std: n-1; p: one-sided t-test of mean < {args.target:g})")
+    print(f"groups (complete runs only; std: n-1; p: one-sided t-test of mean < {target:g}; diverged runs "
+          f"count in n, not in mean/std, and leave p empty)")
     print(table(["variant", "n", "mean loss", "std loss", "p", "mean time s", "std time s", "reached",
                  "mean time to target s"], group_rows) if group_rows else "no complete runs")
+    for item in result["runs"]:
+        if not item["complete"]:
+            print(f"unfinished: {item['path']}: {item['problem']}")
     for item in result["unreadable"]:
         print(f"unreadable: {item['path']}: {item['problem']}")
+    _print_warnings(result["warnings"])
     return 0
 
 
@@ -184,6 +218,7 @@ def cmd_compare(args):
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     result = compare_arms(groups, baseline, args.confidence, args.alternative)
+    result["warnings"] += planned_steps_warnings(groups)
     if args.json:
         _print_json(result)
     else:
@@ -198,7 +233,7 @@ def _single_variant(runs, chosen, flag):
             raise UsageError(f"{flag}: no complete runs for {chosen!r} (arms: {', '.join(groups) or 'none'})")
         return groups[chosen]
     if not groups:
-        raise UsageError("no complete runs")
+        raise _no_complete_runs(runs)
     if len(groups) > 1:
         raise UsageError(f"the runs hold several variants ({', '.join(groups)}): choose one with {flag}")
     return next(iter(groups.values()))
@@ -211,13 +246,24 @@ def cmd_record_check(args):
     if args.baseline:
         base_runs, _ = _load(args.baseline, args.jobs, what="--baseline path")
         baseline = _single_variant(base_runs, args.baseline_variant, "--baseline-variant")
-    result = record_check(candidates, _target(args, runs), baseline, alpha=args.alpha, batch=args.runs,
+    track = _track(args, candidates)
+    record = None
+    if track is not None:
+        try:
+            record = find_record(load_records(args.records), track, args.against)
+        except RecordsTableError as problem:
+            raise UsageError(str(problem)) from None
+    elif args.against is not None:
+        raise UsageError("--against needs the track: the logs name none, give --track")
+    result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
-                          confidence=args.confidence)
+                          confidence=args.confidence, record=record)
+    result["warnings"] = planned_steps_warnings({"candidate": candidates})
     if args.json:
         _print_json(result)
     else:
         print(render_record_check(result))
+        _print_warnings(result["warnings"])
     return 0 if result["verdict"] == "pass" else 1
 
 
@@ -225,7 +271,18 @@ PLOT_KINDS = ("val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "l
               "loss-vs-num-layers", "loss-vs-distance", "resource-table")
 
 
+def _existing_folder_for(out: Path, flag: str):
+    """Output files go into folders that exist: a mistyped --out must not create folders anywhere."""
+    folder = out.parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag}: folder {folder} does not exist")
+
+
 def cmd_plot(args):
+    from . import plots  # matplotlib loads only for the commands that draw: summarize starts faster
+
+    if args.out is not None:
+        _existing_folder_for(args.out, "--out")
     runs, _ = _load(args.paths, args.jobs)
     groups = _complete_groups(runs, args.by, args.arms)
     complete = [run for members in groups.values() for run in members]
@@ -240,8 +297,8 @@ def cmd_plot(args):
     if args.out is None:
         raise UsageError(f"--out FILE.png is needed for {args.kind}")
     builders = {
-        "val-loss-step": lambda: plots.val_loss_figure(groups, "step", args.target),
-        "val-loss-time": lambda: plots.val_loss_figure(groups, "time", args.target),
+        "val-loss-step": lambda: plots.val_loss_figure(groups, "step", _target(args, runs, required=False)),
+        "val-loss-time": lambda: plots.val_loss_figure(groups, "time", _target(args, runs, required=False)),
         "scalars": lambda: plots.scalars_figure(groups, args.scalars),
         "lambda-by-layer": lambda: plots.lambda_by_layer_figure(complete, args.prefix),
         "loss-by-layer": lambda: plots.loss_by_layer_figure(groups, args.baseline),
@@ -258,8 +315,12 @@ def cmd_plot(args):
 
 
 def cmd_report(args):
+    from .report import build_report  # matplotlib, as in cmd_plot
+
     if not args.dir.is_dir():
         raise UsageError(f"DIR is not a folder: {args.dir}")
+    if args.out is not None:
+        _existing_folder_for(args.out, "--out")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     out = args.out or args.dir / "report.md"
     print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars))
@@ -285,7 +346,8 @@ def cmd_record(args):
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m analysis", description=(
         "Statistics, plots, reports and record packaging for speedrun run logs (this project's logs and upstream "
-        "modded-nanogpt record logs). Only complete runs (last line 'peak memory ...') enter statistics."))
+        "modded-nanogpt record logs of every era). Only finished runs (a final validation at the planned last step; "
+        "for this project's logs also the closing peak-memory line) enter statistics."))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = commands.add_parser("summarize", help="runs and groups: final losses, times, p-values, time to target",
@@ -293,20 +355,23 @@ def make_parser() -> argparse.ArgumentParser:
                                         "between the validations around it). Per group: mean, sample std, one-sided "
                                         "one-sample t-test p-value against --target.")
     _add_paths(p)
-    p.add_argument("--target", type=positive_float, required=True, help="target validation loss (2.92 medium)")
+    p.add_argument("--target", type=positive_float,
+                   help="target validation loss (default: the track's - 2.92 medium, 3.28 small - from the config "
+                        "line or the records/track_* folder)")
     p.add_argument("--json", action="store_true", help="print the JSON object of contracts.md section 4")
     p.set_defaults(handler=cmd_summarize)
 
     p = commands.add_parser("compare", help="arms against a baseline arm: Welch t-tests, CIs, Holm/BH",
                             description=(
                                 "Arms are groups of complete runs: by the config line's variant (upstream logs: "
-                                "their folder name), or with --by folder by the folder holding each log. So "
+                                "their folder relative to the PATH), or with --by folder by that folder. So "
                                 "`compare runs/STUDY` compares a study's arms, `compare records/A records/B` two "
                                 "upstream records. Every arm is compared with the baseline arm by Welch's t-test "
                                 "on final loss and on train time, with the difference (arm - baseline) and its "
                                 "confidence interval (Welch-Satterthwaite df). With several arms, Holm "
                                 "(family-wise) and Benjamini-Hochberg (FDR) adjusted p-values are given, and a "
-                                "warning names the best arm, whose unadjusted p-value overstates the evidence."))
+                                "warning names the arm with the lowest value, whose unadjusted p-value "
+                                "overstates the evidence (or says that no arm is below the baseline)."))
     _add_paths(p)
     p.add_argument("--baseline", help="baseline arm (default: the arm named 'baseline', else the arm of the "
                                        "first complete run in PATH order)")
@@ -320,13 +385,16 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("record-check", help="upstream's record rules and how reliable the verdict is",
                             description=(
-                                "Passes when the mean final loss is below the target at p < --alpha (one-sided "
-                                "one-sample t-test) and, with --baseline, the runs are faster than the baseline's "
-                                "(one-sided Welch t-test on train times, same --alpha). Also prints the bootstrap "
+                                "Passes when no run diverged (final loss nan), the mean final loss is below the "
+                                "target at p < --alpha (one-sided one-sample t-test), the mean train time is below "
+                                "the current upstream record of the track (--against N for record N; the table is "
+                                "records/upstream_records.csv) and, with --baseline, the runs are faster than the "
+                                "baseline's (one-sided Welch t-test on train times, same --alpha). Also prints the "
+                                "bootstrap "
                                 "chance that a fresh batch of --runs runs passes the loss test, and the batch size "
                                 "needed for a --power chance. Exit status 0 on pass, 1 on fail, 2 on bad input."))
     _add_paths(p, "the candidate's logs or folders")
-    p.add_argument("--target", type=positive_float, help="target loss (default: from the config's track)")
+    p.add_argument("--target", type=positive_float, help="target loss (default: the track's, from the logs)")
     p.add_argument("--variant", help="the candidate variant when the PATHs hold several")
     p.add_argument("--baseline", nargs="+", metavar="PATH", help="logs of the runs to beat (same hardware)")
     p.add_argument("--baseline-variant", help="the baseline variant when the --baseline PATHs hold several")
@@ -337,6 +405,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--power", type=probability, default=0.9, help="wanted chance of passing (0.9)")
     p.add_argument("--max-runs", type=at_least_two, default=100, help="largest batch size searched (100)")
     p.add_argument("--confidence", type=probability, default=0.99, help="confidence level of the time CI (0.99)")
+    p.add_argument("--track", choices=("medium", "small"), help="the track (default: from the logs)")
+    p.add_argument("--against", type=positive_int, metavar="N",
+                   help="the upstream record number to beat (default: the track's current record)")
+    p.add_argument("--records", type=Path, default=RECORDS_TABLE,
+                   help="the upstream record table (records/upstream_records.csv)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_record_check)
 
@@ -352,7 +425,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=PLOT_KINDS, metavar="KIND", help=", ".join(PLOT_KINDS))
     _add_paths(p)
     p.add_argument("--out", type=Path, help="output file (PNG; Markdown for resource-table, default stdout)")
-    p.add_argument("--target", type=positive_float, help="draw the target loss")
+    p.add_argument("--target", type=positive_float, help="draw the target loss (default: the logs' track's)")
     p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="scalar names or globs (e.g. 'backout.*')")
     p.add_argument("--prefix", default="backout.", help="scalar prefix for lambda-by-layer (backout.)")
     p.add_argument("--baseline", default="baseline", help="baseline arm drawn as a reference line (baseline)")
@@ -364,7 +437,7 @@ def make_parser() -> argparse.ArgumentParser:
                                         "--out) with the arm table, comparisons with the baseline arm, resources, "
                                         "plots (PNG files next to the report) and unfinished/unreadable logs.")
     p.add_argument("dir", type=Path, metavar="DIR")
-    p.add_argument("--target", type=positive_float, help="target loss (default: from the config's track)")
+    p.add_argument("--target", type=positive_float, help="target loss (default: the track's, from the logs)")
     p.add_argument("--baseline", default="baseline", help="baseline arm (baseline)")
     p.add_argument("--out", type=Path, help="report file (default DIR/report.md)")
     p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="extra scalar globs to plot")

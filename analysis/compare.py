@@ -16,12 +16,16 @@ def arm_record(name: str, runs) -> dict:
 
 
 def _selection_warning(comparisons, key: str, label: str, baseline: str) -> str | None:
-    """The caveat for the best of several arms: picked after the fact, its raw p-value overstates the case."""
+    """The caveat for the best of several arms: picked after the fact, its raw p-value overstates the case. When
+    no arm is below the baseline there is no best arm to warn about, only the closest one."""
     tested = [c for c in comparisons if c[f"{key}_diff"] is not None]
     if len(tested) < 2:
         return None
     best = min(tested, key=lambda c: c[f"{key}_diff"])
-    return (f"{len(comparisons)} arms were compared with '{baseline}'; the best {label} ('{best['variant']}', "
+    if best[f"{key}_diff"] >= 0:
+        return (f"no arm has a lower {label} than '{baseline}': every one of the {len(tested)} arms is at or above "
+                f"it (the closest, '{best['variant']}', by {best[f'{key}_diff']:+.4g}).")
+    return (f"{len(comparisons)} arms were compared with '{baseline}'; the lowest {label} ('{best['variant']}', "
             f"difference {best[f'{key}_diff']:+.4g}) was picked after seeing the results, so its unadjusted "
             f"p = {pval(best[f'{key}_p'])} overstates the evidence. Quote the Holm-adjusted "
             f"p = {pval(best[f'{key}_p_holm'])} (or BH q = {pval(best[f'{key}_p_bh'])}) or confirm it with fresh "
@@ -52,6 +56,10 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
             warnings.append(warning)
     baseline_std = mean_std([r.final_val_loss for r in groups[baseline]])[1]
     for name in [baseline] + others:
+        diverged = sum(run.diverged for run in groups[name])
+        if diverged:
+            warnings.append(f"'{name}': {diverged} of {len(groups[name])} runs diverged (final loss nan); they "
+                            f"count as failed runs, and the loss figures are of the other runs only.")
         if len(groups[name]) < 2:
             warnings.append(f"'{name}' has {len(groups[name])} complete run: no test is possible, and one run's "
                             f"difference is within seed noise (baseline loss std {num(baseline_std, 5)}).")
@@ -60,12 +68,14 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
             "comparisons": comparisons, "warnings": warnings}
 
 
-def render_compare(result: dict, markdown: bool = False) -> str:
+def render_compare(result: dict, markdown: bool = False, arm_table: bool = True) -> str:
+    """The comparison as text or Markdown; `arm_table=False` leaves out the per-arm table (a report shows its own)."""
     level = f"{result['confidence'] * 100:g}%"
-    arms = table(["arm", "n", "mean loss", "std loss", "mean time s", "std time s"],
-                 [[a["variant"], a["n"], num(a["mean_val_loss"]), num(a["std_val_loss"], 5),
-                   num(a["mean_time_s"], 2), num(a["std_time_s"], 2)] for a in result["arms"]], markdown)
-    parts = [arms]
+    parts = []
+    if arm_table:
+        parts.append(table(["arm", "n", "mean loss", "std loss", "mean time s", "std time s"],
+                           [[a["variant"], a["n"], num(a["mean_val_loss"]), num(a["std_val_loss"], 5),
+                             num(a["mean_time_s"], 2), num(a["std_time_s"], 2)] for a in result["arms"]], markdown))
     for key, _, label, digits in METRICS:
         rows = [[c["variant"], c["n"], num(c[f"{key}_diff"], digits, signed=True),
                  interval(c[f"{key}_ci"], digits), pval(c[f"{key}_p"]), pval(c[f"{key}_p_holm"]),

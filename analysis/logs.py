@@ -19,18 +19,21 @@ from pathlib import Path
 SEPARATOR = b"=" * 100
 _SEPARATOR_LINE = b"\n" + SEPARATOR + b"\n"
 
-# Every era: `step:s/N [val_loss:v ][train_loss:l ]train_time:Tms step_avg:Ams` (step_avg may be `nan`).
+# Every era: `step:s/N [val_loss:v ][train_loss:l ]train_time:T step_avg:Ams` (step_avg may be `nan`); T is in
+# milliseconds (`123ms`) or, in some upstream logs, in seconds (`813.819s`).
 _STEP_LINE = re.compile(
     rb"^step:(\d+)/(\d+) (?:val_loss:([^ \n]+) )?(?:train_loss:[^ \n]+ )?"
-    rb"train_time:(\d+(?:\.\d*)?)ms step_avg:[^ \n]*ms[ \t]*$",
+    rb"train_time:(\d+(?:\.\d*)?)(ms|s) step_avg:[^ \n]*ms[ \t]*$",
     re.MULTILINE,
 )
 # Validation and scalars lines in one pass; the leading newline is a literal prefix, so the regex engine jumps
 # between candidate lines quickly.
 _VAL_OR_SCALARS_LINE = re.compile(
     rb"\nstep:(\d+)/(\d+) (?:val_loss:([^ \n]+) (?:train_loss:[^ \n]+ )?"
-    rb"train_time:(\d+(?:\.\d*)?)ms step_avg:[^ \n]*ms|scalars: (\{[^\n]*\}))[ \t]*(?=\n|$)"
+    rb"train_time:(\d+(?:\.\d*)?)(ms|s) step_avg:[^ \n]*ms|scalars: (\{[^\n]*\}))[ \t]*(?=\n|$)"
 )
+# llm.c logs (`main.log`): `s:STEP tel:LOSS` / `s:STEP trl:LOSS ...` lines, losses without any time.
+_LLMC_LINE = re.compile(rb"^s:\d+ t[er]l:", re.MULTILINE)
 _CONFIG_LINE = re.compile(rb"^config: (\{.*\})[ \t]*$", re.MULTILINE)
 _ENV_LINE = re.compile(rb"^([A-Za-z_][\w.\-]*): ([^\n]*?)[ \t]*$", re.MULTILINE)
 # Ours and upstream since 2025: allocated + reserved; early upstream eras: `peak memory consumption: N MiB`.
@@ -38,6 +41,8 @@ _PEAK_LINE = re.compile(
     r"^peak memory (?:allocated: (\d+(?:\.\d+)?) MiB reserved: (\d+(?:\.\d+)?) MiB"
     r"|consumption: (\d+(?:\.\d+)?) MiB)\s*$"
 )
+# Logs the study runner set aside (`seed0.unfinished-<time>.txt`, `seed0.stale-<time>.txt`) never count.
+_SET_ASIDE = re.compile(r"\.(?:unfinished|stale)-[^.]*\.txt$")
 _SEED_IN_NAME = re.compile(r"seed[_-]?(\d+)$|^(\d+)$")
 
 class LogUnreadable(Exception):
@@ -62,6 +67,13 @@ class RunLog:
     scalars: list = field(default_factory=list)  # [(step, {name: value})] in log order
     peak_allocated_mib: float | None = None
     peak_reserved_mib: float | None = None
+    problem: str | None = None  # why the run is not complete; None when it is
+    folder: str = ""  # the arm a log without config line belongs to: its folder, relative to the PATH given
+
+    @property
+    def diverged(self) -> bool:
+        """A finished run whose final validation loss is nan or inf: a failed run, never a missing one."""
+        return self.complete and not math.isfinite(self.final_val_loss)
 
     @property
     def final_val_loss(self) -> float | None:
@@ -112,6 +124,10 @@ def _parse_float(text: bytes) -> float:
         return math.nan
 
 
+def _milliseconds(value: bytes, unit: bytes) -> float:
+    return float(value) * (1000.0 if unit == b"s" else 1.0)
+
+
 def _last_two_separators(data: bytes) -> tuple[int, int]:
     """Offsets of the last two separator lines (each with the newline before it); -1 where there is none."""
     last = data.rfind(_SEPARATOR_LINE)
@@ -152,6 +168,38 @@ def _last_nonempty_line(data: bytes) -> str:
     return stripped[start:].decode("utf-8", errors="replace")
 
 
+def _unsupported_reason(data: bytes) -> str:
+    """Why a text file without a separator line is not read: named, so no file is passed over in silence."""
+    if _LLMC_LINE.search(data):
+        return "unsupported format: llm.c log (its `s:STEP tel:LOSS` lines hold losses but no train time)"
+    return "unsupported format: no line of 100 '=' (not a modded-nanogpt run log)"
+
+
+def planned_last_step(run: RunLog) -> int | None:
+    """The step a run plans to end at: N of `step:s/N`, or the config's `stop_after` (a run told to stop early
+    validates and ends there)."""
+    stop_after = run.config.get("stop_after")
+    if isinstance(stop_after, int) and not isinstance(stop_after, bool) and stop_after > 0:
+        return stop_after
+    return run.total_steps
+
+
+def _incomplete_reason(run: RunLog, has_peak_line: bool) -> str | None:
+    """Why the run is not finished, or None when it is. Finished: a final validation at the planned last step;
+    for this project's logs (those with a config line) also the closing peak-memory line. Upstream logs of 2024
+    end at their final validation line, before logs had a peak-memory line."""
+    if run.final_step is None:
+        return "no step line: stopped before training"
+    last = planned_last_step(run)
+    if not run.val_steps or run.val_steps[-1] != last:
+        if run.final_step == last:
+            return "no final validation: the log stops after its last training step"
+        return f"stopped at step {run.final_step}/{last}"
+    if not run.upstream and not has_peak_line:
+        return "no peak-memory line after the final validation: the log was cut off"
+    return None
+
+
 def parse_log(path: str | os.PathLike) -> RunLog:
     """Parse one log file. Raises LogUnreadable when it is not a run log at all."""
     path = Path(path)
@@ -169,7 +217,7 @@ def parse_log(path: str | os.PathLike) -> RunLog:
     data = b"\n" + data  # so a separator on the very first line is found like any other
     step_start, env_start = _region_after_last_separator(data)
     if step_start < 0:
-        raise LogUnreadable("binary data, not a text log" if has_nul else "not a run log: no line of 100 '='")
+        raise LogUnreadable("binary data, not a text log" if has_nul else _unsupported_reason(data))
     steps = data[step_start:]
     # The config line is in the environment section: between the last two separators, or after the last one when
     # the log stops inside the environment section (then no step line follows the last separator).
@@ -195,16 +243,16 @@ def parse_log(path: str | os.PathLike) -> RunLog:
             env.setdefault(key, match.group(2).decode("utf-8", errors="replace"))
 
     run = RunLog(path=path, variant="", seed=None, complete=False, upstream=not config_match,
-                 config=config, env=env)
+                 config=config, env=env, folder=path.parent.name or ".")
     by_step = {}
     for match in _VAL_OR_SCALARS_LINE.finditer(steps):
         step = int(match.group(1))
-        if match.group(5) is None:
-            by_step[step] = (_parse_float(match.group(3)), float(match.group(4)))
+        if match.group(6) is None:
+            by_step[step] = (_parse_float(match.group(3)), _milliseconds(match.group(4), match.group(5)))
             run.total_steps = int(match.group(2))
             continue
         try:
-            values = json.loads(match.group(5))
+            values = json.loads(match.group(6))
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(values, dict):
@@ -216,18 +264,22 @@ def parse_log(path: str | os.PathLike) -> RunLog:
     last = _last_step_line(steps)
     if last:
         run.final_step, run.total_steps = int(last.group(1)), int(last.group(2))
-        run.train_time_ms = float(last.group(4))
+        run.train_time_ms = _milliseconds(last.group(4), last.group(5))
+    elif b"\nstep:" in steps and not config_match:
+        raise LogUnreadable("unsupported format: its `step:` lines do not read "
+                            "`step:S/N [val_loss:V ]train_time:T(ms|s) step_avg:Ams`")
 
     peak = _PEAK_LINE.match(_last_nonempty_line(steps))
-    if peak and last is not None:
-        run.complete = True
+    if peak:
         if peak.group(3) is not None:
             run.peak_allocated_mib = float(peak.group(3))
         else:
             run.peak_allocated_mib, run.peak_reserved_mib = float(peak.group(1)), float(peak.group(2))
+    run.problem = _incomplete_reason(run, peak is not None)
+    run.complete = run.problem is None
 
     variant = config.get("variant")
-    run.variant = str(variant) if variant not in (None, "") else (path.parent.name or ".")
+    run.variant = str(variant) if variant not in (None, "") else run.folder
     seed = config.get("seed")
     run.seed = seed if isinstance(seed, (int, str)) and not isinstance(seed, bool) else _seed_from_name(path)
     return run
@@ -248,20 +300,45 @@ def natural_key(text: str):
     return [(0, int(part), "") if part.isdigit() else (1, 0, part.casefold()) for part in re.split(r"(\d+)", text)]
 
 
-def find_log_files(paths) -> list[Path]:
-    """Log files named by `paths`: files as given, folders searched recursively for *.txt (in natural order of
-    their paths). Raises FileNotFoundError naming the first path that does not exist."""
-    found = []
+LOG_PATTERNS = ("*.txt", "*.log")  # .log: llm.c baselines (`main.log`), named as unsupported rather than skipped
+
+
+def _folder_key(root: Path | None, log: Path) -> str:
+    """The arm of a log without config line: its folder relative to the folder PATH that found it (the PATH's
+    own name for logs directly in it); for a log given as a file, its folder's name."""
+    if root is None:
+        return log.parent.name or Path.cwd().name
+    relative = log.parent.relative_to(root)
+    return relative.as_posix() if relative.parts else (root.resolve().name or str(root))
+
+
+def find_logs(paths) -> list[tuple[Path, str]]:
+    """(log file, arm folder key) for the logs named by `paths`: files as given, folders searched recursively for
+    *.txt and *.log (in natural order of their paths). Two different folders never share a key: where they would
+    (same-named folders under different PATHs), both are keyed by their path as given. Raises FileNotFoundError
+    naming the first path that does not exist."""
+    found: dict[Path, tuple[str, Path]] = {}
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted((p for p in path.rglob("*.txt") if p.is_file()), key=lambda p: natural_key(str(p))))
+            logs = (p for pattern in LOG_PATTERNS for p in path.rglob(pattern)
+                    if p.is_file() and not _SET_ASIDE.search(p.name))
+            for log in sorted(set(logs), key=lambda p: natural_key(str(p))):
+                found.setdefault(log, (_folder_key(path, log), log.parent))
         elif path.exists():
-            found.append(path)
+            found.setdefault(path, (_folder_key(None, path), path.parent))
         else:
             raise FileNotFoundError(str(raw))
-    unique = list(dict.fromkeys(found))
-    return unique
+    folders_of_key: dict[str, set] = {}
+    for key, folder in found.values():
+        folders_of_key.setdefault(key, set()).add(folder.resolve())
+    return [(log, key if len(folders_of_key[key]) == 1 else folder.as_posix())
+            for log, (key, folder) in found.items()]
+
+
+def find_log_files(paths) -> list[Path]:
+    """The log files named by `paths` (see find_logs)."""
+    return [log for log, _ in find_logs(paths)]
 
 
 def _parse_or_unreadable(path: Path):
@@ -278,7 +355,8 @@ _PARALLEL_MIN_FILES = 48
 def load_runs(paths, jobs: int | None = None):
     """Parse every log under `paths`. Returns (runs, unreadable), both in file order. Large sets are parsed by
     a process pool (`jobs` workers, default: the CPUs this process may use)."""
-    files = find_log_files(paths)
+    logs = find_logs(paths)
+    files = [log for log, _ in logs]
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if jobs > 1 and len(files) >= _PARALLEL_MIN_FILES:
@@ -286,17 +364,40 @@ def load_runs(paths, jobs: int | None = None):
             results = list(pool.map(_parse_or_unreadable, files, chunksize=max(1, len(files) // (jobs * 8))))
     else:
         results = [_parse_or_unreadable(path) for path in files]
+    for result, (_, key) in zip(results, logs):
+        if isinstance(result, RunLog):
+            if result.config.get("variant") in (None, ""):  # no config variant: the arm is the folder
+                result.variant = key
+            result.folder = key
     runs = [r for r in results if isinstance(r, RunLog)]
     unreadable = [r for r in results if isinstance(r, Unreadable)]
     return runs, unreadable
 
 
 def group_runs(runs, by: str = "variant", complete_only: bool = True) -> dict:
-    """Runs grouped by variant (config line, else folder name) or by folder name, in first-seen order."""
+    """Runs grouped by variant (config line, else folder) or by folder (relative to the PATH given), in
+    first-seen order."""
     groups: dict[str, list[RunLog]] = {}
     for run in runs:
         if complete_only and not run.complete:
             continue
-        key = run.variant if by == "variant" else (run.path.parent.name or ".")
-        groups.setdefault(key, []).append(run)
+        groups.setdefault(run.variant if by == "variant" else run.folder, []).append(run)
     return groups
+
+
+def planned_steps_warnings(groups: dict) -> list[str]:
+    """One warning per arm whose runs planned different step counts: pooling them mixes different trainings."""
+    warnings = []
+    for name, runs in groups.items():
+        counts: dict = {}
+        for run in runs:
+            counts.setdefault(run.total_steps, []).append(run)
+        if len(counts) < 2:
+            continue
+        usual = max(counts, key=lambda steps: len(counts[steps]))
+        others = "; ".join(f"{steps} steps: {', '.join(r.path.name for r in members)}"
+                           for steps, members in counts.items() if steps != usual)
+        warnings.append(f"arm '{name}' pools runs that planned different step counts ({len(counts[usual])} of "
+                        f"{len(runs)} planned {usual}; {others}); they are pooled as one arm: put runs of "
+                        f"different step counts in separate folders or variants to compare like with like")
+    return warnings

@@ -20,10 +20,46 @@ from .atomic import write_atomically  # noqa: E402
 from .stats import mean_std  # noqa: E402
 
 _PALETTE = matplotlib.colormaps["tab10"]
+_WIDE_PALETTE = matplotlib.colormaps["tab20"]
+# With more series than colours, each further round of colours gets its own line style, then the same styles
+# with markers: 20 x 4 x 3 = 240 distinct series.
+_LINE_STYLES = ("-", "--", ":", "-.")
+_MARKERS = (None, "o", "^")
+# Above this many entries the legend goes outside the axes, in columns of at most _LEGEND_ROWS entries.
+_LEGEND_INSIDE_MAX = 10
+_LEGEND_ROWS = 32
 
 
 def _color(index: int):
     return _PALETTE(index % _PALETTE.N)
+
+
+def _series_style(index: int, count: int) -> dict:
+    """Colour and line style of series `index` of `count`: tab10 up to 10 series, tab20 beyond, with a new line
+    style (then marker) for each round of 20 colours, so no two series of one figure look the same."""
+    if count <= _PALETTE.N:
+        return {"color": _PALETTE(index), "linestyle": "-"}
+    round_ = index // _WIDE_PALETTE.N
+    style = {"color": _WIDE_PALETTE(index % _WIDE_PALETTE.N), "linestyle": _LINE_STYLES[round_ % len(_LINE_STYLES)]}
+    marker = _MARKERS[(round_ // len(_LINE_STYLES)) % len(_MARKERS)]
+    if marker:
+        style.update(marker=marker, markevery=0.1, markersize=4)
+    return style
+
+
+def _place_legend(figure: Figure, axes) -> None:
+    """A legend inside the axes for a few entries; for many, outside on the right of the figure, in as many
+    columns as needed, with the figure widened to hold them, so it never covers the curves or leaves the figure."""
+    handles, labels = axes.get_legend_handles_labels()
+    if len(labels) <= _LEGEND_INSIDE_MAX:
+        axes.legend(fontsize="small")
+        return
+    columns = -(-len(labels) // _LEGEND_ROWS)
+    longest = max(len(label) for label in labels)
+    width, height = figure.get_size_inches()
+    figure.set_size_inches(width + columns * (0.6 + 0.055 * longest), max(height, 0.16 * min(len(labels),
+                                                                                             _LEGEND_ROWS) + 1))
+    figure.legend(handles, labels, loc="outside right upper", ncols=columns, fontsize="x-small")
 
 
 def _new_axes(title: str, xlabel: str, ylabel: str, size=(8, 5)):
@@ -53,16 +89,23 @@ def _mean_band(series):
 
 
 def _loss_limits(groups, target, x: str, start_fraction: float):
-    """(x limits, y limits) of the part of training from `start_fraction` of the last step on, where arms
-    differ; (None, None) without data."""
-    points = [(step, time_ms / 1000.0, loss) for runs in groups.values() for run in runs
-              for step, time_ms, loss in zip(run.val_steps, run.val_times_ms, run.val_losses) if np.isfinite(loss)]
-    if not points:
+    """(x limits, y limits) of the part of training from `start_fraction` of each run's own end on: the x-range
+    holds every run's late part (shorter runs included), the y-range the losses of those parts; (None, None)
+    without data."""
+    starts, ends, late = [], [], []
+    for runs in groups.values():
+        for run in runs:
+            xs = run.val_steps if x == "step" else [t / 1000.0 for t in run.val_times_ms]
+            points = [(position, loss) for position, loss in zip(xs, run.val_losses) if np.isfinite(loss)]
+            if not points:
+                continue
+            start = start_fraction * points[-1][0]
+            starts.append(start)
+            ends.append(points[-1][0])
+            late += [loss for position, loss in points if position >= start]
+    if not late:
         return None, None
-    axis = 0 if x == "step" else 1
-    end = max(p[axis] for p in points)
-    start = start_fraction * end
-    late = [p[2] for p in points if p[axis] >= start]
+    start, end = min(starts), max(ends)
     low, high = min(late), max(late)
     if target is not None and start_fraction < 0.5:
         low, high = min(low, target), max(high, target)
@@ -83,14 +126,15 @@ def val_loss_figure(groups: dict, x: str = "step", target: float | None = None) 
         axes.set_ylabel("validation loss")
         axes.grid(True, alpha=0.3)
         for index, (name, runs) in enumerate(groups.items()):
-            color = _color(index)
+            style = _series_style(index, len(groups))
+            color = style["color"]
             for run in runs:
                 xs = run.val_steps if x == "step" else [t / 1000.0 for t in run.val_times_ms]
                 axes.plot(xs, run.val_losses, color=color, linewidth=0.6, alpha=0.35, gid="run")
             steps, mean, std = _mean_band([dict(zip(r.val_steps, r.val_losses)) for r in runs])
             if x == "time":
                 steps = _mean_band([dict(zip(r.val_steps, r.val_times_ms)) for r in runs])[1] / 1000.0
-            axes.plot(steps, mean, color=color, linewidth=2.0, label=f"{name} (n={len(runs)})", gid="mean")
+            axes.plot(steps, mean, **style, linewidth=2.0, label=f"{name} (n={len(runs)})", gid="mean")
             axes.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
         if target is not None:
             axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}",
@@ -100,7 +144,7 @@ def val_loss_figure(groups: dict, x: str = "step", target: float | None = None) 
             axes.set_ylim(*y_limits)
             if start > 0.5 and x_limits[1] > x_limits[0]:
                 axes.set_xlim(*x_limits)
-    full.legend(fontsize="small")
+    _place_legend(figure, full)
     return figure
 
 
@@ -122,7 +166,8 @@ def scalars_figure(groups: dict, patterns=None) -> Figure:
     for arm, runs in groups.items():
         for name in names:
             series = []
-            color = _color(series_index)
+            style = _series_style(series_index, len(groups) * len(names))
+            color = style["color"]
             for run in runs:
                 points = {step: float(values[name]) for step, values in run.scalars
                           if isinstance(values.get(name), (int, float))}
@@ -134,9 +179,9 @@ def scalars_figure(groups: dict, patterns=None) -> Figure:
                 continue
             steps, mean, _ = _mean_band(series)
             label = name if len(groups) == 1 else f"{arm}: {name}"
-            axes.plot(steps, mean, color=color, linewidth=2.0, label=f"{label} (mean of {len(series)})", gid="mean")
+            axes.plot(steps, mean, **style, linewidth=2.0, label=f"{label} (mean of {len(series)})", gid="mean")
             series_index += 1
-    axes.legend(fontsize="small")
+    _place_legend(figure, axes)
     return figure
 
 

@@ -3,6 +3,7 @@ a README with the losses, times, their means and standard deviations, the p-valu
 The folder is built under a temporary name and renamed at the end, so a half-written record never has its name."""
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +27,22 @@ def _log_names(runs) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [f"{run.path.parent.name}_{run.path.name}" for run in runs]
+
+
+# A log embeds, after the script, the source of each project module it imported under one header line.
+_MODULE_HEADER = re.compile(r"^==> (speedrun/[A-Za-z_][A-Za-z0-9_]*\.py) <==$", re.MULTILINE)
+
+
+def split_sources(code: str) -> tuple[str, dict[str, str]]:
+    """(the script's source, {module path: source}) of a log's code section."""
+    headers = list(_MODULE_HEADER.finditer(code))
+    if not headers:
+        return code, {}
+    modules = {}
+    for header, following in zip(headers, headers[1:] + [None]):
+        end = following.start() if following else len(code)
+        modules[header.group(1)] = code[header.end() + 1:end]
+    return code[:headers[0].start()], modules
 
 
 def _shared_code(runs) -> str | None:
@@ -91,7 +108,11 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
             shutil.copy2(run.path, staging / log_name)
         code = _shared_code(runs)
         if code is not None:
-            (staging / SCRIPT_NAMES[track]).write_text(code, encoding="utf-8")
+            script, modules = split_sources(code)
+            (staging / SCRIPT_NAMES[track]).write_text(script, encoding="utf-8")
+            for module, source in modules.items():
+                (staging / module).parent.mkdir(exist_ok=True)
+                (staging / module).write_text(source, encoding="utf-8")
         (staging / "README.md").write_text(
             readme_text(runs, names, track, name, date, target, variants[0], left_out), encoding="utf-8")
         if destination.exists():  # created meanwhile by someone else: never overwrite

@@ -1,7 +1,10 @@
 """`record-check`: upstream's rules for a new record and how reliable the verdict is.
 
-Rules: the mean final validation loss is below the target at p < alpha (one-sided one-sample t-test), and the runs
-are faster than the baseline's runs on the same hardware (Welch's t-test on train times, one-sided). Reliability:
+Rules: no run diverged, the mean final validation loss is below the target at p < alpha (one-sided one-sample
+t-test), the mean train time is below the current record of the track (or another record of the upstream table),
+and, with baseline runs, the runs are faster than the baseline's runs on the same hardware (Welch's t-test on train
+times, one-sided). A diverged run (final loss nan) is a failed run of the claim: it counts in n and fails the check.
+Reliability:
 the bootstrap chance that a fresh batch of n runs passes the loss test, and the batch size needed for a chosen
 chance."""
 from __future__ import annotations
@@ -12,7 +15,8 @@ from .textfmt import interval, num, pval
 
 def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, batch: int | None = None,
                  resamples: int = 10000, seed: int = 0, power: float = 0.9, max_runs: int = 100,
-                 confidence: float = 0.99) -> dict:
+                 confidence: float = 0.99, record=None) -> dict:
+    """`record`: the UpstreamRecord whose time the runs must beat, or None (not checked)."""
     losses = [r.final_val_loss for r in candidates]
     times = [r.train_time_s for r in candidates]
     loss_time = loss_time_stats(losses, times, target)
@@ -20,7 +24,8 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     batch = batch or len(candidates)
     result = {
         "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
-        **loss_time, "loss_ok": p_loss is not None and p_loss < alpha,
+        **loss_time, "loss_ok": not loss_time["n_diverged"] and p_loss is not None and p_loss < alpha,
+        "record": None, "record_diff_s": None, "record_ok": None,
         "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
         "bootstrap": {
             "runs": batch, "resamples": resamples, "seed": seed,
@@ -35,18 +40,34 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
         result.update({"baseline": {"n": len(baseline), "mean_time_s": base_mean, "std_time_s": base_std},
                        "time_diff_s": faster["diff"], "time_ci": faster["ci"], "time_p": faster["p"],
                        "time_ok": faster["p"] is not None and faster["p"] < alpha})
-    result["verdict"] = "pass" if result["loss_ok"] and result["time_ok"] is not False else "fail"
+    if record is not None and loss_time["mean_time_s"] is not None:
+        result.update({"record": record.as_dict(), "record_diff_s": loss_time["mean_time_s"] - record.record_time_s,
+                       "record_ok": loss_time["mean_time_s"] < record.record_time_s})
+    passed = result["loss_ok"] and result["time_ok"] is not False and result["record_ok"] is not False
+    result["verdict"] = "pass" if passed else "fail"
     return result
 
 
 def render_record_check(result: dict) -> str:
     ok = {True: "PASS", False: "FAIL", None: "not checked"}
+    diverged = result["n_diverged"]
     lines = [
-        f"runs: {result['n']}  mean final loss {num(result['mean_val_loss'])} (std {num(result['std_val_loss'], 5)})"
+        f"runs: {result['n']}" + (f" ({diverged} diverged: final loss nan)" if diverged else "") +
+        f"  mean final loss {num(result['mean_val_loss'])} (std {num(result['std_val_loss'], 5)})"
         f"  mean time {num(result['mean_time_s'], 2)} s (std {num(result['std_time_s'], 2)})",
         f"loss below {result['target']:g} at p < {result['alpha']:g}: {ok[result['loss_ok']]}"
-        f" (one-sided one-sample t-test p = {pval(result['p_value'])})",
+        + (f" ({diverged} of {result['n']} runs diverged: a diverged run fails the claim)" if diverged else
+           f" (one-sided one-sample t-test p = {pval(result['p_value'])})"),
     ]
+    record = result["record"]
+    if record is None:
+        lines.append("faster than the current record: not checked (the logs name no track: give --track)")
+    else:
+        beats = "beats" if result["record_ok"] else "misses"
+        lines.append(
+            f"faster than record #{record['number']} of the {record['track']} track ({record['record_time']} = "
+            f"{record['record_time_s']:g} s, {record['date'] or 'no date'}, {record['description']}): "
+            f"{ok[result['record_ok']]} (mean time {beats} it by {abs(result['record_diff_s']):.2f} s)")
     if result["baseline"] is None:
         lines.append("faster than the baseline: not checked (no --baseline runs given)")
     else:

@@ -27,17 +27,23 @@ def _shown(path: Path, study_dir: Path) -> str:
 
 
 def _arm_table(summary: dict, runs) -> str:
+    """Every arm with a log, also those with no complete run (their figures show as '-')."""
     unfinished = {}
     for run in runs:
+        unfinished.setdefault(run.variant, 0)
         if not run.complete:
-            unfinished[run.variant] = unfinished.get(run.variant, 0) + 1
-    rows = [[g["variant"], g["n"], unfinished.get(g["variant"], 0), num(g["mean_val_loss"]),
+            unfinished[run.variant] += 1
+    groups = summary["groups"] + [{"variant": name, "n": 0, "n_diverged": 0, "n_reached_target": 0}
+                                  for name in unfinished if name not in {g["variant"] for g in summary["groups"]}]
+    groups = [{key: None for key in ("mean_val_loss", "std_val_loss", "p_value", "mean_time_s", "std_time_s",
+                                     "mean_time_to_target_s", "mean_step_to_target")} | g for g in groups]
+    rows = [[g["variant"], g["n"], g["n_diverged"], unfinished.get(g["variant"], 0), num(g["mean_val_loss"]),
              num(g["std_val_loss"], 5), pval(g["p_value"]), num(g["mean_time_s"], 2), num(g["std_time_s"], 2),
              f"{g['n_reached_target']}/{g['n']}", num(g["mean_time_to_target_s"], 2),
-             num(g["mean_step_to_target"], 1)] for g in summary["groups"]]
-    return table(["arm", "complete", "unfinished", "mean loss", "std loss", "p (mean < target)", "mean time s",
-                  "std time s", "reached target", "mean time to target s", "mean step to target"], rows,
-                 markdown=True)
+             num(g["mean_step_to_target"], 1)] for g in groups]
+    return table(["arm", "complete", "diverged", "unfinished", "mean loss", "std loss", "p (mean < target)",
+                  "mean time s", "std time s", "reached target", "mean time to target s", "mean step to target"],
+                 rows, markdown=True)
 
 
 def _planned_figures(groups: dict, runs, baseline: str | None, target: float, scalar_patterns):
@@ -84,13 +90,16 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
              f"{len(runs)} run logs: {complete} complete, {len(runs) - complete} unfinished; "
              f"{len(unreadable)} unreadable file(s). Only complete runs enter the statistics; std is the sample "
              f"standard deviation (n-1); p is the one-sided one-sample t-test of the mean final loss against the "
-             f"target.", "", "## Arms", "", _arm_table(summary, runs) if groups else "No complete runs.", ""]
+             f"target. A diverged run (final loss nan) counts as complete; the loss figures are of the other runs.",
+             "", "## Arms", "", _arm_table(summary, runs), ""]
+    if summary["warnings"]:
+        lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
 
     lines += ["## Comparisons", ""]
     if not groups:
         lines.append("No complete runs to compare.")
     elif baseline in groups and len(groups) > 1:
-        lines.append(render_compare(compare_arms(groups, baseline), markdown=True))
+        lines.append(render_compare(compare_arms(groups, baseline), markdown=True, arm_table=False))
     elif baseline in groups:
         lines.append(f"Only the baseline arm `{baseline}` has complete runs.")
     else:
@@ -109,8 +118,7 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
 
     lines += ["## Unfinished runs", ""]
     unfinished = [run for run in runs if not run.complete]
-    lines += [f"- `{_shown(run.path, study_dir)}` ({run.variant}, last step {num(run.final_step)}/"
-              f"{num(run.total_steps)})" for run in unfinished] or ["None."]
+    lines += [f"- `{_shown(run.path, study_dir)}` ({run.variant}): {run.problem}" for run in unfinished] or ["None."]
     lines += ["", "## Unreadable files", ""]
     lines += [f"- `{_shown(u.path, study_dir)}`: {u.problem}" for u in unreadable] or ["None."]
     write_text_atomically(out, "\n".join(lines) + "\n")

@@ -57,12 +57,15 @@ def p_below_target(losses, target: float) -> float | None:
 
 def loss_time_stats(losses, times, target: float | None = None) -> dict:
     """Mean and sample std of final losses and train times; with a target, also the one-sided one-sample t-test
-    p-value that the mean loss is below it. Keys as in the summarize contract."""
+    p-value that the mean loss is below it. Keys as in the summarize contract, plus `n_diverged`: runs whose final
+    loss is nan or inf. Means and stds are over the finite losses; with any diverged run the p-value is None, as
+    a diverged run fails a claim that the mean loss is below a target."""
+    n_diverged = sum(1 for loss in losses if loss is not None and not math.isfinite(loss))
     mean_loss, std_loss = mean_std(losses)
     mean_time, std_time = mean_std(times)
-    out = {"mean_val_loss": mean_loss, "std_val_loss": std_loss}
+    out = {"mean_val_loss": mean_loss, "std_val_loss": std_loss, "n_diverged": n_diverged}
     if target is not None:
-        out["p_value"] = p_below_target(losses, target)
+        out["p_value"] = None if n_diverged else p_below_target(losses, target)
     out.update({"mean_time_s": mean_time, "std_time_s": std_time})
     return out
 

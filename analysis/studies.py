@@ -9,8 +9,8 @@ Where the facts come from (first found wins):
   arms without one (`L11`) are not part of a selection order.
 - layer count: config key `num_layers` (default 16, the medium model).
 - parameters: config or `key: value` line `params` (or `num_params`, `total_params`, `n_params`); added parameters:
-  `added_params` (a number, or the training scripts' `{"variant": n, ...} total N`, read as N); effective FLOPs: `effective_flops` (or `flops_per_token`), else the last `scalars:` entry whose
-  name contains "flops".
+  `added_params` (a number, or the training scripts' `{"variant": n, ...} total N`, read as N); effective FLOPs:
+  `effective_flops` (or `flops_per_token`), else the last `scalars:` entry whose name contains "flops".
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`summarize`: per-run facts and per-group statistics, as the JSON object of contracts.md section 4."""
 from __future__ import annotations
 
-from .logs import group_runs
+from .logs import group_runs, planned_steps_warnings
 from .stats import crossing, loss_time_stats, mean_std
 
 
@@ -12,6 +12,8 @@ def run_record(run, target: float) -> dict:
         "variant": run.variant,
         "seed": run.seed,
         "complete": run.complete,
+        "problem": run.problem,
+        "diverged": run.diverged,
         "steps": run.total_steps,
         "final_step": run.final_step,
         "final_val_loss": run.final_val_loss,
@@ -41,11 +43,13 @@ def group_record(variant: str, records: list[dict], target: float) -> dict:
 def summarize(runs, target: float, unreadable=(), by: str = "variant") -> dict:
     records = [run_record(run, target) for run in runs]
     by_path = {r["path"]: r for r in records}
+    grouped = group_runs(runs, by=by)
     groups = [group_record(name, [by_path[str(run.path)] for run in members], target)
-              for name, members in group_runs(runs, by=by).items()]
+              for name, members in grouped.items()]
     return {
         "target": target,
         "runs": records,
         "groups": groups,
+        "warnings": planned_steps_warnings(grouped),
         "unreadable": [{"path": str(u.path), "problem": u.problem} for u in unreadable],
     }

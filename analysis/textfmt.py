@@ -41,8 +41,8 @@ def integer_like(value) -> str:
         return str(value)
     if math.isnan(number):
         return MISSING
-    if number.is_integer() and abs(number) >= 1000:
-        return f"{int(number):,}"
+    if abs(number) >= 1000:  # whole counts, one style per column: a mean of counts is rounded, never 3.1e+04
+        return f"{round(number):,}"
     return f"{number:.4g}"
 
 

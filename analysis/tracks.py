@@ -5,13 +5,20 @@ TARGETS = {"medium": 2.92, "small": 3.28}
 RECORD_FOLDERS = {"medium": "track_2_medium", "small": "track_1_short"}
 
 
+def run_track(run) -> str | None:
+    """The track of one run: its config's `track`, else an upstream records folder in its path."""
+    value = str(run.config.get("track", "")).lower()
+    if "medium" in value:
+        return "medium"
+    if "small" in value or "short" in value:
+        return "small"
+    for track, folder in RECORD_FOLDERS.items():
+        if folder in run.path.parts:
+            return track
+    return None
+
+
 def track_of(runs) -> str | None:
-    """The track named by the runs' config lines (`track`), when they all agree on one."""
-    found = set()
-    for run in runs:
-        value = str(run.config.get("track", "")).lower()
-        if "medium" in value:
-            found.add("medium")
-        elif "small" in value or "short" in value:
-            found.add("small")
+    """The track the runs name (config line, else records folder in their path), when they all agree on one."""
+    found = {run_track(run) for run in runs} - {None}
     return found.pop() if len(found) == 1 else None

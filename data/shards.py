@@ -4,11 +4,13 @@ A shard is a header of 256 little-endian int32 values ([0] magic 20240520, [1] v
 the rest zero) followed by N little-endian uint16 tokens, and nothing else.
 
     python -m data.shards FILE...    validate each file, print `path: N tokens`; exit 2 at the first bad one
+                                     (also when a manifest next to them lists a shard that is missing or altered)
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 from pathlib import Path
@@ -55,6 +57,44 @@ def write_shard(path, tokens) -> None:
             temp.unlink()
 
 
+def manifest_path(folder, prefix: str) -> Path:
+    """`<prefix>_manifest.json`: written last by data/tokenize_text.py, so its presence marks a complete set."""
+    return Path(folder) / f"{prefix}_manifest.json"
+
+
+def write_manifest(folder, prefix: str, shards: list[Path]) -> Path:
+    """Records every shard of a finished set (name, tokens, bytes) next to them; returns the manifest's path."""
+    entries = [{"name": Path(p).name, "tokens": validate_shard(p), "bytes": Path(p).stat().st_size} for p in shards]
+    path = manifest_path(folder, prefix)
+    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    temp.write_text(json.dumps({"prefix": prefix, "shards": entries}, indent=1) + "\n")
+    os.replace(temp, path)
+    return path
+
+
+def check_manifest(paths) -> None:
+    """For shards that have a manifest next to them (same folder, same prefix): ShardError unless every shard it
+    lists is there with its recorded size. Shards without a manifest (downloaded ones) are not checked here."""
+    groups: dict[Path, list[Path]] = {}
+    for path in map(Path, paths):
+        prefix = path.name.rsplit("_", 2)[0]
+        groups.setdefault(manifest_path(path.parent, prefix), []).append(path)
+    for manifest in groups:
+        if not manifest.exists():
+            continue
+        try:
+            entries = json.loads(manifest.read_text())["shards"]
+            expected = {entry["name"]: int(entry["bytes"]) for entry in entries}
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ShardError(f"{manifest}: unreadable manifest; tokenise again with --overwrite") from None
+        for name, size in expected.items():
+            shard = manifest.parent / name
+            actual = shard.stat().st_size if shard.exists() else None
+            if actual != size:
+                problem = "is missing" if actual is None else f"has {actual} bytes, the manifest says {size}"
+                raise ShardError(f"{shard} {problem} ({manifest.name} lists it): an incomplete or altered set")
+
+
 def shard_name(prefix: str, index: int) -> str:
     """Upstream naming: index 0 is the validation shard, 1, 2, ... are training shards."""
     split = "val" if index == 0 else "train"
@@ -86,7 +126,9 @@ def main(argv=None) -> int:
     parser.add_argument("files", nargs="+", metavar="FILE", help="shard files or glob patterns")
     args = parser.parse_args(argv)
     try:
-        for path in _paths_from_args(args.files):
+        paths = _paths_from_args(args.files)
+        check_manifest(paths)
+        for path in paths:
             print(f"{path}: {validate_shard(path)} tokens", flush=True)
     except ShardError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -21,6 +21,8 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,7 +34,7 @@ if __package__ in (None, ""):  # run as a file: make the `data` package importab
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data._cli import ArgumentParser, file_problem
-from data.shards import ShardError, shard_name, write_shard
+from data.shards import ShardError, manifest_path, shard_name, write_manifest, write_shard
 
 EOT_TOKEN = 50256
 GPT2_VOCAB_SIZE = 50257
@@ -162,7 +164,8 @@ def _encoded_batches(documents: Iterable[str], workers: int) -> Iterator[tuple[i
         for batch in _batches(documents):
             yield len(batch), encode_documents(batch)
         return
-    with multiprocessing.Pool(workers) as pool:
+    # Ctrl-C reaches the whole process group: the workers leave it to this process, which stops them.
+    with multiprocessing.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
         # First in, first out keeps the order; the bounded queue bounds memory.
         pending: collections.deque = collections.deque()
         for batch in _batches(documents):
@@ -202,7 +205,7 @@ class _ShardWriter:
         path = self.out_dir / shard_name(self.prefix, self.index)
         write_shard(path, np.concatenate(self.pieces))
         self.written.append(path)
-        self.log(f"wrote {path}: {self.filled:,} tokens")
+        self.log(f"wrote {path.name}: {self.filled:,} tokens")
         self.index, self.pieces, self.filled = self.index + 1, [], 0
 
     def finish(self) -> list[Path]:
@@ -218,20 +221,66 @@ class _ShardWriter:
                              "or add input")
         return self.written
 
-    def remove_written(self) -> None:
-        for path in self.written:
-            path.unlink(missing_ok=True)
-
 
 def existing_outputs(out_dir: Path, prefix: str) -> list[Path]:
-    return sorted(out_dir.glob(f"{prefix}_val_*.bin")) + sorted(out_dir.glob(f"{prefix}_train_*.bin"))
+    """The shards of `prefix` in out_dir, and its manifest when there is one."""
+    shards = sorted(out_dir.glob(f"{prefix}_val_*.bin")) + sorted(out_dir.glob(f"{prefix}_train_*.bin"))
+    manifest = manifest_path(out_dir, prefix)
+    return shards + ([manifest] if manifest.exists() else [])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_abandoned_work(out_dir: Path, prefix: str) -> None:
+    """Work folders of tokenisers that were killed (their process is gone): never part of the shard set. (A
+    `.<prefix>.old-<pid>` folder, old shards of a swap killed half-way, is left for a person to look at.)"""
+    for folder in out_dir.glob(f".{prefix}.partial-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if folder.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _swap_in(staging: Path, out_dir: Path, prefix: str, written: list[Path], old: list[Path]) -> list[Path]:
+    """Replaces the old shard set by the new one. The old manifest leaves first and the new one arrives last, so the
+    folder never holds a manifest that does not describe its shards; until then the old files wait in a folder of
+    their own, and any failure puts them back."""
+    write_manifest(staging, prefix, written)
+    retired = out_dir / f".{prefix}.old-{os.getpid()}"
+    moved_in: list[Path] = []
+    if old:
+        retired.mkdir()
+    try:
+        for path in sorted(old, key=lambda p: p.suffix != ".json"):  # the manifest first
+            os.replace(path, retired / path.name)
+        for path in [*written, manifest_path(staging, prefix)]:  # the manifest last
+            os.replace(path, out_dir / path.name)
+            moved_in.append(out_dir / path.name)
+    except BaseException:
+        for path in moved_in:
+            path.unlink(missing_ok=True)
+        for path in retired.glob("*") if old else []:
+            os.replace(path, out_dir / path.name)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+    return [out_dir / path.name for path in written]
 
 
 def tokenize_to_shards(documents: Iterable[str], out_dir, prefix: str, *, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                        val_tokens: int = DEFAULT_VAL_TOKENS, workers: int = 1, overwrite: bool = False,
                        log: Callable = print) -> list[Path]:
     """Encodes `documents` in order and writes the shards; returns their paths (val first).
-    On any failure the shards written so far are removed, so a partial set never looks finished."""
+
+    The shards are written into a work folder inside out_dir and moved in only when all of them exist, followed by
+    `<prefix>_manifest.json`, which marks the set complete. A failure or a kill leaves out_dir as it was (with
+    --overwrite, the old shards stay until the new ones are in)."""
     if shard_tokens < 1:
         raise InputError(f"--shard-tokens must be at least 1, got {shard_tokens}")
     if val_tokens < 0:
@@ -243,21 +292,23 @@ def tokenize_to_shards(documents: Iterable[str], out_dir, prefix: str, *, shard_
     out_dir = Path(out_dir)
     old = existing_outputs(out_dir, prefix)
     if old and not overwrite:
-        raise InputError(f"{out_dir}: already holds {prefix}_*.bin shards ({old[0].name}, ...); "
+        state = ("" if manifest_path(out_dir, prefix) in old
+                 else f" without {manifest_path(out_dir, prefix).name}, so possibly an unfinished set")
+        raise InputError(f"{out_dir}: already holds {prefix}_*.bin shards ({old[0].name}, ...){state}; "
                          "pass --overwrite to replace them or choose another --prefix")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for path in old:
-        path.unlink()
-    writer = _ShardWriter(out_dir, prefix, shard_tokens, val_tokens, log)
-    progress = _Progress(log)
+    _remove_abandoned_work(out_dir, prefix)
+    staging = out_dir / f".{prefix}.partial-{os.getpid()}"
+    staging.mkdir()
     try:
+        writer = _ShardWriter(staging, prefix, shard_tokens, val_tokens, log)
+        progress = _Progress(log)
         for count, tokens in _encoded_batches(documents, workers):
             progress.update(count, len(tokens))
             writer.add(tokens)
-        written = writer.finish()
-    except BaseException:
-        writer.remove_written()
-        raise
+        written = _swap_in(staging, out_dir, prefix, writer.finish(), old)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     progress.done()
     return written
 
@@ -315,7 +366,8 @@ def make_arg_parser() -> ArgumentParser:
     parser.add_argument("--workers", type=int, default=_default_workers(),
                         help="tokeniser processes (default: every core this process may use)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="delete existing <prefix>_*.bin shards in --out-dir first")
+                        help="replace existing <prefix>_*.bin shards in --out-dir (they stay until the new set is "
+                             "complete)")
     return parser
 
 
@@ -347,7 +399,10 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"error: {e.filename or args.out_dir}: {e.strerror}", file=sys.stderr)
         return 2
-    log(f"done: {len(written)} shards in {args.out_dir}")
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {args.out_dir} is as it was before this run", file=sys.stderr)
+        return 130
+    log(f"done: {len(written)} shards and {manifest_path(Path(args.out_dir), prefix).name} in {args.out_dir}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Checkpoints (model, optimisers with Muon's owner-sharded state merged, stream position, RNG, log lines) and
 loading model weights."""
 
+import glob
 import os
 
 import torch
@@ -25,16 +26,52 @@ def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
                  log_lines=list(log.lines))
     if ddp.rank == 0:
         tmp = f"{path}.tmp{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        for leftover in glob.glob(glob.escape(str(path)) + ".tmp*"):
+            if leftover != tmp:
+                os.remove(leftover)  # a save that was killed half-way (only rank 0 of this run writes here)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)  # never leave half a checkpoint behind, least of all on a full disk
+            if isinstance(e, OSError):
+                raise UsageError(f"{path}: cannot save the checkpoint ({e.strerror or e})")
+            raise
     ddp.barrier()
 
 
-def load_checkpoint(path):
+# Flags a resumed run must share with the run that saved the checkpoint: otherwise it would continue another
+# schedule, model or study arm into this run's log (step lines of two lengths, a model of another shape).
+RESUME_MUST_MATCH = ("num_iterations", "seed", "preset", "num_layers", "train_seq_len")
+STUDY_FLAG_PREFIXES = ("backout_", "laurel", "dlo_", "rolling_skip")
+NO_RESUME_HINT = "start again without --resume (with the study runner: --no-resume)"
+
+
+def load_checkpoint(path, flag=None):
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # any unreadable file is bad input, named by its path
-        raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__})")
+        hint = f"; {NO_RESUME_HINT}" if flag == "--resume" else ""
+        raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}){hint}")
+
+
+def load_resume_state(args):
+    """The checkpoint --resume names, refused (one line naming the flag) when it was saved with other
+    schedule-relevant flags than this command's; None without --resume."""
+    if not args.resume:
+        return None
+    state = load_checkpoint(args.resume, "--resume")
+    saved = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        return state  # nothing recorded to compare with
+    for key, value in vars(args).items():
+        relevant = key in RESUME_MUST_MATCH or key.startswith(STUDY_FLAG_PREFIXES)
+        if relevant and key in saved and saved[key] != value:
+            raise UsageError(f"--resume {args.resume}: the checkpoint was made with --{key.replace('_', '-')} "
+                             f"{saved[key]}, this command has {value}; resume with the run's own flags, or "
+                             f"{NO_RESUME_HINT}")
+    return state
 
 
 def load_model_weights(model, state, path):
@@ -54,3 +91,42 @@ def cast_model(model, dtype):
             p.data = p.data.to(dtype)
 
 
+INIT_SCHEDULES = ("restart", "continue")
+
+
+def schedule_origin(init_schedule, init_state, path):
+    """[step, schedule length] of the checkpoint a continued run starts from; None when the schedule restarts."""
+    if init_schedule != "continue" or init_state is None:
+        return None
+    try:
+        done, length = int(init_state["step"]), int(init_state["config"]["num_iterations"])
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{path}: checkpoint records no schedule position (step and num_iterations), "
+                         f"needed by --init-schedule continue") from None
+    if not 0 <= done <= length:
+        raise UsageError(f"{path}: checkpoint step {done} is outside its schedule of {length} steps")
+    return [done, length]
+
+
+def schedule_clock(origin, num_iterations):
+    """Where each step of a run stands in its learning-rate, momentum and attention-window schedules: a function
+    step -> (schedule step, schedule length), at which the track evaluates its schedule functions.
+
+    No origin (restart, and every run without --init-from): (step, num_iterations), the run's own schedule.
+    origin [s, S] (continue): the checkpoint's own schedule, from where it stopped (step s of S). The run's N steps
+    cover the remaining S - s schedule steps evenly: step t -> (s + (S - s) t / N, S). Step 0 is exactly the
+    checkpoint's position (same window, same learning rate); step N is the schedule's end; with N == S - s it is
+    step s + t, the schedule the checkpoint's own run would have followed. A checkpoint at its schedule's end
+    (s == S) stays there: final window, final (lowest) learning rate."""
+    if origin is None:
+        return lambda step: (step, num_iterations)
+    done, length = origin
+    return lambda step: (done + (length - done) * step / num_iterations, length)
+
+
+def run_schedule_clock(args, init_state, resume_state):
+    """The schedule clock of a run (schedule_clock). The origin goes into args, hence into the run's config line and
+    checkpoints, so that a resumed run keeps the schedule it started with."""
+    args.init_schedule_origin = (resume_state["config"].get("init_schedule_origin") if resume_state is not None
+                                 else schedule_origin(args.init_schedule, init_state, args.init_from))
+    return schedule_clock(args.init_schedule_origin, args.num_iterations)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from speedrun.checkpoint import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
 from speedrun.errors import HelpWithDefaults, OneLineErrorParser, UsageError
@@ -48,6 +49,9 @@ def make_parser(description, presets):
     ck.add_argument("--save-final-checkpoint", action="store_true", help="write the checkpoint at the end")
     ck.add_argument("--resume", default=None, help="continue a run from its checkpoint")
     ck.add_argument("--init-from", default=None, help="start a new run from a checkpoint's model weights")
+    ck.add_argument("--init-schedule", choices=INIT_SCHEDULES, default=None,
+                    help="with --init-from: restart the learning-rate and window schedules, or continue them from "
+                         "the checkpoint's position in its own schedule (docs/dlo.md) (default restart)")
     return p, run
 
 
@@ -80,6 +84,9 @@ def resolve_shared_args(args, presets, script_path):
         raise UsageError(f"--val-tokens must be a multiple of {VIRTUAL_RANKS} x --val-seq-len")
     if args.resume and args.init_from:
         raise UsageError("--resume and --init-from cannot be combined")
+    if args.init_schedule and not args.init_from:
+        raise UsageError("--init-schedule needs --init-from")
+    args.init_schedule = args.init_schedule or INIT_SCHEDULES[0]
     for name in ["resume", "init_from"]:
         path = getattr(args, name)
         if path and not os.path.isfile(path):

@@ -10,6 +10,7 @@ from speedrun.errors import UsageError, file_problem
 
 VIRTUAL_RANKS = 8  # upstream's 8 GPUs: the unit of data parallelism every world size reproduces
 BOS_TOKEN = 50256
+GPT2_VOCAB = 50257  # token ids of a shard lie in 0..50256
 
 # A shard: 256 little-endian int32 ([0] magic, [1] version, [2] token count N, the rest zero), then N uint16 tokens.
 HEADER_INTS, MAGIC, VERSION = 256, 20240520, 1
@@ -57,7 +58,8 @@ def validate_shard(path) -> int:
 
 
 def read_shard(path, pin=False):
-    """The shard's tokens as a uint16 tensor (in pinned memory with pin=True, for asynchronous copies to the GPU)."""
+    """The shard's tokens as a uint16 tensor (in pinned memory with pin=True, for asynchronous copies to the GPU).
+    Token ids outside GPT-2's vocabulary are refused here, naming the file, rather than failing inside a kernel."""
     count = validate_shard(path)
     tokens = torch.empty(count, dtype=torch.uint16, pin_memory=pin)
     try:
@@ -68,13 +70,23 @@ def read_shard(path, pin=False):
         raise ShardError(file_problem(path, e)) from None
     if got != count:  # the file shrank after the size check
         raise ShardError(f"{path}: truncated payload: {got} tokens present, header says {count}")
+    ids = tokens.numpy()
+    if count and int(ids.max()) >= GPT2_VOCAB:
+        at = int(np.argmax(ids >= GPT2_VOCAB))
+        raise ShardError(f"{path}: token id {int(ids[at])} at position {at} is outside GPT-2's vocabulary of "
+                         f"{GPT2_VOCAB} (not a GPT-2 token shard?)")
     return tokens
 
 
 def find_shards(pattern, flag):
+    """The files matching `pattern`, each checked (header and size, not the payload: cheap for any number of
+    shards), so that a bad shard anywhere in the set stops the run before its log starts."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise UsageError(f"{flag}: no files match {pattern!r}")
+    for path in files:
+        if validate_shard(path) == 0:
+            raise ShardError(f"{path}: the shard holds no tokens ({flag})")
     return files
 
 

@@ -11,29 +11,48 @@ from speedrun.checkpoint import cast_model, load_model_weights
 from speedrun.errors import UsageError
 from speedrun.layers import norm
 
-DLO_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
+# The paper's policies: new layers appended to each group, built from the group's layers (block scalars reset).
+GROUP_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
+# The expansion baselines of the paper's Table 4 (our readings, docs/dlo.md): exact duplicates of existing layers,
+# their per-layer scalars included. duplicate: each group's last P layers again after them (SD-Stack);
+# dus: SOLAR's depth up-scaling, the stack joined with itself so that one middle block of G*P layers repeats.
+EXPANSION_BASELINES = ("duplicate", "dus")
+DLO_POLICIES = GROUP_POLICIES + EXPANSION_BASELINES
+
+
+def dlo_expansion_layout(L, G, P, policy):
+    """Where the checkpoint's L layers go and which layer each new one repeats: (position of original layer i,
+    {new layer's position: its source layer}, {new layer's position: its group's original layers})."""
+    if policy == "dus":  # layers [0, L-m) then [m, L), m = (L - G*P) / 2: layers m..L-m-1 run twice in a row
+        added, m = G * P, (L - G * P) // 2
+        position = [i if i < L - m else i + added for i in range(L)]
+        sources = {L - m + j: m + j for j in range(added)}
+        return position, sources, {q: [s] for q, s in sources.items()}
+    n = L // G
+    position = [(i // n) * (n + P) + i % n for i in range(L)]
+    sources = {g * (n + P) + n + k: g * n + (n - P + k if policy == "duplicate" else n - 1)
+               for g in range(G) for k in range(P)}
+    members = {q: list(range(s - s % n, s - s % n + n)) for q, s in sources.items()}
+    return position, sources, members
 
 
 def dlo_layer_pattern(cfg, layer_pattern):
-    """Per-layer structure of the expanded model. The checkpoint's L layers are cut into G groups of n = L/G and P
-    new layers are appended to each group. Every layer of the expanded model has a source layer of the checkpoint
-    (itself, or for a new layer the last original layer of its group) and inherits the source's value embedding,
-    window length and attention presence; U-net pairs connect the expanded positions of the original pairs.
-    layer_pattern: the track's function num_layers -> pattern."""
-    L, G, P = cfg.dlo_base_layers, cfg.dlo_groups, cfg.dlo_add
-    base, n = layer_pattern(L), L // G
-    position = [(i // n) * (n + P) + i % n for i in range(L)]
-    new_layers = {g * (n + P) + n + k: g * n + n - 1 for g in range(G) for k in range(P)}
+    """Per-layer structure of the expanded model (layout: dlo_expansion_layout). Every layer of the expanded model
+    has a source layer of the checkpoint (itself, or the layer a new one is built from) and inherits the source's
+    value embedding, window length and attention presence; U-net pairs connect the expanded positions of the
+    original pairs. layer_pattern: the track's function num_layers -> pattern."""
+    L = cfg.dlo_base_layers
+    base = layer_pattern(L)
+    position, new_layers, members = dlo_expansion_layout(L, cfg.dlo_groups, cfg.dlo_add, cfg.dlo_init)
     source = {position[i]: i for i in range(L)} | new_layers
-    total = L + G * P
+    total = len(source)
     return dict(num_value_embeds=base["num_value_embeds"],
                 ve_index=[base["ve_index"][source[j]] for j in range(total)],
                 long_window_layers=[j for j in range(total) if source[j] in base["long_window_layers"]],
                 no_attention_layer=position[base["no_attention_layer"]],
                 no_attention_layers=[j for j in range(total) if source[j] == base["no_attention_layer"]],
                 unet_pairs=[(position[s], position[d]) for s, d in base["unet_pairs"]],
-                dlo_position=position, dlo_new_layers=new_layers,
-                dlo_group_members={q: list(range(s - n + 1, s + 1)) for q, s in new_layers.items()})
+                dlo_position=position, dlo_new_layers=new_layers, dlo_group_members=members)
 
 
 def dlo_skip_rate(step, start, target, anneal_steps):
@@ -43,15 +62,16 @@ def dlo_skip_rate(step, start, target, anneal_steps):
     return start + (target - start) * min(1.0, step / anneal_steps)
 
 
-def similarity_labels(similarity, skip_rate):
-    """Router labels (True = active) for a [layers, tokens] similarity table: ranked over all layers and tokens
-    together, the round((1 - skip_rate) * count) least similar entries are active. Static shapes (compile-friendly)."""
-    flat = similarity.flatten()
-    n = flat.numel()
-    num_active = torch.round((1 - torch.as_tensor(skip_rate, dtype=torch.float64, device=flat.device)) * n)
-    rank = torch.empty(n, dtype=torch.int64, device=flat.device).scatter_(
-        0, flat.argsort(), torch.arange(n, device=flat.device))
-    return (rank < num_active).view_as(similarity)
+def similarity_labels(similarity, skip_rate, per_layer=False):
+    """Router labels (True = active) for a [layers, tokens] similarity table: the round((1 - skip_rate) * count)
+    least similar entries are active, ranked over all layers and tokens together (layer-wise skip rates emerge),
+    or with per_layer each layer's tokens on their own (the same skip rate in every layer). Static shapes."""
+    rows = similarity if per_layer else similarity.reshape(1, -1)
+    count = rows.shape[1]
+    num_active = torch.round((1 - torch.as_tensor(skip_rate, dtype=torch.float64, device=rows.device)) * count)
+    order = rows.argsort(dim=1)
+    ranks = torch.arange(count, device=rows.device).repeat(rows.shape[0], 1)
+    return (torch.empty_like(order).scatter_(1, order, ranks) < num_active).view_as(similarity)
 
 
 def skip_loss(router_logits, labels):
@@ -80,12 +100,20 @@ def forward_flops_per_token(cfg, pattern, window_blocks, seq_len, mlp_active=Non
     return total
 
 
-class DLORouters(nn.Module):
-    """One linear router (D -> 1, no bias, zero-initialised) per layer of the expanded model, gating its MLP.
+def gate_range(score, scale):
+    """(lowest gate, gate at a zero logit) of a score form: "rescaled" 1 + scale (sigmoid - 1/2), or the plain
+    "sigmoid" (the paper's ablation without rescaling)."""
+    return (1 - scale / 2, 1.0) if score == "rescaled" else (0.0, 0.5)
 
-    gate = 1 + scale * (sigmoid(w . norm(h) / sqrt(D)) - 0.5): exactly 1 at zero weights, in (1 - scale/2,
-    1 + scale/2) otherwise. Training: h + gate * MLP(norm(h)) ("soft") or, with hard gating, only where
-    gate >= threshold. Evaluation: only tokens with gate >= threshold go through the MLP (gathered, scattered back).
+
+class DLORouters(nn.Module):
+    """One linear router (D -> 1, no bias) per layer of the expanded model, gating its MLP.
+
+    gate = 1 + scale * (sigmoid(w . norm(h) / sqrt(D)) - 0.5) ("rescaled"): exactly 1 at zero weights, in
+    (1 - scale/2, 1 + scale/2) otherwise; or sigmoid(w . norm(h) / sqrt(D)) ("sigmoid", no rescaling). Weights
+    start at zero, or ("uniform") as PyTorch's default Linear: the effective weight w / sqrt(D) ~ U(+-1/sqrt(D)).
+    Training: h + gate * MLP(norm(h)) ("soft") or, with hard gating, only where gate >= threshold.
+    Evaluation: only tokens with gate >= threshold go through the MLP (gathered, scattered back).
     """
 
     def __init__(self, cfg):
@@ -94,8 +122,11 @@ class DLORouters(nn.Module):
         self.num_layers, self.dim = L, D
         self.scale, self.threshold = cfg.dlo_score_scale, cfg.dlo_threshold
         self.skip_loss_weight, self.hard_gating = cfg.dlo_skip_loss_weight, cfg.dlo_train_gating == "hard"
+        self.rescaled, self.labels_per_layer = cfg.dlo_score == "rescaled", cfg.dlo_skip_allocation == "uniform"
         # One flat 1-D vector, so the baseline's optimiser split sends it to Adam (not Muon).
         self.router_w = nn.Parameter(torch.zeros(L * D))
+        if cfg.dlo_router_init == "uniform":
+            nn.init.uniform_(self.router_w, -1.0, 1.0)
         for name, shape, dtype in [("skip_rate", (), torch.float64), ("label_active_sum", (L,), torch.float32),
                                    ("label_count", (), torch.float32), ("val_active", (L,), torch.int64),
                                    ("val_tokens", (), torch.int64), ("val_window", (), torch.int64),
@@ -107,6 +138,8 @@ class DLORouters(nn.Module):
         return (z.float() @ w) * self.dim ** -0.5
 
     def gate(self, logits):
+        if not self.rescaled:
+            return torch.sigmoid(logits)
         return 1 + self.scale * (torch.sigmoid(logits) - 0.5)
 
     def routed_mlp(self, layer, block, h, records):
@@ -133,7 +166,7 @@ class DLORouters(nn.Module):
             self.val_seq_len.fill_(input_seq.numel())
             return
         logits = torch.cat([r[0] for r in records])
-        labels = similarity_labels(torch.cat([r[1] for r in records]), self.skip_rate)
+        labels = similarity_labels(torch.cat([r[1] for r in records]), self.skip_rate, self.labels_per_layer)
         with torch.no_grad():
             self.label_active_sum += labels.float().mean(dim=1)
             self.label_count += 1
@@ -178,16 +211,15 @@ def slerp(a, b, t, eps=1e-8):
     return (torch.sin((1 - t) * omega) * a + torch.sin(t * omega) * b) / torch.sin(omega)
 
 
-def init_expanded_block(block, members, policy, slerp_t):
-    """Initialises a new layer from its group's original layers `members` (the last one is its source)."""
-    source = members[-1]
+def init_expanded_block(block, source, members, policy, slerp_t):
+    """Initialises a new layer from its source layer and its group's original layers `members`."""
     if policy == "random":  # Xavier uniform on every matrix (each of q, k, v, o on its own)
         for p in block.parameters():
             for matrix in (p if p.ndim == 3 else [p]):
                 nn.init.xavier_uniform_(matrix)
-    elif policy in ("copy", "identity", "strict-identity"):
+    elif policy in ("copy", "identity", "strict-identity") + EXPANSION_BASELINES:
         block.load_state_dict(source.state_dict())
-        if policy != "copy" and block.attn is not None:
+        if policy in ("identity", "strict-identity") and block.attn is not None:
             block.attn.qkvo_w[3].zero_()
         if policy == "strict-identity":
             block.mlp.proj_w.zero_()
@@ -211,7 +243,8 @@ def init_expanded_block(block, members, policy, slerp_t):
 def expand_model(base, model, policy, slerp_t):
     """Writes the unexpanded model `base` into the expanded `model`: shared weights copied, original layers at
     their expanded positions with their scalars, new layers by `policy` with block scalars (1, 0, ...) (the
-    residual passes unchanged) and, except for random, the source's value scalars. Routers stay at zero."""
+    residual passes unchanged) and, except for random, the source's value scalars; the expansion baselines
+    (exact duplicates) take all the source's scalars. Routers keep their initialisation."""
     pat = model.pattern
     own = model.state_dict()
     for key, value in base.state_dict().items():
@@ -227,9 +260,12 @@ def expand_model(base, model, policy, slerp_t):
         model.blocks[p].load_state_dict(base.blocks[i].state_dict())
         lam[p], vlam[p] = base_lam[i], base_vlam[i]
     for q, src in pat["dlo_new_layers"].items():
-        init_expanded_block(model.blocks[q], [base.blocks[j] for j in pat["dlo_group_members"][q]], policy, slerp_t)
+        init_expanded_block(model.blocks[q], base.blocks[src], [base.blocks[j] for j in pat["dlo_group_members"][q]],
+                            policy, slerp_t)
         if policy != "random":
             vlam[q] = base_vlam[src]
+        if policy in EXPANSION_BASELINES:
+            lam[q] = base_lam[src]
 
 
 def dlo_base_config(cfg):
@@ -279,9 +315,14 @@ def dlo_after_step(model, opt, args, ddp):
         opt.muon.lr_mul.update(dlo_layer_lr_multipliers(model))
 
 
-DLO_DEFAULTS = dict(dlo_add=1, dlo_init="identity", dlo_slerp_t=0.5, dlo_sparsity=0.1, dlo_anneal_start=0.0,
-                    dlo_anneal_steps=None, dlo_skip_loss_weight=0.1, dlo_threshold=1.0, dlo_score_scale=1.0,
-                    dlo_train_gating="soft")
+# Choices of the flags that take a word (the first one is the default).
+DLO_CHOICES = dict(dlo_init=("identity",) + tuple(p for p in DLO_POLICIES if p != "identity"),
+                   dlo_train_gating=("soft", "hard"), dlo_router_init=("zero", "uniform"),
+                   dlo_score=("rescaled", "sigmoid"), dlo_skip_allocation=("layer-wise", "uniform"))
+# dlo_anneal_steps and dlo_threshold default to values that depend on other flags (check_dlo_args).
+DLO_DEFAULTS = dict(dlo_add=1, dlo_slerp_t=0.5, dlo_sparsity=0.1, dlo_anneal_start=0.0, dlo_anneal_steps=None,
+                    dlo_skip_loss_weight=0.1, dlo_threshold=None, dlo_score_scale=None,
+                    **{key: choices[0] for key, choices in DLO_CHOICES.items()})
 
 
 def add_dlo_args(parser):
@@ -289,9 +330,11 @@ def add_dlo_args(parser):
         "dlo", "Dynamic Layer Operation (docs/dlo.md): expand a trained checkpoint (--init-from) in depth and learn "
                "per token which MLPs to skip. Off unless --dlo-groups is given.")
     g.add_argument("--dlo-groups", type=int, default=None, help="G: cut the checkpoint's layers into G groups")
-    g.add_argument("--dlo-add", type=int, default=None, help="P: new layers appended to each group (default 1)")
+    g.add_argument("--dlo-add", type=int, default=None,
+                   help="P: new layers appended to each group (default 1; 0: routers on the unexpanded model)")
     g.add_argument("--dlo-init", default=None,
-                   help=f"new layers' initialisation, one of {', '.join(DLO_POLICIES)} (default identity)")
+                   help=f"new layers' initialisation, one of {', '.join(DLO_POLICIES)} (default identity; "
+                        f"duplicate and dus are the expansion baselines, docs/dlo.md)")
     g.add_argument("--dlo-slerp-t", type=float, default=None,
                    help="SLERP position between the group's last two layers (default 0.5)")
     g.add_argument("--dlo-sparsity", type=float, default=None, help="target overall skip rate in [0, 1) (default 0.1)")
@@ -303,12 +346,26 @@ def add_dlo_args(parser):
     g.add_argument("--dlo-layer-lr", action="store_true",
                    help="layer-wise Muon learning rates scaled by each layer's label active fraction")
     g.add_argument("--dlo-threshold", type=float, default=None,
-                   help="an MLP runs for a token iff its gate >= this at evaluation (default 1.0)")
+                   help="an MLP runs for a token iff its gate >= this at evaluation (default: the gate at a zero "
+                        "logit, 1.0 rescaled, 0.5 sigmoid)")
+    g.add_argument("--dlo-score", default=None,
+                   help="gate form: rescaled = 1 + scale*(sigmoid(logit) - 0.5), sigmoid = sigmoid(logit) without "
+                        "rescaling (default rescaled)")
     g.add_argument("--dlo-score-scale", type=float, default=None,
-                   help="gate = 1 + scale*(sigmoid(logit) - 0.5), scale in (0, 2] (default 1)")
+                   help="scale of the rescaled gate, in (0, 2] (default 1)")
+    g.add_argument("--dlo-router-init", default=None,
+                   help="router weights at the start: zero, or uniform (PyTorch's default Linear init) "
+                        "(default zero)")
+    g.add_argument("--dlo-skip-allocation", default=None,
+                   help="labels ranked over all layers together (layer-wise skip rates) or within each layer "
+                        "(uniform: every layer skips the same fraction) (default layer-wise)")
     g.add_argument("--dlo-train-gating", default=None,
                    help="training MLP output: soft = gate * MLP for every token, hard = only where gate >= "
                         "threshold (default soft)")
+
+
+def dlo_flag(key):
+    return "--" + key.replace("_", "-")
 
 
 def check_dlo_args(args):
@@ -316,24 +373,34 @@ def check_dlo_args(args):
     given = [k for k in list(DLO_DEFAULTS) + ["dlo_layer_lr"] if getattr(args, k) not in (None, False)]
     if args.dlo_groups is None:
         if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --dlo-groups")
+            raise UsageError(f"{dlo_flag(given[0])} needs --dlo-groups")
         return
     for key, value in DLO_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key, choices in DLO_CHOICES.items():
+        value = getattr(args, key)
+        if value not in choices:
+            raise UsageError(f"{dlo_flag(key)}: unknown value {value!r} (choose from {', '.join(choices)})")
     if args.dlo_anneal_steps is None:
         args.dlo_anneal_steps = args.num_iterations // 2
+    rescaled = args.dlo_score == "rescaled"
+    if args.dlo_score_scale is None:
+        args.dlo_score_scale = 1.0 if rescaled else None
+    low, at_zero = gate_range(args.dlo_score, args.dlo_score_scale)
+    if args.dlo_threshold is None:
+        args.dlo_threshold = at_zero
     combined = [flag for flag, on in (("--backout-layers", args.backout_layers), ("--rolling-skip", args.rolling_skip),
                                       ("--laurel", args.laurel)) if on]
     if combined:  # expansion copies the baseline's per-layer parts only
         raise UsageError(f"--dlo-groups cannot be combined with {combined[0]} (DLO expands baseline checkpoints)")
-    G, L = args.dlo_groups, args.num_layers
+    G, L, P = args.dlo_groups, args.num_layers, args.dlo_add
     if G < 1 or L % G:
         raise UsageError(f"--dlo-groups {G} must be a positive divisor of --num-layers {L} (the checkpoint's depth)")
     checks = [
-        (args.dlo_add >= 1, f"--dlo-add must be at least 1 (got {args.dlo_add})"),
-        (args.dlo_init in DLO_POLICIES, f"--dlo-init: unknown policy {args.dlo_init!r} "
-                                        f"(choose from {', '.join(DLO_POLICIES)})"),
+        (P >= 0, f"--dlo-add must not be negative (got {P})"),
+        (P > 0 or "dlo_init" not in given and "dlo_slerp_t" not in given,
+         "--dlo-init and --dlo-slerp-t need --dlo-add of at least 1 (--dlo-add 0 adds no layer)"),
         (0 <= args.dlo_sparsity < 1, f"--dlo-sparsity must be in [0, 1) (got {args.dlo_sparsity})"),
         (0 <= args.dlo_anneal_start <= args.dlo_sparsity,
          f"--dlo-anneal-start must be in [0, --dlo-sparsity] (got {args.dlo_anneal_start})"),
@@ -342,12 +409,17 @@ def check_dlo_args(args):
                                          f"(got {args.dlo_skip_loss_weight})"),
         (0 <= args.dlo_slerp_t <= 1, f"--dlo-slerp-t must be in [0, 1] (got {args.dlo_slerp_t})"),
         (args.dlo_init != "slerp" or L // G >= 2, "--dlo-init slerp needs at least 2 layers per group"),
-        (0 < args.dlo_score_scale <= 2, f"--dlo-score-scale must be in (0, 2] (got {args.dlo_score_scale})"),
-        (1 - args.dlo_score_scale / 2 < args.dlo_threshold <= 1,
-         f"--dlo-threshold must be in (1 - scale/2, 1] so tokens start active and can drop out "
-         f"(got {args.dlo_threshold})"),
-        (args.dlo_train_gating in ("soft", "hard"), f"--dlo-train-gating must be soft or hard "
-                                                    f"(got {args.dlo_train_gating!r})"),
+        (args.dlo_init != "duplicate" or P <= L // G,
+         f"--dlo-init duplicate repeats layers of the group: --dlo-add must be at most {L // G}"),
+        (args.dlo_init != "dus" or (L - G * P) % 2 == 0 and G * P <= L,
+         f"--dlo-init dus repeats a middle block of --dlo-groups x --dlo-add layers: it must be at most "
+         f"--num-layers {L} and differ from it by an even number (got {G * P})"),
+        (rescaled or "dlo_score_scale" not in given, "--dlo-score-scale applies to --dlo-score rescaled only"),
+        (not rescaled or 0 < args.dlo_score_scale <= 2,
+         f"--dlo-score-scale must be in (0, 2] (got {args.dlo_score_scale})"),
+        (low < args.dlo_threshold <= at_zero,
+         f"--dlo-threshold must be in ({low:g}, {at_zero:g}] (above the lowest gate, at most the gate at a zero "
+         f"logit) so tokens start active and can drop out (got {args.dlo_threshold})"),
         (bool(args.init_from or args.resume), "--dlo-groups needs --init-from CHECKPOINT (DLO expands a trained "
                                               "model) or --resume"),
     ]
@@ -362,4 +434,6 @@ def dlo_model_config(cfg, args):
     return replace(cfg, num_layers=cfg.num_layers + args.dlo_groups * args.dlo_add, dlo_groups=args.dlo_groups,
                    dlo_add=args.dlo_add, dlo_base_layers=cfg.num_layers, dlo_score_scale=args.dlo_score_scale,
                    dlo_threshold=args.dlo_threshold, dlo_skip_loss_weight=args.dlo_skip_loss_weight,
+                   dlo_init=args.dlo_init, dlo_router_init=args.dlo_router_init, dlo_score=args.dlo_score,
+                   dlo_skip_allocation=args.dlo_skip_allocation,
                    dlo_train_gating=args.dlo_train_gating)

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from speedrun.backout import BackoutMethods
-from speedrun.dlo import DLORouters, dlo_layer_pattern
+from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
 from speedrun.laurel import attach_laurel, laurel_named_scalars
 from speedrun.layers import dense_window_mask, flex_block_masks, norm
 
@@ -46,6 +46,10 @@ class StudyConfig:
     dlo_threshold: float = 1.0
     dlo_skip_loss_weight: float = 0.0
     dlo_train_gating: str = "soft"
+    dlo_init: str = "identity"  # the expansion policy decides where new layers go (dlo_expansion_layout)
+    dlo_router_init: str = "zero"
+    dlo_score: str = "rescaled"
+    dlo_skip_allocation: str = "layer-wise"
 
 
 STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
@@ -120,17 +124,20 @@ class StudyGPT(BackoutMethods, nn.Module):
         if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers \
                 and not self.cfg.dlo_groups:  # DLO counts its new layers itself
             counts["layers"] = self.extra_layer_params()
-        if "dlo" in self.study:  # the expanded layers are added parameters too
-            counts["dlo"] += sum(p.numel() for i in self.pattern["dlo_new_layers"] for p in self.blocks[i].parameters())
+        if "dlo" in self.study:  # routers, new layers and their per-layer scalars (DLO combines with no variant)
+            counts["dlo"] = sum(p.numel() for p in self.parameters()) - self.param_count(dlo_base_config(self.cfg))
         return counts
+
+    def param_count(self, cfg):
+        """Parameters of this architecture at another configuration (built on the meta device: no memory)."""
+        with torch.device("meta"):
+            return sum(p.numel() for p in type(self)(cfg, max_seq_len=1).parameters())
 
     def extra_layer_params(self):
         """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling)."""
         base = replace(self.cfg, **STUDY_OFF)
-        with torch.device("meta"):
-            counts = [sum(p.numel() for p in type(self)(replace(base, num_layers=n), max_seq_len=1).parameters())
-                      for n in (self.cfg.num_layers, self.cfg.baseline_layers)]
-        return counts[0] - counts[1]
+        return self.param_count(replace(base, num_layers=self.cfg.num_layers)) - self.param_count(
+            replace(base, num_layers=self.cfg.baseline_layers))
 
     def matrix_params(self):
         """The hidden matrices Muon trains, with their weight-decay multipliers (study matrices: 1)."""

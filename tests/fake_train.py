@@ -97,6 +97,7 @@ def main():
     if args.resume:
         emit(f"resumed from step {state['step']} of {args.resume}", keep=False)
     config = {**vars(args), "track": "fake", "world_size": world_size}
+    state["config"] = config  # as the real script's checkpoints do: what the run was made with
     emit(f"config: {json.dumps(config)}", keep=False)
     emit("=" * 100, keep=False)
     for line in state["lines"]:

@@ -10,20 +10,11 @@ import pytest
 from scipy import stats as scipy_stats
 
 import analysis_logs as logs_for_tests
-from analysis.cli import main
+from analysis_logs import run_cli
 from analysis.textfmt import pval
 from test_analysis_stats import ARTICLE_LOSSES, ARTICLE_TIMES
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(capsys, *argv):
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def final_curve(final, total=100):
@@ -174,10 +165,14 @@ def test_record_check_pass_fail_bootstrap_and_runs_needed(capsys, tmp_path):
     write_arm(tmp_path / "cand", "record", ARTICLE_LOSSES, ARTICLE_TIMES)
     write_arm(tmp_path / "base", "baseline", [2.9191, 2.9185, 2.9195, 2.9188, 2.9196],
               [1393.1, 1393.5, 1392.8, 1393.3, 1393.1])
-    argv = ["record-check", tmp_path / "cand", "--baseline", tmp_path / "base", "--resamples", "500", "--json"]
+    # The article's runs (mean 1384.7 s) against medium record #12 (23.28 minutes = 1396.8 s), the record of its day.
+    argv = ["record-check", tmp_path / "cand", "--baseline", tmp_path / "base", "--resamples", "500", "--json",
+            "--against", "12"]
     status, out, _ = run_cli(capsys, *argv)
     result = json.loads(out)
     assert status == 0 and result["verdict"] == "pass" and result["target"] == 2.92  # from the config's track
+    assert result["record"]["number"] == 12 and result["record_ok"] is True
+    assert result["record_diff_s"] == pytest.approx(np.mean(ARTICLE_TIMES) - 23.28 * 60)
     assert result["p_value"] == pytest.approx(scipy_stats.ttest_1samp(ARTICLE_LOSSES, 2.92, alternative="less").pvalue)
     base_times = [1393.1, 1393.5, 1392.8, 1393.3, 1393.1]
     assert result["time_p"] == pytest.approx(
@@ -187,11 +182,12 @@ def test_record_check_pass_fail_bootstrap_and_runs_needed(capsys, tmp_path):
     # Same candidate against a faster baseline: the time rule fails, exit status 1.
     write_arm(tmp_path / "fast", "fast", [2.919] * 3, [1370.0, 1371.0, 1372.0])
     status, out, _ = run_cli(capsys, "record-check", tmp_path / "cand", "--baseline", tmp_path / "fast",
-                             "--resamples", "200", "--max-runs", "5")
+                             "--resamples", "200", "--max-runs", "5", "--against", "12")
     assert status == 1 and "FAIL" in out and "verdict: FAIL" in out
     base_losses = [2.9191, 2.9185, 2.9195, 2.9188, 2.9196]
     passes = scipy_stats.ttest_1samp(base_losses, 2.92, alternative="less").pvalue < 0.01
-    status, out, _ = run_cli(capsys, "record-check", tmp_path / "base", "--resamples", "200", "--runs", "40")
+    status, out, _ = run_cli(capsys, "record-check", tmp_path / "base", "--resamples", "200", "--runs", "40",
+                             "--against", "12")
     assert status == (0 if passes else 1) and "fresh batch of 40 runs" in out and "not checked" in out
 
 
@@ -210,7 +206,7 @@ ROOT = ["--records-root", "{tmp}/records"]
     (["summarize", "{tmp}", "--target", "abc"], "--target"),
     (["summarize", "{tmp}/empty_dir", "--target", "2.92"], "no *.txt"),
     (["summarize", "{tmp}/junk", "--target", "2.92"], "no run logs"),
-    (["summarize", "{tmp}"], "--target"),
+    (["summarize", "{tmp}/upstream"], "--target"),
     (["compare", "{tmp}/study/baseline"], "only one arm"),
     (["compare", "{tmp}/study", "--baseline", "nope"], "--baseline"),
     (["compare", "{tmp}/study", "--arms", "baseline,zzz"], "--arms"),
@@ -292,7 +288,9 @@ def test_report_of_a_study_folder(capsys, tmp_path):
         data = (root / image).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000
     compare_status, compare_out, _ = run_cli(capsys, "compare", root, "--markdown")
-    assert compare_status == 0 and compare_out.strip() in text  # the same numbers as `compare`
+    arm_table, comparisons = compare_out.strip().split("\n\n", 1)
+    assert compare_status == 0 and comparisons in text  # the same numbers as `compare`
+    assert arm_table not in text  # shown once, in the report's own arm table
     assert not list(root.glob(".*.tmp"))
 
 

@@ -156,6 +156,7 @@ def test_resource_table_reads_config_env_and_scalars(tmp_path):
 def test_plot_command_writes_each_kind(tmp_path, sweep, kind, capsys):
     study = next(iter(sweep.values()))[0].path.parents[1]
     out = tmp_path / "plots" / f"{kind}.png"
+    out.parent.mkdir(exist_ok=True)
     assert main(["plot", kind, str(study), "--out", str(out), "--target", "2.92"]) == 0
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 5000
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import train_gpt_medium as T
 from speedrun.data import BOS_TOKEN
-from speedrun.dlo import (DLO_POLICIES, DLORouters, dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token,
+from speedrun.dlo import (GROUP_POLICIES, DLORouters, dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token,
                           similarity_labels, skip_loss)
 from conftest import run_training
 
@@ -85,7 +85,7 @@ def test_expanded_layer_pattern_follows_the_rule():
     assert [b.attn is None for b in model.blocks] == [False, False, True, True, False, False, False, False]
 
 
-@pytest.mark.parametrize("policy", DLO_POLICIES)
+@pytest.mark.parametrize("policy", GROUP_POLICIES)
 def test_expansion_policy_weights_match_definition(ckpt, policy):
     base = base_model(ckpt)
     # G=3 groups of two: [0,1] [2,3] [4,5]; layer 2 has no attention, so group 1's merge/slerp mix layer 3 only.
@@ -313,7 +313,7 @@ def test_layer_lr_multipliers_scale_each_layer_by_its_active_share(ckpt):
     (["--dlo-groups", "4"], "--dlo-groups 4 must be a positive divisor of --num-layers 6"),
     (["--dlo-groups", "2", "--dlo-sparsity", "1.0"], "--dlo-sparsity must be in [0, 1)"),
     (["--dlo-groups", "2", "--dlo-sparsity", "-0.1"], "--dlo-sparsity must be in [0, 1)"),
-    (["--dlo-groups", "2", "--dlo-init", "zeros"], "--dlo-init: unknown policy 'zeros'"),
+    (["--dlo-groups", "2", "--dlo-init", "zeros"], "--dlo-init: unknown value 'zeros'"),
     (["--dlo-groups", "6", "--dlo-init", "slerp"], "--dlo-init slerp needs at least 2 layers per group"),
     (["--dlo-groups", "2", "--dlo-threshold", "1.2"], "--dlo-threshold must be in"),
     (["--dlo-sparsity", "0.2"], "--dlo-sparsity needs --dlo-groups"),

@@ -72,7 +72,8 @@ def test_sigkill_of_the_runner_takes_its_runs_down_and_rerun_completes(tmp_path)
 def test_run_outliving_a_killed_runner_is_not_started_twice(tmp_path):
     """A training process that survives its runner (it ignores SIGTERM) still holds its run's lock: a new runner
     watches it instead of starting a duplicate, and counts it once it finishes."""
-    env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1, FAKE_TRAIN_IGNORE_SIGTERM=1)
+    # Slow steps: the orphan must still be running when the second runner starts, even on a loaded machine.
+    env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.4, FAKE_TRAIN_IGNORE_SIGTERM=1)
     study, runner, first_log, child = mid_study(tmp_path, env)
     runner.kill()
     runner.wait(timeout=10)

@@ -55,12 +55,12 @@ def test_single_node_job_array(tmp_path):
 
 
 def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
-    study = write_study(tmp_path, "wide", ARMS, flags=FLAGS, launcher="torchrun", nproc=16, seeds=[0],
+    study = write_study(tmp_path, "wide", ARMS, flags=FLAGS, launcher="torchrun", nproc=8, seeds=[0],
                        extra='[vars]\nckpt = "none"')
-    script, _ = generate(tmp_path, study, "--gpus-per-node", "8", "--set", "ckpt=elsewhere", "--rdzv-port", "29555")
+    script, _ = generate(tmp_path, study, "--gpus-per-node", "4", "--set", "ckpt=elsewhere", "--rdzv-port", "29555")
     text = script.read_text()
     lines = directives(text)
-    assert "--nodes=2" in lines and "--gres=gpu:8" in lines and "--exclusive" in lines
+    assert "--nodes=2" in lines and "--gres=gpu:4" in lines and "--exclusive" in lines
     assert "--array=0-1" in lines
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-endpoint "$head_node:29555"' in text and '--nnodes "$SLURM_JOB_NUM_NODES"' in text
@@ -79,7 +79,7 @@ def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
     args = (tmp_path / "srun-args").read_text().splitlines()
     assert args[:3] == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     torchrun = args[args.index("torch.distributed.run") + 1:]
-    assert torchrun[:5] == ["--nnodes=2", "--nproc_per_node=8", "--rdzv-backend=c10d",
+    assert torchrun[:5] == ["--nnodes=2", "--nproc_per_node=4", "--rdzv-backend=c10d",
                             "--rdzv-endpoint=gpu17:29555", "--rdzv-id=wide-backout-seed0"]
     assert torchrun[-8:] == ["--seed", "0", "--variant", "backout", "--log-dir",
                              str(tmp_path / "runs" / "wide" / "backout"), "--run-name", "seed0"]
@@ -88,7 +88,7 @@ def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
 
 
 def test_runs_that_do_not_fill_whole_nodes_are_refused(tmp_path):
-    study = write_study(tmp_path, "odd", ARMS, flags=FLAGS, launcher="torchrun", nproc=12)
-    result = ablations(["slurm", study, "--gpus-per-node", "8"], tmp_path, runner_env())
+    study = write_study(tmp_path, "odd", ARMS, flags=FLAGS, launcher="torchrun", nproc=8)
+    result = ablations(["slurm", study, "--gpus-per-node", "3"], tmp_path, runner_env())
     assert result.returncode == 2 and "--gpus-per-node" in result.stderr
     assert not (tmp_path / "runs").exists()
