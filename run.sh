@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Front door of the project.
-#   ./run.sh                      set up (if needed) and run the main job (record study on GPUs, else the demo)
+#   ./run.sh                      set up (if needed) and run the main job: on CUDA GPUs the record study (its
+#                                 FineWeb shards downloaded first when missing), elsewhere the CPU demo
+#   ./run.sh demo [options]       the CPU demo study, on any machine (options as for a study)
+#   ./run.sh gpu-check            qualify a CUDA node in minutes: a few full-size steps of each training script
+#                                 and FlexAttention against the dense mask, as a pass/fail table
 #   ./run.sh STUDY [options]      run a study of ablations/ and write its report (options: python -m ablations run -h)
 #   ./run.sh status STUDY         done / running / failed / to do per arm
 #   ./run.sh slurm STUDY [opts]   write a Slurm batch script for the study
@@ -47,36 +51,74 @@ gpu_count() {
     fi
 }
 
-# The record study needs GPUs and the FineWeb shards; anywhere else the demo shows the whole loop on the CPU.
+# The record study: the medium track reads ~2.93B training tokens, 30 train shards of 100M tokens (200 MB each).
+RECORD_TRAIN_SHARDS=30
+SHARD_MB=200
+
+record_shards_present() {
+    [ -f data/fineweb10B/fineweb_val_000000.bin ] || return 1
+    local i
+    for i in $(seq 1 "$RECORD_TRAIN_SHARDS"); do
+        [ -f "$(printf 'data/fineweb10B/fineweb_train_%06d.bin' "$i")" ] || return 1
+    done
+}
+
+# On CUDA GPUs the record study, after fetching its shards when they are missing; anywhere else the demo.
 main_job() {
     setup_python
-    local gpus study why
+    local gpus
     gpus=$(gpu_count)
-    local shards=no
-    if compgen -G "data/fineweb10B/fineweb_train_*.bin" >/dev/null && compgen -G "data/fineweb10B/fineweb_val_*.bin" >/dev/null; then
-        shards=yes
-    fi
-    if [ "$gpus" -gt 0 ] && [ "$shards" = yes ]; then
-        # Each run uses 8 GPUs when the node has them; smaller nodes run the same schedule on fewer processes
-        # (the training script accumulates gradients so every world size sees the same tokens per step).
-        local nproc=1
-        for n in 8 4 2; do if [ "$gpus" -ge "$n" ]; then nproc=$n; break; fi; done
-        echo "run.sh: main job: the record study ($gpus CUDA GPU(s) and FineWeb shards in data/fineweb10B/;" \
-             "$nproc GPU(s) per run), then its report in runs/record/"
-        exec "$PY" -m ablations run record --nproc "$nproc" --report
-    fi
     if [ "$gpus" -eq 0 ]; then
-        why="no CUDA GPU here (nvidia-smi -L finds none)"
-    else
-        why="$gpus GPU(s) but no FineWeb shards in data/fineweb10B/ (python data/cached_fineweb10B.py 30 fetches them)"
+        demo_job "no CUDA GPU here (nvidia-smi -L finds none)"
     fi
-    echo "run.sh: main job: the demo study on the CPU with the bundled demo data, because $why;" \
-         "then its report in runs/demo/"
+    if ! record_shards_present; then
+        local fetch="python data/cached_fineweb10B.py $RECORD_TRAIN_SHARDS" problem
+        if problem=$("$PY" -c 'from data.cached_fineweb10B import hub_connection_problem as p; print(p() or "")') \
+                && [ -n "$problem" ]; then
+            echo "run.sh: the record study needs the FineWeb shards and this node cannot reach the Hugging Face Hub" \
+                 "($problem): run '$fetch' on a machine with network and copy data/fineweb10B/ here" >&2
+            exit 1
+        fi
+        echo "run.sh: the record study needs the FineWeb val shard and $RECORD_TRAIN_SHARDS train shards in" \
+             "data/fineweb10B/: $((RECORD_TRAIN_SHARDS + 1)) files of $SHARD_MB MB, up to" \
+             "$(( (RECORD_TRAIN_SHARDS + 1) * SHARD_MB )) MB to download (valid files already there are kept): $fetch"
+        "$PY" data/cached_fineweb10B.py "$RECORD_TRAIN_SHARDS" || {
+            echo "run.sh: the download did not complete (see the error lines above); run ./run.sh again to resume" >&2
+            exit 1
+        }
+    fi
+    # Each run uses 8 GPUs when the node has them; smaller nodes run the same schedule on fewer processes
+    # (the training script accumulates gradients so every world size sees the same tokens per step).
+    local nproc=1 n
+    for n in 8 4 2; do if [ "$gpus" -ge "$n" ]; then nproc=$n; break; fi; done
+    echo "run.sh: main job: the record study ($gpus CUDA GPU(s), FineWeb shards in data/fineweb10B/;" \
+         "$nproc GPU(s) per run), then its report and result in runs/record/"
+    exec "$PY" -m ablations run record --nproc "$nproc" --report
+}
+
+# The demo study on the CPU with the bundled demo text; $1 says why it is the main job here (empty: asked for),
+# further arguments go to the runner.
+demo_job() {
+    local why=$1
+    shift
+    setup_python
+    echo "run.sh: ${why:+main job: }the demo study on the CPU with the bundled demo data${why:+, because $why};" \
+         "then its report and result in runs/demo/"
     # Small CPU runs go faster side by side, one thread each, than one after the other on all cores.
     local parallel
-    parallel=$(nproc 2>/dev/null || echo 1)
+    # (nproc would count OMP_NUM_THREADS instead of the cores when it is set.)
+    parallel=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
     [ "$parallel" -gt 4 ] && parallel=4
-    exec "$PY" -m ablations run demo --gpus 0 --parallel "$parallel" --report
+    exec "$PY" -m ablations run demo --gpus 0 --parallel "$parallel" --report "$@"
+}
+
+gpu_check() {
+    if [ "$(gpu_count)" -eq 0 ]; then
+        echo "run.sh: gpu-check needs a CUDA GPU and nvidia-smi -L finds none here" >&2
+        exit 2
+    fi
+    setup_python
+    exec "$PY" benchmarks/gpu_check.py "$@"
 }
 
 usage() {
@@ -107,6 +149,14 @@ case "${1:-}" in
         ;;
     "")
         main_job
+        ;;
+    demo)
+        shift
+        demo_job "" "$@"
+        ;;
+    gpu-check)
+        shift
+        gpu_check "$@"
         ;;
     status|slurm|list)
         setup_python

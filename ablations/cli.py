@@ -226,6 +226,9 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
     if result.returncode != 0:
         reporter.line("report", f"failed with exit status {result.returncode}")
         return 1
+    # The study's result in a few lines on the terminal (analysis/terminal.py), below the report's path.
+    subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target)],
+                   check=False)
     return 0
 
 

@@ -57,8 +57,8 @@ def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
     tree, env = copy_of_the_tree(tmp_path)
     fineweb = tree / "data" / "fineweb10B"
     fineweb.mkdir(parents=True)
-    for name in ("fineweb_val_000000.bin", "fineweb_train_000001.bin"):
-        (fineweb / name).write_bytes(b"")
+    for name in ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, 31)]:
+        (fineweb / name).write_bytes(b"")  # the record study's 30 train shards: present, so nothing is fetched
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: a)'\necho 'GPU 1: NVIDIA H100 (UUID: b)'\n")
@@ -74,7 +74,7 @@ def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=60)
     text = output.read_text()
-    assert text.splitlines()[0].startswith("run.sh: main job: the record study (2 CUDA GPU(s) and FineWeb shards")
+    assert text.splitlines()[0].startswith("run.sh: main job: the record study (2 CUDA GPU(s), FineWeb shards")
     assert "2 GPU(s) per run, GPUs 0,1" in text
     assert "record start    baseline/seed0 [1/10]" in text and "(GPUs 0,1)" in text
     assert "got SIGTERM" in text
@@ -82,8 +82,11 @@ def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
 
 @pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
 def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
-    """`./run.sh` on a machine with no GPU: the demo study and its report."""
+    """`./run.sh` on a machine with no GPU: the demo study, its report and its result on the terminal. The copy's
+    demo is cut to 12 steps: this checks the wiring; benchmarks/results/ holds the full demo's time and losses."""
     tree, env = copy_of_the_tree(tmp_path)
+    demo = tree / "ablations" / "demo.toml"
+    demo.write_text(demo.read_text().replace("num-iterations = 100", "num-iterations = 12"))
     result = subprocess.run(["./run.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     first = result.stdout.splitlines()[0]
@@ -91,15 +94,16 @@ def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
         assert first.startswith("run.sh: main job: the demo study") and "no CUDA GPU" in first
     logs = sorted((tree / "runs" / "demo").rglob("seed*.txt"))
     assert {(log.parent.name, log.name) for log in logs} == {
-        ("baseline", "seed0.txt"), ("baseline", "seed1.txt"), ("backout-L4", "seed0.txt"), ("backout-L4", "seed1.txt")}
-    assert len(logs) == 4
+        (arm, f"seed{seed}.txt") for arm in ("baseline", "backout-L4") for seed in (0, 1, 2)}
     assert all(is_complete(log) for log in logs)
-    assert "4 runs: 4 done (4 by this runner), 0 failed" in result.stdout
-    assert (tree / "runs" / "demo" / "runner.log").read_text().count(" done ") >= 4
+    assert "6 runs: 6 done (6 by this runner), 0 failed" in result.stdout
+    assert (tree / "runs" / "demo" / "runner.log").read_text().count(" done ") >= 6
     if importlib.util.find_spec("analysis") is not None:
         assert "python -m analysis report" in result.stdout
         report = (tree / "runs" / "demo" / "report.md").read_text()
         assert "baseline" in report and "backout-L4" in report
+        assert "result of runs/demo (target val loss 6.5; 6 complete runs of 6 logs)" in result.stdout
+        assert "backout-L4: final loss" in result.stdout and "report: runs/demo/report.md" in result.stdout
     else:
         assert "report   skipped: the analysis package is not available" in result.stdout
 

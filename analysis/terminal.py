@@ -1,0 +1,98 @@
+"""The few lines a study leaves on the terminal when it ends: per arm its complete runs, mean final loss +- std and
+step/time to the target; each arm against the baseline (Welch t-test, 99% CI, p); the report and plot paths.
+
+    python -m analysis.terminal DIR --target LOSS [--baseline NAME] [--report FILE]
+
+Bad input ends with one `error:` line on stderr and exit status 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli import positive_float
+from .compare import compare_arms
+from .logs import group_runs, load_runs
+from .summary import summarize
+from .textfmt import interval, num, pval, table
+
+CONFIDENCE = 0.99
+
+
+def _to_target(group: dict) -> str:
+    if not group["n_reached_target"]:
+        return f"0/{group['n']} reached"
+    return (f"{group['n_reached_target']}/{group['n']} reached, step {num(group['mean_step_to_target'], 1)}, "
+            f"{num(group['mean_time_to_target_s'], 1)} s")
+
+
+def _verdict(comparison: dict, baseline: str) -> str:
+    name, diff, ci = comparison["variant"], comparison["loss_diff"], comparison["loss_ci"]
+    if ci is None or ci[0] is None:
+        return f"{name}: too few complete runs for a test (two per arm at least)"
+    direction = "lower" if diff < 0 else "higher"
+    significant = ci[0] > 0 or ci[1] < 0
+    meaning = ("the 99% CI excludes 0: a real difference at the 1% level" if significant else
+               "the 99% CI contains 0: not distinguishable from seed noise at the 1% level")
+    return f"{name}: final loss {abs(diff):.4f} {direction} than {baseline} (p {pval(comparison['loss_p'])}); {meaning}"
+
+
+def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "baseline",
+                     report: Path | None = None) -> str:
+    """The summary text of the complete runs among `runs` (logs of the study folder `study_dir`)."""
+    report = report or study_dir / "report.md"
+    groups = group_runs(runs)
+    lines = [f"result of {study_dir} (target val loss {target:g}; "
+             f"{sum(len(g) for g in groups.values())} complete runs of {len(runs)} logs)"]
+    if not groups:
+        return "\n".join(lines + ["no complete runs: nothing to compare"])
+    if baseline in groups:  # the baseline first
+        groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
+    by_arm = {g["variant"]: g for g in summarize(runs, target)["groups"]}
+    comparisons = ({c["variant"]: c for c in compare_arms(groups, baseline, CONFIDENCE)["comparisons"]}
+                   if baseline in groups else {})
+    rows = []
+    for name in groups:
+        arm, versus = by_arm[name], comparisons.get(name)
+        loss = f"{num(arm['mean_val_loss'])} +- {num(arm['std_val_loss'])}"
+        rows.append([name, arm["n"], loss,
+                     num(versus["loss_diff"], signed=True) if versus else "-",
+                     interval(versus["loss_ci"]) if versus else "-",
+                     pval(versus["loss_p"]) if versus else "-", _to_target(arm)])
+    lines.append(table(["arm", "n", "final val loss (mean +- std)", f"diff vs {baseline}", "99% CI", "p (Welch)",
+                        f"to target {target:g}"], rows))
+    if baseline not in groups:
+        lines.append(f"no complete runs of a baseline arm '{baseline}': no comparison")
+    lines += [_verdict(c, baseline) for c in comparisons.values()]
+    if report.is_file():
+        lines.append(f"report: {report}")
+        plots = sorted(report.parent.glob(f"{report.stem}_*.png"))
+        if plots:
+            lines.append("plots:  " + " ".join(str(p) for p in plots))
+    else:
+        lines.append(f"report: not written (python -m analysis report {study_dir} --target {target:g})")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+def main(argv=None) -> int:
+    parser = _Parser(prog="python -m analysis.terminal", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, help="the study folder (runs/<study>)")
+    parser.add_argument("--target", type=positive_float, required=True, help="target validation loss")
+    parser.add_argument("--baseline", default="baseline", help="the arm the others are compared with")
+    parser.add_argument("--report", type=Path, default=None, help="the report file (default DIR/report.md)")
+    args = parser.parse_args(argv)
+    if not args.dir.is_dir():
+        print(f"error: not a folder: {args.dir}", file=sys.stderr)
+        return 2
+    runs, _ = load_runs([args.dir])
+    print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
