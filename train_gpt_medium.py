@@ -28,7 +28,7 @@ from speedrun.backout import add_backout_args, backout_config, check_backout_arg
 from speedrun.checkpoint import cast_model, load_checkpoint, load_model_weights, save_checkpoint  # noqa: E402
 from speedrun.cli import make_parser, resolve_shared_args, run_main  # noqa: E402
 from speedrun.data import TokenStream, find_shards, read_shard  # noqa: E402
-from speedrun.distributed import Dist  # noqa: E402
+from speedrun.distributed import Dist, GradientReducer  # noqa: E402
 from speedrun.dlo import (add_dlo_args, check_dlo_args, dlo_after_step, dlo_before_step,  # noqa: E402
                           dlo_expand_from_checkpoint, dlo_model_config)
 from speedrun.errors import UsageError  # noqa: E402
@@ -210,16 +210,19 @@ def muon_momentum(step, warmup_steps=300):
 
 
 class Optimizers:
-    """Muon for the hidden matrices, Adam for head/embeddings/scalars, and Snoo around everything."""
+    """Muon for the hidden matrices, Adam for head/embeddings/scalars, and Snoo around everything. `reducer`
+    averages the gradients across ranks (train_step launches it; step waits on each parameter's average just
+    before the parameter is stepped)."""
 
     MUON_LR, MUON_WD = 0.03, 0.01
     ADAM_LRS = dict(head=1 / 320, embed=0.3, scalar=0.015)
 
-    def __init__(self, model: GPT, rank, world_size, fused_adam, ns_dtype=torch.bfloat16):
+    def __init__(self, model: GPT, rank, world_size, fused_adam, ns_dtype=torch.bfloat16, compile_muon=False):
         self.model = model
+        self.reducer = GradientReducer(model.parameters(), world_size)
         matrices = model.matrix_params()
         self.muon = Muon(matrices, lr=self.MUON_LR, weight_decay=self.MUON_WD, momentum=0.95,
-                         rank=rank, world_size=world_size, ns_dtype=ns_dtype)
+                         rank=rank, world_size=world_size, ns_dtype=ns_dtype, compile_update=compile_muon)
         muon_ids = {id(p) for p, _ in matrices}
         embed = model.embedding_params()
         groups = dict(head=[model.lm_head_w], embed=embed,
@@ -248,10 +251,29 @@ class Optimizers:
         mg = self.muon.param_groups[0]
         mg["lr"] = self.MUON_LR * factor
         mg["momentum"] = muon_momentum(step)
-        self.muon.step()
-        self.adam.step()
+        # In the order the averages complete: the head's gradient is final first in the backward, the matrices
+        # block by block, the embeddings and the scalar vector (used by every layer) last.
+        self.step_adam_group("head")
+        self.muon.step(wait_grads=self.reducer.wait)
+        for name in ("scalar", "embed"):
+            self.step_adam_group(name)
+        self.reducer.wait_all()  # any reduction not consumed above (none today) completes before grads are freed
         self.snoo.step()
         self.model.zero_grad(set_to_none=True)
+
+    def step_adam_group(self, name):
+        """Adam on one parameter group, once its gradients' averages are ready. torch's Adam keeps its state per
+        parameter, so stepping the groups one at a time computes exactly what one step of all of them does."""
+        groups = [g for g in self.adam.param_groups if g["name"] == name]
+        if not groups:
+            return
+        self.reducer.wait(groups[0]["params"])
+        every_group = self.adam.param_groups
+        self.adam.param_groups = groups
+        try:
+            self.adam.step()
+        finally:
+            self.adam.param_groups = every_group
 
     def state_dict(self, gather_muon):
         return dict(adam=self.adam.state_dict(), muon=gather_muon(self.muon.full_state()),
@@ -314,7 +336,7 @@ def random_token_steps(train_model, opt, args, ddp: Dist, cfg: ModelConfig):
         batches = [(torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen),
                     torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen))
                    for _ in ddp.virtual_ranks]
-        train_step(train_model, batches, window, ddp)
+        train_step(train_model, batches, window, ddp, opt.reducer)
         opt.step(i, N)
     return take_step
 
@@ -343,8 +365,10 @@ def run(args, ddp: Dist):
         if ddp.world_size > 1:
             dist.broadcast(p.data, 0)
     # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
-    opt = Optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low)
     compiled = args.compile == "on" or (args.compile == "auto" and ddp.device.type == "cuda")
+    # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
+    opt = Optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low,
+                     compile_muon=compiled and ddp.device.type == "cuda")
     if compiled:
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = args.coordinate_descent_tuning == "on"
@@ -409,7 +433,7 @@ def run(args, ddp: Dist):
         if is_last:
             break
         dlo_before_step(model, args, step)
-        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp)
+        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
         dlo_after_step(model, opt, args, ddp)
         opt.step(step, N)
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
