@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from speedrun.laurel import add_laurel_args, check_laurel_args, laurel_config  #
 from speedrun.layers import MLP, CausalSelfAttention, norm  # noqa: E402
 from speedrun.model import StudyConfig, StudyGPT  # noqa: E402
 from speedrun.muon import Muon, Snoo  # noqa: E402
+from speedrun.profiling import StepProfiler  # noqa: E402
 from speedrun.runlog import RunLog, write_preamble  # noqa: E402
 from speedrun.training import (kernel_warmup, log_train_step, log_validation, peak_memory_line,  # noqa: E402
                                train_step, validate)
@@ -294,6 +296,9 @@ def make_arg_parser():
                     "flags without a default take the --preset's value.", PRESETS)
     run.add_argument("--coordinate-descent-tuning", choices=["on", "off"], default="on",
                      help="inductor coordinate-descent tuning (allowed on the medium track)")
+    run.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                     help="profile the last N training steps: optimiser-step time and exposed communication per "
+                          "step, written to <log-dir>/<run-name>.profile.json (benchmarks)")
     add_backout_args(p)
     add_laurel_args(p)
     add_dlo_args(p)
@@ -308,6 +313,8 @@ def resolve_args(argv=None):
     check_backout_args(args)
     check_laurel_args(args, PRESETS[args.preset]["model_dim"], no_attention_layer)
     check_dlo_args(args)
+    if args.profile_steps < 0:
+        raise UsageError(f"--profile-steps must be at least 0, got {args.profile_steps}")
     return args
 
 
@@ -413,6 +420,8 @@ def run(args, ddp: Dist):
             torch.cuda.synchronize()
         ddp.barrier()
 
+    profiler = StepProfiler(max(start_step, last_step - args.profile_steps), ddp.device) \
+        if args.profile_steps else None
     sync()
     t0 = time.perf_counter()
     for step in range(start_step, last_step + 1):
@@ -432,10 +441,13 @@ def run(args, ddp: Dist):
             t0 = time.perf_counter()
         if is_last:
             break
+        if profiler is not None:
+            profiler.begin_step(step)
         dlo_before_step(model, args, step)
         train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
         dlo_after_step(model, opt, args, ddp)
-        opt.step(step, N)
+        with profiler.optimizer() if profiler is not None else nullcontext():
+            opt.step(step, N)
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log_train_step(log, step + 1, N, elapsed)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < last_step:
@@ -444,6 +456,8 @@ def run(args, ddp: Dist):
             t0 = time.perf_counter()
     if args.checkpoint_every or args.save_final_checkpoint:
         save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, args, log, ddp)
+    if profiler is not None:
+        profiler.finish(Path(args.log_dir) / f"{args.run_name}.profile.json" if ddp.rank == 0 else None)
     log.write(peak_memory_line(ddp))
     log.close()
 

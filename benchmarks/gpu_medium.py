@@ -8,7 +8,11 @@ CPU attention on the same document-causal windowed mask.
 Arms come from ablations/speed.toml (--arms, names or patterns) and/or --arm NAME=FLAGS. Every arm runs the first
 --steps steps of the full 5590-step schedule (--stop-after), so step times are comparable within one call only.
 MFU counts matmul FLOPs only (6 x matmul parameters per token, attention scores left out), against --peak-tflops.
+The last half of each arm's steps is profiled (--profile-steps): "opt ms" is the optimiser step on the compute
+stream (waits for gradient averages still in flight included), "exposed comm" the time per step in collectives
+not overlapped by any compute kernel (CPU: operator), both rank 0's.
 """
+import json
 import argparse
 import datetime
 import platform
@@ -27,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 from ablations.study import load_script, load_study, select_arms  # noqa: E402
 from analysis.logs import parse_log  # noqa: E402
 from data.shards import write_shard  # noqa: E402
+from speedrun.data import VIRTUAL_RANKS  # noqa: E402
+from speedrun.layers import attend, dense_window_mask, flex_block_masks  # noqa: E402
 
 SCRIPT = ROOT / "train_gpt_medium.py"
 
@@ -55,7 +61,7 @@ def matmul_flops_per_token(module, argv):
     return 6 * sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in lookups)
 
 
-def flex_matches_dense(module, seq_len=8192, window_blocks=7, block=128):
+def flex_matches_dense(seq_len=8192, window_blocks=7, block=128):
     """Max |FlexAttention - SDPA with the dense mask| on random documents, bf16 inputs on CUDA."""
     from torch.nn.attention.flex_attention import flex_attention
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -64,9 +70,9 @@ def flex_matches_dense(module, seq_len=8192, window_blocks=7, block=128):
     seq[0] = 50256
     q, k, v = (torch.randn(1, 8, seq_len, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     w = torch.tensor(window_blocks, device="cuda")
-    block_mask = module.flex_block_masks(seq, [w], block)[0]
+    block_mask = flex_block_masks(seq, [w], block)[0]
     flex = torch.compile(flex_attention)(q, k, v, block_mask=block_mask, scale=0.12)
-    dense = module.attend(q.float(), k.float(), v.float(), module.dense_window_mask(seq, w, block), 0.12)
+    dense = attend(q.float(), k.float(), v.float(), dense_window_mask(seq, w, block), 0.12)
     return (flex.float() - dense).abs().max().item()
 
 
@@ -102,7 +108,7 @@ def main():
 
     module = load_script(SCRIPT)
     preset = module.PRESETS[args.preset]
-    tokens_per_step = module.VIRTUAL_RANKS * preset["train_seq_len"]
+    tokens_per_step = VIRTUAL_RANKS * preset["train_seq_len"]
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name(0) if cuda else f"CPU {platform.processor() or platform.machine()}"
     lines = [f"date: {datetime.date.today().isoformat()}", f"device: {device}",
@@ -110,15 +116,17 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         train_glob, val_glob = make_shards(tmp, (args.steps + 3) * tokens_per_step,
-                                           module.VIRTUAL_RANKS * preset["val_seq_len"] + 2)
-        header = f"{'arm':28} {'step ms':>9} {'tokens/s':>11} {'MFU':>6} {'peak MiB':>9} {'vs first':>8}"
+                                           VIRTUAL_RANKS * preset["val_seq_len"] + 2)
+        header = (f"{'arm':28} {'step ms':>9} {'tokens/s':>11} {'MFU':>6} {'peak MiB':>9} {'vs first':>8} "
+                  f"{'opt ms':>8} {'exposed comm ms':>15}")
         lines.append(header)
         first_ms = None
         for name, flags in arms.items():
             argv = ["--preset", args.preset, "--train-files", train_glob, "--val-files", val_glob,
-                    "--val-tokens", str(module.VIRTUAL_RANKS * preset["val_seq_len"]), "--val-every", "0",
+                    "--val-tokens", str(VIRTUAL_RANKS * preset["val_seq_len"]), "--val-every", "0",
                     "--num-iterations", str(preset["num_iterations"]), "--stop-after", str(args.steps),
-                    "--log-dir", str(tmp / "logs"), "--run-name", name, "--variant", name, *flags]
+                    "--log-dir", str(tmp / "logs"), "--run-name", name, "--variant", name,
+                    "--profile-steps", str(args.steps // 2), *flags]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={args.nproc}", str(SCRIPT), *argv]
             res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -133,11 +141,13 @@ def main():
             tokens_s = tokens_per_step / (step_ms / 1000)
             mfu = matmul_flops_per_token(module, ["--preset", args.preset, *flags]) * tokens_s / (
                 args.peak_tflops * 1e12 * args.nproc)
+            profile = json.loads((tmp / "logs" / f"{name}.profile.json").read_text())
             lines.append(f"{name:28} {step_ms:9.2f} {tokens_s:11.0f} {mfu:6.1%} {run.peak_allocated_mib or 0:9.0f} "
-                         f"{step_ms / first_ms - 1:+8.2%}")
+                         f"{step_ms / first_ms - 1:+8.2%} {profile['optimizer_ms']:8.2f} "
+                         f"{profile['exposed_comm_ms']:15.2f}")
     if cuda:
         lines += ["", f"FlexAttention vs SDPA on the dense mask (bf16 vs fp32): max abs diff "
-                      f"{flex_matches_dense(module):.2e}"]
+                      f"{flex_matches_dense():.2e}"]
     else:
         lines += ["", "FlexAttention check: needs CUDA (skipped)"]
     print("\n".join(lines))
