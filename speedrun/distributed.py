@@ -47,8 +47,8 @@ def setup_distributed():
 
 
 class GradientReducer:
-    """Averages gradients across ranks with one asynchronous all-reduce per parameter (SUM, then divided by the
-    world size: gloo has no AVG), launched as soon as that gradient is final, i.e. from a post-accumulate-grad
+    """Averages gradients across ranks with one asynchronous all-reduce per parameter (NCCL: AVG inside the
+    collective; gloo, which has no AVG: SUM, then divided by the world size), launched as soon as that gradient is final, i.e. from a post-accumulate-grad
     hook during the backward of the last micro-step (`arm()` before it). Nothing is concatenated or copied back:
     each reduction works in place on p.grad. `wait(params)` makes given averages ready; on CUDA it only makes the
     current stream wait for the collective (no host sync), so an optimiser can step a parameter as soon as its
@@ -69,6 +69,8 @@ class GradientReducer:
         self.params, self.world_size = list(params), world_size
         self.pending = {}  # id(p) -> (p, work) of launched, not yet awaited reductions
         self.armed = False
+        self.divide_after = world_size > 1 and dist.get_backend() != "nccl"
+        self.op = dist.ReduceOp.SUM if self.divide_after else dist.ReduceOp.AVG
         if world_size > 1 and hooks:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._on_grad_final)
@@ -83,7 +85,7 @@ class GradientReducer:
 
     def _launch(self, p):
         if id(p) not in self.pending:
-            self.pending[id(p)] = (p, dist.all_reduce(p.grad, async_op=True))
+            self.pending[id(p)] = (p, dist.all_reduce(p.grad, op=self.op, async_op=True))
 
     def finish_backward(self):
         """After the last backward: launches, in a fixed order, any reduction no hook started."""
@@ -98,7 +100,8 @@ class GradientReducer:
             entry = self.pending.pop(id(p), None)
             if entry is not None:
                 entry[1].wait()
-                p.grad.div_(self.world_size)
+                if self.divide_after:
+                    p.grad.div_(self.world_size)
 
     def wait_all(self):
         """Every launched reduction completes (the gradient buffers must not be freed while in flight)."""

@@ -68,3 +68,14 @@ def test_reductions_launch_during_the_last_backward_only(one_rank_group):
     assert all(torch.equal(p.grad, g / 2) for p, g in zip(params, accumulated))
     last(first(x)).sum().backward()  # finish_backward disarmed the hooks
     assert not reducer.pending
+
+
+# --- exposed communication from profiler intervals ---------------------------------------------------------------
+
+def test_exposed_time_counts_only_communication_no_compute_covers():
+    from speedrun.profiling import exposed_time
+    # comm 0-10 and 8-14 (union 0-14); compute covers 2-5 and 12-20: exposed 0-2, 5-12 = 9
+    assert exposed_time([(0, 10), (8, 14)], [(2, 5), (12, 20), (3, 4)]) == 9
+    assert exposed_time([(0, 10)], []) == 10
+    assert exposed_time([], [(0, 10)]) == 0
+    assert exposed_time([(1, 3)], [(0, 10)]) == 0
