@@ -73,7 +73,8 @@ class GradientReducer:
         self.op = dist.ReduceOp.SUM if self.divide_after else dist.ReduceOp.AVG
         if world_size > 1 and hooks:
             for p in self.params:
-                p.register_post_accumulate_grad_hook(self._on_grad_final)
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(self._on_grad_final)
 
     def arm(self):
         """The next backward is the last micro-step's: launch each reduction from its hook."""

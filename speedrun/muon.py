@@ -36,14 +36,12 @@ def split_fp32_into_bf16_parts(value_fp32, high_bf16, low_bits):
     low_bits.copy_(bits.to(torch.int16))
 
 
-def muon_update(grad, momentum, smoothed, value, mu, smoothing, decay, step_size, ns_dtype, ns_coeffs):
-    """One matrix's Muon step in place: Nesterov momentum, NS5, update smoothing, then
-    value = value * decay - step_size * smoothed on the fp32 master value. Floats are traced as inputs by
-    torch.compile (dynamo does not specialise floats), so the changing lr and momentum cause no recompile."""
-    momentum.lerp_(grad, 1 - mu)
+def muon_direction(grad, momentum, smoothed, mu, one_minus_mu, smoothing, ns_dtype, ns_coeffs):
+    """One matrix's Nesterov momentum, NS5 and update smoothing, in place on momentum and smoothed. mu and
+    1 - mu come as 0-d tensors: compiled, a changing momentum is then data, not a constant that recompiles."""
+    momentum.lerp_(grad, one_minus_mu)
     update = newton_schulz5(grad.lerp(momentum, mu), ns_dtype, ns_coeffs).float()
     smoothed.mul_(smoothing).add_(update, alpha=1 - smoothing)
-    value.mul_(decay).add_(smoothed, alpha=-step_size)
 
 
 class Muon(torch.optim.Optimizer):
@@ -52,8 +50,8 @@ class Muon(torch.optim.Optimizer):
     Parameters are sorted by size and taken world_size at a time: each rank updates one and the group is
     all-gathered, so a parameter's state lives on its owning rank only. bf16 parameters are updated as if fp32 by
     keeping their low 16 bits in a separate buffer. Each group's all-gather is asynchronous and overlaps the next
-    group's Newton-Schulz. compile_update=True compiles the per-matrix update (one fused graph per shape; for CUDA:
-    on CPU the eager update is the bitwise reference).
+    group's Newton-Schulz. compile_update=True compiles the per-matrix direction (momentum, NS5, smoothing) into fused kernels (for CUDA: on CPU
+    the eager update is the bitwise reference).
     """
 
     def __init__(self, params_with_wd_mul, lr, weight_decay, momentum, smoothing=0.2, rank=0, world_size=1,
@@ -64,7 +62,8 @@ class Muon(torch.optim.Optimizer):
         self.lr_mul = {}  # per-parameter learning-rate multipliers (DLO's layer-wise rates); absent = 1
         self.smoothing, self.rank, self.world_size, self.ns_dtype = smoothing, rank, world_size, ns_dtype
         self.ns_coeffs = ns_coeffs
-        self.update = torch.compile(muon_update, dynamic=False) if compile_update else muon_update
+        self.direction = torch.compile(muon_direction, dynamic=False) if compile_update else muon_direction
+        self.momentum_scalars = None  # [mu, 1 - mu] on the parameters' device, refilled each step (no host sync)
         self.ordered = sorted(params, key=lambda p: p.numel(), reverse=True)
         self.position = {id(p): i for i, p in enumerate(self.ordered)}
 
@@ -100,6 +99,12 @@ class Muon(torch.optim.Optimizer):
         group = self.param_groups[0]
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
         ws = self.world_size
+        if not self.ordered:
+            return
+        if self.momentum_scalars is None:
+            self.momentum_scalars = torch.empty(2, device=self.ordered[0].device)
+        self.momentum_scalars[0].fill_(mu)
+        self.momentum_scalars[1].fill_(1 - mu)
         in_flight = []
         for base in range(0, len(self.ordered), ws):
             chunk = self.ordered[base:base + ws]
@@ -111,8 +116,11 @@ class Muon(torch.optim.Optimizer):
                 scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
                 value = self.master_value(p)
                 p_lr = lr * self.lr_mul.get(p, 1.0)
-                self.update(p.grad.float(), st["momentum"], st["smoothed"], value, mu, self.smoothing,
-                            1 - p_lr * wd * self.wd_mul[p], p_lr * scale, self.ns_dtype, self.ns_coeffs)
+                self.direction(p.grad.float(), st["momentum"], st["smoothed"], *self.momentum_scalars,
+                               self.smoothing, self.ns_dtype, self.ns_coeffs)
+                # Outside the compiled part: add's alpha must be a Python number, which torch.compile would
+                # specialise on (a recompile at every lr change), and a tensor factor would round differently.
+                value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
                 self.write_master(p, value)
             if ws > 1:
                 in_flight += self._exchange([q.data for q in chunk])

@@ -33,6 +33,7 @@ def documents(seed):
 def main():
     steps, flags = int(sys.argv[1]), sys.argv[2:]
     torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # the reference was written with one thread: matmul sums in the same order
     ddp = setup_distributed()
     args = T.resolve_args(["--preset", "tiny", *flags])
     low = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": torch.float32}[args.low_precision]
