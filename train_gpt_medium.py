@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from speedrun.checkpoint import (cast_model, load_checkpoint, load_model_weights
                                  run_schedule_clock, save_checkpoint)
 from speedrun.cli import make_parser, resolve_shared_args, run_main  # noqa: E402
 from speedrun.data import TokenStream, find_shards, read_shard  # noqa: E402
-from speedrun.distributed import Dist  # noqa: E402
+from speedrun.distributed import Dist, GradientReducer  # noqa: E402
 from speedrun.dlo import (add_dlo_args, check_dlo_args, dlo_after_step, dlo_before_step,  # noqa: E402
                           dlo_expand_from_checkpoint, dlo_model_config)
 from speedrun.errors import UsageError  # noqa: E402
@@ -37,6 +38,7 @@ from speedrun.laurel import add_laurel_args, check_laurel_args, laurel_config  #
 from speedrun.layers import MLP, CausalSelfAttention, norm  # noqa: E402
 from speedrun.model import StudyConfig, StudyGPT  # noqa: E402
 from speedrun.muon import Muon, Snoo  # noqa: E402
+from speedrun.profiling import StepProfiler  # noqa: E402
 from speedrun.runlog import RunLog, write_preamble  # noqa: E402
 from speedrun.training import (kernel_warmup, log_train_step, log_validation, peak_memory_line,  # noqa: E402
                                train_step, validate)
@@ -212,16 +214,19 @@ def muon_momentum(step, warmup_steps=300):
 
 
 class Optimizers:
-    """Muon for the hidden matrices, Adam for head/embeddings/scalars, and Snoo around everything."""
+    """Muon for the hidden matrices, Adam for head/embeddings/scalars, and Snoo around everything. `reducer`
+    averages the gradients across ranks (train_step launches it; step waits on each parameter's average just
+    before the parameter is stepped)."""
 
     MUON_LR, MUON_WD = 0.03, 0.01
     ADAM_LRS = dict(head=1 / 320, embed=0.3, scalar=0.015)
 
-    def __init__(self, model: GPT, rank, world_size, fused_adam, ns_dtype=torch.bfloat16):
+    def __init__(self, model: GPT, rank, world_size, fused_adam, ns_dtype=torch.bfloat16, compile_muon=False):
         self.model = model
+        self.reducer = GradientReducer(model.parameters(), world_size)
         matrices = model.matrix_params()
         self.muon = Muon(matrices, lr=self.MUON_LR, weight_decay=self.MUON_WD, momentum=0.95,
-                         rank=rank, world_size=world_size, ns_dtype=ns_dtype)
+                         rank=rank, world_size=world_size, ns_dtype=ns_dtype, compile_update=compile_muon)
         muon_ids = {id(p) for p, _ in matrices}
         embed = model.embedding_params()
         groups = dict(head=[model.lm_head_w], embed=embed,
@@ -250,10 +255,29 @@ class Optimizers:
         mg = self.muon.param_groups[0]
         mg["lr"] = self.MUON_LR * factor
         mg["momentum"] = muon_momentum(step)
-        self.muon.step()
-        self.adam.step()
+        # In the order the averages complete: the head's gradient is final first in the backward, the matrices
+        # block by block, the embeddings and the scalar vector (used by every layer) last.
+        self.step_adam_group("head")
+        self.muon.step(wait_grads=self.reducer.wait)
+        for name in ("scalar", "embed"):
+            self.step_adam_group(name)
+        self.reducer.wait_all()  # any reduction not consumed above (none today) completes before grads are freed
         self.snoo.step()
         self.model.zero_grad(set_to_none=True)
+
+    def step_adam_group(self, name):
+        """Adam on one parameter group, once its gradients' averages are ready. torch's Adam keeps its state per
+        parameter, so stepping the groups one at a time computes exactly what one step of all of them does."""
+        groups = [g for g in self.adam.param_groups if g["name"] == name]
+        if not groups:
+            return
+        self.reducer.wait(groups[0]["params"])
+        every_group = self.adam.param_groups
+        self.adam.param_groups = groups
+        try:
+            self.adam.step()
+        finally:
+            self.adam.param_groups = every_group
 
     def state_dict(self, gather_muon):
         return dict(adam=self.adam.state_dict(), muon=gather_muon(self.muon.full_state()),
@@ -274,6 +298,9 @@ def make_arg_parser():
                     "flags without a default take the --preset's value.", PRESETS)
     run.add_argument("--coordinate-descent-tuning", choices=["on", "off"], default="on",
                      help="inductor coordinate-descent tuning (allowed on the medium track)")
+    run.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                     help="profile the last N training steps: optimiser-step time and exposed communication per "
+                          "step, written to <log-dir>/<run-name>.profile.json (benchmarks)")
     add_backout_args(p)
     add_laurel_args(p)
     add_dlo_args(p)
@@ -294,6 +321,8 @@ def resolve_args(argv=None):
         # naive scaling is no study flag but is an arm of its own
         layers = [f"layers{args.num_layers}"] if args.num_layers != PRESETS[args.preset]["num_layers"] else []
         args.variant = default_variant(given, args, extra=layers)
+    if args.profile_steps < 0:
+        raise UsageError(f"--profile-steps must be at least 0, got {args.profile_steps}")
     return args
 
 
@@ -322,7 +351,7 @@ def random_token_steps(train_model, opt, args, ddp: Dist, cfg: ModelConfig):
         batches = [(torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen),
                     torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen))
                    for _ in ddp.virtual_ranks]
-        train_step(train_model, batches, window, ddp)
+        train_step(train_model, batches, window, ddp, opt.reducer)
         opt.step(i, N)
     return take_step
 
@@ -351,8 +380,10 @@ def run(args, ddp: Dist):
         if ddp.world_size > 1:
             dist.broadcast(p.data, 0)
     # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
-    opt = Optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low)
     compiled = args.compile == "on" or (args.compile == "auto" and ddp.device.type == "cuda")
+    # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
+    opt = Optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low,
+                     compile_muon=compiled and ddp.device.type == "cuda")
     if compiled:
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = args.coordinate_descent_tuning == "on"
@@ -397,6 +428,8 @@ def run(args, ddp: Dist):
             torch.cuda.synchronize()
         ddp.barrier()
 
+    profiler = StepProfiler(max(start_step, last_step - args.profile_steps), ddp.device) \
+        if args.profile_steps else None
     sync()
     t0 = time.perf_counter()
     for step in range(start_step, last_step + 1):
@@ -416,10 +449,13 @@ def run(args, ddp: Dist):
             t0 = time.perf_counter()
         if is_last:
             break
+        if profiler is not None:
+            profiler.begin_step(step)
         dlo_before_step(model, args, step)
-        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp)
+        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
         dlo_after_step(model, opt, args, ddp)
-        opt.step(*schedule_at(step))
+        with profiler.optimizer() if profiler is not None else nullcontext():
+            opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log_train_step(log, step + 1, N, elapsed)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < last_step:
@@ -428,6 +464,8 @@ def run(args, ddp: Dist):
             t0 = time.perf_counter()
     if args.checkpoint_every or args.save_final_checkpoint:
         save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, args, log, ddp)
+    if profiler is not None:
+        profiler.finish(Path(args.log_dir) / f"{args.run_name}.profile.json" if ddp.rank == 0 else None)
     log.write(peak_memory_line(ddp))
     log.close()
 

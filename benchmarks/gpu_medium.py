@@ -8,7 +8,11 @@ CPU attention on the same document-causal windowed mask.
 Arms come from ablations/speed.toml (--arms, names or patterns) and/or --arm NAME=FLAGS. Every arm runs the first
 --steps steps of the full 5590-step schedule (--stop-after), so step times are comparable within one call only.
 MFU counts matmul FLOPs only (6 x matmul parameters per token, attention scores left out), against --peak-tflops.
+The last half of each arm's steps is profiled (--profile-steps): "opt ms" is the optimiser step on the compute
+stream (waits for gradient averages still in flight included), "exposed comm" the time per step in collectives
+not overlapped by any compute kernel (CPU: operator), both rank 0's.
 """
+import json
 import argparse
 import datetime
 import platform
@@ -97,14 +101,16 @@ def main():
         tmp = Path(tmp)
         train_glob, val_glob = make_shards(tmp, (args.steps + 3) * tokens_per_step,
                                            VIRTUAL_RANKS * preset["val_seq_len"] + 2)
-        header = f"{'arm':28} {'step ms':>9} {'tokens/s':>11} {'MFU':>6} {'peak MiB':>9} {'vs first':>8}"
+        header = (f"{'arm':28} {'step ms':>9} {'tokens/s':>11} {'MFU':>6} {'peak MiB':>9} {'vs first':>8} "
+                  f"{'opt ms':>8} {'exposed comm ms':>15}")
         lines.append(header)
         first_ms = None
         for name, flags in arms.items():
             argv = ["--preset", args.preset, "--train-files", train_glob, "--val-files", val_glob,
                     "--val-tokens", str(VIRTUAL_RANKS * preset["val_seq_len"]), "--val-every", "0",
                     "--num-iterations", str(preset["num_iterations"]), "--stop-after", str(args.steps),
-                    "--log-dir", str(tmp / "logs"), "--run-name", name, "--variant", name, *flags]
+                    "--log-dir", str(tmp / "logs"), "--run-name", name, "--variant", name,
+                    "--profile-steps", str(args.steps // 2), *flags]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={args.nproc}", str(SCRIPT), *argv]
             res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -119,8 +125,10 @@ def main():
             tokens_s = tokens_per_step / (step_ms / 1000)
             mfu = matmul_flops_per_token(module, ["--preset", args.preset, *flags]) * tokens_s / (
                 args.peak_tflops * 1e12 * args.nproc)
+            profile = json.loads((tmp / "logs" / f"{name}.profile.json").read_text())
             lines.append(f"{name:28} {step_ms:9.2f} {tokens_s:11.0f} {mfu:6.1%} {run.peak_allocated_mib or 0:9.0f} "
-                         f"{step_ms / first_ms - 1:+8.2%}")
+                         f"{step_ms / first_ms - 1:+8.2%} {profile['optimizer_ms']:8.2f} "
+                         f"{profile['exposed_comm_ms']:15.2f}")
     if cuda:
         from benchmarks.gpu_check import flex_check
         flex = flex_check()

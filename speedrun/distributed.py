@@ -62,25 +62,74 @@ def keep_freed_memory_mapped():
     libc.mallopt(m_trim_threshold, 2**30)
 
 
+class GradientReducer:
+    """Averages gradients across ranks with one asynchronous all-reduce per parameter (NCCL: AVG inside the
+    collective; gloo, which has no AVG: SUM, then divided by the world size), launched as soon as that gradient is
+    final, i.e. from a post-accumulate-grad hook during the backward of the last micro-step (`arm()` before it).
+    Nothing is concatenated or copied back: each reduction works in place on p.grad. `wait(params)` makes given averages ready; on CUDA it only makes the
+    current stream wait for the collective (no host sync), so an optimiser can step a parameter as soon as its
+    reduction is done while later ones are still in flight.
+
+    Why hooks, and what they overlap with under torch.compile: AOTAutograd turns the backward of a compiled graph
+    into one autograd node, and the autograd engine runs the parameters' AccumulateGrad nodes, and so these hooks,
+    only once that node has been run (its kernels launched). On CUDA an NCCL collective waits for every kernel
+    launched before it on the compute stream, so with a whole-model compile the reductions overlap the optimiser
+    (Adam's steps, Muon's Newton-Schulz of earlier matrices) and each other, not the backward. Each graph break or
+    separately compiled region ends an autograd node: a parameter's reduction then starts when its region's
+    backward has been launched and overlaps the backward of the regions before it; eager runs (and gloo on CPU,
+    which reduces on its own thread) overlap from the first parameter on. Upstream's later records register the
+    same per-parameter hooks on their whole-model compiled graph. The hooks are registered once and cost nothing
+    while not armed (earlier micro-steps only accumulate)."""
+
+    def __init__(self, params, world_size, hooks=True):
+        self.params, self.world_size = list(params), world_size
+        self.pending = {}  # id(p) -> (p, work) of launched, not yet awaited reductions
+        self.armed = False
+        self.divide_after = world_size > 1 and dist.get_backend() != "nccl"
+        self.op = dist.ReduceOp.SUM if self.divide_after else dist.ReduceOp.AVG
+        if world_size > 1 and hooks:
+            for p in self.params:
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(self._on_grad_final)
+
+    def arm(self):
+        """The next backward is the last micro-step's: launch each reduction from its hook."""
+        self.armed = self.world_size > 1
+
+    def _on_grad_final(self, p):
+        if self.armed:
+            self._launch(p)
+
+    def _launch(self, p):
+        if id(p) not in self.pending:
+            self.pending[id(p)] = (p, dist.all_reduce(p.grad, op=self.op, async_op=True))
+
+    def finish_backward(self):
+        """After the last backward: launches, in a fixed order, any reduction no hook started."""
+        self.armed = False
+        if self.world_size > 1:
+            for p in self.params:
+                if p.grad is not None:
+                    self._launch(p)
+
+    def wait(self, params):
+        for p in params:
+            entry = self.pending.pop(id(p), None)
+            if entry is not None:
+                entry[1].wait()
+                if self.divide_after:
+                    p.grad.div_(self.world_size)
+
+    def wait_all(self):
+        """Every launched reduction completes (the gradient buffers must not be freed while in flight)."""
+        self.wait([p for p, _ in list(self.pending.values())])
+
+
 def sync_gradients(model, ddp: Dist):
-    """Averages gradients across ranks: one flat all-reduce per dtype (SUM then divide: gloo has no AVG)."""
-    if ddp.world_size == 1:
-        return
-    by_dtype = {}
-    for p in model.parameters():
-        if p.grad is not None:
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-    pending = []
-    for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        pending.append((grads, flat, dist.all_reduce(flat, async_op=True)))
-    for grads, flat, handle in pending:
-        handle.wait()
-        flat /= ddp.world_size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+    """Averages every gradient across ranks after the backward, without overlap (for callers with no reducer)."""
+    reducer = GradientReducer(model.parameters(), ddp.world_size, hooks=False)
+    reducer.finish_backward()
+    reducer.wait_all()
 
 
 def gather_to_rank0(obj, ddp: Dist):

@@ -36,22 +36,34 @@ def split_fp32_into_bf16_parts(value_fp32, high_bf16, low_bits):
     low_bits.copy_(bits.to(torch.int16))
 
 
+def muon_direction(grad, momentum, smoothed, mu, one_minus_mu, smoothing, ns_dtype, ns_coeffs):
+    """One matrix's Nesterov momentum, NS5 and update smoothing, in place on momentum and smoothed. mu and
+    1 - mu come as 0-d tensors: compiled, a changing momentum is then data, not a constant that recompiles."""
+    momentum.lerp_(grad, one_minus_mu)
+    update = newton_schulz5(grad.lerp(momentum, mu), ns_dtype, ns_coeffs).float()
+    smoothed.mul_(smoothing).add_(update, alpha=1 - smoothing)
+
+
 class Muon(torch.optim.Optimizer):
     """Muon with Nesterov momentum, NS5, update smoothing and decoupled weight decay.
 
     Parameters are sorted by size and taken world_size at a time: each rank updates one and the group is
     all-gathered, so a parameter's state lives on its owning rank only. bf16 parameters are updated as if fp32 by
-    keeping their low 16 bits in a separate buffer.
+    keeping their low 16 bits in a separate buffer. Each group's all-gather is asynchronous and overlaps the next
+    group's Newton-Schulz. compile_update=True compiles the per-matrix direction (momentum, NS5, smoothing) into fused kernels (for CUDA: on CPU
+    the eager update is the bitwise reference).
     """
 
     def __init__(self, params_with_wd_mul, lr, weight_decay, momentum, smoothing=0.2, rank=0, world_size=1,
-                 ns_dtype=torch.bfloat16, ns_coeffs=NS5_COEFFS):
+                 ns_dtype=torch.bfloat16, ns_coeffs=NS5_COEFFS, compile_update=False):
         params = [p for p, _ in params_with_wd_mul]
         super().__init__([dict(params=params)], dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
         self.wd_mul = {p: m for p, m in params_with_wd_mul}
         self.lr_mul = {}  # per-parameter learning-rate multipliers (DLO's layer-wise rates); absent = 1
         self.smoothing, self.rank, self.world_size, self.ns_dtype = smoothing, rank, world_size, ns_dtype
         self.ns_coeffs = ns_coeffs
+        self.direction = torch.compile(muon_direction, dynamic=False) if compile_update else muon_direction
+        self.momentum_scalars = None  # [mu, 1 - mu] on the parameters' device, refilled each step (no host sync)
         self.ordered = sorted(params, key=lambda p: p.numel(), reverse=True)
         self.position = {id(p): i for i, p in enumerate(self.ordered)}
 
@@ -82,57 +94,65 @@ class Muon(torch.optim.Optimizer):
             p.data.copy_(value_fp32)
 
     @torch.no_grad()
-    def step(self):
+    def step(self, wait_grads=None):
+        """wait_grads(params), if given, is called before a gradient is read (a GradientReducer's wait)."""
         group = self.param_groups[0]
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
         ws = self.world_size
+        if not self.ordered:
+            return
+        if self.momentum_scalars is None:
+            self.momentum_scalars = torch.empty(2, device=self.ordered[0].device)
+        self.momentum_scalars[0].fill_(mu)
+        self.momentum_scalars[1].fill_(1 - mu)
+        in_flight = []
         for base in range(0, len(self.ordered), ws):
             chunk = self.ordered[base:base + ws]
             if base + self.rank < len(self.ordered):
                 p = self.ordered[base + self.rank]
+                if wait_grads is not None:
+                    wait_grads([p])
                 st = self._state(p)
-                g = p.grad.float()
-                st["momentum"].lerp_(g, 1 - mu)
-                update = newton_schulz5(g.lerp(st["momentum"], mu), self.ns_dtype, self.ns_coeffs).float()
-                st["smoothed"].mul_(self.smoothing).add_(update, alpha=1 - self.smoothing)
                 scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
                 value = self.master_value(p)
                 p_lr = lr * self.lr_mul.get(p, 1.0)
+                self.direction(p.grad.float(), st["momentum"], st["smoothed"], *self.momentum_scalars,
+                               self.smoothing, self.ns_dtype, self.ns_coeffs)
+                # Outside the compiled part: add's alpha must be a Python number, which torch.compile would
+                # specialise on (a recompile at every lr change), and a tensor factor would round differently.
                 value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
                 self.write_master(p, value)
             if ws > 1:
-                self._share(chunk)
-
-    def _share(self, chunk):
-        """Every rank receives the parameters updated by their owners."""
-        self._exchange([q.data for q in chunk])
+                in_flight += self._exchange([q.data for q in chunk])
+        for work in in_flight:
+            work.wait()
 
     def _exchange(self, tensors):
-        """tensors[j] is authoritative on rank j (the owner of position base+j); afterwards on every rank."""
+        """Launches the sharing of tensors[j], authoritative on rank j (the owner of position base+j), with every
+        rank; returns the asynchronous works, which the caller waits on before reading the tensors."""
         if len({t.numel() for t in tensors}) == 1 and len({t.dtype for t in tensors}) == 1:
             flat = [t.view(-1) for t in tensors]
             flat += [torch.empty_like(flat[0]) for _ in range(self.world_size - len(tensors))]
-            dist.all_gather(flat, flat[self.rank].clone())
-        else:
-            for j, t in enumerate(tensors):
-                dist.broadcast(t, j)
+            return [dist.all_gather(flat, flat[self.rank].clone(), async_op=True)]
+        return [dist.broadcast(t, j, async_op=True) for j, t in enumerate(tensors)]
 
     def master_values(self):
         """{id(p): fp32 value} of every matrix on every rank: the bf16 parameter plus its owner's low bits."""
-        out = {}
+        lows, in_flight = {}, []
         for base in range(0, len(self.ordered), self.world_size):
-            chunk = self.ordered[base:base + self.world_size]
-            lows = []
+            chunk = self.ordered[base:base + self.world_size]  # chunk[j] is owned by rank j
+            if all(p.dtype != torch.bfloat16 for p in chunk):
+                continue  # fp32 matrices are their own masters: nothing to gather
             for p in chunk:
                 st = self.state.get(p, {})
                 owned = self.owner(p) == self.rank and "mantissa" in st
-                lows.append(st["mantissa"] if owned else torch.zeros_like(p, dtype=torch.int16))
-            if self.world_size > 1 and any(p.dtype == torch.bfloat16 for p in chunk):
-                lows = [t.clone() for t in lows]
-                self._exchange([t.view(torch.bfloat16) for t in lows])  # same bits; gloo has no int16
-            for p, low in zip(chunk, lows):
-                out[id(p)] = fp32_from_bf16_parts(p.data, low) if p.dtype == torch.bfloat16 else p.data.float()
-        return out
+                lows[id(p)] = st["mantissa"].clone() if owned else torch.zeros_like(p, dtype=torch.int16)
+            if self.world_size > 1:  # every group's gather in flight at once; same bits (gloo has no int16)
+                in_flight += self._exchange([lows[id(p)].view(torch.bfloat16) for p in chunk])
+        for work in in_flight:
+            work.wait()
+        return {id(p): fp32_from_bf16_parts(p.data, lows[id(p)]) if p.dtype == torch.bfloat16 else p.data.float()
+                for p in self.ordered}
 
     def full_state(self):
         """This rank's owned states keyed by position in the sort order (merged across ranks by the caller)."""
@@ -173,12 +193,17 @@ class Snoo:
         self.calls += 1
         if not fired:
             return False
-        for i, (p, current) in enumerate(zip(self.params, self.read_all())):
-            grad = self.stored(p, self.old[i]) - current
-            buf = grad.clone() if self.buf[i] is None else self.buf[i].mul_(self.momentum).add_(grad)
-            self.buf[i] = buf
-            self.old[i].sub_(grad.add(buf, alpha=self.momentum), alpha=self.lr)
-            self.write(p, self.old[i])
+        # Multi-tensor (_foreach) kernels: a handful of launches for all parameters instead of a few per parameter.
+        grads = torch._foreach_sub([self.stored(p, old) for p, old in zip(self.params, self.old)], self.read_all())
+        if self.buf[0] is None:
+            self.buf = [g.clone() for g in grads]
+        else:
+            torch._foreach_mul_(self.buf, self.momentum)
+            torch._foreach_add_(self.buf, grads)
+        torch._foreach_add_(grads, self.buf, alpha=self.momentum)  # Nesterov: grad + momentum * buf
+        torch._foreach_sub_(self.old, grads, alpha=self.lr)
+        for p, old in zip(self.params, self.old):
+            self.write(p, old)
         return True
 
     def state_dict(self):

@@ -11,11 +11,18 @@ from speedrun.data import VIRTUAL_RANKS, TokenStream, find_shards
 from speedrun.distributed import Dist, sync_gradients
 
 
-def train_step(model, batches, window, ddp: Dist):
-    for inputs, targets in batches:
+def train_step(model, batches, window, ddp: Dist, reducer=None):
+    """Forward and backward of every micro-batch. With a GradientReducer the gradient averages are launched during
+    the last backward and left in flight for the optimisers to wait on; without one they are done on return."""
+    for i, (inputs, targets) in enumerate(batches):
         loss = model(inputs.to(ddp.device), targets.to(ddp.device), window)  # no-ops for stream batches
+        if reducer is not None and i == len(batches) - 1:
+            reducer.arm()
         (loss / len(batches)).backward()
-    sync_gradients(model, ddp)
+    if reducer is None:
+        sync_gradients(model, ddp)
+    else:
+        reducer.finish_backward()
 
 
 @torch.no_grad()

@@ -102,6 +102,7 @@ def one_error_line(capsys):
     (["--resume", "/nonexistent/ckpt.pt"], "--resume"),
     (["--train-files", "/nonexistent/*.bin"], "--train-files"),
     (["--run-name", "a/b"], "--run-name"),
+    (["--profile-steps", "-1"], "--profile-steps"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_no_log(tmp_path, capsys, argv, needle):
     rc = T.main(["--preset", "tiny", "--log-dir", str(tmp_path), "--run-name", "x", *argv]
