@@ -3,14 +3,16 @@ rolling skip, LAuReL, DLO), parameter counts and groups, and the generic layer l
 masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
 
 from dataclasses import dataclass, fields, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
 
-from speedrun.backout import BackoutMethods
-from speedrun.dlo import DLORouters, dlo_layer_pattern
-from speedrun.laurel import attach_laurel, laurel_named_scalars
-from speedrun.layers import dense_window_mask, flex_block_masks, norm
+from speedrun.backout import BackoutMethods, backout_config
+from speedrun.checkpoint import cast_model
+from speedrun.dlo import DLORouters, dlo_layer_pattern, dlo_model_config
+from speedrun.laurel import attach_laurel, laurel_config, laurel_named_scalars
+from speedrun.layers import MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm
 
 
 @dataclass
@@ -49,7 +51,56 @@ class StudyConfig:
 
 
 STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
+PRESET_SIZE_FIELDS = ("model_dim", "num_heads", "head_dim", "block_size", "max_window_tokens")
+
+
+@dataclass(kw_only=True)
+class GPTConfig(StudyConfig):
+    """A model: its sizes (a track's preset gives them) and the study fields."""
+    num_layers: int
+    model_dim: int
+    num_heads: int
+    head_dim: int
+    block_size: int  # attention windows are counted in blocks of this many tokens
+    max_window_tokens: int
+    vocab_size: int = 50257
+    mlp_ratio: int = 4
+    attn_scale: float = 0.12
+
+
+def preset_config(preset):
+    """GPTConfig with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
+    return partial(GPTConfig, num_layers=preset["num_layers"], **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+
+
+def model_config_from_args(preset, args):
+    """The model for checked args: the preset's sizes, --num-layers, and the study flags (with DLO, num_layers
+    becomes the expanded depth)."""
+    cfg = GPTConfig(num_layers=args.num_layers, baseline_layers=preset["num_layers"],
+                    **{k: preset[k] for k in PRESET_SIZE_FIELDS}, **backout_config(args), **laurel_config(args))
+    return dlo_model_config(cfg, args)
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
+
+
+class StudyBlock(nn.Module):
+    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, laurel) (its
+    input mix and attention residual), then the MLP residual on norm(x).
+    mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
+    laurel: None (plain residuals) or a function (x, f(x), site) -> the augmented residual."""
+
+    def __init__(self, cfg, has_attention, max_seq_len, norm_v):
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg, max_seq_len, norm_v) if has_attention else None
+        self.mlp = MLP(cfg.model_dim, cfg.mlp_ratio * cfg.model_dim)
+
+    @staticmethod
+    def residual(x, fx, site, laurel):
+        return x + fx if laurel is None else laurel(x, fx, site)
+
+    def forward(self, x, *mix_inputs, mlp_extra=None, laurel=None):
+        x = self.mix_and_attend(x, *mix_inputs, laurel=laurel)
+        fx = self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
+        return self.residual(x, fx, "mlp", laurel)
 
 
 class StudyGPT(BackoutMethods, nn.Module):
@@ -131,6 +182,10 @@ class StudyGPT(BackoutMethods, nn.Module):
             counts = [sum(p.numel() for p in type(self)(replace(base, num_layers=n), max_seq_len=1).parameters())
                       for n in (self.cfg.num_layers, self.cfg.baseline_layers)]
         return counts[0] - counts[1]
+
+    def cast_low_precision(self, dtype):
+        """Embeddings and hidden matrices stored in the low-precision dtype (a track may keep more in fp32)."""
+        cast_model(self, dtype)
 
     def matrix_params(self):
         """The hidden matrices Muon trains, with their weight-decay multipliers (study matrices: 1)."""
