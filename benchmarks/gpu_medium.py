@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 from ablations.study import load_script, load_study, select_arms  # noqa: E402
 from analysis.logs import parse_log  # noqa: E402
 from data.shards import write_shard  # noqa: E402
+from speedrun.data import VIRTUAL_RANKS  # noqa: E402
+from speedrun.layers import attend, dense_window_mask, flex_block_masks  # noqa: E402
 
 SCRIPT = ROOT / "train_gpt_medium.py"
 
@@ -64,9 +66,9 @@ def flex_matches_dense(module, seq_len=8192, window_blocks=7, block=128):
     seq[0] = 50256
     q, k, v = (torch.randn(1, 8, seq_len, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     w = torch.tensor(window_blocks, device="cuda")
-    block_mask = module.flex_block_masks(seq, [w], block)[0]
+    block_mask = flex_block_masks(seq, [w], block)[0]
     flex = torch.compile(flex_attention)(q, k, v, block_mask=block_mask, scale=0.12)
-    dense = module.attend(q.float(), k.float(), v.float(), module.dense_window_mask(seq, w, block), 0.12)
+    dense = attend(q.float(), k.float(), v.float(), dense_window_mask(seq, w, block), 0.12)
     return (flex.float() - dense).abs().max().item()
 
 
@@ -102,7 +104,7 @@ def main():
 
     module = load_script(SCRIPT)
     preset = module.PRESETS[args.preset]
-    tokens_per_step = module.VIRTUAL_RANKS * preset["train_seq_len"]
+    tokens_per_step = VIRTUAL_RANKS * preset["train_seq_len"]
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name(0) if cuda else f"CPU {platform.processor() or platform.machine()}"
     lines = [f"date: {datetime.date.today().isoformat()}", f"device: {device}",
@@ -110,13 +112,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         train_glob, val_glob = make_shards(tmp, (args.steps + 3) * tokens_per_step,
-                                           module.VIRTUAL_RANKS * preset["val_seq_len"] + 2)
+                                           VIRTUAL_RANKS * preset["val_seq_len"] + 2)
         header = f"{'arm':28} {'step ms':>9} {'tokens/s':>11} {'MFU':>6} {'peak MiB':>9} {'vs first':>8}"
         lines.append(header)
         first_ms = None
         for name, flags in arms.items():
             argv = ["--preset", args.preset, "--train-files", train_glob, "--val-files", val_glob,
-                    "--val-tokens", str(module.VIRTUAL_RANKS * preset["val_seq_len"]), "--val-every", "0",
+                    "--val-tokens", str(VIRTUAL_RANKS * preset["val_seq_len"]), "--val-every", "0",
                     "--num-iterations", str(preset["num_iterations"]), "--stop-after", str(args.steps),
                     "--log-dir", str(tmp / "logs"), "--run-name", name, "--variant", name, *flags]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
