@@ -120,22 +120,9 @@ class GPT(StudyGPT):
     def embed_inputs(self, input_seq):
         return norm(self.embed1(input_seq)[None]), norm(self.embed2(input_seq)[None])
 
-    def block_scalars(self):
-        return self.scalar_slice("block").view(-1, 3), self.scalar_slice("value").view(-1, 2)
-
-    def run_block(self, i, block, x, embeds, ve, mask, scalars, mlp_extra=None, laurel=None):
-        lambdas, v_lambdas = scalars
-        return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=mlp_extra, laurel=laurel)
-
-    def mix_and_attend(self, i, block, x, embeds, ve, mask, scalars):
-        lambdas, v_lambdas = scalars
-        return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
-
     def forward(self, input_seq, target_seq, window_blocks, head_chunks=1):
         """Mean cross-entropy of the next-token predictions of one sequence (batch size 1)."""
-        aux_losses = []
-        x, outputs, x00 = self.hidden_states(input_seq, window_blocks, aux_losses)
-        x = self.head_input(x, outputs, x00, input_seq)
+        x, aux_losses = self.head_latents(input_seq, window_blocks)
         total = x.new_zeros((), dtype=torch.float32)
         for xc, tc in zip(x[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
             logits = softcap(F.linear(xc, self.lm_head_w.type_as(xc)).float())
@@ -144,16 +131,6 @@ class GPT(StudyGPT):
         for extra in aux_losses:
             loss = loss + extra
         return loss
-
-    def block_named_scalars(self):
-        out = {}
-        lam = self.scalar_slice("block").view(-1, 3).tolist()
-        vl = self.scalar_slice("value").view(-1, 2).tolist()
-        for i in range(self.cfg.num_layers):
-            out[f"block{i}.a"], out[f"block{i}.b"], out[f"block{i}.c"] = lam[i]
-            if self.blocks[i].attn is not None:
-                out[f"block{i}.v_self"], out[f"block{i}.v_embed"] = vl[i]
-        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -112,10 +112,8 @@ class StudyGPT(BackoutMethods, nn.Module):
       track_embedding_params(): its token and value embedding tables;
       block_matrix_params(block): [(matrix, weight-decay multiplier)] in Muon's order;
       embed_inputs(input_seq): the embedding streams, the first starts the residual (the backout's "embed");
-      block_scalars(): per-forward tensors indexed by layer, handed to run_block / mix_and_attend;
-      run_block(i, block, x, embeds, ve, mask, scalars, mlp_extra, laurel) and
-      mix_and_attend(i, block, x, embeds, ve, mask, scalars) (everything before the MLP, for DLO);
-      block_named_scalars(): the per-layer scalars under readable names.
+      blocks whose forward / mix_and_attend take (x, *embeds, ve, mask, block lambdas, value lambdas).
+    The "block" scalars hold the same number of lambdas per layer (named a, b, c, ...), "value" two per layer.
     """
 
     def __init__(self, cfg, max_seq_len):
@@ -254,6 +252,36 @@ class StudyGPT(BackoutMethods, nn.Module):
         if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
             return self.backout_head(x, outputs, x00, input_seq)
         return norm(x)
+
+    def block_scalars(self):
+        """(block lambdas, value lambdas), each indexed by layer."""
+        L = self.cfg.num_layers
+        return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
+
+    def run_block(self, i, block, x, embeds, ve, mask, scalars, mlp_extra=None, laurel=None):
+        lambdas, v_lambdas = scalars
+        return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=mlp_extra, laurel=laurel)
+
+    def mix_and_attend(self, i, block, x, embeds, ve, mask, scalars):
+        """Everything before the MLP (DLO routes the MLP itself)."""
+        lambdas, v_lambdas = scalars
+        return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
+
+    def head_latents(self, input_seq, window_blocks):
+        """The lm head's input for one sequence, and the auxiliary losses variants train with."""
+        aux_losses = []
+        x, outputs, x00 = self.hidden_states(input_seq, window_blocks, aux_losses)
+        return self.head_input(x, outputs, x00, input_seq), aux_losses
+
+    def block_named_scalars(self):
+        out = {}
+        lambdas, v_lambdas = (t.tolist() for t in self.block_scalars())
+        for i in range(self.cfg.num_layers):
+            for letter, value in zip("abcdefgh", lambdas[i]):
+                out[f"block{i}.{letter}"] = value
+            if self.blocks[i].attn is not None:
+                out[f"block{i}.v_self"], out[f"block{i}.v_embed"] = v_lambdas[i]
+        return out
 
     def named_scalars(self):
         """Every learned scalar a study plots, under readable names."""
