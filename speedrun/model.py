@@ -104,9 +104,9 @@ class StudyBlock(nn.Module):
 
 
 class StudyGPT(BackoutMethods, nn.Module):
-    """Track-independent part of the GPT. A subclass sets, in its __init__ and in this order: `self.embeds`-like
-    modules, `value_embeds` (ModuleList), `blocks` (ModuleList), `lm_head_w`, the baseline scalars ("unet",
-    "block", "value") with add_scalars, then calls finish_init(). It also provides:
+    """Track-independent part of the GPT. A subclass sets, in its __init__ and in this order: its token
+    embedding(s), `value_embeds` (ModuleList), `blocks` (ModuleList of StudyBlock), `lm_head_w`, the baseline
+    scalars ("unet", "block", "value") with add_scalars, then calls finish_init(). It also provides:
       layer_pattern(num_layers) (staticmethod): ve_index, num_value_embeds, long_window_layers, no_attention_layer,
         unet_pairs;
       track_embedding_params(): its token and value embedding tables;
