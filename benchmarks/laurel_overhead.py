@@ -34,7 +34,7 @@ def time_arm(flags, preset, steps, warmup, device):
     args = tgm.resolve_args(["--preset", preset] + flags)
     torch.manual_seed(0)
     model = tgm.GPT(tgm.model_config(args), max_seq_len=args.train_seq_len).to(device)
-    tgm.cast_model(model, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model.cast_low_precision(torch.bfloat16 if device.type == "cuda" else torch.float32)
     opt = tgm.Optimizers(model, 0, 1, fused_adam=device.type == "cuda",
                          ns_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     run_model = torch.compile(model, dynamic=False) if device.type == "cuda" else model

@@ -155,11 +155,12 @@ BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]
 BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-linear"]
 
 
-def add_backout_args(parser):
+def add_backout_args(parser, record_layer=11):
+    """record_layer: the track's record backout source (its \"2/3 point\"), named in the help."""
     g = parser.add_argument_group("backout (docs/backout.md; every flag but --rolling-skip needs --backout-layers)")
     g.add_argument("--backout-layers", nargs="+", default=None, metavar="SOURCE",
                    help="sources mixed into the final latents: 0-based layer indices, `embed` (x00) or `new-embed` "
-                        "(a fresh embedding table); comma- or space-separated. The record: 11")
+                        f"(a fresh embedding table); comma- or space-separated. The record: {record_layer}")
     g.add_argument("--backout-mode", choices=BACKOUT_MODES, default=None,
                    help="sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
                         "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "

@@ -7,15 +7,34 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from speedrun.backout import add_backout_args, check_backout_args
 from speedrun.checkpoint import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
+from speedrun.dlo import add_dlo_args, check_dlo_args
 from speedrun.errors import HelpWithDefaults, OneLineErrorParser, UsageError
+from speedrun.laurel import add_laurel_args, check_laurel_args
+from speedrun.variants import default_variant, given_study_flags
 
 
-def make_parser(description, presets):
-    """The parser with the shared run and checkpoint flags; returns (parser, its "run" group) so a track adds its
-    own run flags next to them."""
+def record_preset(**sizes_and_schedule):
+    """A track's record preset: its model sizes, train_seq_len and num_iterations, plus what both tracks' records
+    share: 10,485,760 validation tokens in sequences of 4 x 64 x 1024, every 125 steps, on the FineWeb10B shards."""
+    return dict(val_seq_len=4 * 64 * 1024, val_tokens=10_485_760, val_every=125,
+                train_files="data/fineweb10B/fineweb_train_*.bin", val_files="data/fineweb10B/fineweb_val_*.bin",
+                **sizes_and_schedule)
+
+
+def tiny_preset(num_layers):
+    """The CPU-sized preset of a track: trains on the bundled demo shards in seconds per step."""
+    return dict(num_layers=num_layers, model_dim=64, num_heads=2, head_dim=32, block_size=16, max_window_tokens=48,
+                train_seq_len=64, val_seq_len=128, val_tokens=2048, num_iterations=40, val_every=10,
+                train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
+
+
+def make_parser(description, presets, backout_record_layer):
+    """The parser with the shared run, checkpoint and study flags; returns (parser, its "run" group) so a track
+    adds its own run flags next to them."""
     p = OneLineErrorParser(description=description, formatter_class=HelpWithDefaults)
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(presets), default="full",
@@ -45,6 +64,9 @@ def make_parser(description, presets):
     run.add_argument("--low-precision", choices=["auto", "bf16", "fp32"], default="auto",
                      help="dtype of embeddings, matrices and activations (auto: bf16 on CUDA, fp32 on CPU, "
                           "where bf16 matmuls are emulated and slow)")
+    run.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                     help="profile the last N training steps: optimiser-step time and exposed communication per "
+                          "step, written to <log-dir>/<run-name>.profile.json (benchmarks)")
     ck = p.add_argument_group("checkpoints")
     ck.add_argument("--checkpoint-every", type=int, default=0,
                     help="write <log-dir>/<run-name>.pt every K steps and at the end (0: off)")
@@ -54,7 +76,33 @@ def make_parser(description, presets):
     ck.add_argument("--init-schedule", choices=INIT_SCHEDULES, default=None,
                     help="with --init-from: restart the learning-rate and window schedules, or continue them from "
                          "the checkpoint's position in its own schedule (docs/dlo.md) (default restart)")
+    add_backout_args(p, backout_record_layer)
+    add_laurel_args(p)
+    add_dlo_args(p)
     return p, run
+
+
+def resolve_track_args(parser, argv, presets, script_path, layer_pattern):
+    """Parses argv, fills the preset's values and checks every flag (the study flags against the track's model:
+    its width and its layer pattern at --num-layers); raises UsageError on a combination that cannot work."""
+    args = parser.parse_args(argv)
+    given = given_study_flags(parser, args)
+    resolve_shared_args(args, presets, script_path)
+    check_study_args(args, presets[args.preset]["model_dim"], layer_pattern)
+    if args.variant is None:
+        # naive scaling is no study flag but is an arm of its own
+        layers = [f"layers{args.num_layers}"] if args.num_layers != presets[args.preset]["num_layers"] else []
+        args.variant = default_variant(given, args, extra=layers)
+    return args
+
+
+def check_study_args(args, model_dim, layer_pattern):
+    """Checks the study flags against the track's model (its width and its layer pattern at --num-layers) and
+    fills their defaults."""
+    no_attention_layer = layer_pattern(args.num_layers)["no_attention_layer"]
+    check_backout_args(args)
+    check_laurel_args(args, model_dim, no_attention_layer)
+    check_dlo_args(args)
 
 
 def resolve_shared_args(args, presets, script_path):
@@ -93,6 +141,8 @@ def resolve_shared_args(args, presets, script_path):
             raise UsageError(f"--{name.replace('_', '-')}: no such file {path}")
     if "/" in args.run_name or not args.run_name.strip():
         raise UsageError("--run-name must be a plain file name")
+    if args.profile_steps < 0:
+        raise UsageError(f"--profile-steps must be at least 0, got {args.profile_steps}")
 
 
 def run_main(resolve_args, run, argv=None):

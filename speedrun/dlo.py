@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedrun.checkpoint import cast_model, load_model_weights
+from speedrun.checkpoint import load_model_weights
 from speedrun.errors import UsageError
 from speedrun.layers import norm
 
@@ -275,7 +275,7 @@ def dlo_base_config(cfg):
 def dlo_expand_from_checkpoint(model, state, args, max_seq_len):
     """Builds the unexpanded model, loads the checkpoint into it (strict shapes), then expands into `model`."""
     base = type(model)(dlo_base_config(model.cfg), max_seq_len).to(model.lm_head_w.device)
-    cast_model(base, model.embedding_params()[0].dtype)
+    base.cast_low_precision(model.embedding_params()[0].dtype)
     load_model_weights(base, state, args.init_from)
     expand_model(base, model, args.dlo_init, args.dlo_slerp_t)
 

@@ -85,6 +85,11 @@ class MLP(nn.Module):
 # before q's block. On CUDA it is a FlexAttention BlockMask built from block-level document ranges (no token-level
 # mask evaluation); on CPU a dense boolean mask of the same function for SDPA.
 
+def window_in_blocks(tokens, block_size):
+    """A window of `tokens` rounded up to whole blocks, at least one block; returned in blocks."""
+    return max(block_size, int(math.ceil(tokens / block_size)) * block_size) // block_size
+
+
 def dense_window_mask(input_seq, window_blocks, block_size):
     docs = (input_seq == BOS_TOKEN).cumsum(0)
     idx = torch.arange(input_seq.numel(), device=input_seq.device)

@@ -3,14 +3,16 @@ rolling skip, LAuReL, DLO), parameter counts and groups, and the generic layer l
 masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
 
 from dataclasses import dataclass, fields, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
 
-from speedrun.backout import BackoutMethods
-from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
-from speedrun.laurel import attach_laurel, laurel_named_scalars
-from speedrun.layers import dense_window_mask, flex_block_masks, norm
+from speedrun.backout import BackoutMethods, backout_config
+from speedrun.checkpoint import cast_model
+from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern, dlo_model_config
+from speedrun.laurel import attach_laurel, laurel_config, laurel_named_scalars
+from speedrun.layers import MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm
 
 
 @dataclass
@@ -55,22 +57,69 @@ class StudyConfig:
 
 
 STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
+PRESET_SIZE_FIELDS = ("model_dim", "num_heads", "head_dim", "block_size", "max_window_tokens")
+
+
+@dataclass(kw_only=True)
+class GPTConfig(StudyConfig):
+    """A model: its sizes (a track's preset gives them) and the study fields."""
+    num_layers: int
+    model_dim: int
+    num_heads: int
+    head_dim: int
+    block_size: int  # attention windows are counted in blocks of this many tokens
+    max_window_tokens: int
+    vocab_size: int = 50257
+    mlp_ratio: int = 4
+    attn_scale: float = 0.12
+
+
+def preset_config(preset):
+    """GPTConfig with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
+    return partial(GPTConfig, num_layers=preset["num_layers"], **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+
+
+def model_config_from_args(preset, args):
+    """The model for checked args: the preset's sizes, --num-layers, and the study flags (with DLO, num_layers
+    becomes the expanded depth)."""
+    cfg = GPTConfig(num_layers=args.num_layers, baseline_layers=preset["num_layers"],
+                    **{k: preset[k] for k in PRESET_SIZE_FIELDS}, **backout_config(args), **laurel_config(args))
+    return dlo_model_config(cfg, args)
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
 
 
+class StudyBlock(nn.Module):
+    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, laurel) (its
+    input mix and attention residual), then the MLP residual on norm(x).
+    mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
+    laurel: None (plain residuals) or a function (x, f(x), site) -> the augmented residual."""
+
+    def __init__(self, cfg, has_attention, max_seq_len, norm_v):
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg, max_seq_len, norm_v) if has_attention else None
+        self.mlp = MLP(cfg.model_dim, cfg.mlp_ratio * cfg.model_dim)
+
+    @staticmethod
+    def residual(x, fx, site, laurel):
+        return x + fx if laurel is None else laurel(x, fx, site)
+
+    def forward(self, x, *mix_inputs, mlp_extra=None, laurel=None):
+        x = self.mix_and_attend(x, *mix_inputs, laurel=laurel)
+        fx = self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
+        return self.residual(x, fx, "mlp", laurel)
+
+
 class StudyGPT(BackoutMethods, nn.Module):
-    """Track-independent part of the GPT. A subclass sets, in its __init__ and in this order: `self.embeds`-like
-    modules, `value_embeds` (ModuleList), `blocks` (ModuleList), `lm_head_w`, the baseline scalars ("unet",
-    "block", "value") with add_scalars, then calls finish_init(). It also provides:
+    """Track-independent part of the GPT. A subclass sets, in its __init__ and in this order: its token
+    embedding(s), `value_embeds` (ModuleList), `blocks` (ModuleList of StudyBlock), `lm_head_w`, the baseline
+    scalars ("unet", "block", "value") with add_scalars, then calls finish_init(). It also provides:
       layer_pattern(num_layers) (staticmethod): ve_index, num_value_embeds, long_window_layers, no_attention_layer,
         unet_pairs;
       track_embedding_params(): its token and value embedding tables;
       block_matrix_params(block): [(matrix, weight-decay multiplier)] in Muon's order;
       embed_inputs(input_seq): the embedding streams, the first starts the residual (the backout's "embed");
-      block_scalars(): per-forward tensors indexed by layer, handed to run_block / mix_and_attend;
-      run_block(i, block, x, embeds, ve, mask, scalars, mlp_extra, laurel) and
-      mix_and_attend(i, block, x, embeds, ve, mask, scalars) (everything before the MLP, for DLO);
-      block_named_scalars(): the per-layer scalars under readable names.
+      blocks whose forward / mix_and_attend take (x, *embeds, ve, mask, block lambdas, value lambdas).
+    The "block" scalars hold the same number of lambdas per layer (named a, b, c, ...), "value" two per layer.
     """
 
     def __init__(self, cfg, max_seq_len):
@@ -141,6 +190,10 @@ class StudyGPT(BackoutMethods, nn.Module):
         return self.param_count(replace(base, num_layers=self.cfg.num_layers)) - self.param_count(
             replace(base, num_layers=self.cfg.baseline_layers))
 
+    def cast_low_precision(self, dtype):
+        """Embeddings and hidden matrices stored in the low-precision dtype (a track may keep more in fp32)."""
+        cast_model(self, dtype)
+
     def matrix_params(self):
         """The hidden matrices Muon trains, with their weight-decay multipliers (study matrices: 1)."""
         out = []
@@ -208,6 +261,36 @@ class StudyGPT(BackoutMethods, nn.Module):
         if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
             return self.backout_head(x, outputs, x00, input_seq)
         return norm(x)
+
+    def block_scalars(self):
+        """(block lambdas, value lambdas), each indexed by layer."""
+        L = self.cfg.num_layers
+        return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
+
+    def run_block(self, i, block, x, embeds, ve, mask, scalars, mlp_extra=None, laurel=None):
+        lambdas, v_lambdas = scalars
+        return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=mlp_extra, laurel=laurel)
+
+    def mix_and_attend(self, i, block, x, embeds, ve, mask, scalars):
+        """Everything before the MLP (DLO routes the MLP itself)."""
+        lambdas, v_lambdas = scalars
+        return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
+
+    def head_latents(self, input_seq, window_blocks):
+        """The lm head's input for one sequence, and the auxiliary losses variants train with."""
+        aux_losses = []
+        x, outputs, x00 = self.hidden_states(input_seq, window_blocks, aux_losses)
+        return self.head_input(x, outputs, x00, input_seq), aux_losses
+
+    def block_named_scalars(self):
+        out = {}
+        lambdas, v_lambdas = (t.tolist() for t in self.block_scalars())
+        for i in range(self.cfg.num_layers):
+            for letter, value in zip("abcdefgh", lambdas[i]):
+                out[f"block{i}.{letter}"] = value
+            if self.blocks[i].attn is not None:
+                out[f"block{i}.v_self"], out[f"block{i}.v_embed"] = v_lambdas[i]
+        return out
 
     def named_scalars(self):
         """Every learned scalar a study plots, under readable names."""

@@ -50,8 +50,8 @@ class Muon(torch.optim.Optimizer):
     Parameters are sorted by size and taken world_size at a time: each rank updates one and the group is
     all-gathered, so a parameter's state lives on its owning rank only. bf16 parameters are updated as if fp32 by
     keeping their low 16 bits in a separate buffer. Each group's all-gather is asynchronous and overlaps the next
-    group's Newton-Schulz. compile_update=True compiles the per-matrix direction (momentum, NS5, smoothing) into fused kernels (for CUDA: on CPU
-    the eager update is the bitwise reference).
+    group's Newton-Schulz. compile_update=True compiles the per-matrix direction (momentum, NS5, smoothing) into
+    fused kernels (for CUDA: on CPU the eager update is the bitwise reference).
     """
 
     def __init__(self, params_with_wd_mul, lr, weight_decay, momentum, smoothing=0.2, rank=0, world_size=1,

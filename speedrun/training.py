@@ -1,14 +1,24 @@
-"""Track-independent pieces of a training loop: the gradient step, the validation pass, the kernel warm-up
-skeleton and the step / scalars / peak-memory log lines."""
+"""The training run both tracks share (run_track), parameterised by a Track, and its pieces: the gradient step,
+the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
 
 import copy
 import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from speedrun.data import VIRTUAL_RANKS, TokenStream, find_shards
+from speedrun.checkpoint import (load_checkpoint, load_model_weights, load_resume_state, run_schedule_clock,
+                                 save_checkpoint)
+from speedrun.data import VIRTUAL_RANKS, TokenStream, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
+from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
+from speedrun.profiling import StepProfiler
+from speedrun.runlog import RunLog, write_preamble
 
 
 def train_step(model, batches, window, ddp: Dist, reducer=None):
@@ -72,3 +82,142 @@ def peak_memory_line(ddp: Dist):
         import resource
         alloc = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     return f"peak memory allocated: {alloc} MiB reserved: {reserved} MiB"
+
+
+@dataclass
+class Track:
+    """What a training script hands to run_track: its names, model, optimisers, schedules and log details."""
+    name: str  # the config line's `track` (analysis maps it to the target)
+    script: str  # the script's path: its source opens the log
+    model_config: Callable  # args -> ModelConfig
+    model_class: type  # a StudyGPT subclass: (cfg, max_seq_len)
+    optimizers: Callable  # (model, rank, world_size, fused_adam, ns_dtype, compile_muon) -> TrackOptimizers
+    window_blocks_at: Callable  # (step, num_iterations, cfg) -> attention window in blocks
+    warmup: Callable  # (train_model, opt, args, ddp, cfg) -> take_step(i) for the untimed kernel warm-up
+    val_forward_kwargs: dict = field(default_factory=dict)
+    val_decimals: int = 6
+    barrier_around_validation: bool = True  # False: the clock stops on a CUDA sync only
+    coordinate_descent_tuning: Callable = lambda args: False
+    # (model, args, ddp) -> log lines: sets up track-specific model state before compilation (e.g. which lm head
+    # runs); its lines are written after the config line.
+    prepare_model: Callable = lambda model, args, ddp: []
+
+
+def run_track(track: Track, args, ddp: Dist):
+    """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
+    --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
+    cfg = track.model_config(args)
+    train_files = find_shards(args.train_files, "--train-files")
+    find_shards(args.val_files, "--val-files")
+    for f in train_files[:1]:
+        read_shard(f)
+    low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
+        args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
+    resume_state = load_resume_state(args)
+    init_state = load_checkpoint(args.init_from) if args.init_from else None
+    schedule_at = run_schedule_clock(args, init_state, resume_state)
+
+    torch.manual_seed(args.seed)
+    model = track.model_class(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(ddp.device)
+    model.cast_low_precision(low)
+    if init_state is not None and cfg.dlo_groups:
+        dlo_expand_from_checkpoint(model, init_state, args, max(args.train_seq_len, args.val_seq_len))
+    elif init_state is not None:
+        load_model_weights(model, init_state, args.init_from)
+    if resume_state is not None:
+        load_model_weights(model, resume_state, args.resume)
+    for p in model.parameters():  # identical start on every rank
+        if ddp.world_size > 1:
+            dist.broadcast(p.data, 0)
+    track_lines = track.prepare_model(model, args, ddp)
+    compiled = args.compile == "on" or (args.compile == "auto" and ddp.device.type == "cuda")
+    # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
+    # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
+    opt = track.optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low,
+                           compile_muon=compiled and ddp.device.type == "cuda")
+    if compiled:
+        import torch._inductor.config as inductor_config
+        inductor_config.coordinate_descent_tuning = track.coordinate_descent_tuning(args)
+        train_model = torch.compile(model, dynamic=False)
+    else:
+        train_model = model
+
+    if args.warmup_steps is None:
+        args.warmup_steps = 10 if compiled else 0
+    log = RunLog(Path(args.log_dir) / f"{args.run_name}.txt", ddp.rank == 0)
+    config = dict(vars(args), track=track.name, world_size=ddp.world_size, device=ddp.device.type,
+                  low_precision=str(low).replace("torch.", ""),
+                  params=sum(p.numel() for p in model.parameters()))
+    added = model.added_params()
+    write_preamble(log, track.script, ddp, config, [f"added_params: {json.dumps(added)} total {sum(added.values())}"]
+                   + track_lines)
+
+    N = args.num_iterations
+    last_step = args.stop_after or N
+
+    if args.warmup_steps:
+        kernel_warmup(args.warmup_steps, model, opt, track.warmup(train_model, opt, args, ddp, cfg))
+    if ddp.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
+    window_tensors = {}
+
+    stream = TokenStream(train_files, args.train_seq_len, "--train-files", ddp.device)
+    start_step, train_ms = 0, 0.0
+    if resume_state is not None:
+        opt.load_state_dict(resume_state["optimizers"])
+        stream.restore(resume_state["stream"])
+        start_step, train_ms = resume_state["step"], resume_state["train_ms"]
+        torch.set_rng_state(resume_state["rng"]["cpu"])
+        cuda_rng = resume_state["rng"]["cuda"]
+        if torch.cuda.is_available() and cuda_rng is not None and len(cuda_rng) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_rng)
+        for line in resume_state["log_lines"]:
+            log.write(line, echo=False, keep=True)
+    ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
+
+    def sync():
+        if ddp.device.type == "cuda":
+            torch.cuda.synchronize()
+        if track.barrier_around_validation:
+            ddp.barrier()
+
+    profiler = StepProfiler(max(start_step, last_step - args.profile_steps), ddp.device) \
+        if args.profile_steps else None
+    sync()
+    t0 = time.perf_counter()
+    for step in range(start_step, last_step + 1):
+        is_last = step == last_step
+        # A tensor, so the compiled model is not specialised on (and recompiled for) each window size; one per
+        # value, made once, so no step waits on a host-to-device copy.
+        blocks = track.window_blocks_at(*schedule_at(step), cfg)
+        if blocks not in window_tensors:
+            window_tensors[blocks] = torch.tensor(blocks, device=ddp.device)
+        window = window_tensors[blocks]
+        if is_last or (args.val_every and step % args.val_every == 0):
+            sync()
+            train_ms += 1000 * (time.perf_counter() - t0)
+            val_loss = validate(train_model, args, ddp, window, **track.val_forward_kwargs)
+            log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
+            sync()
+            t0 = time.perf_counter()
+        if is_last:
+            break
+        if profiler is not None:
+            profiler.begin_step(step)
+        dlo_before_step(model, args, step)
+        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
+        dlo_after_step(model, opt, args, ddp)
+        with profiler.optimizer() if profiler is not None else nullcontext():
+            opt.step(*schedule_at(step))
+        elapsed = train_ms + 1000 * (time.perf_counter() - t0)
+        log_train_step(log, step + 1, N, elapsed)
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < last_step:
+            train_ms += 1000 * (time.perf_counter() - t0)
+            save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, args, log, ddp)
+            t0 = time.perf_counter()
+    if args.checkpoint_every or args.save_final_checkpoint:
+        save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, args, log, ddp)
+    if profiler is not None:
+        profiler.finish(Path(args.log_dir) / f"{args.run_name}.profile.json" if ddp.rank == 0 else None)
+    log.write(peak_memory_line(ddp))
+    log.close()

@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MEDIUM_SCRIPT = ROOT / "train_gpt_medium.py"
+SMALL_SCRIPT = ROOT / "train_gpt.py"
 
 
 def write_token_shard(path, tokens):

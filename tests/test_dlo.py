@@ -8,9 +8,12 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt_medium as T
-from speedrun.data import BOS_TOKEN
-from speedrun.dlo import (GROUP_POLICIES, DLORouters, dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token,
-                          similarity_labels, skip_loss)
+from speedrun.checkpoint import load_checkpoint, load_model_weights, save_checkpoint
+from speedrun.data import BOS_TOKEN, TokenStream, find_shards
+from speedrun.dlo import (GROUP_POLICIES, DLORouters, dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint,
+                          dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token, similarity_labels, skip_loss)
+from speedrun.runlog import RunLog
+from speedrun.training import validate
 from conftest import run_training
 
 MAX_SEQ = 64
@@ -31,8 +34,8 @@ def write_checkpoint(path, num_layers, shard_dir):
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
     opt = T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-    stream = T.TokenStream(T.find_shards(args.train_files, "--train-files"), args.train_seq_len, "--train-files")
-    T.save_checkpoint(path, model, opt, stream, 0, 0.0, args, T.RunLog(path.with_suffix(".txt"), False), T.Dist())
+    stream = TokenStream(find_shards(args.train_files, "--train-files"), args.train_seq_len, "--train-files")
+    save_checkpoint(path, model, opt, stream, 0, 0.0, args, RunLog(path.with_suffix(".txt"), False), T.Dist())
     return path
 
 
@@ -44,7 +47,7 @@ def ckpt(shard_dir, tmp_path_factory):
 def base_model(path):
     args = T.resolve_args(["--preset", "tiny"])
     model = T.GPT(T.model_config(args), max_seq_len=MAX_SEQ)
-    T.load_model_weights(model, T.load_checkpoint(path), path)
+    load_model_weights(model, load_checkpoint(path), path)
     return model
 
 
@@ -52,7 +55,7 @@ def expanded_model(path, *flags):
     args = T.resolve_args(["--preset", "tiny", "--init-from", str(path)] + list(flags))
     torch.manual_seed(1)
     model = T.GPT(T.model_config(args), max_seq_len=MAX_SEQ)
-    T.dlo_expand_from_checkpoint(model, T.load_checkpoint(path), args, MAX_SEQ)
+    dlo_expand_from_checkpoint(model, load_checkpoint(path), args, MAX_SEQ)
     return model, args
 
 
@@ -185,7 +188,7 @@ def test_labels_select_the_least_similar_at_the_requested_rate():
 
 def test_training_forward_labels_follow_the_skip_rate(ckpt):
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "identity")
-    T.dlo_before_step(model, args, 0)
+    dlo_before_step(model, args, 0)
     model.study["dlo"].skip_rate.fill_(0.25)
     model(*token_batch(), WINDOW).backward()
     fractions = model.study["dlo"].label_active_fractions()
@@ -222,7 +225,7 @@ def test_annealing_follows_its_schedule(ckpt):
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-sparsity", "0.2", "--dlo-anneal-start", "0.1",
                                  "--dlo-anneal-steps", "10")
     for step, expected in [(0, 0.1), (5, 0.15), (10, 0.2), (20, 0.2)]:
-        T.dlo_before_step(model, args, step)
+        dlo_before_step(model, args, step)
         assert math.isclose(model.study["dlo"].skip_rate.item(), expected)
 
 
@@ -300,7 +303,7 @@ def test_layer_lr_multipliers_scale_each_layer_by_its_active_share(ckpt):
     routers.label_active_sum.copy_(torch.tensor([1.0, 0.5, 0.25, 0.0, 1.0, 0.75, 0.5, 1.0]) * 2)
     routers.label_count.fill_(2)
     opt = T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-    T.dlo_after_step(model, opt, args, T.Dist())
+    dlo_after_step(model, opt, args, T.Dist())
     assert math.isclose(opt.muon.lr_mul[model.blocks[1].mlp.fc_w], 0.5 / 0.625, rel_tol=1e-6)
     assert opt.muon.lr_mul[model.blocks[3].mlp.proj_w] == 0.0
     assert math.isclose(opt.muon.lr_mul[model.blocks[0].attn.qkvo_w], 1 / 0.625, rel_tol=1e-6)
@@ -381,7 +384,8 @@ def test_dlo_run_end_to_end(ckpt, tiny_data_args, tmp_path):
     # Strict identity: the step-0 validation is the checkpoint's own validation loss.
     args = T.resolve_args(common)
     window = torch.tensor(T.window_blocks_at(0, 2, T.model_config(args)))
-    assert val_losses(log)[0] == f"{T.validate(base_model(ckpt), args, T.Dist(), window, head_chunks=T.VAL_HEAD_CHUNKS):.6f}"
+    expected = validate(base_model(ckpt), args, T.Dist(), window, head_chunks=T.VAL_HEAD_CHUNKS)
+    assert val_losses(log)[0] == f"{expected:.6f}"
     scalars = scalars_lines(log)
     assert len(scalars) == 2
     assert [scalars[0][f"dlo.L{i}.active"] for i in range(9)] == [1.0] * 9  # routers start fully active

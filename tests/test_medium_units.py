@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import train_gpt_medium as T
-from speedrun.data import BOS_TOKEN
+from speedrun.data import BOS_TOKEN, TokenStream, find_shards, read_shard
 from speedrun.layers import attend, dense_window_mask, flex_block_masks
-from speedrun.muon import NS5_COEFFS, fp32_from_bf16_parts, newton_schulz5, split_fp32_into_bf16_parts
+from speedrun.muon import NS5_COEFFS, Muon, Snoo, fp32_from_bf16_parts, newton_schulz5, split_fp32_into_bf16_parts
+from speedrun.optimizers import lr_factor, muon_momentum
+from speedrun.training import kernel_warmup
 from conftest import synthetic_tokens, write_token_shard
 
 
@@ -49,13 +51,13 @@ def test_window_schedule_endpoints_and_cubic_shape():
 
 
 def test_lr_schedule_and_momentum_warmup():
-    assert T.lr_factor(0, 1000) == 1.0
-    assert T.lr_factor(299, 1000) == 1.0
-    assert T.lr_factor(1000, 1000) == pytest.approx(0.01)
-    assert T.lr_factor(650, 1000) == pytest.approx(0.5 * 0.99 + 0.01)
-    assert T.muon_momentum(0) == pytest.approx(0.85)
-    assert T.muon_momentum(150) == pytest.approx(0.90)
-    assert T.muon_momentum(300) == T.muon_momentum(5000) == pytest.approx(0.95)
+    assert lr_factor(0, 1000) == 1.0
+    assert lr_factor(299, 1000) == 1.0
+    assert lr_factor(1000, 1000) == pytest.approx(0.01)
+    assert lr_factor(650, 1000) == pytest.approx(0.5 * 0.99 + 0.01)
+    assert muon_momentum(0) == pytest.approx(0.85)
+    assert muon_momentum(150) == pytest.approx(0.90)
+    assert muon_momentum(300) == muon_momentum(5000) == pytest.approx(0.95)
 
 
 # --- token stream ----------------------------------------------------------------------------------------------
@@ -80,7 +82,7 @@ def test_stream_gives_every_world_size_the_spec_tokens_per_step(tmp_path, world_
         write_token_shard(files[-1], synthetic_tokens(n, i))
     seq_len, steps = 64, 8  # crosses into the second file
     expected = spec_eight_rank_batches(files, seq_len, steps)
-    streams = [T.TokenStream(files, seq_len, "test") for _ in range(world_size)]
+    streams = [TokenStream(files, seq_len, "test") for _ in range(world_size)]
     for step in range(steps):
         got = {}
         for rank in range(world_size):
@@ -96,7 +98,7 @@ def test_stream_gives_every_world_size_the_spec_tokens_per_step(tmp_path, world_
 def test_stream_runs_out_with_a_clear_error(tmp_path):
     f = tmp_path / "t_000001.bin"
     write_token_shard(f, synthetic_tokens(1000, 0))
-    stream = T.TokenStream([str(f)], 64, "--train-files")
+    stream = TokenStream([str(f)], 64, "--train-files")
     stream.next_batch(range(8))
     with pytest.raises(T.UsageError, match="ran out of tokens"):
         stream.next_batch(range(8))
@@ -114,7 +116,7 @@ def test_malformed_shards_name_the_file(tmp_path, corrupt, message):
     write_token_shard(f, synthetic_tokens(500, 0))
     f.write_bytes(corrupt(f.read_bytes()))
     with pytest.raises(T.UsageError, match=message) as err:
-        T.read_shard(f)
+        read_shard(f)
     assert str(f) in str(err.value)
 
 
@@ -211,7 +213,7 @@ def test_muon_step_matches_the_spec_formula():
     g = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(48, 16, generator=g))
     ref = p.detach().clone()
-    muon = T.Muon([(p, 2.0)], lr=0.03, weight_decay=0.01, momentum=0.9, ns_dtype=torch.float32)
+    muon = Muon([(p, 2.0)], lr=0.03, weight_decay=0.01, momentum=0.9, ns_dtype=torch.float32)
     m = torch.zeros_like(ref)
     s = torch.zeros_like(ref)
     for _ in range(3):
@@ -227,7 +229,7 @@ def test_muon_step_matches_the_spec_formula():
 
 def test_snoo_fires_on_the_spec_steps_with_nesterov_sgd():
     p = torch.nn.Parameter(torch.zeros(4))
-    snoo = T.Snoo([p], lr=0.68, momentum=0.37, every=28)
+    snoo = Snoo([p], lr=0.68, momentum=0.37, every=28)
     fired = []
     old, buf = torch.zeros(4), None
     for call in range(60):
@@ -266,7 +268,7 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     args, model, opt = tiny_model_and_optimizers()
     args.warmup_steps = 3
     ddp = T.Dist()
-    stream = T.TokenStream(T.find_shards(str(shard_dir / "syn_train_*.bin"), "x"), args.train_seq_len, "x")
+    stream = TokenStream(find_shards(str(shard_dir / "syn_train_*.bin"), "x"), args.train_seq_len, "x")
     window = torch.tensor(2)
     # some real training first, so every optimiser has state worth restoring
     for step in range(30):
@@ -276,7 +278,7 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     before_adam = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)} for k, v in opt.adam.state.items()}
     before_muon = opt.muon.full_state()
     before_snoo = opt.snoo.state_dict()
-    T.kernel_warmup(args.warmup_steps, model, opt, T.random_token_steps(model, opt, args, ddp, model.cfg))
+    kernel_warmup(args.warmup_steps, model, opt, T.random_token_steps(model, opt, args, ddp, model.cfg))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before_model[k]), k
     for p, st in opt.adam.state.items():
@@ -316,8 +318,8 @@ def snoo_trajectory(dtype, firings):
     """Muon + Snoo on one matrix: two firings with real movement, then inner lr 0 for `firings` more."""
     g = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(32, 16, generator=g).to(dtype))
-    muon = T.Muon([(p, 1.0)], lr=0.01, weight_decay=0.0, momentum=0.9)
-    snoo = T.Snoo([p], write=muon.write_master, stored=lambda p, v: v,
+    muon = Muon([(p, 1.0)], lr=0.01, weight_decay=0.0, momentum=0.9)
+    snoo = Snoo([p], write=muon.write_master, stored=lambda p, v: v,
                   read_all=lambda: [muon.master_values()[id(p)]])
     for call in range((2 + firings) * snoo.every):
         if call == 2 * snoo.every:
@@ -338,7 +340,7 @@ def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
 
 def test_snoo_reads_the_full_precision_masters_of_bf16_muon_matrices():
     args, model, _ = tiny_model_and_optimizers()
-    T.cast_model(model, torch.bfloat16)
+    model.cast_low_precision(torch.bfloat16)
     opt = T.Optimizers(model, 0, 1, fused_adam=False)
     seq = random_documents(64 * 8 + 1, 3)
     batches = [(seq[v * 64:(v + 1) * 64], seq[v * 64 + 1:(v + 1) * 64 + 1]) for v in range(8)]
