@@ -7,7 +7,9 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 import train_gpt_medium as T
+from speedrun.data import TokenStream, find_shards
 from speedrun.distributed import GradientReducer
+from speedrun.training import validate
 
 STUDY_COMBINATION = ["--backout-layers", "3", "--laurel", "rw+lr", "--laurel-rank", "4"]
 
@@ -32,13 +34,13 @@ def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, dynamic=False)
-    stream = T.TokenStream(T.find_shards(args.train_files, "x"), args.train_seq_len, "x")
+    stream = TokenStream(find_shards(args.train_files, "x"), args.train_seq_len, "x")
     for step in range(3):
         window = torch.tensor(T.window_blocks_at(step * 10, args.num_iterations, model.cfg))  # windows vary
         T.train_step(compiled, stream.next_batch(ddp.virtual_ranks)[:1], window, ddp, opt.reducer)
         opt.step(step, args.num_iterations)
         if step == 1:
-            T.validate(compiled, args, ddp, window, head_chunks=T.VAL_HEAD_CHUNKS)
+            validate(compiled, args, ddp, window, head_chunks=T.VAL_HEAD_CHUNKS)
     assert dict(counters["graph_break"]) == {}
     assert counters["frames"]["total"] == 2 and counters["stats"]["unique_graphs"] == 2, dict(counters["frames"])
 

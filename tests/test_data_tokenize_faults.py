@@ -60,7 +60,7 @@ def wait_for_work_folder_with_shards(out_dir: Path, timeout: float = 120) -> Non
 def tokenizer_part_way(tmp_path: Path):
     """A tokeniser replacing (--overwrite) a complete set, with some new shards written; returns it, the folder
     and the folder's contents before it started."""
-    inputs = big_input(tmp_path / "big.txt", 12)
+    inputs = big_input(tmp_path / "big.txt", 40)  # large enough that it is still running when interrupted
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     before = make_set(out_dir)

@@ -8,7 +8,8 @@ import torch
 
 import train_gpt_medium as T
 from ablations.study import load_study
-from speedrun.dlo import similarity_labels
+from speedrun.checkpoint import load_checkpoint, load_model_weights
+from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint, similarity_labels
 from test_dlo import MAX_SEQ, WINDOW, base_model, data_flags, expanded_model, token_batch, write_checkpoint
 
 DLO_ARMS = list(load_study("dlo", overrides={"base_checkpoint": "unused.pt"}).arms)
@@ -31,11 +32,11 @@ def arm_model(arm, ckpt, shard_dir):
                           (["--dlo-groups", "2"] if "--dlo-groups" in argv else []))
     torch.manual_seed(args.seed)
     model = T.GPT(T.model_config(args), max_seq_len=MAX_SEQ)
-    state = T.load_checkpoint(ckpt)
+    state = load_checkpoint(ckpt)
     if args.dlo_groups:
-        T.dlo_expand_from_checkpoint(model, state, args, MAX_SEQ)
+        dlo_expand_from_checkpoint(model, state, args, MAX_SEQ)
     else:
-        T.load_model_weights(model, state, ckpt)
+        load_model_weights(model, state, ckpt)
     return model, args
 
 
@@ -87,11 +88,11 @@ def test_every_parameter_an_arm_adds_gets_a_gradient(arm, ckpt, shard_dir):
     entries = added_entries(model)
     got = [False] * len(entries)
     for step in range(2):
-        T.dlo_before_step(model, args, step)
+        dlo_before_step(model, args, step)
         model(*token_batch(step), WINDOW).backward()
         for i, (_, p, where) in enumerate(entries):
             got[i] = got[i] or bool(p.grad is not None and p.grad[where].abs().sum() > 0)
-        T.dlo_after_step(model, opt, args, T.Dist())
+        dlo_after_step(model, opt, args, T.Dist())
         opt.step(step, args.num_iterations)
     assert [name for (name, _, _), ok in zip(entries, got) if not ok] == []
 
@@ -189,7 +190,7 @@ def test_uniform_allocation_skips_the_same_share_of_every_layer():
 
 def test_uniform_allocation_in_training(ckpt):
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-skip-allocation", "uniform")
-    T.dlo_before_step(model, args, 0)
+    dlo_before_step(model, args, 0)
     model.study["dlo"].skip_rate.fill_(0.25)
     model(*token_batch(), WINDOW).backward()
     assert model.study["dlo"].label_active_fractions().tolist() == [0.75] * 8

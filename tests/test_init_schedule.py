@@ -6,6 +6,7 @@ import pytest
 
 import train_gpt_medium as T
 from speedrun.checkpoint import run_schedule_clock, schedule_clock, schedule_origin
+from speedrun.optimizers import lr_factor
 
 CFG = T.ModelConfig(block_size=16, max_window_tokens=48)
 
@@ -24,11 +25,11 @@ def test_continue_covers_the_rest_of_the_checkpoints_schedule():
     assert schedule_clock([12, 20], 16)(1) == (12.5, 20)
     # The track's schedules read at the first step are the checkpoint's: window and learning rate.
     assert T.window_blocks_at(*clock(0), CFG) == T.window_blocks_at(12, 20, CFG)
-    assert T.lr_factor(*clock(0)) == T.lr_factor(12, 20) < 1
+    assert lr_factor(*clock(0)) == lr_factor(12, 20) < 1
     # A finished checkpoint stays at its schedule's end: the lowest learning rate, the full window.
     finished = schedule_clock([20, 20], 5)
     assert all(finished(t) == (20, 20) for t in range(6))
-    assert T.lr_factor(*finished(3)) == pytest.approx(0.01)
+    assert lr_factor(*finished(3)) == pytest.approx(0.01)
 
 
 def test_schedule_origin_reads_the_checkpoint():
