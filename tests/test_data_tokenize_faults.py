@@ -45,7 +45,9 @@ def start_tokenizer(inputs: Path, out_dir: Path, *extra) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "data.tokenize_text", str(inputs), "--out-dir", str(out_dir),
                              "--prefix", "t", "--split-blank-lines", "--shard-tokens", "20000", "--val-tokens",
                              "20000", "--workers", "2", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # Ctrl-C's default action, even where this test process inherited SIGINT ignored.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_work_folder_with_shards(out_dir: Path, timeout: float = 120) -> None:
@@ -60,7 +62,7 @@ def wait_for_work_folder_with_shards(out_dir: Path, timeout: float = 120) -> Non
 def tokenizer_part_way(tmp_path: Path):
     """A tokeniser replacing (--overwrite) a complete set, with some new shards written; returns it, the folder
     and the folder's contents before it started."""
-    inputs = big_input(tmp_path / "big.txt", 40)  # large enough that it is still running when interrupted
+    inputs = big_input(tmp_path / "big.txt", 12)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     before = make_set(out_dir)
