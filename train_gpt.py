@@ -173,18 +173,13 @@ class GPT(StudyGPT):
     def embed_inputs(self, input_seq):
         return (norm(self.embed(input_seq)[None]),)
 
-    def forward(self, input_seq, target_seq, window_blocks):
-        """Mean cross-entropy of the next-token predictions of one sequence (batch size 1)."""
-        latents, aux_losses = self.head_latents(input_seq, window_blocks)
+    def head_loss(self, latents, target_seq):
         x = latents[0]  # [T, D]: _scaled_mm takes 2-D operands
         if self.training and self.fp8_head:
             logits = FP8HeadMatmul.apply(x, self.lm_head_w)
         else:
             logits = F.linear(x, self.lm_head_w.type_as(x))
-        loss = F.cross_entropy(softcap(logits.float()), target_seq)
-        for extra in aux_losses:
-            loss = loss + extra
-        return loss
+        return F.cross_entropy(softcap(logits.float()), target_seq)
 
 
 def choose_lm_head(model, args, ddp: Dist):

@@ -120,17 +120,13 @@ class GPT(StudyGPT):
     def embed_inputs(self, input_seq):
         return norm(self.embed1(input_seq)[None]), norm(self.embed2(input_seq)[None])
 
-    def forward(self, input_seq, target_seq, window_blocks, head_chunks=1):
-        """Mean cross-entropy of the next-token predictions of one sequence (batch size 1)."""
-        x, aux_losses = self.head_latents(input_seq, window_blocks)
-        total = x.new_zeros((), dtype=torch.float32)
-        for xc, tc in zip(x[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
+    def head_loss(self, latents, target_seq, head_chunks=1):
+        """Summed in head_chunks pieces of the sequence (validation: memory), then averaged."""
+        total = latents.new_zeros((), dtype=torch.float32)
+        for xc, tc in zip(latents[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
             logits = softcap(F.linear(xc, self.lm_head_w.type_as(xc)).float())
             total = total + F.cross_entropy(logits, tc, reduction="sum")
-        loss = total / target_seq.numel()
-        for extra in aux_losses:
-            loss = loss + extra
-        return loss
+        return total / target_seq.numel()
 
 
 # ----------------------------------------------------------------------------------------------------------------

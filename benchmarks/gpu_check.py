@@ -5,7 +5,8 @@
 - Each training script (train_gpt_medium.py, and train_gpt.py when it exists) runs its first --steps steps of the
   full-size schedule on synthetic shards on one GPU: the compiled model, FlexAttention, bf16 and the NCCL group at
   world size 1. Pass: exit status 0, a complete log, finite validation losses, the last below the first.
-  The record flags of the medium track (--backout-layers 11 --num-iterations 5550) run the same way.
+  The record flags of the medium track (--backout-layers 11 --num-iterations 5550) and its baseline under
+  --compile regional run the same way.
   Graph breaks and recompiles (TORCH_LOGS) are counted for the record, not judged.
 - FlexAttention (bf16) against SDPA on the dense mask (fp32), forward and the gradients of q, k, v.
 Exit status: 0 all passed, 1 a check failed, 2 no CUDA here.
@@ -34,6 +35,7 @@ TRAINING_RUNS = (
     ("medium baseline", "train_gpt_medium.py", []),
     ("medium record (backout L11)", "train_gpt_medium.py", ["--backout-layers", "11", "--num-iterations", "5550"]),
     ("small baseline", "train_gpt.py", []),
+    ("medium baseline, regional compile", "train_gpt_medium.py", ["--compile", "regional"]),
 )
 # bf16 FlexAttention against fp32 SDPA: bf16 keeps 8 bits of mantissa, so differences of a few 1e-3 relative to
 # the largest value are rounding; a wrong mask gives differences of the order of the values themselves.

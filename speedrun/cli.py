@@ -56,8 +56,9 @@ def make_parser(description, presets, backout_record_layer):
     run.add_argument("--val-files", default=None, help="glob of validation shards")
     run.add_argument("--num-layers", type=int, default=None,
                      help="transformer layers (the layer patterns follow the rule in layer_pattern)")
-    run.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
-                     help="torch.compile the model (auto: on CUDA only)")
+    run.add_argument("--compile", choices=["auto", "on", "regional", "off"], default="auto",
+                     help="torch.compile the model (auto: on, on CUDA only). regional: each block and the head "
+                          "compiled apart, so gradient averages start during the backward (see compile_regions)")
     run.add_argument("--warmup-steps", type=int, default=None,
                      help="untimed kernel warm-up steps, every piece of state restored afterwards "
                           "(default: 10 when compiled, else 0)")

@@ -66,16 +66,16 @@ class GradientReducer:
     """Averages gradients across ranks with one asynchronous all-reduce per parameter (NCCL: AVG inside the
     collective; gloo, which has no AVG: SUM, then divided by the world size), launched as soon as that gradient is
     final, i.e. from a post-accumulate-grad hook during the backward of the last micro-step (`arm()` before it).
-    Nothing is concatenated or copied back: each reduction works in place on p.grad. `wait(params)` makes given averages ready; on CUDA it only makes the
-    current stream wait for the collective (no host sync), so an optimiser can step a parameter as soon as its
-    reduction is done while later ones are still in flight.
+    Nothing is concatenated or copied back: each reduction works in place on p.grad. `wait(params)` makes given
+    averages ready; on CUDA it only makes the current stream wait for the collective (no host sync), so an
+    optimiser can step a parameter as soon as its reduction is done while later ones are still in flight.
 
     Why hooks, and what they overlap with under torch.compile: AOTAutograd turns the backward of a compiled graph
     into one autograd node, and the autograd engine runs the parameters' AccumulateGrad nodes, and so these hooks,
     only once that node has been run (its kernels launched). On CUDA an NCCL collective waits for every kernel
     launched before it on the compute stream, so with a whole-model compile the reductions overlap the optimiser
     (Adam's steps, Muon's Newton-Schulz of earlier matrices) and each other, not the backward. Each graph break or
-    separately compiled region ends an autograd node: a parameter's reduction then starts when its region's
+    separately compiled region (--compile regional) ends an autograd node: a parameter's reduction then starts when its region's
     backward has been launched and overlaps the backward of the regions before it; eager runs (and gloo on CPU,
     which reduces on its own thread) overlap from the first parameter on. Upstream's later records register the
     same per-parameter hooks on their whole-model compiled graph. The hooks are registered once and cost nothing

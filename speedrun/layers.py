@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from speedrun.data import BOS_TOKEN
 
@@ -101,7 +102,6 @@ def dense_window_mask(input_seq, window_blocks, block_size):
 
 def flex_block_masks(input_seq, window_blocks_list, block_size):
     """FlexAttention BlockMasks for each window (in blocks), from block-level document ranges."""
-    from torch.nn.attention.flex_attention import BlockMask
     docs = (input_seq == BOS_TOKEN).cumsum(0)
     num_blocks = input_seq.numel() // block_size
     docs_low = docs.view(num_blocks, block_size)[:, 0].contiguous()
@@ -132,18 +132,18 @@ def flex_block_masks(input_seq, window_blocks_list, block_size):
     return masks
 
 
-_compiled_flex_attention = None
+_flex_attention_compiled_alone = None
 
 
 def attend(q, k, v, mask, scale):
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    global _compiled_flex_attention
-    if _compiled_flex_attention is None:
-        # Always compiled, also under --compile off: eager FlexAttention ignores the block sparsity (the window)
-        # and materialises the whole score matrix.
-        from torch.nn.attention.flex_attention import flex_attention
-        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex_attention(q, k, v, block_mask=mask, scale=scale)
-
-
+    if torch.compiler.is_compiling():  # traced into the model's (or region's) graph
+        return flex_attention(q, k, v, block_mask=mask, scale=scale)
+    # Compiled on its own under --compile off: eager FlexAttention ignores the block sparsity (the window) and
+    # materialises the whole score matrix. Made on first use here, never inside a trace: a global that changes
+    # after a graph was traced would fail that graph's guards and compile it twice.
+    global _flex_attention_compiled_alone
+    if _flex_attention_compiled_alone is None:
+        _flex_attention_compiled_alone = torch.compile(flex_attention, dynamic=False)
+    return _flex_attention_compiled_alone(q, k, v, block_mask=mask, scale=scale)

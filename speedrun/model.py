@@ -276,11 +276,39 @@ class StudyGPT(BackoutMethods, nn.Module):
         lambdas, v_lambdas = scalars
         return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
 
-    def head_latents(self, input_seq, window_blocks):
-        """The lm head's input for one sequence, and the auxiliary losses variants train with."""
+    def forward(self, input_seq, target_seq, window_blocks, **head_kwargs):
+        """Mean cross-entropy of the next-token predictions of one sequence (batch size 1), plus the auxiliary
+        losses a variant trains with. The track's head_loss(latents, target_seq, **head_kwargs) gives the first."""
         aux_losses = []
         x, outputs, x00 = self.hidden_states(input_seq, window_blocks, aux_losses)
-        return self.head_input(x, outputs, x00, input_seq), aux_losses
+        loss = self.head(x, outputs, x00, input_seq, target_seq, **head_kwargs)
+        for extra in aux_losses:
+            loss = loss + extra
+        return loss
+
+    def head(self, x, outputs, x00, input_seq, target_seq, **head_kwargs):
+        """The last region: the backout mix (when on), the final norm, the lm head and its loss."""
+        return self.head_loss(self.head_input(x, outputs, x00, input_seq), target_seq, **head_kwargs)
+
+    def compile_regions(self):
+        """--compile regional: each block and the head (backout mix, norm, lm head, loss) compiled on their own,
+        the glue between them (embeddings, masks, U-net skips) eager. Each region's backward is then its own
+        autograd node, so a parameter's gradient is final, and its hook launches its average, as soon as its
+        region's backward has run: the reductions overlap the backward of the regions below (a whole-model graph
+        has one backward node and launches them all at its end). The blocks share one compiled code object; it
+        compiles once per kind of block (attention or not, value embedding or not, a variant's per-layer form),
+        training and eval."""
+        import torch._dynamo.config as dynamo_config
+        kinds_bound = 4 * len(self.blocks) + 8  # every block its own kind, train and eval, and margin
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, kinds_bound)
+        dynamo_config.fail_on_recompile_limit_hit = True  # not a silent fall-back to eager blocks
+        for block in self.blocks:
+            if "dlo" in self.study:  # DLO routes each MLP itself, so a block's forward never runs
+                block.mix_and_attend = torch.compile(block.mix_and_attend, dynamic=False)
+                block.mlp.compile(dynamic=False)
+            else:
+                block.compile(dynamic=False)
+        self.head = torch.compile(self.head, dynamic=False)
 
     def block_named_scalars(self):
         out = {}

@@ -130,7 +130,7 @@ def run_track(track: Track, args, ddp: Dist):
         if ddp.world_size > 1:
             dist.broadcast(p.data, 0)
     track_lines = track.prepare_model(model, args, ddp)
-    compiled = args.compile == "on" or (args.compile == "auto" and ddp.device.type == "cuda")
+    compiled = args.compile in ("on", "regional") or (args.compile == "auto" and ddp.device.type == "cuda")
     # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
     # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
     opt = track.optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low,
@@ -138,7 +138,11 @@ def run_track(track: Track, args, ddp: Dist):
     if compiled:
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = track.coordinate_descent_tuning(args)
-        train_model = torch.compile(model, dynamic=False)
+        if args.compile == "regional":
+            model.compile_regions()
+            train_model = model
+        else:
+            train_model = torch.compile(model, dynamic=False)
     else:
         train_model = model
 

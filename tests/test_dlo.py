@@ -152,7 +152,7 @@ def test_strict_identity_reproduces_the_checkpoint_loss_exactly(ckpt, groups, ad
     with torch.no_grad():
         assert model(inputs, targets, WINDOW).item() == base(inputs, targets, WINDOW).item()
         model.eval(), base.eval()
-        assert model(inputs, targets, WINDOW, head_chunks=4).item() == base(inputs, targets, WINDOW, 4).item()
+        assert model(inputs, targets, WINDOW, head_chunks=4).item() == base(inputs, targets, WINDOW, head_chunks=4).item()
     # identity (attention output only) is not the checkpoint's function: the new layers' MLPs contribute.
     other, _ = expanded_model(ckpt, "--dlo-groups", groups, "--dlo-add", add, "--dlo-init", "identity")
     with torch.no_grad():
