@@ -63,9 +63,10 @@ def keep_freed_memory_mapped():
 
 
 class GradientReducer:
-    """Averages gradients across ranks with one asynchronous all-reduce per parameter (NCCL: AVG inside the
-    collective; gloo, which has no AVG: SUM, then divided by the world size), launched as soon as that gradient is
-    final, i.e. from a post-accumulate-grad hook during the backward of the last micro-step (`arm()` before it).
+    """Averages gradients across ranks with one asynchronous all-reduce per parameter, or a reduce to the one rank
+    that reads it (`owners`: Muon's matrices) (NCCL: AVG inside the collective; gloo, which has no AVG: SUM, then
+    divided by the world size), launched as soon as that gradient is final, i.e. from a post-accumulate-grad hook
+    during the backward of the last micro-step (`arm()` before it).
     Nothing is concatenated or copied back: each reduction works in place on p.grad. `wait(params)` makes given
     averages ready; on CUDA it only makes the current stream wait for the collective (no host sync), so an
     optimiser can step a parameter as soon as its reduction is done while later ones are still in flight.
@@ -81,8 +82,11 @@ class GradientReducer:
     same per-parameter hooks on their whole-model compiled graph. The hooks are registered once and cost nothing
     while not armed (earlier micro-steps only accumulate)."""
 
-    def __init__(self, params, world_size, hooks=True):
-        self.params, self.world_size = list(params), world_size
+    def __init__(self, params, world_size, hooks=True, owners=None, rank=0):
+        self.params, self.world_size, self.rank = list(params), world_size, rank
+        # id(p) -> the one rank that reads p's average (Muon's owner): reduced to it, not to every rank, which
+        # halves the bytes an all-reduce moves. Other ranks' p.grad is left undefined until zeroed.
+        self.owners = owners or {}
         self.pending = {}  # id(p) -> (p, work) of launched, not yet awaited reductions
         self.armed = False
         self.divide_after = world_size > 1 and dist.get_backend() != "nccl"
@@ -101,8 +105,12 @@ class GradientReducer:
             self._launch(p)
 
     def _launch(self, p):
-        if id(p) not in self.pending:
-            self.pending[id(p)] = (p, dist.all_reduce(p.grad, op=self.op, async_op=True))
+        if id(p) in self.pending:
+            return
+        owner = self.owners.get(id(p))
+        work = (dist.all_reduce(p.grad, op=self.op, async_op=True) if owner is None else
+                dist.reduce(p.grad, dst=owner, op=self.op, async_op=True))
+        self.pending[id(p)] = (p, work)
 
     def finish_backward(self):
         """After the last backward: launches, in a fixed order, any reduction no hook started."""
@@ -117,7 +125,7 @@ class GradientReducer:
             entry = self.pending.pop(id(p), None)
             if entry is not None:
                 entry[1].wait()
-                if self.divide_after:
+                if self.divide_after and self.owners.get(id(p), self.rank) == self.rank:
                     p.grad.div_(self.world_size)
 
     def wait_all(self):

@@ -28,11 +28,13 @@ class TrackOptimizers:
 
     def __init__(self, model, rank, world_size, fused_adam, ns_dtype=torch.bfloat16, compile_muon=False):
         self.model = model
-        self.reducer = GradientReducer(model.parameters(), world_size)
         matrices = model.matrix_params()
         self.muon = Muon(matrices, lr=self.MUON_LR, weight_decay=self.MUON_WD, momentum=0.95,
                          smoothing=self.MUON_SMOOTHING, rank=rank, world_size=world_size, ns_dtype=ns_dtype,
                          ns_coeffs=self.NS_COEFFS, compile_update=compile_muon)
+        # Only a matrix's owner reads its gradient (the others receive the updated matrix from it).
+        self.reducer = GradientReducer(model.parameters(), world_size, rank=rank,
+                                       owners={id(p): self.muon.owner(p) for p, _ in matrices})
         muon_ids = {id(p) for p, _ in matrices}
         embed = model.embedding_params()
         groups = dict(head=[model.lm_head_w], embed=embed,

@@ -70,6 +70,42 @@ def test_reductions_launch_during_the_last_backward_only(one_rank_group):
     assert not reducer.pending
 
 
+def test_muon_matrices_are_reduced_to_their_owner_only_and_the_rest_to_every_rank(one_rank_group, tiny_data_args,
+                                                                                 monkeypatch):
+    """Only a matrix's Muon owner reads its gradient: a reduce to that rank moves half an all-reduce's bytes."""
+    import train_gpt_medium as T
+    from speedrun import distributed
+
+    class Done:
+        def wait(self):
+            pass
+
+    calls = {}  # id(gradient) -> "all" (all-reduce) or the destination rank (reduce)
+
+    def all_reduce(tensor, op, async_op):
+        calls[id(tensor)] = "all"
+        return Done()
+
+    def reduce(tensor, dst, op, async_op):
+        calls[id(tensor)] = dst
+        return Done()
+
+    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(distributed.dist, "reduce", reduce)
+    args = T.resolve_args(tiny_data_args)
+    model = T.GPT(T.model_config(args), max_seq_len=args.train_seq_len)
+    opt = T.Optimizers(model, 0, 2, fused_adam=False, ns_dtype=torch.float32)  # rank 0 of 2
+    inputs, targets = torch.randint(0, 50257, (2, args.train_seq_len))
+    T.train_step(model, [(inputs, targets)], torch.tensor(2), T.Dist(), opt.reducer)
+    matrices = [p for p, _ in model.matrix_params()]
+    owners = {opt.muon.owner(p) for p in matrices}
+    assert owners == {0, 1}  # both ranks own matrices, so both kinds of destination are exercised
+    assert {calls[id(p.grad)] for p in matrices} == owners
+    assert all(calls[id(p.grad)] == opt.muon.owner(p) for p in matrices)
+    matrix_ids = {id(p) for p in matrices}
+    assert all(calls[id(p.grad)] == "all" for p in model.parameters() if id(p) not in matrix_ids)
+
+
 # --- exposed communication from profiler intervals ---------------------------------------------------------------
 
 def test_exposed_time_counts_only_communication_no_compute_covers():
