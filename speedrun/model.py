@@ -103,8 +103,14 @@ class StudyBlock(nn.Module):
     def residual(x, fx, site, laurel):
         return x + fx if laurel is None else laurel(x, fx, site)
 
-    def forward(self, x, *mix_inputs, mlp_extra=None, laurel=None):
-        x = self.mix_and_attend(x, *mix_inputs, laurel=laurel)
+    @staticmethod
+    def add_skip(x, skip):
+        """The U-net skip into a block: skip = (weight, an earlier layer's output), or None."""
+        return x if skip is None else x + skip[0] * skip[1]
+
+    def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, laurel=None):
+        # The skip is added here rather than before the call so that --compile regional fuses it into the mix.
+        x = self.mix_and_attend(self.add_skip(x, skip), *mix_inputs, laurel=laurel)
         fx = self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
         return self.residual(x, fx, "mlp", laurel)
 
@@ -239,19 +245,17 @@ class StudyGPT(BackoutMethods, nn.Module):
             if rolling is not None and i >= 3:
                 # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
                 x = rolling[i - 3, 0] * outputs[i - 3] + rolling[i - 3, 1] * x
-            if i in skip_into:
-                j, src = skip_into[i]
-                x = x + skip_w[j] * outputs[src]
+            skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
             if dlo is None:
                 extra = (self.backout_mlp_input(outputs, x00, input_seq)
                          if concat_mlp and i == len(self.blocks) - 1 else None)
-                x = self.run_block(i, block, x, embeds, ve, mask, scalars, mlp_extra=extra,
+                x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
                                    laurel=laurel and laurel.for_layer(i))
             else:
-                x = dlo.routed_mlp(i, block, self.mix_and_attend(i, block, x, embeds, ve, mask, scalars),
-                                   dlo_records)
+                x = dlo.routed_mlp(i, block, self.mix_and_attend(i, block, StudyBlock.add_skip(x, skip), embeds,
+                                                                 ve, mask, scalars), dlo_records)
             outputs.append(x)
         if dlo is not None:
             dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
@@ -267,9 +271,10 @@ class StudyGPT(BackoutMethods, nn.Module):
         L = self.cfg.num_layers
         return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
 
-    def run_block(self, i, block, x, embeds, ve, mask, scalars, mlp_extra=None, laurel=None):
+    def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, laurel=None):
         lambdas, v_lambdas = scalars
-        return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], mlp_extra=mlp_extra, laurel=laurel)
+        return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], skip=skip, mlp_extra=mlp_extra,
+                     laurel=laurel)
 
     def mix_and_attend(self, i, block, x, embeds, ve, mask, scalars):
         """Everything before the MLP (DLO routes the MLP itself)."""
@@ -291,11 +296,11 @@ class StudyGPT(BackoutMethods, nn.Module):
         return self.head_loss(self.head_input(x, outputs, x00, input_seq), target_seq, **head_kwargs)
 
     def compile_regions(self):
-        """--compile regional: each block and the head (backout mix, norm, lm head, loss) compiled on their own,
-        the glue between them (embeddings, masks, U-net skips) eager. Each region's backward is then its own
-        autograd node, so a parameter's gradient is final, and its hook launches its average, as soon as its
-        region's backward has run: the reductions overlap the backward of the regions below (a whole-model graph
-        has one backward node and launches them all at its end). The blocks share one compiled code object; it
+        """--compile regional: each block (with the U-net skip it receives) and the head (backout mix, norm, lm
+        head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward
+        is then its own autograd node, so a parameter's gradient is final, and its hook launches its average, as
+        soon as its region's backward has run: the reductions overlap the backward of the regions below (a
+        whole-model graph has one backward node and launches them all at its end). The blocks share one compiled code object; it
         compiles once per kind of block (attention or not, value embedding or not, a variant's per-layer form),
         training and eval."""
         import torch._dynamo.config as dynamo_config
