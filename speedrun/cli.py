@@ -91,9 +91,11 @@ def resolve_track_args(parser, argv, presets, script_path, layer_pattern):
     resolve_shared_args(args, presets, script_path)
     check_study_args(args, presets[args.preset]["model_dim"], layer_pattern)
     if args.variant is None:
-        # naive scaling is no study flag but is an arm of its own
-        layers = [f"layers{args.num_layers}"] if args.num_layers != presets[args.preset]["num_layers"] else []
-        args.variant = default_variant(given, args, extra=layers)
+        # Naive scaling and regional compilation are no study flags, but each is an arm of its own (a loss and a
+        # speed comparison with the baseline).
+        extra = [f"layers{args.num_layers}"] if args.num_layers != presets[args.preset]["num_layers"] else []
+        extra += ["compile-regional"] if args.compile == "regional" else []
+        args.variant = default_variant(given, args, extra=extra)
     return args
 
 

@@ -27,6 +27,8 @@ def variant(argv):
     (["--rolling-skip", "--laurel", "lr", "--laurel-zero-factor", "down"],
      "rolling-skip_laurel-lr-r32-zero-factor-down"),
     (["--num-layers", "18"], "layers18"),
+    (["--compile", "regional"], "compile-regional"),  # a speed arm: its step times must not pool with baseline's
+    (["--compile", "on", "--backout-layers", "11"], "backout-L11"),
 ])
 def test_default_name_comes_from_the_non_default_study_flags(argv, name):
     assert variant(argv) == name
