@@ -142,19 +142,9 @@ class GPT(StudyGPT):
 
     def __init__(self, cfg: GPTConfig, max_seq_len):
         super().__init__(cfg, max_seq_len)
-        L, D = cfg.num_layers, cfg.model_dim
-        self.embed = nn.Embedding(cfg.vocab_size, D)
-        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.num_heads * cfg.head_dim)
-                                          for _ in range(self.pattern["num_value_embeds"]))
-        self.blocks = nn.ModuleList(Block(cfg, i not in self.no_attention_layers, max_seq_len)
-                                    for i in range(L))
-        padded_vocab = ((cfg.vocab_size + 127) // 128) * 128
-        self.lm_head_w = nn.Parameter(torch.zeros(padded_vocab, D))
-        self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
-        self.add_scalars("block", torch.tensor([1.0, 0.0]).repeat(L))
-        # One (v_self, v_embed) pair per layer, so the slice indexes by layer; the no-attention layer's is unused.
-        self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
-        self.finish_init()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.model_dim)
+        self.add_layers_and_head(Block, max_seq_len)
+        self.finish_init(block_lambdas=[1.0, 0.0])
         self.fp8_head = False  # set by the run where FP8 matmuls exist (training forward only)
 
     def cast_low_precision(self, dtype):

@@ -96,19 +96,10 @@ class GPT(StudyGPT):
 
     def __init__(self, cfg: GPTConfig, max_seq_len):
         super().__init__(cfg, max_seq_len)
-        L, D = cfg.num_layers, cfg.model_dim
-        self.embed1 = nn.Embedding(cfg.vocab_size, D)
-        self.embed2 = nn.Embedding(cfg.vocab_size, D)
-        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.num_heads * cfg.head_dim)
-                                          for _ in range(self.pattern["num_value_embeds"]))
-        self.blocks = nn.ModuleList(Block(cfg, i not in self.no_attention_layers, max_seq_len)
-                                    for i in range(L))
-        padded_vocab = ((cfg.vocab_size + 127) // 128) * 128
-        self.lm_head_w = nn.Parameter(torch.zeros(padded_vocab, D))
-        self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
-        self.add_scalars("block", torch.tensor([1.0, 0.0, 0.0]).repeat(L))
-        self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
-        self.finish_init()
+        self.embed1 = nn.Embedding(cfg.vocab_size, cfg.model_dim)
+        self.embed2 = nn.Embedding(cfg.vocab_size, cfg.model_dim)
+        self.add_layers_and_head(Block, max_seq_len)
+        self.finish_init(block_lambdas=[1.0, 0.0, 0.0])
 
     def track_embedding_params(self):
         return [self.embed1.weight, self.embed2.weight] + [e.weight for e in self.value_embeds]

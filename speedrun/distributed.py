@@ -76,11 +76,11 @@ class GradientReducer:
     only once that node has been run (its kernels launched). On CUDA an NCCL collective waits for every kernel
     launched before it on the compute stream, so with a whole-model compile the reductions overlap the optimiser
     (Adam's steps, Muon's Newton-Schulz of earlier matrices) and each other, not the backward. Each graph break or
-    separately compiled region (--compile regional) ends an autograd node: a parameter's reduction then starts when its region's
-    backward has been launched and overlaps the backward of the regions before it; eager runs (and gloo on CPU,
-    which reduces on its own thread) overlap from the first parameter on. Upstream's later records register the
-    same per-parameter hooks on their whole-model compiled graph. The hooks are registered once and cost nothing
-    while not armed (earlier micro-steps only accumulate)."""
+    separately compiled region (--compile regional) ends an autograd node: a parameter's reduction then starts
+    when its region's backward has been launched and overlaps the backward of the regions before it; eager runs
+    (and gloo on CPU, which reduces on its own thread) overlap from the first parameter on. Upstream's later
+    records register the same per-parameter hooks on their whole-model compiled graph. The hooks are registered
+    once and cost nothing while not armed (earlier micro-steps only accumulate)."""
 
     def __init__(self, params, world_size, hooks=True, owners=None, rank=0):
         self.params, self.world_size, self.rank = list(params), world_size, rank

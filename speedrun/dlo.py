@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from speedrun.checkpoint import load_model_weights
 from speedrun.errors import UsageError
-from speedrun.layers import norm
+from speedrun.layers import norm, padded_vocab
 
 # The paper's policies: new layers appended to each group, built from the group's layers (block scalars reset).
 GROUP_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
@@ -85,11 +85,10 @@ def forward_flops_per_token(cfg, pattern, window_blocks, seq_len, mlp_active=Non
     sequence; causal and document masking are ignored); each MLP times its active fraction (1 if not given);
     the routers' dot products when `routers`; the lm head over the padded vocabulary."""
     D, hdim = cfg.model_dim, cfg.num_heads * cfg.head_dim
-    padded_vocab = ((cfg.vocab_size + 127) // 128) * 128
     keys = dict(long=min(window_blocks * cfg.block_size, seq_len),
                 short=min(max(window_blocks // 2, 1) * cfg.block_size, seq_len))
     no_attention = pattern.get("no_attention_layers", [pattern["no_attention_layer"]])
-    total = 2 * D * padded_vocab
+    total = 2 * D * padded_vocab(cfg.vocab_size)
     for i in range(cfg.num_layers):
         if i not in no_attention:
             k = keys["long"] if i in pattern["long_window_layers"] else keys["short"]

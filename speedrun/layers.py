@@ -36,6 +36,11 @@ class Rotary(nn.Module):
         return torch.cat((y1, y2), dim=-1).type_as(x)
 
 
+def padded_vocab(vocab_size):
+    """The lm head's rows: the vocabulary rounded up to a multiple of 128 (50257 -> 50304)."""
+    return ((vocab_size + 127) // 128) * 128
+
+
 def uniform_init_(w):
     bound = math.sqrt(3) * 0.5 / math.sqrt(w.size(-1))
     with torch.no_grad():

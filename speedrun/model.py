@@ -12,7 +12,8 @@ from speedrun.backout import BackoutMethods, backout_config
 from speedrun.checkpoint import cast_model
 from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern, dlo_model_config
 from speedrun.laurel import attach_laurel, laurel_config, laurel_named_scalars
-from speedrun.layers import MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm
+from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
+                             padded_vocab)
 
 
 @dataclass
@@ -116,9 +117,9 @@ class StudyBlock(nn.Module):
 
 
 class StudyGPT(BackoutMethods, nn.Module):
-    """Track-independent part of the GPT. A subclass sets, in its __init__ and in this order: its token
-    embedding(s), `value_embeds` (ModuleList), `blocks` (ModuleList of StudyBlock), `lm_head_w`, the baseline
-    scalars ("unet", "block", "value") with add_scalars, then calls finish_init(). It also provides:
+    """Track-independent part of the GPT. A subclass's __init__ creates its token embedding(s), then calls
+    add_layers_and_head(its block class, max_seq_len) and finish_init(its block lambdas' initial values).
+    It also provides:
       layer_pattern(num_layers) (staticmethod): ve_index, num_value_embeds, long_window_layers, no_attention_layer,
         unet_pairs;
       track_embedding_params(): its token and value embedding tables;
@@ -139,8 +140,24 @@ class StudyGPT(BackoutMethods, nn.Module):
         # Every learned scalar lives in one vector; `scalar_layout` names the slices.
         self._scalar_inits, self.scalar_layout = [], {}
 
-    def finish_init(self):
-        """Adds the study variants and builds the scalar vector (after the track's own modules and scalars)."""
+    def add_layers_and_head(self, block_class, max_seq_len):
+        """The value embeddings, the blocks and the zero lm head (rows padded to a multiple of 128), after the
+        track's token embeddings: the random init draws in the records' order."""
+        cfg = self.cfg
+        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.num_heads * cfg.head_dim)
+                                          for _ in range(self.pattern["num_value_embeds"]))
+        self.blocks = nn.ModuleList(block_class(cfg, i not in self.no_attention_layers, max_seq_len)
+                                    for i in range(cfg.num_layers))
+        self.lm_head_w = nn.Parameter(torch.zeros(padded_vocab(cfg.vocab_size), cfg.model_dim))
+
+    def finish_init(self, block_lambdas):
+        """The baseline's scalars - one weight per U-net skip (1), the track's block lambdas for every layer, one
+        (v_self, v_embed) pair per layer (0.5, 0.5; the no-attention layer's is unused, so the slice indexes by
+        layer) - then the study variants, and the scalar vector."""
+        L = self.cfg.num_layers
+        self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
+        self.add_scalars("block", torch.tensor(block_lambdas).repeat(L))
+        self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules here (key = variant name) and their scalars in the shared vector,
         # so parameter counts, optimiser groups and logging find them without special cases.
         self.study = nn.ModuleDict()
@@ -300,9 +317,9 @@ class StudyGPT(BackoutMethods, nn.Module):
         head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward
         is then its own autograd node, so a parameter's gradient is final, and its hook launches its average, as
         soon as its region's backward has run: the reductions overlap the backward of the regions below (a
-        whole-model graph has one backward node and launches them all at its end). The blocks share one compiled code object; it
-        compiles once per kind of block (attention or not, value embedding or not, a variant's per-layer form),
-        training and eval."""
+        whole-model graph has one backward node and launches them all at its end). The blocks share one compiled
+        code object; it compiles once per kind of block (attention or not, value embedding or not, a variant's
+        per-layer form), training and eval."""
         import torch._dynamo.config as dynamo_config
         kinds_bound = 4 * len(self.blocks) + 8  # every block its own kind, train and eval, and margin
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, kinds_bound)
