@@ -217,3 +217,32 @@ def test_compiled_muon_compiles_once_per_shape_and_follows_the_eager_update():
     # Fused elementwise kernels round differently from eager ones: fp32 rounding, amplified at most a little by NS5.
     for c, e in zip(compiled, trained(False)[0]):
         torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["--laurel", "rw+pa", "--laurel-where", "both", "--laurel-k", "3"],
+                                   ["--laurel", "rw+lr+pa", "--laurel-rank", "4", "--laurel-k", "2"]],
+                         ids=["rw+pa-both-k3", "rw+lr+pa-k2"])
+def test_regional_compile_of_laurel_pa_keeps_k_inputs_and_computes_the_eager_loss(flags, tiny_data_args):
+    """The PA history travels through every compiled block: the sites after the k-th must see exactly k inputs
+    (a bounded deque mutated inside a trace outgrew its bound: IndexError on gamma, or wrong sums)."""
+    args = T.resolve_args(tiny_data_args + flags)
+    torch.manual_seed(0)
+    model = T.GPT(T.model_config(args), max_seq_len=args.train_seq_len)
+    with torch.no_grad():  # away from the init, where every gamma term and product is zero
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stream = TokenStream(find_shards(args.train_files, "x"), args.train_seq_len, "x")
+    inputs, targets = stream.next_batch(T.Dist().virtual_ranks)[0]
+    window = torch.tensor(2)
+    eager = model(inputs, targets, window)
+    eager_grads = torch.autograd.grad(eager, list(model.parameters()))
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_regions()
+    regional = model(inputs, targets, window)
+    regional_grads = torch.autograd.grad(regional, list(model.parameters()))
+    assert dict(counters["graph_break"]) == {}
+    torch.testing.assert_close(regional.item(), eager.item(), rtol=1e-5, atol=0)
+    for (name, _), g, e in zip(model.named_parameters(), regional_grads, eager_grads):
+        assert (g - e).norm() <= 1e-4 * e.norm() + 1e-12, name
