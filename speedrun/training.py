@@ -142,7 +142,7 @@ def run_track(track: Track, args, ddp: Dist):
             model.compile_regions()
             train_model = model
         else:
-            train_model = torch.compile(model, dynamic=False)
+            train_model = model.compile_whole()
     else:
         train_model = model
 
