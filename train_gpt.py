@@ -21,7 +21,7 @@ from speedrun.cli import make_parser, record_preset, resolve_track_args, run_mai
 from speedrun.data import TokenStream, find_shards
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
-from speedrun.layers import norm, window_in_blocks
+from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.optimizers import TrackOptimizers
 from speedrun.training import Track, run_track, train_step
@@ -163,13 +163,13 @@ class GPT(StudyGPT):
     def embed_inputs(self, input_seq):
         return (norm(self.embed(input_seq)[None]),)
 
-    def head_loss(self, latents, target_seq):
-        x = latents[0]  # [T, D]: _scaled_mm takes 2-D operands
-        if self.training and self.fp8_head:
-            logits = FP8HeadMatmul.apply(x, self.lm_head_w)
-        else:
-            logits = F.linear(x, self.lm_head_w.type_as(x))
-        return F.cross_entropy(softcap(logits.float()), target_seq)
+    def head_loss(self, latents, target_seq, head_chunks=1):
+        """Summed in head_chunks pieces of the sequence (validation: memory), then averaged."""
+        def logits_of(x):  # x [T, D]: _scaled_mm takes 2-D operands
+            if self.training and self.fp8_head:
+                return softcap(FP8HeadMatmul.apply(x, self.lm_head_w).float())
+            return softcap(F.linear(x, self.lm_head_w.type_as(x)).float())
+        return chunked_cross_entropy(latents, target_seq, logits_of, head_chunks)
 
 
 def choose_lm_head(model, args, ddp: Dist):

@@ -55,7 +55,7 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
         T.train_step(train_model, stream.next_batch(ddp.virtual_ranks)[:1], window, ddp, opt.reducer)
         opt.step(step, args.num_iterations)
         if step == 1 or step == steps - 1:
-            val_losses.append(validate(train_model, args, ddp, window, head_chunks=T.VAL_HEAD_CHUNKS))
+            val_losses.append(validate(train_model, args, ddp, window, T.VAL_HEAD_CHUNKS))
         frames.append(counters["frames"]["total"])
     return model, val_losses, frames
 
