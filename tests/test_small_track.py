@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train_gpt as S
-from conftest import ROOT, SMALL_SCRIPT, embedded_sources, run_training
+from conftest import ROOT, SMALL_SCRIPT, embedded_sources, run_training, script_from_history
 from speedrun.muon import newton_schulz5
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{4}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
@@ -121,18 +121,7 @@ AUTOGRAD_FUNCTION_COMMIT = "c2c565e"  # the FP8 head as a torch.autograd.Functio
 @pytest.fixture(scope="module")
 def autograd_function_head(tmp_path_factory):
     """The FP8HeadMatmul autograd.Function the custom op replaced, imported from git history."""
-    import importlib.util
-    try:
-        source = subprocess.run(["git", "show", f"{AUTOGRAD_FUNCTION_COMMIT}:train_gpt.py"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"commit {AUTOGRAD_FUNCTION_COMMIT} is not in this checkout's history")
-    path = tmp_path_factory.mktemp("fp8") / "autograd_function_train_gpt.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("autograd_function_train_gpt", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FP8HeadMatmul
+    return script_from_history(AUTOGRAD_FUNCTION_COMMIT, "train_gpt.py", tmp_path_factory).FP8HeadMatmul
 
 
 def fp8_head_case(seed):
@@ -186,12 +175,17 @@ def test_compiled_fp8_head_is_one_node_forward_and_backward_without_graph_break(
     results = []
     torch._dynamo.reset()
     counters.clear()
-    for head in (model.head_loss, torch.compile(model.head_loss, backend=inductor_keeping_graphs, dynamic=False)):
-        x = latents.clone().requires_grad_()
-        model.lm_head_w.grad = None
-        loss = head(x, targets)
-        loss.backward()
-        results.append((loss, x.grad, model.lm_head_w.grad))
+    # the caches would hand back an earlier run's compiled graphs without showing them to inner_compile
+    no_caches = (torch._inductor.config.patch(fx_graph_cache=False),
+                 torch._functorch.config.patch(enable_autograd_cache=False))
+    with no_caches[0], no_caches[1]:
+        for head in (model.head_loss, torch.compile(model.head_loss, backend=inductor_keeping_graphs,
+                                                    dynamic=False)):
+            x = latents.clone().requires_grad_()
+            model.lm_head_w.grad = None
+            loss = head(x, targets)
+            loss.backward()
+            results.append((loss, x.grad, model.lm_head_w.grad))
     assert dict(counters["graph_break"]) == {}
     dynamo_graph, *aot_graphs = graphs
 
