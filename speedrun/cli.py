@@ -12,9 +12,15 @@ from speedrun.checkpoint import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
 from speedrun.dlo import add_dlo_args, check_dlo_args
-from speedrun.errors import HelpWithDefaults, OneLineErrorParser, UsageError
+from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
+                             is_reporting_rank)
 from speedrun.laurel import add_laurel_args, check_laurel_args
 from speedrun.variants import default_variant, given_study_flags
+
+
+# Far beyond any model of either track (16 and 12 layers), yet refused before a model of 10^5 layers is allocated.
+MAX_LAYERS = 256
+MAX_SEED = 2**32 - 1  # torch's and numpy's generators take seeds of 64 and 32 bits
 
 
 def record_preset(**sizes_and_schedule):
@@ -122,6 +128,10 @@ def resolve_shared_args(args, presets, script_path):
     for name in positive:
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.num_layers > MAX_LAYERS:
+        raise UsageError(f"--num-layers must be at most {MAX_LAYERS}, got {args.num_layers}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
     for name in ["val_every", "checkpoint_every"] + (["warmup_steps"] if args.warmup_steps is not None else []):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must not be negative")
@@ -154,11 +164,14 @@ def run_main(resolve_args, run, argv=None):
     try:
         args = resolve_args(argv)
         ddp = setup_distributed()
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except UsageError as e:  # every rank parses the same flags: rank 0 alone says what is wrong
+        if is_reporting_rank():
+            print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         run(args, ddp)
+    except ReportedByAnotherRank:
+        return 2
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,10 +1,20 @@
 """Bad input: one line naming the problem on stderr, exit status 2, before any log is written."""
 
 import argparse
+import os
 
 
 class UsageError(Exception):
     """Bad input: reported as one line on stderr and exit status 2, before any log is written."""
+
+
+class ReportedByAnotherRank(UsageError):
+    """Bad input another rank of the run reports: this rank ends with exit status 2 and prints nothing."""
+
+
+def is_reporting_rank():
+    """Whether this process prints the one line of bad input that every rank finds alike (torchrun's rank 0)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 class HelpWithDefaults(argparse.HelpFormatter):
