@@ -85,9 +85,16 @@ def find_shards(pattern, flag):
     if not files:
         raise UsageError(f"{flag}: no files match {pattern!r}")
     for path in files:
-        if validate_shard(path) == 0:
-            raise ShardError(f"{path}: the shard holds no tokens ({flag})")
+        validate_nonempty_shard(path, f" ({flag})")
     return files
+
+
+def validate_nonempty_shard(path, context="") -> int:
+    """validate_shard, also refusing a shard without tokens (no run can read one); returns the token count."""
+    count = validate_shard(path)
+    if count == 0:
+        raise ShardError(f"{path}: the shard holds no tokens{context}")
+    return count
 
 
 class TokenStream:
