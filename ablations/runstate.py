@@ -7,6 +7,7 @@ on one machine or on the nodes of a cluster sharing the folder) can pick up wher
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
     <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
+    <runs>/<study>/<arm>/seed<k>.damaged-<time>.pt        a checkpoint whose bytes fail their CRC: never resumed from
     <runs>/<study>/<arm>/seed<k>.out                      the process output of every attempt (for failures)
     <runs>/<study>/<arm>/seed<k>.failed                   written when an attempt exited with an error
     <runs>/<study>/<arm>/seed<k>.lock                     flock()ed while a process of the run is alive
@@ -23,6 +24,7 @@ import re
 import signal
 import socket
 import time
+import zipfile
 from pathlib import Path
 
 COMPLETE_PREFIX = "peak memory allocated:"
@@ -146,6 +148,23 @@ def checkpoint_config(path: Path) -> dict | None:
         return None
     config = state.get("config") if isinstance(state, dict) else None
     return config if isinstance(config, dict) else None
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """Why a torch checkpoint (a zip) cannot be trusted: a member whose bytes fail their CRC, or a broken zip; None
+    when it is intact or no zip at all (the stand-in's JSON: the training script judges what it cannot read)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":
+                return None
+        from speedrun.checkpoint import damaged_member  # noqa: PLC0415 (torch loads only when a zip is to be resumed)
+
+        member = damaged_member(path)
+    except (zipfile.BadZipFile, EOFError) as e:
+        return f"not a whole zip file: {e}"
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    return None if member is None else f"the bytes of {member} fail their CRC check"
 
 
 @dataclasses.dataclass

@@ -36,6 +36,10 @@ class ConfigCheck:
         # dest -> the flag a person would recognise in the message
         self.compared = {action.dest: max(action.option_strings, key=len) for action in parser._actions
                          if action.option_strings and action.dest not in RUN_LOCATION}
+        # A log may record what a flag resolved to (`--low-precision auto` as float32): a value outside the flag's
+        # choices says so, and is not compared.
+        self.choices = {action.dest: [_comparable(c) for c in action.choices] for action in parser._actions
+                        if action.option_strings and action.choices}
         self._expected: dict[tuple, dict] = {}
 
     def expected(self, run: Run) -> dict:
@@ -60,7 +64,12 @@ class ConfigCheck:
         if self.track is not None and "track" in recorded and recorded["track"] != self.track:
             return f"track {_shown(recorded['track'])}, the study's script {self.script} now writes {self.track}"
         for dest, value in self.expected(run).items():
-            if dest in recorded and _comparable(recorded[dest]) != value:
+            if dest not in recorded:
+                continue
+            seen = _comparable(recorded[dest])
+            if dest in self.choices and seen not in self.choices[dest]:
+                continue  # what the flag resolved to at run time
+            if seen != value:
                 return f"{self.compared[dest]} {_shown(recorded[dest])}, the study now asks {_shown(value)}"
         return None
 

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from conftest import synthetic_tokens, write_token_shard
-from runner_support import (FAKE_TRAIN, REPO, ablations, is_complete, runner_env, start_ablations, starts_per_run,
-                            wait_for, write_study)
+from runner_support import (FAKE_TRAIN, REPO, ablations, is_complete, read_events, runner_env, start_ablations,
+                            starts_per_run, wait_for, write_study)
 from test_runner_faults import one_error_line, run_dir
 
 FLAGS = {"num-iterations": 6, "val-every": 3}
@@ -130,3 +130,23 @@ def test_a_full_disk_during_a_checkpoint_save_is_reported_as_such(tmp_path, shar
     failed = [line for line in result.stdout.splitlines() if " failed " in line and "baseline/seed0" in line]
     assert failed and "No space left on device" in failed[-1] and "damaged" not in failed[-1], result.stdout
     assert not list((small_mount / "s" / "baseline").glob("seed0.pt*"))
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_redone(tmp_path):
+    import torch
+
+    starts = tmp_path / "starts.jsonl"
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    folder = run_dir(tmp_path)
+    folder.mkdir(parents=True)
+    torch.save({"step": 3, "weights": torch.arange(4096.0)}, folder / "seed0.pt")
+    data = bytearray((folder / "seed0.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the tensor's data: the zip's CRC says so
+    (folder / "seed0.pt").write_bytes(bytes(data))
+    result = ablations(["run", study], tmp_path, runner_env(starts), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "checkpoint damaged (the bytes of" in result.stdout and "fail their CRC check" in result.stdout
+    (kept,) = folder.glob("seed0.damaged-*.pt")
+    assert kept.read_bytes() == bytes(data)
+    assert [event["resume"] for event in read_events(starts) if event["event"] == "start"] == [None]
+    assert is_complete(folder / "seed0.txt")
