@@ -45,7 +45,7 @@ def make_parser(description, presets, backout_record_layer):
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(presets), default="full",
                      help="model size and data defaults: full = the record run; tiny = CPU-sized, demo shards")
-    run.add_argument("--seed", type=int, default=0, help="seed for initialisation and warm-up tokens")
+    run.add_argument("--seed", type=int, default=0, help=f"seed for initialisation and warm-up tokens (0..{MAX_SEED})")
     run.add_argument("--log-dir", default="logs", help="folder of the run log")
     run.add_argument("--run-name", default=None, help="log file is <log-dir>/<run-name>.txt (default: a uuid)")
     run.add_argument("--variant", default=None,
@@ -61,7 +61,8 @@ def make_parser(description, presets, backout_record_layer):
     run.add_argument("--train-files", default=None, help="glob of training shards")
     run.add_argument("--val-files", default=None, help="glob of validation shards")
     run.add_argument("--num-layers", type=int, default=None,
-                     help="transformer layers (the layer patterns follow the rule in layer_pattern)")
+                     help=f"transformer layers, at most {MAX_LAYERS} (the layer patterns follow the rule in "
+                          f"layer_pattern)")
     run.add_argument("--compile", choices=["auto", "on", "regional", "off"], default="auto",
                      help="torch.compile the model (auto: on, on CUDA only). regional: each block and the head "
                           "compiled apart, so gradient averages start during the backward (see compile_regions)")

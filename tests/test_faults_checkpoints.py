@@ -10,19 +10,8 @@ import pytest
 import torch
 
 import train_gpt_medium as T
-from conftest import ROOT, synthetic_tokens, write_token_shard
-from test_faults_training import TINY, data_flags, one_error_line
-
-
-@pytest.fixture(scope="module")
-def checkpoint_at_step_2(tmp_path_factory):
-    """A checkpoint at step 2 of a 4-step tiny run (seed 1), and the data flags it was made with."""
-    folder = tmp_path_factory.mktemp("resume26")
-    flags = data_flags(folder / "data")
-    rc = T.main([*TINY, *flags, "--num-iterations", "4", "--stop-after", "2", "--checkpoint-every", "2",
-                 "--seed", "1", "--log-dir", str(folder / "logs"), "--run-name", "r"])
-    assert rc == 0 and (folder / "logs" / "r.pt").exists()
-    return folder, flags
+from conftest import ROOT, mounted_tmpfs, synthetic_tokens, write_token_shard
+from test_faults_training import TINY, checkpoint_of_a_4_step_run, data_flags, one_error_line  # noqa: F401
 
 
 def resume_command(folder, flags, log_dir, *extra):
@@ -30,8 +19,8 @@ def resume_command(folder, flags, log_dir, *extra):
             "--log-dir", str(log_dir), "--run-name", "again"]
 
 
-def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_at_step_2, tmp_path, capsys):
-    folder, flags = checkpoint_at_step_2
+def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_of_a_4_step_run, tmp_path, capsys):
+    folder, flags = checkpoint_of_a_4_step_run
     damaged = tmp_path / "r.pt"
     data = bytearray((folder / "logs" / "r.pt").read_bytes())
     middle = len(data) // 2  # inside a tensor's bytes: torch.load reads them without complaint
@@ -49,8 +38,8 @@ def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_
     assert rc == 2 and "CRC" in one_error_line(capsys)
 
 
-def test_intact_checkpoint_still_resumes(checkpoint_at_step_2, tmp_path):
-    folder, flags = checkpoint_at_step_2
+def test_intact_checkpoint_still_resumes(checkpoint_of_a_4_step_run, tmp_path):
+    folder, flags = checkpoint_of_a_4_step_run
     assert T.main(resume_command(folder, flags, tmp_path / "logs")) == 0
     assert (tmp_path / "logs" / "again.txt").read_text().rstrip().splitlines()[-1].startswith("peak memory")
 
@@ -62,9 +51,9 @@ def test_intact_checkpoint_still_resumes(checkpoint_at_step_2, tmp_path):
     ("other val files", "--val-files"),
     (["--low-precision", "bf16"], "--low-precision"),
 ])
-def test_resume_refuses_flags_that_change_what_a_validation_line_means(checkpoint_at_step_2, tmp_path, capsys,
+def test_resume_refuses_flags_that_change_what_a_validation_line_means(checkpoint_of_a_4_step_run, tmp_path, capsys,
                                                                       changed, named):
-    folder, flags = checkpoint_at_step_2
+    folder, flags = checkpoint_of_a_4_step_run
     if isinstance(changed, str):  # the same tokens in other files: still other data for the run's log
         other = data_flags(tmp_path / "other")
         flags = flags[:2] + other[2:] if "val" in changed else other[:2] + flags[2:]
@@ -77,15 +66,15 @@ def test_resume_refuses_flags_that_change_what_a_validation_line_means(checkpoin
     assert not log_dir.exists()
 
 
-def test_resume_accepts_the_same_files_named_another_way(checkpoint_at_step_2, tmp_path, monkeypatch):
-    folder, flags = checkpoint_at_step_2
+def test_resume_accepts_the_same_files_named_another_way(checkpoint_of_a_4_step_run, tmp_path, monkeypatch):
+    folder, flags = checkpoint_of_a_4_step_run
     monkeypatch.chdir(folder)  # relative globs naming the very same files
     relative = ["--train-files", "data/d_train_*.bin", "--val-files", "data/d_val_*.bin"]
     assert T.main(resume_command(folder, relative, tmp_path / "logs")) == 0
 
 
-def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_at_step_2, tmp_path, capsys):
-    folder, flags = checkpoint_at_step_2
+def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_of_a_4_step_run, tmp_path, capsys):
+    folder, flags = checkpoint_of_a_4_step_run
     log_dir = tmp_path / "logs"
     rc = T.main(resume_command(folder, flags, log_dir, "--stop-after", "1"))
     assert rc == 2
@@ -95,8 +84,8 @@ def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_at_step_2,
 
 
 @pytest.mark.parametrize("dropped", ["config", "optimizers"])
-def test_checkpoint_without_an_entry_is_refused_before_the_log(checkpoint_at_step_2, tmp_path, capsys, dropped):
-    folder, flags = checkpoint_at_step_2
+def test_checkpoint_without_an_entry_is_refused_before_the_log(checkpoint_of_a_4_step_run, tmp_path, capsys, dropped):
+    folder, flags = checkpoint_of_a_4_step_run
     state = torch.load(folder / "logs" / "r.pt", weights_only=False)
     del state[dropped]
     partial = tmp_path / "partial.pt"
@@ -132,14 +121,8 @@ def test_val_shard_too_small_for_one_validation_is_refused_before_the_log(tmp_pa
 
 @pytest.fixture
 def small_mount(tmp_path):
-    """A 1 MiB tmpfs: room for a tiny run's log, not for its checkpoint. Needs root (mount)."""
-    where = tmp_path / "mnt"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    """A 1 MiB tmpfs: room for a tiny run's log, not for its checkpoint."""
+    yield from mounted_tmpfs(tmp_path / "mnt")
 
 
 def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, capsys, small_mount):

@@ -5,11 +5,10 @@ refused before any launch, and a full disk is reported as such."""
 
 import json
 import shutil
-import subprocess
 
 import pytest
 
-from conftest import synthetic_tokens, write_token_shard
+from conftest import mounted_tmpfs, synthetic_tokens, write_token_shard
 from runner_support import (FAKE_TRAIN, REPO, ablations, is_complete, read_events, runner_env, start_ablations,
                             starts_per_run, wait_for, write_study)
 from test_runner_faults import one_error_line, run_dir
@@ -112,13 +111,7 @@ def test_a_deleted_lock_never_lets_a_second_runner_start_the_run(tmp_path):
 @pytest.fixture
 def small_mount(tmp_path):
     """A 1 MiB tmpfs for the runs folder: room for a tiny run's log and output, not for its checkpoint."""
-    where = tmp_path / "runs"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    yield from mounted_tmpfs(tmp_path / "runs")
 
 
 def test_a_full_disk_during_a_checkpoint_save_is_reported_as_such(tmp_path, shard_dir, small_mount):
