@@ -316,7 +316,7 @@ def natural_key(text: str):
 
 
 LOG_PATTERNS = ("*.txt", "*.log")  # .log: llm.c baselines (`main.log`), named as unsupported rather than skipped
-RUNNER_LOG = "runner.log"  # the study runner's progress lines at the top of a study folder: not a run log
+RUNNER_LOG = "runner.log"  # the study runner's progress lines in each study folder: never a run log
 
 
 def _folder_key(root: Path | None, log: Path) -> str:
@@ -341,7 +341,7 @@ def find_logs(paths) -> list[tuple[Path, str]]:
             # A dangling symlink is kept, to be named as unreadable rather than passed over without a word.
             logs = (p for pattern in LOG_PATTERNS for p in path.rglob(pattern)
                     if (p.is_file() or p.is_symlink() and not p.exists())
-                    and not _SET_ASIDE.search(p.name) and not (p.name == RUNNER_LOG and p.parent == path))
+                    and not _SET_ASIDE.search(p.name) and p.name != RUNNER_LOG)
             candidates = [(log, path) for log in sorted(set(logs), key=lambda p: natural_key(str(p)))]
         elif path.exists() or path.is_symlink():
             candidates = [(path, None)]

@@ -30,8 +30,8 @@ class HelpWithDefaults(argparse.HelpFormatter):
 class OneLineErrorParser(argparse.ArgumentParser):
     """Bad flags end the process with one line and exit 2 (not the whole usage text)."""
 
-    def error(self, message):
-        self.exit(2, f"error: {message} (see --help)\n")
+    def error(self, message):  # under torchrun every rank parses the same flags: rank 0 alone says what is wrong
+        self.exit(2, f"error: {message} (see --help)\n" if is_reporting_rank() else None)
 
 
 def parse_int_flag(value, flag):

@@ -150,14 +150,19 @@ def test_log_dir_under_proc_is_one_line(tmp_path, capsys):
     assert "--log-dir /proc/self/logs" in one_error_line(capsys)
 
 
-def test_bad_input_under_torchrun_is_one_line_from_one_rank(tmp_path):
+@pytest.mark.parametrize("bad, named", [(["--no-such-flag"], "--no-such-flag"),
+                                         (["--num-iterations", "0"], "--num-iterations"),
+                                         ("empty shard", "d_train_000002.bin")])
+def test_bad_input_under_torchrun_is_one_line_from_one_rank(tmp_path, bad, named):
     flags = data_flags(tmp_path / "data")
-    write_token_shard(tmp_path / "data" / "d_train_000002.bin", [])  # an empty shard: every rank finds it
+    if bad == "empty shard":  # found by every rank, after the process group is up
+        write_token_shard(tmp_path / "data" / "d_train_000002.bin", [])
+        bad = []
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(ROOT / "train_gpt_medium.py"), *TINY, *flags, "--num-iterations", "2",
+                             str(ROOT / "train_gpt_medium.py"), *TINY, *flags, "--num-iterations", "2", *bad,
                              "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=300,
                             cwd=ROOT)
-    assert result.returncode != 0
+    assert result.returncode != 0  # torchrun's own: 1, whatever its workers' status
     errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "d_train_000002.bin" in errors[0], result.stderr
+    assert len(errors) == 1 and named in errors[0], result.stderr
     assert not (tmp_path / "logs").exists()
