@@ -298,7 +298,7 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path, data: bool = Fals
     # need each other); when it does, a combination that cannot work is refused here rather than mid-study.
     resolve = getattr(module, "resolve_args", None)
     checked: set[tuple[str, ...]] = set()
-    data_checked: set[tuple] = set()
+    resolved = []  # (run, its parsed args) for the data check
     for run in runs:
         argv = tuple(run.flags + runner_flags(run, runs_dir))
         key = tuple(run.flags)
@@ -322,17 +322,22 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path, data: bool = Fals
         except Exception as e:  # noqa: BLE001 (the script's own usage errors, whatever their class)
             raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
                              f"{e}") from None
-        inputs = tuple(getattr(args, key, None) for key in ("train_files", "val_files", "val_seq_len", "val_tokens"))
-        if data and args is not None and callable(getattr(module, "check_data", None)) and inputs not in data_checked:
-            data_checked.add(inputs)
-            try:
-                module.check_data(args)
-            except Exception as e:  # noqa: BLE001 (the script's own errors for bad shards, whatever their class)
-                raise StudyError(f"{study.path.name}: arm {run.arm!r}: its data: {e}") from None
+        if args is not None:
+            resolved.append((run, args))
         init_from = _flag_value(run.flags, "--init-from")
         if init_from is not None and not Path(init_from).exists():
             raise StudyError(f"{study.path.name}: arm {run.arm!r} seed {run.seed}: --init-from {init_from} does not "
                              f"exist (run the study that writes it first, or point to it with --set)")
+    check_data = getattr(module, "check_data", None)
+    data_checked: set[tuple] = set()
+    for run, args in resolved if data and callable(check_data) else ():  # after every flag: flags are named first
+        inputs = tuple(getattr(args, key, None) for key in ("train_files", "val_files", "val_seq_len", "val_tokens"))
+        if inputs not in data_checked:
+            data_checked.add(inputs)
+            try:
+                check_data(args)
+            except Exception as e:  # noqa: BLE001 (the script's own errors for bad shards, whatever their class)
+                raise StudyError(f"{study.path.name}: arm {run.arm!r}: its data: {e}") from None
     return module
 
 
