@@ -94,9 +94,9 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
              f"Generated {datetime.date.today().isoformat()} from `{study_dir}`; target validation loss {target:g}. "
              f"{len(runs)} run logs: {complete} complete, {len(runs) - complete} unfinished; "
              f"{len(unreadable)} unreadable file(s), {len(duplicates)} duplicate log(s) counted once, "
-             f"{len(left_out)} log(s) of arms the study no longer has left out. Only complete runs enter the statistics; std is the sample "
-             f"standard deviation (n-1); p is the one-sided one-sample t-test of the mean final loss against the "
-             f"target. A diverged run (final loss nan) counts as complete; the loss figures are of the other runs.",
+             f"{len(left_out)} log(s) of arms the study no longer has left out. Only complete runs enter the "
+             f"statistics; std is the sample standard deviation (n-1); p is the one-sided one-sample t-test of the "
+             f"mean final loss against the target. A diverged run (final loss nan) counts as complete; the loss figures are of the other runs.",
              "", "## Arms", "", _arm_table(summary, runs), ""]
     if summary["warnings"]:
         lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
