@@ -154,7 +154,12 @@ class DLORouters(nn.Module):
             records.append((logits, similarity))
             return h + gate[..., None].type_as(m) * m
         active = (gate[0] >= self.threshold).nonzero().squeeze(1)
-        out = block.mlp(z[0].index_select(0, active)) * gate[0].index_select(0, active)[:, None].type_as(z)
+        routed = z[0].index_select(0, active)
+        # The active token count is data: a compiled MLP (--compile regional) gets it as a size symbol with no
+        # value assumed (0 and 1 included), so one graph serves every count instead of one recompile per count.
+        if not torch.compiler.is_compiling():
+            torch._dynamo.decorators.mark_unbacked(routed, 0)
+        out = block.mlp(routed) * gate[0].index_select(0, active)[:, None].type_as(z)
         self.val_active[layer] += active.numel()
         return h[0].index_add(0, active, out)[None]
 

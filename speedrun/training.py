@@ -6,7 +6,7 @@ import json
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +19,7 @@ from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_
 from speedrun.distributed import Dist, sync_gradients
 from speedrun.errors import UsageError
 from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
+from speedrun.layers import val_head_chunks
 from speedrun.profiling import StepProfiler
 from speedrun.runlog import RunLog, write_preamble
 
@@ -38,15 +39,17 @@ def train_step(model, batches, window, ddp: Dist, reducer=None):
 
 
 @torch.no_grad()
-def validate(model, args, ddp: Dist, window, **forward_kwargs):
-    """Mean validation loss over args.val_tokens tokens of args.val_files, read from the start."""
+def validate(model, args, ddp: Dist, window, fewest_head_chunks=1):
+    """Mean validation loss over args.val_tokens tokens of args.val_files, read from the start; the head runs in
+    val_head_chunks pieces of each sequence (at least fewest_head_chunks), whatever the compile mode."""
+    head_chunks = val_head_chunks(args.val_seq_len, fewest_head_chunks)
     model.eval()
     stream = TokenStream(find_shards(args.val_files, "--val-files"), args.val_seq_len, "--val-files", ddp.device)
     steps = args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len)
     total = torch.zeros((), device=ddp.device, dtype=torch.float32)
     for _ in range(steps):
         for inputs, targets in stream.next_batch(ddp.virtual_ranks):
-            total += model(inputs, targets, window, **forward_kwargs).float()
+            total += model(inputs, targets, window, head_chunks=head_chunks).float()
     if ddp.world_size > 1:
         dist.all_reduce(total)
     model.train()
@@ -121,7 +124,7 @@ class Track:
     optimizers: Callable  # (model, rank, world_size, fused_adam, ns_dtype, compile_muon) -> TrackOptimizers
     window_blocks_at: Callable  # (step, num_iterations, cfg) -> attention window in blocks
     warmup: Callable  # (train_model, opt, args, ddp, cfg) -> take_step(i) for the untimed kernel warm-up
-    val_forward_kwargs: dict = field(default_factory=dict)
+    val_head_chunks: int = 1  # the fewest pieces validation's head splits a sequence into
     val_decimals: int = 6
     barrier_around_validation: bool = True  # False: the clock stops on a CUDA sync only
     coordinate_descent_tuning: Callable = lambda args: False
@@ -173,7 +176,7 @@ def run_track(track: Track, args, ddp: Dist):
             model.compile_regions()
             train_model = model
         else:
-            train_model = torch.compile(model, dynamic=False)
+            train_model = model.compile_whole()
     else:
         train_model = model
 
@@ -231,7 +234,7 @@ def run_track(track: Track, args, ddp: Dist):
         if is_last or (args.val_every and step % args.val_every == 0):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
-            val_loss = validate(train_model, args, ddp, window, **track.val_forward_kwargs)
+            val_loss = validate(train_model, args, ddp, window, track.val_head_chunks)
             log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
             sync()
             t0 = time.perf_counter()

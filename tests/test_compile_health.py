@@ -29,7 +29,7 @@ def compiled(model, regional):
     if regional:
         model.compile_regions()
         return model
-    return torch.compile(model, dynamic=False)
+    return model.compile_whole()
 
 
 def compiled_training(args, flags, regional, steps=3, watch=None):
@@ -55,7 +55,7 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
         T.train_step(train_model, stream.next_batch(ddp.virtual_ranks)[:1], window, ddp, opt.reducer)
         opt.step(step, args.num_iterations)
         if step == 1 or step == steps - 1:
-            val_losses.append(validate(train_model, args, ddp, window, head_chunks=T.VAL_HEAD_CHUNKS))
+            val_losses.append(validate(train_model, args, ddp, window, T.VAL_HEAD_CHUNKS))
         frames.append(counters["frames"]["total"])
     return model, val_losses, frames
 
@@ -217,3 +217,74 @@ def test_compiled_muon_compiles_once_per_shape_and_follows_the_eager_update():
     # Fused elementwise kernels round differently from eager ones: fp32 rounding, amplified at most a little by NS5.
     for c, e in zip(compiled, trained(False)[0]):
         torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["--laurel", "rw+pa", "--laurel-where", "both", "--laurel-k", "3"],
+                                   ["--laurel", "rw+lr+pa", "--laurel-rank", "4", "--laurel-k", "2"]],
+                         ids=["rw+pa-both-k3", "rw+lr+pa-k2"])
+def test_regional_compile_of_laurel_pa_keeps_k_inputs_and_computes_the_eager_loss(flags, tiny_data_args):
+    """The PA history travels through every compiled block: the sites after the k-th must see exactly k inputs
+    (a bounded deque mutated inside a trace outgrew its bound: IndexError on gamma, or wrong sums)."""
+    args = T.resolve_args(tiny_data_args + flags)
+    torch.manual_seed(0)
+    model = T.GPT(T.model_config(args), max_seq_len=args.train_seq_len)
+    with torch.no_grad():  # away from the init, where every gamma term and product is zero
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stream = TokenStream(find_shards(args.train_files, "x"), args.train_seq_len, "x")
+    inputs, targets = stream.next_batch(T.Dist().virtual_ranks)[0]
+    window = torch.tensor(2)
+    eager = model(inputs, targets, window)
+    eager_grads = torch.autograd.grad(eager, list(model.parameters()))
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_regions()
+    regional = model(inputs, targets, window)
+    regional_grads = torch.autograd.grad(regional, list(model.parameters()))
+    assert dict(counters["graph_break"]) == {}
+    torch.testing.assert_close(regional.item(), eager.item(), rtol=1e-5, atol=0)
+    for (name, _), g, e in zip(model.named_parameters(), regional_grads, eager_grads):
+        assert (g - e).norm() <= 1e-4 * e.norm() + 1e-12, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("regional", [True, False], ids=["regional", "whole-model"])
+def test_dlo_validation_routes_any_token_count_through_one_compiled_graph(regional, shard_dir, tmp_path):
+    """DLO's validation sends a data-dependent number of tokens through each MLP. Compiled, every count must reuse
+    one graph (regional: a fixed-shape MLP recompiled per count until the recompile limit ended the run; whole
+    model: a graph break at the nonzero), and the losses and per-layer counts must be eager's."""
+    from test_dlo import data_flags, write_checkpoint
+    from speedrun.checkpoint import load_checkpoint
+    from speedrun.dlo import dlo_expand_from_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "base.pt", 6, shard_dir)
+    args = T.resolve_args(["--preset", "tiny", *data_flags(shard_dir), "--init-from", str(ckpt), "--dlo-groups", "2",
+                           "--dlo-sparsity", "0.3", "--dlo-router-init", "uniform"])  # uniform: gates vary
+    torch.manual_seed(0)
+    model = T.GPT(T.model_config(args), max_seq_len=args.val_seq_len)
+    dlo_expand_from_checkpoint(model, load_checkpoint(ckpt), args, args.val_seq_len)
+    model.eval()
+    stream = TokenStream(find_shards(args.val_files, "x"), args.val_seq_len, "x")
+    batches = [stream.next_batch(T.Dist().virtual_ranks)[0] for _ in range(6)]
+    routers = model.study["dlo"]
+
+    def losses_and_counts(run_model, batches):
+        out = []
+        with torch.no_grad():
+            for inputs, targets in batches:
+                routers.val_active.zero_()
+                out.append((run_model(inputs, targets, torch.tensor(2)).item(), routers.val_active.tolist()))
+        return out
+
+    eager = losses_and_counts(model, batches)
+    assert len({tuple(counts) for _, counts in eager}) == len(batches)  # the counts do vary
+    torch._dynamo.reset()
+    counters.clear()
+    compiled_model = compiled(model, regional)
+    first = losses_and_counts(compiled_model, batches[:1])
+    frames = counters["frames"]["total"]
+    rest = losses_and_counts(compiled_model, batches[1:])
+    assert counters["frames"]["total"] == frames and dict(counters["graph_break"]) == {}
+    assert [counts for _, counts in first + rest] == [counts for _, counts in eager]
+    torch.testing.assert_close([loss for loss, _ in first + rest], [loss for loss, _ in eager], rtol=1e-5, atol=0)

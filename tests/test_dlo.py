@@ -384,7 +384,7 @@ def test_dlo_run_end_to_end(ckpt, tiny_data_args, tmp_path):
     # Strict identity: the step-0 validation is the checkpoint's own validation loss.
     args = T.resolve_args(common)
     window = torch.tensor(T.window_blocks_at(0, 2, T.model_config(args)))
-    expected = validate(base_model(ckpt), args, T.Dist(), window, head_chunks=T.VAL_HEAD_CHUNKS)
+    expected = validate(base_model(ckpt), args, T.Dist(), window, T.VAL_HEAD_CHUNKS)
     assert val_losses(log)[0] == f"{expected:.6f}"
     scalars = scalars_lines(log)
     assert len(scalars) == 2
