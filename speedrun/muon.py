@@ -68,7 +68,7 @@ class Muon(torch.optim.Optimizer):
         params = [p for p, _ in params_with_wd_mul]
         super().__init__([dict(params=params)], dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
         self.wd_mul = {p: m for p, m in params_with_wd_mul}
-        self.lr_mul = {}  # per-parameter learning-rate multipliers (DLO's layer-wise rates); absent = 1
+        self.lr_mul = {}  # per-parameter lr multipliers as 0-d tensors (DLO layer-wise rates); absent = 1
         self.smoothing, self.rank, self.world_size, self.ns_dtype = smoothing, rank, world_size, ns_dtype
         self.ns_coeffs = ns_coeffs
         self.direction = torch.compile(muon_direction, dynamic=False) if compile_update else muon_direction
@@ -128,12 +128,15 @@ class Muon(torch.optim.Optimizer):
                 st = self._state(p)
                 scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
                 value = self.master_value(p)
-                p_lr = lr * self.lr_mul.get(p, 1.0)
+                p_lr = lr * self.lr_mul.get(p, 1.0)  # a 0-d device tensor where a multiplier is set (no sync)
                 self.direction(p.grad.float(), st["momentum"], st["smoothed"], *self.momentum_scalars,
                                self.smoothing, self.ns_dtype, self.ns_coeffs)
                 # Outside the compiled part: add's alpha must be a Python number, which torch.compile would
                 # specialise on (a recompile at every lr change), and a tensor factor would round differently.
-                value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
+                if torch.is_tensor(p_lr):
+                    value.mul_(1 - p_lr * wd * self.wd_mul[p]).sub_(st["smoothed"] * (p_lr * scale))
+                else:
+                    value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
                 self.write_master(p, value)
             if ws > 1:
                 in_flight += self._exchange([q.data for q in group])

@@ -45,65 +45,94 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def test_reductions_launch_during_the_last_backward_only(one_rank_group):
+def test_reductions_launch_during_the_last_backward_only_and_in_the_fixed_order(one_rank_group):
     first, last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
-    params = list(first.parameters()) + list(last.parameters())
-    reducer = GradientReducer(params, world_size=2)  # divides by 2: the group has one rank, the sum is the grad
+    params = list(last.parameters()) + list(first.parameters())  # the fixed order: reverse forward
+    reducer = GradientReducer.per_parameter(params, world_size=2)  # divides by 2: one rank, the sum is the grad
     x = torch.randn(3, 4, requires_grad=True)
     launched_when_input_grad_computed = []
-    x.register_hook(lambda g: launched_when_input_grad_computed.append(len(reducer.pending)))
+    x.register_hook(lambda g: launched_when_input_grad_computed.append(reducer.next_launch))
 
     last(first(x)).sum().backward()  # an earlier micro-step: accumulate only
-    assert not reducer.pending
+    assert reducer.next_launch == 0 and not any(b.launched for b in reducer.buckets)
     reducer.arm()
     last(first(x)).sum().backward()
     # the last layer's averages were in flight before the backward reached the first layer's input
     assert launched_when_input_grad_computed[-1] >= 2
+    assert [b.launched for b in reducer.buckets] == [True] * len(params)
     reducer.finish_backward()
     accumulated = [p.grad.clone() for p in params]
     reducer.wait([params[0]])
-    assert torch.equal(params[0].grad, accumulated[0] / 2) and len(reducer.pending) == len(params) - 1
+    assert torch.equal(params[0].grad, accumulated[0] / 2)
+    assert [b.launched for b in reducer.buckets] == [False] + [True] * (len(params) - 1)
     reducer.wait_all()
-    assert not reducer.pending
     assert all(torch.equal(p.grad, g / 2) for p, g in zip(params, accumulated))
     last(first(x)).sum().backward()  # finish_backward disarmed the hooks
-    assert not reducer.pending
+    assert not any(b.launched for b in reducer.buckets)
 
 
-def test_muon_matrices_are_reduced_to_their_owner_only_and_the_rest_to_every_rank(one_rank_group, tiny_data_args,
-                                                                                 monkeypatch):
-    """Only a matrix's Muon owner reads its gradient: a reduce to that rank moves half an all-reduce's bytes."""
+def test_a_bucket_launches_only_after_every_bucket_before_it(one_rank_group):
+    """The order is the buckets', not autograd's: a gradient final early waits for the buckets listed first."""
+    first, last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    params = list(first.parameters()) + list(last.parameters())  # forward order: first's gradients come last
+    reducer = GradientReducer.per_parameter(params, world_size=2)
+    x = torch.randn(3, 4, requires_grad=True)
+    seen = []
+    x.register_hook(lambda g: seen.append(reducer.next_launch))
+    reducer.arm()
+    last(first(x)).sum().backward()
+    assert seen == [0]  # last's gradients were final, but first's bucket had not gone yet
+    reducer.finish_backward()
+    reducer.wait_all()
+
+
+class RecordedWork:
+    def wait(self):
+        pass
+
+
+def test_muon_groups_are_reduce_scattered_to_their_owners_and_the_head_and_embeddings_sharded(
+        one_rank_group, tiny_data_args, monkeypatch):
+    """Only a matrix's Muon owner reads its gradient: one reduce-scatter per group of world_size equal-size
+    matrices (rank j receives matrix j). The head and the embeddings are reduce-scattered (Adam steps a slice),
+    everything else all-reduced; the launches follow the fixed order: head, Muon groups, embeddings, the rest."""
     import train_gpt_medium as T
     from speedrun import distributed
 
-    class Done:
-        def wait(self):
-            pass
+    calls = []  # (kind, ids of the gradients sent)
 
-    calls = {}  # id(gradient) -> "all" (all-reduce) or the destination rank (reduce)
+    def record(kind):
+        def collective(*tensors, **kwargs):
+            sent = tensors[-1] if isinstance(tensors[-1], list) else [tensors[-1]]
+            calls.append((kind, [t.data_ptr() for t in sent]))
+            return RecordedWork()
+        return collective
 
-    def all_reduce(tensor, op, async_op):
-        calls[id(tensor)] = "all"
-        return Done()
-
-    def reduce(tensor, dst, op, async_op):
-        calls[id(tensor)] = dst
-        return Done()
-
-    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(distributed.dist, "reduce", reduce)
+    for name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
+        monkeypatch.setattr(distributed.dist, name, record(name))
     args = T.resolve_args(tiny_data_args)
     model = T.GPT(T.model_config(args), max_seq_len=args.train_seq_len)
     opt = T.Optimizers(model, 0, 2, fused_adam=False, ns_dtype=torch.float32)  # rank 0 of 2
     inputs, targets = torch.randint(0, 50257, (2, args.train_seq_len))
     T.train_step(model, [(inputs, targets)], torch.tensor(2), T.Dist(), opt.reducer)
-    matrices = [p for p, _ in model.matrix_params()]
-    owners = {opt.muon.owner(p) for p in matrices}
-    assert owners == {0, 1}  # both ranks own matrices, so both kinds of destination are exercised
-    assert {calls[id(p.grad)] for p in matrices} == owners
-    assert all(calls[id(p.grad)] == opt.muon.owner(p) for p in matrices)
-    matrix_ids = {id(p) for p in matrices}
-    assert all(calls[id(p.grad)] == "all" for p in model.parameters() if id(p) not in matrix_ids)
+    grad = {p.grad.data_ptr(): id(p) for p in model.parameters()}
+    sent = [(kind, [grad[ptr] for ptr in ptrs]) for kind, ptrs in calls]
+
+    def ids(ps):
+        return [id(p) for p in ps]
+    groups = opt.muon.groups
+    full = [g for g in groups if len(g) == 2]
+    assert len(full) == len(groups) - 1  # tiny medium: 17 matrices of one size, the last group has one
+    expected = ([("reduce_scatter_tensor", ids([model.lm_head_w]))] + [("reduce_scatter", ids(g)) for g in full]
+                + [("reduce", ids(groups[-1]))]
+                + [("reduce_scatter_tensor", ids([p])) for p in model.embedding_params()])
+    assert sent[:len(expected)] == expected
+    rest = sent[len(expected):]
+    assert all(kind == "all_reduce" for kind, _ in rest)
+    assert sorted(i for _, ps in sent for i in ps) == sorted(ids(model.parameters()))  # each one exactly once
+    # reverse forward order within Muon's groups: the last block's matrices go first
+    last_block = {id(p) for p in model.blocks[-1].parameters()}
+    assert all(id(p) in last_block for p in groups[0])
 
 
 # --- exposed communication from profiler intervals ---------------------------------------------------------------
