@@ -119,29 +119,51 @@ class Muon(torch.optim.Optimizer):
             self.momentum_scalars = torch.empty(2, device=self.ordered[0].device)
         self.momentum_scalars[0].fill_(mu)
         self.momentum_scalars[1].fill_(1 - mu)
-        in_flight = []
+        in_flight, shared_directions = [], []
         for group in self.groups:  # the order their gradients are reduced in
+            share_direction = ws > 1 and self.direction_is_exact_in_ns_dtype(group)
             if self.rank < len(group):
                 p = group[self.rank]
                 if wait_grads is not None:
                     wait_grads([p])
                 st = self._state(p)
-                scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
-                value = self.master_value(p)
-                p_lr = lr * self.lr_mul.get(p, 1.0)  # a 0-d device tensor where a multiplier is set (no sync)
                 self.direction(p.grad.float(), st["momentum"], st["smoothed"], *self.momentum_scalars,
                                self.smoothing, self.ns_dtype, self.ns_coeffs)
-                # Outside the compiled part: add's alpha must be a Python number, which torch.compile would
-                # specialise on (a recompile at every lr change), and a tensor factor would round differently.
-                if torch.is_tensor(p_lr):
-                    value.mul_(1 - p_lr * wd * self.wd_mul[p]).sub_(st["smoothed"] * (p_lr * scale))
-                else:
-                    value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
-                self.write_master(p, value)
-            if ws > 1:
+                if not share_direction:
+                    self._apply(p, st["smoothed"], lr, wd)
+            if share_direction:  # every rank applies every matrix's (exactly representable) direction itself
+                directions = [self.state[q]["smoothed"].to(self.ns_dtype) if j == self.rank
+                              else torch.empty_like(q, dtype=self.ns_dtype) for j, q in enumerate(group)]
+                shared_directions.append((self._exchange(directions), group, directions))
+            elif ws > 1:
                 in_flight += self._exchange([q.data for q in group])
+        for works, group, directions in shared_directions:
+            for work in works:
+                work.wait()
+            for q, d in zip(group, directions):
+                self._apply(q, d.float(), lr, wd)
         for work in in_flight:
             work.wait()
+
+    def direction_is_exact_in_ns_dtype(self, group):
+        """fp32 matrices without update smoothing: the step's direction is the Newton-Schulz output, exact in its
+        (narrower) dtype, so the group can share its directions in that dtype (bf16 on CUDA: half the bytes of
+        the fp32 parameters) and every rank apply them, bitwise as the owner does."""
+        return (self.smoothing == 0 and self.ns_dtype.itemsize < 4
+                and all(q.dtype == torch.float32 for q in group))
+
+    def _apply(self, p, direction, lr, wd):
+        """Decoupled weight decay and the step along `direction`, on p's full-precision value."""
+        p_lr = lr * self.lr_mul.get(p, 1.0)  # a 0-d device tensor where a multiplier is set (no sync)
+        scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
+        value = p.data if p.dtype == torch.float32 else self.master_value(p)
+        # Outside the compiled part: add's alpha must be a Python number, which torch.compile would specialise
+        # on (a recompile at every lr change), and a tensor factor would round differently.
+        if torch.is_tensor(p_lr):
+            value.mul_(1 - p_lr * wd * self.wd_mul[p]).sub_(direction * (p_lr * scale))
+        else:
+            value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(direction, alpha=-p_lr * scale)
+        self.write_master(p, value)
 
     def _exchange(self, tensors):
         """Launches the sharing of tensors[j], authoritative on rank j (the owner of position base+j), with every

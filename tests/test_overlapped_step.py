@@ -144,3 +144,36 @@ def test_exposed_time_counts_only_communication_no_compute_covers():
     assert exposed_time([(0, 10)], []) == 10
     assert exposed_time([], [(0, 10)]) == 0
     assert exposed_time([(1, 3)], [(0, 10)]) == 0
+
+
+@pytest.mark.slow
+def test_small_track_muon_shares_bf16_directions_with_the_same_result_as_fp32_parameters(tiny_data_args, tmp_path,
+                                                                                       monkeypatch):
+    """The small track's fp32 matrices with a bf16 Newton-Schulz: each group shares the owners' directions in
+    bf16 (half the bytes) and every rank applies them; the weights equal those of sharing the fp32 parameters."""
+    driver = ROOT / "tests" / "muon_direction_share_driver.py"
+    weights = {}
+    for mode in ("directions", "parameters"):
+        if mode == "parameters":
+            monkeypatch.setenv("MUON_SHARE_PARAMETERS", "1")
+        res = run_training([*tiny_data_args, "--low-precision", "bf16", "--num-iterations", "3", "--val-every", "0",
+                            "--save-final-checkpoint", "--log-dir", str(tmp_path), "--run-name", mode],
+                           nproc=2, script=driver, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        weights[mode] = torch.load(tmp_path / f"{mode}.pt", weights_only=False)["model"]
+    assert weights["directions"].keys() == weights["parameters"].keys()
+    assert all(torch.equal(weights["directions"][k], weights["parameters"][k]) for k in weights["directions"])
+    matrices = [k for k, v in weights["directions"].items() if k.startswith("blocks.") and v.ndim >= 2]
+    assert matrices and all(weights["directions"][k].dtype == torch.float32 for k in matrices)
+
+
+def test_only_fp32_matrices_without_smoothing_and_a_bf16_newton_schulz_share_directions(one_rank_group):
+    import train_gpt
+    import train_gpt_medium
+    for module, shares in ((train_gpt, True), (train_gpt_medium, False)):  # medium: bf16 matrices, smoothing
+        args = module.resolve_args(["--preset", "tiny"])
+        model = module.GPT(module.model_config(args), max_seq_len=args.train_seq_len)
+        model.cast_low_precision(torch.bfloat16)
+        for ns_dtype, expected in ((torch.bfloat16, shares), (torch.float32, False)):
+            opt = module.Optimizers(model, 0, 2, fused_adam=False, ns_dtype=ns_dtype)
+            assert {opt.muon.direction_is_exact_in_ns_dtype(g) for g in opt.muon.groups} == {expected}
