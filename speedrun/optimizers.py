@@ -141,6 +141,7 @@ class TrackOptimizers:
             st, p = adam["state"].get(i), bucket.params[k]
             if st is None:
                 continue
+            st = adam["state"][i] = dict(st)  # state_dict() hands out the live per-parameter dicts
             for name in ("exp_avg", "exp_avg_sq"):
                 full = st[name].new_empty(p.numel())
                 dist.all_gather_into_tensor(full, st[name].contiguous())
