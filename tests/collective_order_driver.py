@@ -1,7 +1,8 @@
-"""Records, on every rank, the sequence of collectives (name, process group, tensor sizes, dtype) that a short real
-training run issues - kernel warm-up, training steps with Snoo firing (medium), validations, checkpoint saves -
-for each flag set given, and prints one JSON line (rank 0): per flag set, the number of collectives and the first
-position where the ranks' sequences differ (None: identical). Run under torchrun (gloo):
+"""Records, on every rank, the sequence of collectives (name, process group, tensor sizes, dtype; for a gradient
+bucket also the names of its parameters) that a short real training run issues - kernel warm-up, training steps
+with Snoo firing (medium), validations, checkpoint saves - for each flag set given, and prints one JSON line
+(rank 0): per flag set, the number of entries and the first position where the ranks' sequences differ (None:
+identical). Run under torchrun (gloo):
 
     python -m torch.distributed.run --nproc_per_node=2 tests/collective_order_driver.py CASES.json
 
@@ -18,7 +19,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt as small  # noqa: E402
 import train_gpt_medium as medium  # noqa: E402
-from speedrun.distributed import setup_distributed  # noqa: E402
+from speedrun.distributed import ReductionBucket, setup_distributed  # noqa: E402
+from speedrun.optimizers import TrackOptimizers  # noqa: E402
 from speedrun.training import run_track  # noqa: E402
 
 TRACKS = {"train_gpt.py": (small, small.SMALL), "train_gpt_medium.py": (medium, medium.MEDIUM)}
@@ -51,6 +53,23 @@ def recording(log):
     return {name: wrap(name, getattr(dist, name)) for name in COLLECTIVES}
 
 
+def naming_buckets(log):
+    """Also logs which parameters each gradient bucket reduces (by name): two same-size buckets swapped on one
+    rank have the same collective signature but would mix up gradients."""
+    names = {}
+    real_init, real_launch = TrackOptimizers.__init__, ReductionBucket.launch
+
+    def init(self, model, *args, **kwargs):
+        names.update({id(p): n for n, p in model.named_parameters()})
+        real_init(self, model, *args, **kwargs)
+
+    def launch(self, op):
+        log.append(["bucket", self.kind, [names.get(id(p), "?") for p in self.params]])
+        return real_launch(self, op)
+    TrackOptimizers.__init__, ReductionBucket.launch = init, launch
+    return lambda: (setattr(TrackOptimizers, "__init__", real_init), setattr(ReductionBucket, "launch", real_launch))
+
+
 def first_difference(sequences):
     reference = sequences[0]
     for seq in sequences[1:]:
@@ -73,14 +92,16 @@ def main():
         log = []
         for name, fn in recording(log).items():
             setattr(dist, name, fn)
+        unname = naming_buckets(log)
         try:
             run_track(track, args, ddp)
         finally:
+            unname()
             for name, fn in real.items():
                 setattr(dist, name, fn)
         gathered = [None] * ddp.world_size
         dist.all_gather_object(gathered, log)
-        kinds = sorted({entry[0] for entry in log})
+        kinds = sorted({entry[0] for entry in log if entry[0] != "bucket"})
         results.append(dict(id=case["id"], count=len(log), kinds=kinds, differs_at=first_difference(gathered),
                             example=None if first_difference(gathered) is None else
                             [seq[first_difference(gathered)] if first_difference(gathered) < len(seq) else None

@@ -2,9 +2,9 @@
 arms with the same parameter shapes and the same collective-relevant flags run once), two ranks (gloo) run the real training
 path at tiny size - a kernel warm-up step, two training steps (Snoo fires on the medium track), three
 validations and two checkpoint saves - while each rank records its sequence of collectives (name, process group,
-sizes, dtype); the sequences must be identical. A rank that launched its reductions in autograd's order, a
-collective issued by one rank only, or a size or dtype that depends on the rank fails here (as a hang or a
-mismatch on NCCL).
+sizes, dtype, and the parameters of each gradient bucket by name); the sequences must be identical. A rank that
+launched its reductions in autograd's order, a collective issued by one rank only, or a size or dtype that
+depends on the rank fails here (on NCCL: a hang or gradients mixed up between same-size buckets).
 
 Run-only flags of an arm that cannot change the sequence are replaced: the schedule (--num-iterations,
 --stop-after) by the short one above and --compile by off (CPU inductor would take minutes per arm; the
