@@ -148,7 +148,8 @@ class Muon(torch.optim.Optimizer):
     def direction_is_exact_in_ns_dtype(self, group):
         """fp32 matrices without update smoothing: the step's direction is the Newton-Schulz output, exact in its
         (narrower) dtype, so the group can share its directions in that dtype (bf16 on CUDA: half the bytes of
-        the fp32 parameters) and every rank apply them, bitwise as the owner does."""
+        the fp32 parameters) and every rank apply them. The owner applies the shared bf16 values too, so the ranks
+        agree even where a compiled update keeps more bits than the bf16 output."""
         return (self.smoothing == 0 and self.ns_dtype.itemsize < 4
                 and all(q.dtype == torch.float32 for q in group))
 

@@ -1,5 +1,5 @@
-"""Every rank issues the same collectives in the same order: for every arm of every bundled study (both tracks,
-arms with the same parameter shapes and the same collective-relevant flags run once), two ranks (gloo) run the real training
+"""Every rank issues the same collectives in the same order: for every arm of every bundled study (both tracks;
+arms with the same parameter shapes and collective-relevant flags run once), two ranks (gloo) run the real training
 path at tiny size - a kernel warm-up step, two training steps (Snoo fires on the medium track), three
 validations and two checkpoint saves - while each rank records its sequence of collectives (name, process group,
 sizes, dtype, and the parameters of each gradient bucket by name); the sequences must be identical. A rank that
