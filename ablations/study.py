@@ -266,6 +266,8 @@ def load_script(script: Path):
     if not script.is_file():
         raise StudyError(f"training script {script} does not exist")
     spec = importlib.util.spec_from_file_location(f"_study_script_{script.stem.replace('-', '_')}", script)
+    if spec is None:  # no loader for its suffix (a README.md, a folder named *.py)
+        raise StudyError(f"training script {script} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     captured = io.StringIO()
     try:
@@ -285,8 +287,10 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "no message"
 
 
-def check_flags(study: Study, runs: list[Run], runs_dir: Path):
-    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError.
+def check_flags(study: Study, runs: list[Run], runs_dir: Path, data: bool = False):
+    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError. With
+    `data`, also the shards each run would read, with the script's own check_data(args) when it has one (before
+    launching: a bad shard found by every rank of a torchrun launch would end it in a traceback per process).
     Returns the imported script (its parser also tells what a run's recorded config should hold)."""
     module = load_script(study.script)
     parser = module.make_arg_parser()
@@ -294,6 +298,7 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path):
     # need each other); when it does, a combination that cannot work is refused here rather than mid-study.
     resolve = getattr(module, "resolve_args", None)
     checked: set[tuple[str, ...]] = set()
+    resolved = []  # (run, its parsed args) for the data check
     for run in runs:
         argv = tuple(run.flags + runner_flags(run, runs_dir))
         key = tuple(run.flags)
@@ -304,12 +309,11 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path):
             # Exact names only: argparse would take an abbreviation (--backout-layer) for the full flag.
             if token.startswith("--") and token not in parser._option_string_actions:
                 raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} has no flag {token}")
-        captured = io.StringIO()
+        captured, args = io.StringIO(), None
         try:
             with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
                 parser.parse_args(list(argv))
-            if callable(resolve):
-                resolve(list(argv))
+            args = resolve(list(argv)) if callable(resolve) else None
         except SystemExit as e:
             if e.code not in (0, None):
                 message = _last_line(captured.getvalue()).split("error: ", 1)[-1]
@@ -318,10 +322,22 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path):
         except Exception as e:  # noqa: BLE001 (the script's own usage errors, whatever their class)
             raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
                              f"{e}") from None
+        if args is not None:
+            resolved.append((run, args))
         init_from = _flag_value(run.flags, "--init-from")
         if init_from is not None and not Path(init_from).exists():
             raise StudyError(f"{study.path.name}: arm {run.arm!r} seed {run.seed}: --init-from {init_from} does not "
                              f"exist (run the study that writes it first, or point to it with --set)")
+    check_data = getattr(module, "check_data", None)
+    data_checked: set[tuple] = set()
+    for run, args in resolved if data and callable(check_data) else ():  # after every flag: flags are named first
+        inputs = tuple(getattr(args, key, None) for key in ("train_files", "val_files", "val_seq_len", "val_tokens"))
+        if inputs not in data_checked:
+            data_checked.add(inputs)
+            try:
+                check_data(args)
+            except Exception as e:  # noqa: BLE001 (the script's own errors for bad shards, whatever their class)
+                raise StudyError(f"{study.path.name}: arm {run.arm!r}: its data: {e}") from None
     return module
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
-from .logs import group_runs, load_runs, planned_steps_warnings
+from .logs import MixedTracks, duplicate_warnings, group_runs, load_runs, planned_steps_warnings
 from .record import RecordError, package_record
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
@@ -207,7 +207,7 @@ def cmd_summarize(args):
 
 
 def cmd_compare(args):
-    runs, _ = _load(args.paths, args.jobs)
+    runs, unreadable = _load(args.paths, args.jobs)
     groups = _complete_groups(runs, args.by, args.arms)
     baseline = args.baseline
     if baseline is None:  # runs come in PATH order, so the first group is the first PATH's arm
@@ -218,7 +218,7 @@ def cmd_compare(args):
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     result = compare_arms(groups, baseline, args.confidence, args.alternative)
-    result["warnings"] += planned_steps_warnings(groups)
+    result["warnings"] += planned_steps_warnings(groups) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
@@ -240,11 +240,12 @@ def _single_variant(runs, chosen, flag):
 
 
 def cmd_record_check(args):
-    runs, _ = _load(args.paths, args.jobs)
+    runs, unreadable = _load(args.paths, args.jobs)
     candidates = _single_variant(runs, args.variant, "--variant")
     baseline = None
     if args.baseline:
-        base_runs, _ = _load(args.baseline, args.jobs, what="--baseline path")
+        base_runs, base_unreadable = _load(args.baseline, args.jobs, what="--baseline path")
+        unreadable = unreadable + base_unreadable
         baseline = _single_variant(base_runs, args.baseline_variant, "--baseline-variant")
     track = _track(args, candidates)
     record = None
@@ -258,7 +259,7 @@ def cmd_record_check(args):
     result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
                           confidence=args.confidence, record=record)
-    result["warnings"] = planned_steps_warnings({"candidate": candidates})
+    result["warnings"] = planned_steps_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
@@ -323,7 +324,7 @@ def cmd_report(args):
         _existing_folder_for(args.out, "--out")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     out = args.out or args.dir / "report.md"
-    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars))
+    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars, args.arms))
     return 0
 
 
@@ -441,6 +442,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="baseline", help="baseline arm (baseline)")
     p.add_argument("--out", type=Path, help="report file (default DIR/report.md)")
     p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="extra scalar globs to plot")
+    p.add_argument("--arms", type=comma_list,
+                   help="comma-separated arms to report (the study runner names its study's arms); logs of other "
+                        "arms are listed as left out (default: every arm with a log)")
     p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
     p.set_defaults(handler=cmd_report)
 
@@ -467,7 +471,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except UsageError as problem:
+    except (UsageError, MixedTracks) as problem:
         print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly

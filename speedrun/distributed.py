@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from speedrun.data import VIRTUAL_RANKS
-from speedrun.errors import UsageError
+from speedrun.errors import ReportedByAnotherRank, UsageError
 
 
 @dataclass
@@ -29,6 +29,23 @@ class Dist:
     def barrier(self):
         if self.world_size > 1:
             dist.barrier()
+
+    def agree(self, problem=None):
+        """A barrier that also ends every rank when any has a `problem` (one line): the lowest such rank raises it
+        as a UsageError, the others end quietly, so a run under torchrun prints one line, not one per rank, and no
+        rank is left waiting on a collective the failed one never joins."""
+        if self.world_size == 1:
+            if problem is not None:
+                raise UsageError(problem)
+            return
+        failed = torch.zeros(self.world_size, device=self.device)
+        failed[self.rank] = problem is not None
+        dist.all_reduce(failed)
+        if not failed.any():
+            return
+        if problem is not None and self.rank == int(failed.nonzero()[0]):
+            raise UsageError(problem)
+        raise ReportedByAnotherRank()
 
 
 def setup_distributed():

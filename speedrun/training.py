@@ -3,6 +3,7 @@ the validation pass, the kernel warm-up skeleton and the step / scalars / peak-m
 
 import copy
 import json
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -14,8 +15,9 @@ import torch.distributed as dist
 
 from speedrun.checkpoint import (load_checkpoint, load_model_weights, load_resume_state, run_schedule_clock,
                                  save_checkpoint)
-from speedrun.data import VIRTUAL_RANKS, TokenStream, find_shards, read_shard
+from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
+from speedrun.errors import UsageError
 from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
 from speedrun.profiling import StepProfiler
 from speedrun.runlog import RunLog, write_preamble
@@ -84,6 +86,31 @@ def peak_memory_line(ddp: Dist):
     return f"peak memory allocated: {alloc} MiB reserved: {reserved} MiB"
 
 
+def check_data(args):
+    """Checks the run's shards (every header and size, the first train shard's tokens, enough validation tokens
+    for one validation) and returns the train files. The study runner calls it too, before launching anything."""
+    train_files = find_shards(args.train_files, "--train-files")
+    val_files = find_shards(args.val_files, "--val-files")
+    read_shard(train_files[0])
+    try:
+        check_stream_length(val_files, args.val_seq_len, args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len),
+                            "--val-files")
+    except UsageError as e:
+        raise UsageError(f"{e} (one validation reads --val-tokens {args.val_tokens} tokens of --val-files "
+                         f"{args.val_files} in steps of {VIRTUAL_RANKS} x --val-seq-len {args.val_seq_len})") from None
+    return train_files
+
+
+def check_log_dir(log_dir):
+    """Makes the log folder and checks that files can be written in it (a read-only mount, /proc)."""
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=log_dir, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--log-dir {log_dir}: cannot write there ({e.strerror or e})") from None
+
+
 @dataclass
 class Track:
     """What a training script hands to run_track: its names, model, optimisers, schedules and log details."""
@@ -107,14 +134,18 @@ def run_track(track: Track, args, ddp: Dist):
     """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
     --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
     cfg = track.model_config(args)
-    train_files = find_shards(args.train_files, "--train-files")
-    find_shards(args.val_files, "--val-files")
-    for f in train_files[:1]:
-        read_shard(f)
+    problem = None
+    try:  # every input that can be checked is, on every rank, before the log starts and before any collective
+        train_files = check_data(args)
+        resume_state = load_resume_state(args)
+        init_state = load_checkpoint(args.init_from) if args.init_from else None
+        if ddp.rank == 0:
+            check_log_dir(args.log_dir)  # last: it makes the folder
+    except UsageError as e:
+        problem = str(e)
+    ddp.agree(problem)
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
-    resume_state = load_resume_state(args)
-    init_state = load_checkpoint(args.init_from) if args.init_from else None
     schedule_at = run_schedule_clock(args, init_state, resume_state)
 
     torch.manual_seed(args.seed)

@@ -109,3 +109,14 @@ def bundled_medium_studies():
         if study.script.name == "train_gpt_medium.py":
             out.append(study)
     return out
+
+
+def mounted_tmpfs(where, size="1m"):
+    """Mounts a small tmpfs at `where` (a folder) for a full-disk or read-only test, yields it, unmounts it; skips
+    the test where mounting is not allowed (it needs root)."""
+    Path(where).mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    yield Path(where)
+    subprocess.run(["umount", "-l", str(where)], check=False)
