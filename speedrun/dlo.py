@@ -289,7 +289,8 @@ def dlo_layer_lr_multipliers(model):
     (1 - its sparsity factor); the mean rate is the base rate."""
     active = model.study["dlo"].label_active_fractions()
     mean = active.mean()
-    mul = (active / mean if mean > 0 else torch.ones_like(active)).tolist()
+    # Device tensors, no .tolist() or `if mean > 0`: reading them on the host would wait for the step's kernels.
+    mul = torch.where(mean > 0, active / mean.clamp_min(torch.finfo(active.dtype).tiny), torch.ones_like(active))
     out = {}
     for i, block in enumerate(model.blocks):
         for p, _ in model.block_matrix_params(block):

@@ -58,9 +58,9 @@ def validate(model, args, ddp: Dist, window, fewest_head_chunks=1):
 
 def kernel_warmup(steps, model, opt, take_step):
     """Runs take_step(i) for i < steps (untimed: compiles the kernels), then restores the model's and the
-    optimisers' state exactly as it was. `opt` has state_dict(gather_muon) / load_state_dict."""
+    optimisers' state exactly as it was. `opt` has state_dict() (this rank's own state) / load_state_dict."""
     saved_model = copy.deepcopy(model.state_dict())
-    saved_opt = copy.deepcopy(opt.state_dict(lambda local_muon_state: local_muon_state))
+    saved_opt = copy.deepcopy(opt.state_dict())
     for i in range(steps):
         take_step(i)
     model.load_state_dict(saved_model)
