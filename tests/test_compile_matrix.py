@@ -12,6 +12,7 @@ the 6-layer model lacks; a DLO arm expands a tiny 6-layer checkpoint in 2 groups
 The multi-skip study's arms are generated from a finished sweep: they are backout sums of the kinds the sweep and
 the norms study already run. The whole matrix's time is printed at the end (pytest -s)."""
 import importlib
+import os
 import time
 import tomllib
 from pathlib import Path
@@ -77,13 +78,32 @@ def resolve(track, flags, data_args, checkpoint):
         return track.resolve_args(data_args + ["--num-layers", "16"] + extra + flags)
 
 
+# Config fields that set only initial values or which layer feeds a skip: arms differing only in them trace the
+# same operations in the same graphs, so by default (a CI-sized matrix: every distinct model is ~2.5 CPU-hours)
+# one of them stands for all. COMPILE_MATRIX=full runs one cell per distinct model configuration.
+SAME_GRAPH_FIELDS = ("backout_x_init", "backout_skip_init", "laurel_factor_init", "laurel_zero_factor", "dlo_init",
+                     "dlo_router_init", "num_layers", "baseline_layers", "laurel_rw_scale", "dlo_score_scale",
+                     "dlo_threshold")
+
+
+def graph_structure(cfg):
+    """The model configuration with the fields above left out and each backout source reduced to its kind (a layer
+    index or a named embedding)."""
+    fields = {k: v for k, v in vars(cfg).items() if k not in SAME_GRAPH_FIELDS}
+    fields["backout_layers"] = tuple("layer" if isinstance(x, int) else x for x in cfg.backout_layers)
+    return repr(sorted(fields.items()))
+
+
 def distinct_models():
-    """One pytest param per distinct (track, model configuration), named after the arms it stands for."""
+    """One pytest param per distinct (track, model graphs) - per model configuration under COMPILE_MATRIX=full -
+    named after the arms it stands for."""
+    full = os.environ.get("COMPILE_MATRIX") == "full"
     seen, params = {}, []
     for (script, flags, init_from), names in bundled_arms().items():
         track = importlib.import_module(script)
         args = resolve(track, list(flags), ["--preset", "tiny"], __file__ if init_from else None)  # only its existence is checked
-        key = (script, repr(track.model_config(args)))
+        cfg = track.model_config(args)
+        key = (script, repr(cfg) if full else graph_structure(cfg))
         if key in seen:
             seen[key].extend(names)
             continue
@@ -118,7 +138,7 @@ def run_arm(track, args, mode):
                                                                                      args.val_seq_len))
     track_spec.prepare_model(model, args, ddp)
     opt = track.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-    opt.reducer = GradientReducer(model.parameters(), world_size=2)  # hooks as on 2 ranks (sums: identities)
+    opt.reducer = GradientReducer.per_parameter(model.parameters(), world_size=2)  # hooks as on 2 ranks
     torch._dynamo.reset()
     counters.clear()
     train_model = {"off": model, "on": None, "regional": model}[mode]
