@@ -39,27 +39,31 @@ def cumulative_spending(t: float, alpha: float, sides: int) -> float:
     return sides * obf_spending(t, alpha / sides)
 
 
-def _continuation(fractions, bounds, sides: int):
-    """Grid points of the score S_k = Z_k sqrt(t_k) at the last look of `fractions` and their weights (Simpson
-    weight times the sub-density of paths that crossed no boundary up to and including that look). The recursive
+def _advance(continuation, previous_t: float, t: float, bound: float, sides: int):
+    """One look further: grid points of the score S = Z sqrt(t) inside the look's continuation region and their
+    weights (Simpson weight times the sub-density of paths that crossed no boundary so far). The recursive
     numerical integration of Armitage, McPherson and Rowe (1969), which gsDesign also uses."""
-    grid = weights = None
-    previous_t = 0.0
+    sd = math.sqrt(t)
+    upper = min(bound, 10.0) * sd
+    lower = -upper if sides == 2 else -10.0 * sd
+    points = np.linspace(lower, upper, _GRID_POINTS)
+    simpson = np.ones(_GRID_POINTS)
+    simpson[1:-1:2], simpson[2:-1:2] = 4.0, 2.0
+    simpson *= (upper - lower) / (_GRID_POINTS - 1) / 3
+    if continuation is None:
+        density = stats.norm.pdf(points, scale=sd)
+    else:
+        grid, weights = continuation
+        density = stats.norm.pdf(points[:, None] - grid[None, :], scale=math.sqrt(t - previous_t)) @ weights
+    return points, density * simpson
+
+
+def _continuation(fractions, bounds, sides: int):
+    """The continuation grid and weights at the last of `fractions` (None before the first look)."""
+    continuation, previous_t = None, 0.0
     for t, c in zip(fractions, bounds):
-        sd = math.sqrt(t)
-        upper = min(c, 10.0) * sd
-        lower = -upper if sides == 2 else -10.0 * sd
-        points = np.linspace(lower, upper, _GRID_POINTS)
-        simpson = np.ones(_GRID_POINTS)
-        simpson[1:-1:2], simpson[2:-1:2] = 4.0, 2.0
-        simpson *= (upper - lower) / (_GRID_POINTS - 1) / 3
-        if grid is None:
-            density = stats.norm.pdf(points, scale=sd)
-        else:
-            step = math.sqrt(t - previous_t)
-            density = stats.norm.pdf(points[:, None] - grid[None, :], scale=step) @ weights
-        grid, weights, previous_t = points, density * simpson, t
-    return grid, weights
+        continuation, previous_t = _advance(continuation, previous_t, t, c, sides), t
+    return continuation
 
 
 def _stay_probability(bounds, fractions, sides: int) -> float:
@@ -82,10 +86,13 @@ def _stay_after(continuation, fractions, bound: float, sides: int) -> float:
 
 def next_boundary(fractions, bounds, alpha: float, sides: int) -> float:
     """The boundary of the last look in `fractions`, given the boundaries already used at the earlier ones."""
+    return _solve_boundary(_continuation(fractions[:-1], bounds, sides), fractions, alpha, sides)
+
+
+def _solve_boundary(continuation, fractions, alpha: float, sides: int) -> float:
     total_stay = 1 - cumulative_spending(fractions[-1], alpha, sides)
     if len(fractions) == 1:
         return float(stats.norm.isf((1 - total_stay) / sides))
-    continuation = _continuation(fractions[:-1], bounds, sides)
     excess = lambda c: _stay_after(continuation, fractions, c, sides) - total_stay  # noqa: E731
     high = 40.0
     if excess(high) < 0:  # nothing left to spend at this look (rounding): never cross
@@ -96,8 +103,10 @@ def next_boundary(fractions, bounds, alpha: float, sides: int) -> float:
 def spending_boundaries(fractions, alpha: float, sides: int = 2) -> list[float]:
     """Lan-DeMets O'Brien-Fleming-type boundaries (z scale) at the information fractions given."""
     bounds: list[float] = []
-    for k in range(1, len(fractions) + 1):
-        bounds.append(next_boundary(list(fractions[:k]), bounds, alpha, sides))
+    continuation, previous_t = None, 0.0
+    for k, t in enumerate(fractions):
+        bounds.append(_solve_boundary(continuation, list(fractions[:k + 1]), alpha, sides))
+        continuation, previous_t = _advance(continuation, previous_t, t, bounds[-1], sides), t
     return bounds
 
 
@@ -125,6 +134,17 @@ class Design:
 
     def final_boundary(self) -> float:
         return spending_boundaries(self.planned_fractions(), self.alpha, self.sides)[-1]
+
+
+def decide(z, boundary: float, fraction: float, final_boundary: float, sides: int, futility_power: float):
+    """The rule at one look, for one z or an array of them: (crossed, futile, conditional power). Futility:
+    conditional power under the current trend (drift estimated as z / sqrt(t)) to end above the final boundary."""
+    strength = np.abs(z) if sides == 2 else np.asarray(z, dtype=float)
+    crossed = strength >= boundary
+    if fraction >= 1:
+        return crossed, np.zeros_like(crossed), np.zeros_like(strength)
+    power = stats.norm.sf((final_boundary - strength / math.sqrt(fraction)) / math.sqrt(1 - fraction))
+    return crossed, ~crossed & (power < futility_power), power
 
 
 def _effective_runs(n_arm: int, n_baseline: int | None) -> float:
@@ -162,27 +182,25 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
         test = welch(losses, baseline_losses, confidence=1 - nominal_p)
         estimate, p, interval = test["diff"], test["p"], test["ci"]
         z = _z_from_p(p, -1.0 if estimate < 0 else 1.0, 2)
-        crossed = abs(z) >= boundary
     else:
         estimate = float(np.mean(losses))
         p = p_below_target(losses, target)
         z = _z_from_p(p, 1.0, 1)
         upper = estimate + stats.t.isf(nominal_p, n - 1) * float(np.std(losses, ddof=1)) / math.sqrt(n)
         interval = [None, float(upper)]
-        crossed = z >= boundary
     look = {"look": len(fractions), "n": n, "n_baseline": n_baseline, "fraction": fraction, "boundary": boundary,
             "nominal_p": nominal_p, "estimate": estimate, "z": z, "p": p, "repeated_ci": interval,
             "decision": "continue", "adjusted_p": None}
     strength = abs(z) if design.sides == 2 else z
+    final = final_boundary if final_boundary is not None else design.final_boundary()
+    crossed, futile, power = decide(z, boundary, fraction, final, design.sides, design.futility_power)
     if crossed:
         look["decision"] = ("better" if estimate < 0 else "worse") if design.sides == 2 else "below target"
     elif fraction >= 1:
         look["decision"] = "not shown"
     else:
-        final = final_boundary if final_boundary is not None else design.final_boundary()
-        look["conditional_power"] = float(stats.norm.sf((final - strength / math.sqrt(fraction))
-                                                        / math.sqrt(1 - fraction)))
-        if look["conditional_power"] < design.futility_power:
+        look["conditional_power"] = float(power)
+        if futile:
             look["decision"] = "futile"
     if look["decision"] != "continue":
         look["adjusted_p"] = adjusted_p(fractions, bounds, strength, design.sides)
@@ -195,6 +213,45 @@ def adjusted_p(fractions, earlier_bounds, strength: float, sides: int) -> float:
     if sides == 1 and strength <= -10:
         return 1.0
     return float(min(1.0, max(0.0, 1 - _stay_probability(list(earlier_bounds) + [strength], fractions, sides))))
+
+
+def describe_look(arm: str, look: dict, design: dict) -> str:
+    """One line per arm per look: runs, estimate, repeated CI, z against its boundary, decision, adjusted p."""
+    low, high = look["repeated_ci"] or [None, None]
+    two_arms = design["claim"] == "vs-baseline"
+    interval = f"[{_number(low)}, {_number(high)}]" if two_arms else f"upper {_number(high)}"
+    versus = f" vs {look['n_baseline']}" if look["n_baseline"] is not None else ""
+    adjusted = f", adjusted p {look['adjusted_p']:.3g}" if look["adjusted_p"] is not None else ""
+    return (f"look {look['look']} {arm}: n {look['n']}{versus} (t {look['fraction']:.2f}), "
+            f"{'diff' if two_arms else 'mean'} {look['estimate']:+.5f} repeated CI {interval}, z {look['z']:+.2f} "
+            f"bound {look['boundary']:.2f} (nominal p {look['nominal_p']:.2g}), p {look['p']:.3g} -> "
+            f"{look['decision']}{adjusted}")
+
+
+def _number(value) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.5f}"
+
+
+def render_markdown(state: dict) -> str:
+    """The report section of a sequential study (runs/<study>/sequential.json): design, looks, decisions."""
+    design = state["design"]
+    claim = (f"each arm against `{design['baseline']}`, two-sided Welch t-test" if design["claim"] == "vs-baseline"
+             else f"each arm's mean final loss below {design['target']:g}, one-sided t-test")
+    lines = [f"Group-sequential design: {claim}; Lan-DeMets O'Brien-Fleming-type alpha spending, alpha "
+             f"{design['alpha']:g}, at most {design['max_seeds']} seeds per arm, {design['batch']} more per look; "
+             f"non-binding futility: conditional power under the current trend below 0.1. Repeated CIs hold at "
+             f"every look at once; the adjusted p (stagewise ordering) is given at the look that decided.", "",
+             "| arm | look | n | t | estimate | repeated CI | z | bound | p | decision | adjusted p |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm, looks in state["looks"].items():
+        for look in looks:
+            low, high = look["repeated_ci"] or [None, None]
+            n = f"{look['n']}" + (f" vs {look['n_baseline']}" if look["n_baseline"] is not None else "")
+            adjusted = "" if look["adjusted_p"] is None else f"{look['adjusted_p']:.3g}"
+            lines.append(f"| {arm} | {look['look']} | {n} | {look['fraction']:.2f} | {look['estimate']:+.5f} | "
+                         f"[{_number(low)}, {_number(high)}] | {look['z']:+.2f} | {look['boundary']:.2f} | "
+                         f"{look['p']:.3g} | {look['decision']} | {adjusted} |")
+    return "\n".join(lines)
 
 
 def decided(look: dict | None) -> bool:
