@@ -109,7 +109,8 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict) ->
                                f" mean < {design['target']:g}")
                             + f": Lan-DeMets O'Brien-Fleming alpha {design['alpha']:g}, up to {design['max_seeds']} "
                               f"seeds per arm in looks at {','.join(map(str, look_schedule(design)))}; futility: "
-                              f"conditional power under the trend < {sequential_design.futility_power:g}")
+                              f"conditional power under the effect max_seeds is planned for "
+                              f"(power {sequential_design.design_power:g}) < {sequential_design.futility_power:g}")
     for arm, looks in state["looks"].items():
         for look in looks:
             reporter.line("replayed", describe_look(arm, look, design))
