@@ -27,7 +27,8 @@ def batch_seeds(study: Study, options: Options) -> int:
 def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | None) -> dict:
     """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input."""
     alpha = study.alpha if alpha is None else alpha
-    max_seeds = max_seeds or study.max_seeds or len(study.seeds)
+    if max_seeds is None:
+        max_seeds = study.max_seeds if study.max_seeds is not None else len(study.seeds)
     if not 0 < alpha < 1:
         raise StudyError(f"--until-decided: alpha {alpha:g} is not strictly between 0 and 1")
     batch = batch_seeds(study, options)

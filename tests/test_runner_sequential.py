@@ -84,6 +84,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "alpha" in refused(tmp_path, study, "--until-decided", "--alpha", "1.5")
     assert "alpha" in refused(tmp_path, study, "--until-decided", "--alpha", "0")
     assert "below one batch" in refused(tmp_path, study, "--until-decided", "--max-seeds", "1")
+    assert "below one batch" in refused(tmp_path, study, "--until-decided", "--max-seeds", "0")
     assert "below one batch" in refused(tmp_path, study, "--until-decided", "--parallel", "8", "--max-seeds", "3")
     one_arm = write_study(tmp_path, "one", {"baseline": {}}, flags=FLAGS)
     assert "one arm" in refused(tmp_path, one_arm, "--until-decided")
