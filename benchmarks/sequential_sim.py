@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     groups = power.published_losses("medium")
     estimate = power.pooled_std(groups, "records/published_seed_losses.csv")
     gain = float(np.mean(groups["record #14"]) - np.mean(groups["record #15"]))
-    lines = [f"seed-to-seed std {estimate.std:.6f}: {estimate.describe()}",
+    lines = [f"seed-to-seed {estimate.describe()}",
              f"effect: layer-11 backout's published gain = mean(record #14, 160 runs) - mean(record #15, 22 runs) = "
              f"{gain:.6f} (d = {gain / estimate.std:.3f})",
              f"alpha {ALPHA} two-sided; {args.studies} simulated studies per row; numpy Generator seed {args.seed}",
