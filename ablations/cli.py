@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import sequential_study
 from .errors import StudyError
 from .progress import Reporter
 from .runstate import log_config, log_is_complete, read_lock_info, read_progress, run_paths, run_state
@@ -53,6 +54,13 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="check the study and print the commands; run nothing")
     run.add_argument("--report", action="store_true",
                      help="afterwards write the study report with `python -m analysis report`")
+    run.add_argument("--until-decided", action="store_true",
+                     help="group-sequential: add seeds in batches (what the node runs at once) until every arm is "
+                          "decided against the baseline (or its target: study key claim), Lan-DeMets "
+                          "O'Brien-Fleming alpha spending; study key until_decided = true")
+    run.add_argument("--max-seeds", type=int, metavar="N",
+                     help="--until-decided: the most seeds per arm (default: study key max_seeds, else its seeds)")
+    run.add_argument("--alpha", type=float, help="--until-decided: type I error (default: study key alpha, 0.01)")
     run.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="step progress lines at most this often (validation steps always; default 30)")
     run.add_argument("--grace", type=float, default=15.0, metavar="SECONDS",
@@ -192,6 +200,14 @@ def _options(args, study: Study, nnodes: int = 1) -> Options:
 
 def cmd_run(args) -> int:
     study = _load(args)
+    sequential = args.until_decided or study.until_decided
+    if sequential:
+        if args.arms:
+            raise StudyError("--until-decided tests every arm of the study: leave out --arms")
+        design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha)
+        study.seeds = list(range(design["max_seeds"]))
+    elif args.max_seeds is not None or args.alpha is not None:
+        raise StudyError("--max-seeds and --alpha belong to --until-decided")
     runs = study.runs(args.runs_dir, select_arms(study, args.arms))
     module = check_flags(study, runs, args.runs_dir, data=True)
     options = _options(args, study)
@@ -208,7 +224,10 @@ def cmd_run(args) -> int:
     options.config_check = _config_check(study, runs, module, args)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
     reporter.line("begin", f"{study.path} - {study.description}")
-    code = run_study(study, runs, options, reporter)
+    if sequential:
+        code = sequential_study.run_until_decided(study, options, reporter, design)
+    else:
+        code = run_study(study, runs, options, reporter)
     if args.report and code < 128:
         code = max(code, write_report(study, args.runs_dir, reporter))
     return code

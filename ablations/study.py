@@ -25,8 +25,9 @@ STUDY_DIR = Path(__file__).resolve().parent
 REPO_ROOT = STUDY_DIR.parent
 
 TOP_KEYS = {"description", "script", "nproc", "launcher", "seeds", "flags", "arms", "vars", "requires_results",
-            "generate", "target", "time_limit"}
+            "generate", "target", "time_limit", "until_decided", "max_seeds", "alpha", "claim"}
 LAUNCHERS = ("torchrun", "python")
+CLAIMS = ("vs-baseline", "below-target")
 # The runner sets these for every run; a study setting them would break the log layout.
 RUNNER_FLAGS = {"seed", "log-dir", "run-name", "variant", "resume"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -66,6 +67,10 @@ class Study:
     target: float
     time_limit: str | None
     generate: dict | None
+    until_decided: bool = False  # group-sequential: seeds in batches until every arm is decided
+    max_seeds: int | None = None  # the most seeds per arm under until_decided (default: len(seeds))
+    alpha: float = 0.01  # the sequential design's type I error
+    claim: str = "vs-baseline"  # or "below-target": each arm's mean final loss against the target
 
     def runs(self, runs_dir: Path, arms: list[str] | None = None) -> list[Run]:
         """Every (arm, seed) run, seed by seed, so that a study stopped early has all arms at its first seeds."""
@@ -227,8 +232,18 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
         check_results_exist(requires, runs_dir, where, chain)
     if not arms:
         raise StudyError(f"{where}: the study has no arms")
+    until_decided = _check_type(data.get("until_decided", False), bool, f"{where}: until_decided")
+    max_seeds = data.get("max_seeds")
+    if max_seeds is not None:
+        _check_type(max_seeds, int, f"{where}: max_seeds")
+    alpha = data.get("alpha", 0.01)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise StudyError(f"{where}: alpha must be a number")
+    claim = _check_type(data.get("claim", "vs-baseline"), str, f"{where}: claim")
+    if claim not in CLAIMS:
+        raise StudyError(f"{where}: claim must be one of {', '.join(CLAIMS)}, not {claim!r}")
     return Study(path.stem, path, description, script, nproc, launcher, list(study_seeds), arms, variables,
-                 requires, float(target), time_limit, generate)
+                 requires, float(target), time_limit, generate, until_decided, max_seeds, float(alpha), claim)
 
 
 def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> None:

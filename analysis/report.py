@@ -4,12 +4,14 @@ logs."""
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 from . import plots
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
 from .logs import Duplicate, group_runs
+from .sequential import render_markdown
 from .studies import render_resource_table, skip_layers
 from .summary import summarize
 from .textfmt import num, pval, table
@@ -112,6 +114,13 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         lines.append(f"No baseline arm `{baseline}` among the complete runs (arms: {', '.join(groups)}); "
                      f"name one with --baseline.")
     lines.append("")
+    sequential_record = study_dir / "sequential.json"
+    if sequential_record.is_file():
+        try:
+            lines += ["## Sequential looks", "", render_markdown(json.loads(sequential_record.read_text("utf-8"))),
+                      ""]
+        except (ValueError, KeyError, TypeError) as problem:
+            lines += ["## Sequential looks", "", f"`{sequential_record.name}` cannot be read: {problem}", ""]
 
     if groups:
         lines += ["## Parameters, memory, step time, effective FLOPs", "",
