@@ -5,7 +5,8 @@
 #   ./run.sh demo [options]       the CPU demo study, on any machine (options as for a study)
 #   ./run.sh gpu-check            qualify a CUDA node in minutes: a few full-size steps of each training script
 #                                 and FlexAttention against the dense mask, as a pass/fail table
-#   ./run.sh STUDY [options]      run a study of ablations/ and write its report (options: python -m ablations run -h)
+#   ./run.sh STUDY [options]      run a study of ablations/ and write its report (options: python -m ablations run -h;
+#                                 --until-decided [--max-seeds N]: seeds in batches until every arm is decided)
 #   ./run.sh status STUDY         done / running / failed / to do per arm
 #   ./run.sh slurm STUDY [opts]   write a Slurm batch script for the study
 #   ./run.sh --help               this help and the list of studies

@@ -21,10 +21,10 @@ from speedrun.cli import make_parser, record_preset, resolve_track_args, run_mai
 from speedrun.data import TokenStream, find_shards
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
-from speedrun.layers import norm, window_in_blocks
+from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.optimizers import TrackOptimizers
-from speedrun.training import Track, run_track, train_step
+from speedrun.training import Track, check_data, run_track, train_step  # noqa: F401 (check_data: the study runner's)
 
 TRACK = "small"
 
@@ -109,32 +109,56 @@ def inverse_scale(scale, like):
     return torch.tensor(1 / scale, dtype=torch.float32, device=like.device)
 
 
-class FP8HeadMatmul(torch.autograd.Function):
-    """x @ w.T for x [T, D] (bf16) and w [V, D] (fp32): a bf16 output, a bf16 input gradient and a fp32 weight
-    gradient. Fast accumulation in the forward product only."""
+# An opaque custom op (forward and backward each one node, with fake implementations for tracing): torch.compile
+# keeps it whole instead of lowering torch._scaled_mm and the fp8 casts itself. The forward returns the fp8 operands
+# too, so the backward reuses them rather than casting again.
+@torch.library.custom_op("speedrun::fp8_head_matmul", mutates_args=())
+def fp8_head_matmul(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x @ w.T, x in e4m3, w in e4m3) for x [T, D] (bf16) and w [V, D] (fp32): a bf16 product, fast accumulation."""
+    x_f8 = (x * FP8_INPUT_SCALE).to(torch.float8_e4m3fn)
+    w_f8 = (w * FP8_WEIGHT_SCALE).to(torch.float8_e4m3fn)
+    # _scaled_mm wants its first operand row-major and its second column-major: w_f8.t() is.
+    out = torch._scaled_mm(x_f8, w_f8.t(), scale_a=inverse_scale(FP8_INPUT_SCALE, x),
+                           scale_b=inverse_scale(FP8_WEIGHT_SCALE, x), out_dtype=torch.bfloat16, use_fast_accum=True)
+    return out, x_f8, w_f8
 
-    @staticmethod
-    def forward(ctx, x, w):
-        x_f8 = (x * FP8_INPUT_SCALE).to(torch.float8_e4m3fn)
-        w_f8 = (w * FP8_WEIGHT_SCALE).to(torch.float8_e4m3fn)
-        ctx.save_for_backward(x_f8, w_f8)
-        # _scaled_mm wants its first operand row-major and its second column-major: w_f8.t() is.
-        return torch._scaled_mm(x_f8, w_f8.t(), scale_a=inverse_scale(FP8_INPUT_SCALE, x),
-                                scale_b=inverse_scale(FP8_WEIGHT_SCALE, x), out_dtype=torch.bfloat16,
-                                use_fast_accum=True)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x_f8, w_f8 = ctx.saved_tensors
-        grad_f8 = (grad_out.contiguous() * FP8_GRAD_SCALE).to(torch.float8_e5m2)
-        grad_scale = inverse_scale(FP8_GRAD_SCALE, grad_out)
-        grad_x = torch._scaled_mm(grad_f8, w_f8.t().contiguous().t(), scale_a=grad_scale,
-                                  scale_b=inverse_scale(FP8_WEIGHT_SCALE, grad_out), out_dtype=torch.bfloat16,
-                                  use_fast_accum=False)
-        grad_w = torch._scaled_mm(x_f8.t().contiguous(), grad_f8.t().contiguous().t(),
-                                  scale_a=inverse_scale(FP8_INPUT_SCALE, grad_out), scale_b=grad_scale,
-                                  out_dtype=torch.float32, use_fast_accum=False).t()
-        return grad_x, grad_w
+@fp8_head_matmul.register_fake
+def _(x, w):
+    return (x.new_empty(x.shape[0], w.shape[0], dtype=torch.bfloat16), torch.empty_like(x, dtype=torch.float8_e4m3fn),
+            torch.empty_like(w, dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("speedrun::fp8_head_matmul_backward", mutates_args=())
+def fp8_head_matmul_backward(grad_out: torch.Tensor, x_f8: torch.Tensor,
+                             w_f8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bf16 input gradient, fp32 weight gradient) from the output gradient cast to e5m2; exact accumulation."""
+    grad_f8 = (grad_out.contiguous() * FP8_GRAD_SCALE).to(torch.float8_e5m2)
+    grad_scale = inverse_scale(FP8_GRAD_SCALE, grad_out)
+    grad_x = torch._scaled_mm(grad_f8, w_f8.t().contiguous().t(), scale_a=grad_scale,
+                              scale_b=inverse_scale(FP8_WEIGHT_SCALE, grad_out), out_dtype=torch.bfloat16,
+                              use_fast_accum=False)
+    grad_w = torch._scaled_mm(x_f8.t().contiguous(), grad_f8.t().contiguous().t(),
+                              scale_a=inverse_scale(FP8_INPUT_SCALE, grad_out), scale_b=grad_scale,
+                              out_dtype=torch.float32, use_fast_accum=False).t()
+    return grad_x, grad_w
+
+
+@fp8_head_matmul_backward.register_fake
+def _(grad_out, x_f8, w_f8):
+    return (torch.empty_like(x_f8, dtype=torch.bfloat16),
+            grad_out.new_empty(w_f8.shape[1], w_f8.shape[0], dtype=torch.float32).t())
+
+
+def _fp8_head_save(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+
+
+def _fp8_head_backward(ctx, grad_out, _grad_x_f8, _grad_w_f8):
+    return fp8_head_matmul_backward(grad_out, *ctx.saved_tensors)
+
+
+fp8_head_matmul.register_autograd(_fp8_head_backward, setup_context=_fp8_head_save)
 
 
 class GPT(StudyGPT):
@@ -163,13 +187,13 @@ class GPT(StudyGPT):
     def embed_inputs(self, input_seq):
         return (norm(self.embed(input_seq)[None]),)
 
-    def head_loss(self, latents, target_seq):
-        x = latents[0]  # [T, D]: _scaled_mm takes 2-D operands
-        if self.training and self.fp8_head:
-            logits = FP8HeadMatmul.apply(x, self.lm_head_w)
-        else:
-            logits = F.linear(x, self.lm_head_w.type_as(x))
-        return F.cross_entropy(softcap(logits.float()), target_seq)
+    def head_loss(self, latents, target_seq, head_chunks=1):
+        """Summed in head_chunks pieces of the sequence (validation: memory), then averaged."""
+        def logits_of(x):  # x [T, D]: _scaled_mm takes 2-D operands
+            if self.training and self.fp8_head:
+                return softcap(fp8_head_matmul(x, self.lm_head_w)[0].float())
+            return softcap(F.linear(x, self.lm_head_w.type_as(x)).float())
+        return chunked_cross_entropy(latents, target_seq, logits_of, head_chunks)
 
 
 def choose_lm_head(model, args, ddp: Dist):

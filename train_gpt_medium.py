@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from speedrun.cli import make_parser, record_preset, resolve_track_args, run_main, tiny_preset
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
-from speedrun.layers import norm, window_in_blocks
+from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.muon import NS5_COEFFS
 from speedrun.optimizers import TrackOptimizers
-from speedrun.training import Track, run_track, train_step
+from speedrun.training import Track, check_data, run_track, train_step  # noqa: F401 (check_data: the study runner's)
 
 TRACK = "medium"
 
@@ -113,11 +113,8 @@ class GPT(StudyGPT):
 
     def head_loss(self, latents, target_seq, head_chunks=1):
         """Summed in head_chunks pieces of the sequence (validation: memory), then averaged."""
-        total = latents.new_zeros((), dtype=torch.float32)
-        for xc, tc in zip(latents[0].chunk(head_chunks), target_seq.chunk(head_chunks)):
-            logits = softcap(F.linear(xc, self.lm_head_w.type_as(xc)).float())
-            total = total + F.cross_entropy(logits, tc, reduction="sum")
-        return total / target_seq.numel()
+        return chunked_cross_entropy(latents, target_seq,
+                                     lambda x: softcap(F.linear(x, self.lm_head_w.type_as(x)).float()), head_chunks)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -154,7 +151,7 @@ def resolve_args(argv=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
-VAL_HEAD_CHUNKS = 4  # validation runs the head over a long sequence in this many pieces (memory)
+VAL_HEAD_CHUNKS = 4  # validation runs the head in at least this many pieces of the sequence (memory)
 
 
 def random_token_steps(train_model, opt, args, ddp: Dist, cfg: GPTConfig):
@@ -174,7 +171,7 @@ def random_token_steps(train_model, opt, args, ddp: Dist, cfg: GPTConfig):
 
 MEDIUM = Track(name=TRACK, script=__file__, model_config=model_config, model_class=GPT, optimizers=Optimizers,
                window_blocks_at=window_blocks_at, warmup=random_token_steps,
-               val_forward_kwargs=dict(head_chunks=VAL_HEAD_CHUNKS),
+               val_head_chunks=VAL_HEAD_CHUNKS,
                coordinate_descent_tuning=lambda args: args.coordinate_descent_tuning == "on")
 
 

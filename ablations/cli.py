@@ -9,14 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import sequential_study
 from .errors import StudyError
 from .progress import Reporter
 from .runstate import log_config, log_is_complete, read_lock_info, read_progress, run_paths, run_state
 from .runner import Options, detect_gpus, launch_command, run_study
 from .staleness import ConfigCheck
 from .slurm import SlurmOptions, batch_script, nodes_for, write_batch_script
-from .study import (Study, check_flags, check_world_size, describe_studies, load_study, parse_seeds, parse_sets,
-                    select_arms)
+from .study import (Study, check_flags, check_world_size, describe_studies, load_script, load_study, parse_seeds,
+                    parse_sets, select_arms)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,6 +54,13 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="check the study and print the commands; run nothing")
     run.add_argument("--report", action="store_true",
                      help="afterwards write the study report with `python -m analysis report`")
+    run.add_argument("--until-decided", action="store_true",
+                     help="group-sequential: add seeds in batches (what the node runs at once) until every arm is "
+                          "decided against the baseline (or its target: study key claim), Lan-DeMets "
+                          "O'Brien-Fleming alpha spending; study key until_decided = true")
+    run.add_argument("--max-seeds", type=int, metavar="N",
+                     help="--until-decided: the most seeds per arm (default: study key max_seeds, else its seeds)")
+    run.add_argument("--alpha", type=float, help="--until-decided: type I error (default: study key alpha, 0.01)")
     run.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="step progress lines at most this often (validation steps always; default 30)")
     run.add_argument("--grace", type=float, default=15.0, metavar="SECONDS",
@@ -192,8 +200,16 @@ def _options(args, study: Study, nnodes: int = 1) -> Options:
 
 def cmd_run(args) -> int:
     study = _load(args)
+    sequential = args.until_decided or study.until_decided
+    if sequential:
+        if args.arms:
+            raise StudyError("--until-decided tests every arm of the study: leave out --arms")
+        design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha)
+        study.seeds = list(range(design["max_seeds"]))
+    elif args.max_seeds is not None or args.alpha is not None:
+        raise StudyError("--max-seeds and --alpha belong to --until-decided")
     runs = study.runs(args.runs_dir, select_arms(study, args.arms))
-    module = check_flags(study, runs, args.runs_dir)
+    module = check_flags(study, runs, args.runs_dir, data=True)
     options = _options(args, study)
     if args.dry_run:
         check = ConfigCheck(module, study, args.runs_dir)
@@ -208,7 +224,10 @@ def cmd_run(args) -> int:
     options.config_check = _config_check(study, runs, module, args)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
     reporter.line("begin", f"{study.path} - {study.description}")
-    code = run_study(study, runs, options, reporter)
+    if sequential:
+        code = sequential_study.run_until_decided(study, options, reporter, design)
+    else:
+        code = run_study(study, runs, options, reporter)
     if args.report and code < 128:
         code = max(code, write_report(study, args.runs_dir, reporter))
     return code
@@ -220,15 +239,16 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
     if importlib.util.find_spec("analysis") is None:
         reporter.line("report", "skipped: the analysis package is not available here (python -m analysis)")
         return 0
-    command = ["analysis", "report", str(folder), "--target", str(study.target)]
+    # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it.
+    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", ",".join(study.arms)]
     reporter.line("report", f"python -m {' '.join(command)}")
     result = subprocess.run([sys.executable, "-m", *command], check=False)
     if result.returncode != 0:
         reporter.line("report", f"failed with exit status {result.returncode}")
         return 1
     # The study's result in a few lines on the terminal (analysis/terminal.py), below the report's path.
-    subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target)],
-                   check=False)
+    subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target),
+                    "--arms", ",".join(study.arms)], check=False)
     return 0
 
 
@@ -240,7 +260,7 @@ def cmd_run_one(args) -> int:
         raise StudyError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT")
     study.seeds = [args.seed]
     runs = study.runs(args.runs_dir, [args.arm])
-    module = check_flags(study, runs, args.runs_dir)
+    module = check_flags(study, runs, args.runs_dir, data=True)
     options = _options(args, study, nnodes=args.nnodes)
     options.wait_for_others = False
     options.config_check = _config_check(study, runs, module, args)
@@ -248,36 +268,45 @@ def cmd_run_one(args) -> int:
     return run_study(study, runs, options, reporter)
 
 
-def study_status(study: Study, runs_dir: Path) -> dict:
+STATES = (("done", "done"), ("stale", "stale"), ("running", "running"), ("failed", "failed"), ("todo", "to do"))
+
+
+def study_status(study: Study, runs_dir: Path, check: ConfigCheck | None = None) -> dict:
+    """Every run's state; with `check`, a complete run made with other flags than the study now asks is "stale"
+    (what `run` refuses, or redoes with --redo-stale), not done."""
     arms = {}
     for arm in study.arms:
-        entry = {"done": [], "running": [], "failed": [], "todo": [], "kept_aside": 0}
-        for seed in study.seeds:
-            paths = run_paths(runs_dir, study.name, arm, seed)
+        entry = {state: [] for state, _ in STATES} | {"kept_aside": 0}
+        for run in study.runs(runs_dir, [arm]):
+            paths = run_paths(runs_dir, study.name, arm, run.seed)
             state = run_state(paths)
-            item: dict = {"seed": seed}
+            if state == "done" and check is not None and check.difference(run, log_config(paths.log)) is not None:
+                state = "stale"
+            item: dict = {"seed": run.seed}
             if state == "running":
                 progress = read_progress(paths.log)
                 item.update(step=progress.step, total=progress.total, host=read_lock_info(paths).get("host"))
             entry[state].append(item)
             entry["kept_aside"] += len(paths.kept_aside())
         arms[arm] = entry
-    totals = {state: sum(len(a[state]) for a in arms.values()) for state in ("done", "running", "failed", "todo")}
+    totals = {state: sum(len(a[state]) for a in arms.values()) for state, _ in STATES}
     return {"study": study.name, "folder": str(runs_dir / study.name), "runs": len(study.arms) * len(study.seeds),
             **totals, "arms": arms}
 
 
 def cmd_status(args) -> int:
-    status = study_status(_load(args), args.runs_dir)
+    study = _load(args)
+    status = study_status(study, args.runs_dir, ConfigCheck(load_script(study.script), study, args.runs_dir))
     if args.json:
         print(json.dumps(status))
         return 0
     print(f"{status['study']} ({status['folder']}): {status['runs']} runs: {status['done']} done, "
-          f"{status['running']} running, {status['failed']} failed, {status['todo']} to do")
+          + (f"{status['stale']} stale (made with other flags than the study now asks), " if status["stale"] else "")
+          + f"{status['running']} running, {status['failed']} failed, {status['todo']} to do")
     width = max(len(arm) for arm in status["arms"])
     for arm, entry in status["arms"].items():
         parts = []
-        for state, label in (("done", "done"), ("running", "running"), ("failed", "failed"), ("todo", "to do")):
+        for state, label in STATES:
             if entry[state]:
                 seeds = " ".join(_seed_text(item) for item in entry[state])
                 parts.append(f"{label}: {seeds}")

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from .progress import Reporter, StepClock, duration
-from .runstate import (RUN_TOKEN_VARIABLE, LogFollower, RunLock, RunPaths, checkpoint_config, end_processes, is_running,
-                       keep_aside, log_config, log_is_complete, new_run_token, run_paths, set_aside)
+from .runstate import (LogFollower, RunLock, RunPaths, checkpoint_config, checkpoint_damage, end_processes, is_running,
+                       keep_aside, launch_environment, log_config, log_is_complete, new_run_token, run_paths,
+                       set_aside)
 from .staleness import ConfigCheck
 from .study import Run, Study, describe_run, runner_flags
 
@@ -242,6 +243,11 @@ class StudyRunner:
             if kept is not None:
                 notes.append(f"unfinished log kept aside as {kept.name}")
         resume_from = paths.checkpoint if self.options.resume and paths.checkpoint.exists() else None
+        damage = checkpoint_damage(resume_from) if resume_from is not None else None
+        if damage is not None:  # never trained from; kept for a look
+            notes.append(f"checkpoint damaged ({damage}) set aside as "
+                         f"{set_aside(paths, resume_from, 'damaged').name}; starting afresh")
+            resume_from = None
         if resume_from is not None:
             stale = self._difference(run, checkpoint_config(resume_from) or recorded)
             if stale is not None:
@@ -254,7 +260,7 @@ class StudyRunner:
         command = launch_command(self.study, run, self.options, resume_from)
         gpus = []
         token = new_run_token()
-        env = dict(os.environ, **{RUN_TOKEN_VARIABLE: token})
+        env = dict(os.environ, **launch_environment(paths, token))
         if self.options.gpu_ids and self.options.nnodes == 1:
             gpus, self.free_gpus = self.free_gpus[:self.study.nproc], self.free_gpus[self.study.nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

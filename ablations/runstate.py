@@ -7,6 +7,7 @@ on one machine or on the nodes of a cluster sharing the folder) can pick up wher
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
     <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
+    <runs>/<study>/<arm>/seed<k>.damaged-<time>.pt        a checkpoint whose bytes fail their CRC: never resumed from
     <runs>/<study>/<arm>/seed<k>.out                      the process output of every attempt (for failures)
     <runs>/<study>/<arm>/seed<k>.failed                   written when an attempt exited with an error
     <runs>/<study>/<arm>/seed<k>.lock                     flock()ed while a process of the run is alive
@@ -23,6 +24,7 @@ import re
 import signal
 import socket
 import time
+import zipfile
 from pathlib import Path
 
 COMPLETE_PREFIX = "peak memory allocated:"
@@ -148,6 +150,23 @@ def checkpoint_config(path: Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
+def checkpoint_damage(path: Path) -> str | None:
+    """Why a torch checkpoint (a zip) cannot be trusted: a member whose bytes fail their CRC, or a broken zip; None
+    when it is intact or no zip at all (the stand-in's JSON: the training script judges what it cannot read)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":
+                return None
+        from speedrun.checkpoint import damaged_member  # noqa: PLC0415 (torch loads only when a zip is to be resumed)
+
+        member = damaged_member(path)
+    except (zipfile.BadZipFile, EOFError) as e:
+        return f"not a whole zip file: {e}"
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    return None if member is None else f"the bytes of {member} fail their CRC check"
+
+
 @dataclasses.dataclass
 class StepProgress:
     """Progress read from the step lines of a run log (only those after the two separator lines)."""
@@ -219,6 +238,9 @@ def _boot_id() -> str:
 
 
 RUN_TOKEN_VARIABLE = "ABLATIONS_RUN_TOKEN"
+# Every process of a launch also carries which run it is (its log's absolute path): a launch whose lock file was
+# deleted while it ran is still found, so a second runner never starts the run beside it.
+RUN_LOG_VARIABLE = "ABLATIONS_RUN_LOG"
 
 
 def new_run_token() -> str:
@@ -226,28 +248,54 @@ def new_run_token() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
 
 
-def processes_with_token(token: str) -> list[int]:
-    """Live processes on this machine whose environment carries `token` (Linux /proc; empty elsewhere).
+def run_log_id(paths: RunPaths) -> str:
+    return str(paths.log.resolve())
+
+
+def launch_environment(paths: RunPaths, token: str) -> dict[str, str]:
+    """The variables every process of a launch of this run carries (see processes_with)."""
+    return {RUN_TOKEN_VARIABLE: token, RUN_LOG_VARIABLE: run_log_id(paths)}
+
+
+def processes_with(variable: str, value: str) -> dict[int, str | None]:
+    """Live processes on this machine whose environment sets `variable` to `value` (Linux /proc; empty elsewhere),
+    each with the launch token it carries.
 
     torchrun starts its workers in sessions of their own, so neither the launch's process group nor the lock
     reaches them; the environment they inherit does."""
     proc = Path("/proc")
-    if not token or not proc.is_dir():
-        return []
-    needle = f"{RUN_TOKEN_VARIABLE}={token}".encode()
-    found = []
+    if not value or not proc.is_dir():
+        return {}
+    needle = f"{variable}={value}".encode()
+    token_prefix = f"{RUN_TOKEN_VARIABLE}=".encode()
+    found = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+            environment = (entry / "environ").read_bytes().split(b"\0")
+            if needle not in environment:
                 continue
             stat = (entry / "stat").read_text()
         except OSError:  # gone, or another user's process
             continue
         if stat[stat.rindex(")") + 2:].split()[0] != "Z":
-            found.append(int(entry.name))
+            token = next((item[len(token_prefix):].decode() for item in environment if item.startswith(token_prefix)),
+                         None)
+            found[int(entry.name)] = token
     return found
+
+
+def processes_with_token(token: str) -> list[int]:
+    """Live processes of the launch `token` on this machine."""
+    return list(processes_with(RUN_TOKEN_VARIABLE, token))
+
+
+def unknown_launch_alive(paths: RunPaths) -> bool:
+    """Whether processes of this run live here that its lock file does not know of (their launch's lock file was
+    deleted, and maybe made anew by someone else): the run is running, whoever holds the file now."""
+    known = read_lock_info(paths).get("token")
+    return any(token != known for token in processes_with(RUN_LOG_VARIABLE, run_log_id(paths)).values())
 
 
 def end_processes(token: str, timeout_s: float = 10.0) -> list[int]:
@@ -279,9 +327,13 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> bool:
-        """Takes the lock without waiting; False when a live process of this run holds it."""
+        """Takes the lock without waiting; False when a live process of this run holds it, or runs without it."""
         fd = _try_flock(self.paths, leftovers="end")
         if fd is None:
+            return False
+        if unknown_launch_alive(self.paths):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
             return False
         self.fd = fd
         self.record(state="starting")
@@ -347,13 +399,13 @@ def is_running(paths: RunPaths, count_leftovers: bool = True) -> bool:
     """True while some process of this run (on any host sharing the folder) holds its lock, or, with
     `count_leftovers`, while workers of its last launch outlive their agent (see _try_flock)."""
     if not paths.lock.exists():
-        return False
+        return unknown_launch_alive(paths)
     fd = _try_flock(paths, leftovers="count" if count_leftovers else "ignore")
     if fd is None:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
-    return False
+    return unknown_launch_alive(paths)
 
 
 def run_state(paths: RunPaths) -> str:

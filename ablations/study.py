@@ -25,8 +25,9 @@ STUDY_DIR = Path(__file__).resolve().parent
 REPO_ROOT = STUDY_DIR.parent
 
 TOP_KEYS = {"description", "script", "nproc", "launcher", "seeds", "flags", "arms", "vars", "requires_results",
-            "generate", "target", "time_limit"}
+            "generate", "target", "time_limit", "until_decided", "max_seeds", "alpha", "claim"}
 LAUNCHERS = ("torchrun", "python")
+CLAIMS = ("vs-baseline", "below-target")
 # The runner sets these for every run; a study setting them would break the log layout.
 RUNNER_FLAGS = {"seed", "log-dir", "run-name", "variant", "resume"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -66,6 +67,10 @@ class Study:
     target: float
     time_limit: str | None
     generate: dict | None
+    until_decided: bool = False  # group-sequential: seeds in batches until every arm is decided
+    max_seeds: int | None = None  # the most seeds per arm under until_decided (default: len(seeds))
+    alpha: float = 0.01  # the sequential design's type I error
+    claim: str = "vs-baseline"  # or "below-target": each arm's mean final loss against the target
 
     def runs(self, runs_dir: Path, arms: list[str] | None = None) -> list[Run]:
         """Every (arm, seed) run, seed by seed, so that a study stopped early has all arms at its first seeds."""
@@ -227,8 +232,18 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
         check_results_exist(requires, runs_dir, where, chain)
     if not arms:
         raise StudyError(f"{where}: the study has no arms")
+    until_decided = _check_type(data.get("until_decided", False), bool, f"{where}: until_decided")
+    max_seeds = data.get("max_seeds")
+    if max_seeds is not None:
+        _check_type(max_seeds, int, f"{where}: max_seeds")
+    alpha = data.get("alpha", 0.01)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise StudyError(f"{where}: alpha must be a number")
+    claim = _check_type(data.get("claim", "vs-baseline"), str, f"{where}: claim")
+    if claim not in CLAIMS:
+        raise StudyError(f"{where}: claim must be one of {', '.join(CLAIMS)}, not {claim!r}")
     return Study(path.stem, path, description, script, nproc, launcher, list(study_seeds), arms, variables,
-                 requires, float(target), time_limit, generate)
+                 requires, float(target), time_limit, generate, until_decided, max_seeds, float(alpha), claim)
 
 
 def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> None:
@@ -266,6 +281,8 @@ def load_script(script: Path):
     if not script.is_file():
         raise StudyError(f"training script {script} does not exist")
     spec = importlib.util.spec_from_file_location(f"_study_script_{script.stem.replace('-', '_')}", script)
+    if spec is None:  # no loader for its suffix (a README.md, a folder named *.py)
+        raise StudyError(f"training script {script} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     captured = io.StringIO()
     try:
@@ -285,8 +302,10 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "no message"
 
 
-def check_flags(study: Study, runs: list[Run], runs_dir: Path):
-    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError.
+def check_flags(study: Study, runs: list[Run], runs_dir: Path, data: bool = False):
+    """Parses every run's full argv with the script's own parser; the first rejected one is a StudyError. With
+    `data`, also the shards each run would read, with the script's own check_data(args) when it has one (before
+    launching: a bad shard found by every rank of a torchrun launch would end it in a traceback per process).
     Returns the imported script (its parser also tells what a run's recorded config should hold)."""
     module = load_script(study.script)
     parser = module.make_arg_parser()
@@ -294,6 +313,7 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path):
     # need each other); when it does, a combination that cannot work is refused here rather than mid-study.
     resolve = getattr(module, "resolve_args", None)
     checked: set[tuple[str, ...]] = set()
+    resolved = []  # (run, its parsed args) for the data check
     for run in runs:
         argv = tuple(run.flags + runner_flags(run, runs_dir))
         key = tuple(run.flags)
@@ -304,12 +324,11 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path):
             # Exact names only: argparse would take an abbreviation (--backout-layer) for the full flag.
             if token.startswith("--") and token not in parser._option_string_actions:
                 raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} has no flag {token}")
-        captured = io.StringIO()
+        captured, args = io.StringIO(), None
         try:
             with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
                 parser.parse_args(list(argv))
-            if callable(resolve):
-                resolve(list(argv))
+            args = resolve(list(argv)) if callable(resolve) else None
         except SystemExit as e:
             if e.code not in (0, None):
                 message = _last_line(captured.getvalue()).split("error: ", 1)[-1]
@@ -318,10 +337,22 @@ def check_flags(study: Study, runs: list[Run], runs_dir: Path):
         except Exception as e:  # noqa: BLE001 (the script's own usage errors, whatever their class)
             raise StudyError(f"{study.path.name}: arm {run.arm!r}: {study.script.name} rejects its flags: "
                              f"{e}") from None
+        if args is not None:
+            resolved.append((run, args))
         init_from = _flag_value(run.flags, "--init-from")
         if init_from is not None and not Path(init_from).exists():
             raise StudyError(f"{study.path.name}: arm {run.arm!r} seed {run.seed}: --init-from {init_from} does not "
                              f"exist (run the study that writes it first, or point to it with --set)")
+    check_data = getattr(module, "check_data", None)
+    data_checked: set[tuple] = set()
+    for run, args in resolved if data and callable(check_data) else ():  # after every flag: flags are named first
+        inputs = tuple(getattr(args, key, None) for key in ("train_files", "val_files", "val_seq_len", "val_tokens"))
+        if inputs not in data_checked:
+            data_checked.add(inputs)
+            try:
+                check_data(args)
+            except Exception as e:  # noqa: BLE001 (the script's own errors for bad shards, whatever their class)
+                raise StudyError(f"{study.path.name}: arm {run.arm!r}: its data: {e}") from None
     return module
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
-from .logs import group_runs, load_runs, planned_steps_warnings
+from .logs import MixedTracks, duplicate_warnings, group_runs, load_runs, planned_steps_warnings
+from . import power
 from .record import RecordError, package_record
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
@@ -207,7 +208,7 @@ def cmd_summarize(args):
 
 
 def cmd_compare(args):
-    runs, _ = _load(args.paths, args.jobs)
+    runs, unreadable = _load(args.paths, args.jobs)
     groups = _complete_groups(runs, args.by, args.arms)
     baseline = args.baseline
     if baseline is None:  # runs come in PATH order, so the first group is the first PATH's arm
@@ -218,7 +219,7 @@ def cmd_compare(args):
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     result = compare_arms(groups, baseline, args.confidence, args.alternative)
-    result["warnings"] += planned_steps_warnings(groups)
+    result["warnings"] += planned_steps_warnings(groups) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
@@ -240,11 +241,12 @@ def _single_variant(runs, chosen, flag):
 
 
 def cmd_record_check(args):
-    runs, _ = _load(args.paths, args.jobs)
+    runs, unreadable = _load(args.paths, args.jobs)
     candidates = _single_variant(runs, args.variant, "--variant")
     baseline = None
     if args.baseline:
-        base_runs, _ = _load(args.baseline, args.jobs, what="--baseline path")
+        base_runs, base_unreadable = _load(args.baseline, args.jobs, what="--baseline path")
+        unreadable = unreadable + base_unreadable
         baseline = _single_variant(base_runs, args.baseline_variant, "--baseline-variant")
     track = _track(args, candidates)
     record = None
@@ -258,13 +260,61 @@ def cmd_record_check(args):
     result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
                           confidence=args.confidence, record=record)
-    result["warnings"] = planned_steps_warnings({"candidate": candidates})
+    result["warnings"] = planned_steps_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
         print(render_record_check(result))
         _print_warnings(result["warnings"])
     return 0 if result["verdict"] == "pass" else 1
+
+
+def cmd_plan(args):
+
+    if args.diff is None and args.pilot_mean is None:
+        raise UsageError("give --diff D (two arms) and/or --pilot-mean M (a record claim against the target)")
+    if args.std is not None:
+        estimate = power.StdEstimate(args.std, 0, {}, "--std")
+        description = f"std {args.std:.6g}: given with --std"
+        target = args.target if args.target is not None else TARGETS[args.track or "medium"]
+    else:
+        try:
+            if args.paths:
+                runs, _ = _load(args.paths, args.jobs)
+                groups = group_runs(runs, by=args.by)
+                estimate = power.pooled_std({name: [run.final_val_loss for run in members]
+                                             for name, members in groups.items()}, " ".join(map(str, args.paths)))
+                target = _target(args, runs, required=args.pilot_mean is not None)
+            else:
+                track = args.track or "medium"
+                estimate = power.pooled_std(power.published_losses(track, args.published),
+                                            f"{args.published} ({track} track)")
+                target = args.target if args.target is not None else TARGETS[track]
+        except ValueError as problem:
+            raise UsageError(str(problem)) from None
+        description = estimate.describe()
+    print(description)
+    result = {"std": estimate.std, "std_runs": estimate.runs, "std_source": description,
+              "alpha": args.alpha, "power": args.power}
+    if args.diff is not None:
+        n = power.seeds_for_difference(args.diff, estimate.std, args.alpha, args.power)
+        result["seeds_per_arm"] = n
+        print(f"two arms, final-loss difference {args.diff:g} (d = {args.diff / estimate.std:.3g} std), two-sided "
+              f"Welch t-test at alpha {args.alpha:g}, power {args.power:g}: "
+              f"{n if n else f'more than {power.MAX_SEEDS}'} seeds per arm")
+    if args.pilot_mean is not None:
+        n = power.seeds_for_record(args.pilot_mean, target, estimate.std, args.alpha, args.power)
+        result["record_seeds"] = n
+        result["target"] = target
+        if n is None:
+            print(f"record claim: pilot mean {args.pilot_mean:g} is not below the target {target:g}; no number "
+                  f"of seeds gives a likely pass")
+        else:
+            print(f"record claim mean < {target:g} (pilot mean {args.pilot_mean:g}, one-sided t-test at alpha "
+                  f"{args.alpha:g}, power {args.power:g}): {n} seeds")
+    if args.json:
+        _print_json(result)
+    return 0
 
 
 PLOT_KINDS = ("val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "loss-by-layer",
@@ -323,7 +373,7 @@ def cmd_report(args):
         _existing_folder_for(args.out, "--out")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     out = args.out or args.dir / "report.md"
-    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars))
+    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars, args.arms))
     return 0
 
 
@@ -413,6 +463,31 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_record_check)
 
+    p = commands.add_parser("plan", help="seeds per arm from the measured seed-to-seed std (power analysis)",
+                            description=(
+                                "How many seeds a study needs: --diff D gives the runs per arm for a two-sided "
+                                "Welch t-test to detect a final-loss difference D between two arms; --pilot-mean M "
+                                "the runs for a record claim (one-sided one-sample t-test of mean < target) when "
+                                "the true mean is M. Exact noncentral-t power (scipy.stats.nct). The std is the "
+                                "pooled within-arm sample std of the PATHs' finished runs (a study folder, any "
+                                "logs); without PATHs the track's published per-seed losses "
+                                "(records/published_seed_losses.csv); or --std. It says where the std came from "
+                                "and how many runs it rests on."))
+    p.add_argument("paths", nargs="*", metavar="PATH", help="logs or folders to measure the std from (optional)")
+    p.add_argument("--by", choices=("variant", "folder"), default="variant", help="what makes an arm (variant)")
+    p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
+    p.add_argument("--diff", type=positive_float, help="final-loss difference to detect between two arms")
+    p.add_argument("--pilot-mean", type=positive_float, help="the candidate's expected mean final loss")
+    p.add_argument("--target", type=positive_float, help="record target (default: the track's)")
+    p.add_argument("--track", choices=("medium", "small"), help="track for published losses / target (medium)")
+    p.add_argument("--std", type=positive_float, help="seed-to-seed std to use instead of measuring one")
+    p.add_argument("--published", type=Path, default=power.PUBLISHED_LOSSES, help="per-seed loss table "
+                   "(records/published_seed_losses.csv)")
+    p.add_argument("--alpha", type=probability, default=0.01, help="significance level (0.01)")
+    p.add_argument("--power", type=probability, default=0.8, help="wanted power (0.8)")
+    p.add_argument("--json", action="store_true", help="also print JSON")
+    p.set_defaults(handler=cmd_plan)
+
     p = commands.add_parser("plot", help="one plot (PNG) or the resource table (Markdown)",
                             description=(
                                 "Kinds: val-loss-step, val-loss-time (every run thin, each arm's mean with a +-1 "
@@ -441,6 +516,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="baseline", help="baseline arm (baseline)")
     p.add_argument("--out", type=Path, help="report file (default DIR/report.md)")
     p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="extra scalar globs to plot")
+    p.add_argument("--arms", type=comma_list,
+                   help="comma-separated arms to report (the study runner names its study's arms); logs of other "
+                        "arms are listed as left out (default: every arm with a log)")
     p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
     p.set_defaults(handler=cmd_report)
 
@@ -467,7 +545,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except UsageError as problem:
+    except (UsageError, MixedTracks) as problem:
         print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly

@@ -8,6 +8,7 @@ environment section). Only whole lines that match the expected shapes count.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -15,6 +16,8 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .tracks import run_track
 
 SEPARATOR = b"=" * 100
 _SEPARATOR_LINE = b"\n" + SEPARATOR + b"\n"
@@ -69,6 +72,7 @@ class RunLog:
     peak_reserved_mib: float | None = None
     problem: str | None = None  # why the run is not complete; None when it is
     folder: str = ""  # the arm a log without config line belongs to: its folder, relative to the PATH given
+    digest: str = ""  # of the log's bytes: two copies of one log are one run, whatever their names
 
     @property
     def diverged(self) -> bool:
@@ -108,6 +112,17 @@ class RunLog:
 class Unreadable:
     path: Path
     problem: str
+
+
+@dataclass
+class Duplicate(Unreadable):
+    """A log of a run another log already holds (a copy, the same folder given twice): left out, so that no run is
+    counted twice; `problem` says which log was kept."""
+    kept: Path = None
+
+
+class MixedTracks(ValueError):
+    """An arm holds runs of both tracks: never pooled (the message names the arm and a log of each track)."""
 
 
 def _seed_from_name(path: Path) -> int | str:
@@ -243,7 +258,7 @@ def parse_log(path: str | os.PathLike) -> RunLog:
             env.setdefault(key, match.group(2).decode("utf-8", errors="replace"))
 
     run = RunLog(path=path, variant="", seed=None, complete=False, upstream=not config_match,
-                 config=config, env=env, folder=path.parent.name or ".")
+                 config=config, env=env, folder=path.parent.name or ".", digest=hashlib.blake2b(data).hexdigest())
     by_step = {}
     for match in _VAL_OR_SCALARS_LINE.finditer(steps):
         step = int(match.group(1))
@@ -301,6 +316,7 @@ def natural_key(text: str):
 
 
 LOG_PATTERNS = ("*.txt", "*.log")  # .log: llm.c baselines (`main.log`), named as unsupported rather than skipped
+RUNNER_LOG = "runner.log"  # the study runner's progress lines in each study folder: never a run log
 
 
 def _folder_key(root: Path | None, log: Path) -> str:
@@ -318,17 +334,24 @@ def find_logs(paths) -> list[tuple[Path, str]]:
     (same-named folders under different PATHs), both are keyed by their path as given. Raises FileNotFoundError
     naming the first path that does not exist."""
     found: dict[Path, tuple[str, Path]] = {}
+    seen: set[Path] = set()  # resolved: a file named twice (a folder given twice, or inside another PATH) is one log
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
+            # A dangling symlink is kept, to be named as unreadable rather than passed over without a word.
             logs = (p for pattern in LOG_PATTERNS for p in path.rglob(pattern)
-                    if p.is_file() and not _SET_ASIDE.search(p.name))
-            for log in sorted(set(logs), key=lambda p: natural_key(str(p))):
-                found.setdefault(log, (_folder_key(path, log), log.parent))
-        elif path.exists():
-            found.setdefault(path, (_folder_key(None, path), path.parent))
+                    if (p.is_file() or p.is_symlink() and not p.exists())
+                    and not _SET_ASIDE.search(p.name) and p.name != RUNNER_LOG)
+            candidates = [(log, path) for log in sorted(set(logs), key=lambda p: natural_key(str(p)))]
+        elif path.exists() or path.is_symlink():
+            candidates = [(path, None)]
         else:
             raise FileNotFoundError(str(raw))
+        for log, root in candidates:
+            resolved = log.resolve()
+            if resolved not in seen:
+                seen.add(resolved)
+                found[log] = (_folder_key(root, log), log.parent)
     folders_of_key: dict[str, set] = {}
     for key, folder in found.values():
         folders_of_key.setdefault(key, set()).add(folder.resolve())
@@ -342,10 +365,49 @@ def find_log_files(paths) -> list[Path]:
 
 
 def _parse_or_unreadable(path: Path):
+    if path.is_symlink() and not path.exists():
+        return Unreadable(path, f"dangling symlink: its target {os.readlink(path)} does not exist")
     try:
         return parse_log(path)
     except LogUnreadable as error:
         return Unreadable(path, str(error))
+
+
+# Config entries that say where a run's files went, not what it computed: two logs differing only there are one run.
+_LOCATION_KEYS = ("log_dir", "run_name", "resume")
+
+
+def run_identity(run: RunLog):
+    """What makes two logs the same run: (track, variant, seed, config) for this project's logs; for a log without
+    config line (upstream's) its arm and its bytes."""
+    if run.upstream:
+        return ("bytes", run.variant, run.digest)
+    config = {k: v for k, v in run.config.items() if k not in _LOCATION_KEYS}
+    return ("run", str(run.config.get("track")), run.variant, str(run.seed), json.dumps(config, sort_keys=True))
+
+
+def drop_duplicates(runs) -> tuple[list, list]:
+    """(runs with each run once, in file order; a Duplicate for each other log of a run). Two logs are of one run
+    when they share run_identity and their results (every validation loss and the train time): a copy, not a
+    rerun of the same seed (say on other hardware, which planned_steps_warnings names when it is pooled). Of
+    several logs of one run the first complete one is kept, else the first."""
+    same_run: dict = {}
+    for run in runs:
+        key = (run_identity(run), tuple(map(str, run.val_losses)), run.final_step, run.train_time_ms)
+        same_run.setdefault(key, []).append(run)
+    kept, duplicates = set(), []
+    for logs in same_run.values():
+        keep = next((run for run in logs if run.complete), logs[0])
+        kept.add(id(keep))
+        duplicates += [Duplicate(other.path, f"the same run as {keep.path} (same track, variant, seed, config and "
+                                             f"results): counted once, as that log", kept=keep.path)
+                       for other in logs if other is not keep]
+    return [run for run in runs if id(run) in kept], duplicates
+
+
+def duplicate_warnings(unreadable) -> list[str]:
+    """One warning per log left out as a copy of another (see drop_duplicates)."""
+    return [f"{entry.path} is {entry.problem}" for entry in unreadable if isinstance(entry, Duplicate)]
 
 
 # Below this many files one process is faster than starting workers.
@@ -353,8 +415,9 @@ _PARALLEL_MIN_FILES = 48
 
 
 def load_runs(paths, jobs: int | None = None):
-    """Parse every log under `paths`. Returns (runs, unreadable), both in file order. Large sets are parsed by
-    a process pool (`jobs` workers, default: the CPUs this process may use)."""
+    """Parse every log under `paths`. Returns (runs, unreadable), both in file order; `unreadable` ends with a
+    Duplicate for each log of a run another log holds (each run counts once). Large sets are parsed by a process
+    pool (`jobs` workers, default: the CPUs this process may use)."""
     logs = find_logs(paths)
     files = [log for log, _ in logs]
     if jobs is None:
@@ -369,25 +432,45 @@ def load_runs(paths, jobs: int | None = None):
             if result.config.get("variant") in (None, ""):  # no config variant: the arm is the folder
                 result.variant = key
             result.folder = key
-    runs = [r for r in results if isinstance(r, RunLog)]
+    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, RunLog)])
     unreadable = [r for r in results if isinstance(r, Unreadable)]
-    return runs, unreadable
+    return runs, unreadable + duplicates
 
 
 def group_runs(runs, by: str = "variant", complete_only: bool = True) -> dict:
     """Runs grouped by variant (config line, else folder) or by folder (relative to the PATH given), in
-    first-seen order."""
+    first-seen order. Raises MixedTracks when an arm would pool runs of both tracks."""
     groups: dict[str, list[RunLog]] = {}
     for run in runs:
         if complete_only and not run.complete:
             continue
         groups.setdefault(run.variant if by == "variant" else run.folder, []).append(run)
+    for name, members in groups.items():
+        tracks: dict[str, RunLog] = {}
+        for run in members:
+            tracks.setdefault(run_track(run), run)
+        tracks.pop(None, None)
+        if len(tracks) > 1:
+            examples = "; ".join(f"{track}: {run.path}" for track, run in tracks.items())
+            raise MixedTracks(f"arm '{name}' holds runs of both tracks ({examples}); their losses are never pooled: "
+                              f"give each track's logs on their own")
     return groups
 
 
 def planned_steps_warnings(groups: dict) -> list[str]:
-    """One warning per arm whose runs planned different step counts: pooling them mixes different trainings."""
+    """What an arm pools that it should not: runs that planned different step counts (different trainings), and
+    several logs of one seed with one config (reruns: not independent samples). One warning per arm and problem."""
     warnings = []
+    for name, runs in groups.items():
+        seeds: dict = {}
+        for run in runs:
+            if not run.upstream:
+                seeds.setdefault(run_identity(run), []).append(run)
+        for reruns in seeds.values():
+            if len(reruns) > 1:
+                warnings.append(f"arm '{name}' holds {len(reruns)} runs of seed {reruns[0].seed} with one config "
+                                f"({', '.join(str(r.path) for r in reruns)}): reruns of a seed are not independent "
+                                f"samples, yet each counts in n")
     for name, runs in groups.items():
         counts: dict = {}
         for run in runs:

@@ -4,12 +4,14 @@ logs."""
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 from . import plots
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
-from .logs import group_runs
+from .logs import Duplicate, group_runs
+from .sequential import render_markdown
 from .studies import render_resource_table, skip_layers
 from .summary import summarize
 from .textfmt import num, pval, table
@@ -76,10 +78,15 @@ def _planned_figures(groups: dict, runs, baseline: str | None, target: float, sc
 
 
 def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str | None, out: Path,
-                 scalar_patterns=None) -> Path:
-    """Write the report to `out` and its PNGs next to it (named <report stem>_<plot>.png). Returns `out`."""
+                 scalar_patterns=None, arms=None) -> Path:
+    """Write the report to `out` and its PNGs next to it (named <report stem>_<plot>.png). Returns `out`. `arms`:
+    the only arms reported (the study's arms as it stands now); logs of other arms are listed as left out."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = summarize(runs, target, unreadable)
+    left_out = [run for run in runs if arms is not None and run.variant not in arms]
+    runs = [run for run in runs if arms is None or run.variant in arms]
+    duplicates = [entry for entry in unreadable if isinstance(entry, Duplicate)]
+    unreadable = [entry for entry in unreadable if not isinstance(entry, Duplicate)]
+    summary = summarize(runs, target, unreadable + duplicates)
     groups = group_runs(runs)
     if baseline in groups:  # the baseline first, everywhere in the report
         groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
@@ -88,9 +95,10 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
     lines = [f"# Study report: {study_dir.name}", "",
              f"Generated {datetime.date.today().isoformat()} from `{study_dir}`; target validation loss {target:g}. "
              f"{len(runs)} run logs: {complete} complete, {len(runs) - complete} unfinished; "
-             f"{len(unreadable)} unreadable file(s). Only complete runs enter the statistics; std is the sample "
-             f"standard deviation (n-1); p is the one-sided one-sample t-test of the mean final loss against the "
-             f"target. A diverged run (final loss nan) counts as complete; the loss figures are of the other runs.",
+             f"{len(unreadable)} unreadable file(s), {len(duplicates)} duplicate log(s) counted once, "
+             f"{len(left_out)} log(s) of arms the study no longer has left out. Only complete runs enter the "
+             f"statistics; std is the sample standard deviation (n-1); p is the one-sided one-sample t-test of the "
+             f"mean final loss against the target. A diverged run (final loss nan) counts as complete; the loss figures are of the other runs.",
              "", "## Arms", "", _arm_table(summary, runs), ""]
     if summary["warnings"]:
         lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
@@ -106,6 +114,13 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         lines.append(f"No baseline arm `{baseline}` among the complete runs (arms: {', '.join(groups)}); "
                      f"name one with --baseline.")
     lines.append("")
+    sequential_record = study_dir / "sequential.json"
+    if sequential_record.is_file():
+        try:
+            lines += ["## Sequential looks", "", render_markdown(json.loads(sequential_record.read_text("utf-8"))),
+                      ""]
+        except (ValueError, KeyError, TypeError) as problem:
+            lines += ["## Sequential looks", "", f"`{sequential_record.name}` cannot be read: {problem}", ""]
 
     if groups:
         lines += ["## Parameters, memory, step time, effective FLOPs", "",
@@ -121,5 +136,11 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
     lines += [f"- `{_shown(run.path, study_dir)}` ({run.variant}): {run.problem}" for run in unfinished] or ["None."]
     lines += ["", "## Unreadable files", ""]
     lines += [f"- `{_shown(u.path, study_dir)}`: {u.problem}" for u in unreadable] or ["None."]
+    lines += ["", "## Duplicate logs (each run counted once)", ""]
+    lines += [f"- `{_shown(d.path, study_dir)}`: the same run as `{_shown(d.kept, study_dir)}` (same track, variant, "
+              f"seed, config and results): left out" for d in duplicates] or ["None."]
+    if arms is not None:
+        lines += ["", "## Logs of arms the study no longer has (left out)", ""]
+        lines += [f"- `{_shown(run.path, study_dir)}` ({run.variant})" for run in left_out] or ["None."]
     write_text_atomically(out, "\n".join(lines) + "\n")
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .cli import positive_float
 from .compare import compare_arms
-from .logs import group_runs, load_runs
+from .logs import MixedTracks, group_runs, load_runs
 from .summary import summarize
 from .textfmt import interval, num, pval, table
 
@@ -85,12 +85,19 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=positive_float, required=True, help="target validation loss")
     parser.add_argument("--baseline", default="baseline", help="the arm the others are compared with")
     parser.add_argument("--report", type=Path, default=None, help="the report file (default DIR/report.md)")
+    parser.add_argument("--arms", type=lambda text: [arm for arm in text.split(",") if arm],
+                        help="comma-separated arms to show, as in the report (default: every arm with a log)")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():
         print(f"error: not a folder: {args.dir}", file=sys.stderr)
         return 2
     runs, _ = load_runs([args.dir])
-    print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report))
+    runs = [run for run in runs if args.arms is None or run.variant in args.arms]
+    try:
+        print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report))
+    except MixedTracks as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -3,8 +3,10 @@
 A shard is a header of 256 little-endian int32 values ([0] magic 20240520, [1] version 1, [2] token count N,
 the rest zero) followed by N little-endian uint16 tokens, and nothing else.
 
-    python -m data.shards FILE...    validate each file, print `path: N tokens`; exit 2 at the first bad one
-                                     (also when a manifest next to them lists a shard that is missing or altered)
+    python -m data.shards FILE...    validate each file as training reads it (header, size, at least one token,
+                                     every id inside GPT-2's vocabulary), print `path: N tokens`; exit 2 at the
+                                     first bad one (also when a manifest next to them lists a shard that is
+                                     missing or altered)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from data._cli import ArgumentParser
 from speedrun.data import (HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, ShardError,  # noqa: F401 (the data API)
-                           read_header, validate_shard)
+                           read_header, read_shard, validate_nonempty_shard, validate_shard)
 
 MAX_TOKEN = 2**16 - 1
 
@@ -121,7 +123,8 @@ def _paths_from_args(args: list[str]) -> list[Path]:
 def main(argv=None) -> int:
     parser = ArgumentParser(
         prog="python -m data.shards",
-        description="Validate token shard files (header, magic, version, size); print `path: N tokens` for each.",
+        description="Validate token shard files as training reads them (header, magic, version, size, at least one "
+                    "token, ids below 50257); print `path: N tokens` for each.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="shard files or glob patterns")
     args = parser.parse_args(argv)
@@ -129,7 +132,8 @@ def main(argv=None) -> int:
         paths = _paths_from_args(args.files)
         check_manifest(paths)
         for path in paths:
-            print(f"{path}: {validate_shard(path)} tokens", flush=True)
+            validate_nonempty_shard(path)
+            print(f"{path}: {len(read_shard(path))} tokens", flush=True)
     except ShardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,8 @@ loading model weights."""
 
 import glob
 import os
+import sys
+import zipfile
 
 import torch
 
@@ -24,53 +26,115 @@ def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
                  rng=dict(cpu=torch.get_rng_state(),
                           cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
                  log_lines=list(log.lines))
+    problem = None
     if ddp.rank == 0:
         tmp = f"{path}.tmp{os.getpid()}"
         for leftover in glob.glob(glob.escape(str(path)) + ".tmp*"):
             if leftover != tmp:
                 os.remove(leftover)  # a save that was killed half-way (only rank 0 of this run writes here)
         try:
-            torch.save(state, tmp)
+            with open(tmp, "wb") as f:
+                writer = _WriteErrorKeeper(f)
+                try:
+                    torch.save(state, writer)
+                except RuntimeError:
+                    # torch reports a failed write as "unexpected pos": the OSError underneath names the cause
+                    raise writer.error or sys.exc_info()[1]
             os.replace(tmp, path)
         except BaseException as e:
             if os.path.exists(tmp):
                 os.remove(tmp)  # never leave half a checkpoint behind, least of all on a full disk
-            if isinstance(e, OSError):
-                raise UsageError(f"{path}: cannot save the checkpoint ({e.strerror or e})")
+            if not isinstance(e, OSError):
+                raise
+            problem = f"{path}: cannot save the checkpoint ({e.strerror or e})"
+    # Every rank learns whether the save worked, so a failed save ends all of them with rank 0's one line.
+    ddp.agree(problem)
+
+
+class _WriteErrorKeeper:
+    """A file torch.save writes through, keeping the OSError of a failed write (torch replaces it by its own
+    RuntimeError)."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data):
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
             raise
-    ddp.barrier()
+
+    def flush(self):
+        self.file.flush()
 
 
 # Flags a resumed run must share with the run that saved the checkpoint: otherwise it would continue another
-# schedule, model or study arm into this run's log (step lines of two lengths, a model of another shape).
-RESUME_MUST_MATCH = ("num_iterations", "seed", "preset", "num_layers", "train_seq_len")
+# schedule, model or study arm into this run's log (step lines of two lengths, a model of another shape), or write
+# validation lines that measure something else than the earlier ones (other validation tokens, other data).
+RESUME_MUST_MATCH = ("num_iterations", "seed", "preset", "num_layers", "train_seq_len", "val_seq_len", "val_tokens",
+                     "val_files", "train_files", "low_precision")
 STUDY_FLAG_PREFIXES = ("backout_", "laurel", "dlo_", "rolling_skip")
+# What a resumed run reads from its checkpoint: one of them missing means it is not a checkpoint of a run.
+RESUME_KEYS = ("model", "optimizers", "stream", "step", "train_ms", "rng", "log_lines", "config")
 NO_RESUME_HINT = "start again without --resume (with the study runner: --no-resume)"
 
 
+def damaged_member(path):
+    """The first member of a zip checkpoint (torch.save's format) whose bytes fail their CRC, or None when every
+    member is intact. Raises zipfile.BadZipFile when the zip structure itself is broken."""
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()
+
+
 def load_checkpoint(path, flag=None):
+    """The checkpoint at `path`, its bytes verified first (a flipped byte loads without complaint otherwise)."""
+    hint = f"; {NO_RESUME_HINT}" if flag == "--resume" else ""
+    try:
+        damaged = damaged_member(path) if zipfile.is_zipfile(path) else None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}){hint}")
+    if damaged is not None:
+        raise UsageError(f"{path}: damaged checkpoint (the bytes of {damaged} fail their CRC check){hint}")
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # any unreadable file is bad input, named by its path
-        hint = f"; {NO_RESUME_HINT}" if flag == "--resume" else ""
         raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}){hint}")
 
 
+def _same_files(saved_pattern, pattern):
+    """Whether two shard globs name the same files (a relative glob saved from another folder may still)."""
+    if saved_pattern == pattern:
+        return True
+    found = sorted(os.path.realpath(f) for f in glob.glob(pattern))
+    return bool(found) and found == sorted(os.path.realpath(f) for f in glob.glob(str(saved_pattern)))
+
+
 def load_resume_state(args):
-    """The checkpoint --resume names, refused (one line naming the flag) when it was saved with other
-    schedule-relevant flags than this command's; None without --resume."""
+    """The checkpoint --resume names, refused (one line naming the flag) when it lacks what a resume reads, was
+    saved with other flags than this command's that matter to the schedule, the model or the validation lines, or
+    is past this command's --stop-after; None without --resume."""
     if not args.resume:
         return None
     state = load_checkpoint(args.resume, "--resume")
-    saved = state.get("config") if isinstance(state, dict) else None
+    missing = [key for key in RESUME_KEYS if key not in state] if isinstance(state, dict) else ["model"]
+    if missing:
+        raise UsageError(f"--resume {args.resume}: not a run checkpoint (no {missing[0]!r} entry); {NO_RESUME_HINT}")
+    saved = state["config"]
     if not isinstance(saved, dict):
-        return state  # nothing recorded to compare with
+        raise UsageError(f"--resume {args.resume}: its 'config' entry is not a table; {NO_RESUME_HINT}")
     for key, value in vars(args).items():
         relevant = key in RESUME_MUST_MATCH or key.startswith(STUDY_FLAG_PREFIXES)
-        if relevant and key in saved and saved[key] != value:
+        if not relevant or key not in saved:
+            continue
+        same = _same_files(saved[key], value) if key.endswith("_files") else saved[key] == value
+        if not same:
             raise UsageError(f"--resume {args.resume}: the checkpoint was made with --{key.replace('_', '-')} "
                              f"{saved[key]}, this command has {value}; resume with the run's own flags, or "
                              f"{NO_RESUME_HINT}")
+    if args.stop_after is not None and args.stop_after < state["step"]:
+        raise UsageError(f"--stop-after {args.stop_after} is before the checkpoint's step {state['step']} "
+                         f"({args.resume}): a resumed run can only go on from there")
     return state
 
 

@@ -12,9 +12,15 @@ from speedrun.checkpoint import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
 from speedrun.dlo import add_dlo_args, check_dlo_args
-from speedrun.errors import HelpWithDefaults, OneLineErrorParser, UsageError
+from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
+                             is_reporting_rank)
 from speedrun.laurel import add_laurel_args, check_laurel_args
 from speedrun.variants import default_variant, given_study_flags
+
+
+# Far beyond any model of either track (16 and 12 layers), yet refused before a model of 10^5 layers is allocated.
+MAX_LAYERS = 256
+MAX_SEED = 2**32 - 1  # torch's and numpy's generators take seeds of 64 and 32 bits
 
 
 def record_preset(**sizes_and_schedule):
@@ -39,7 +45,7 @@ def make_parser(description, presets, backout_record_layer):
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(presets), default="full",
                      help="model size and data defaults: full = the record run; tiny = CPU-sized, demo shards")
-    run.add_argument("--seed", type=int, default=0, help="seed for initialisation and warm-up tokens")
+    run.add_argument("--seed", type=int, default=0, help=f"seed for initialisation and warm-up tokens (0..{MAX_SEED})")
     run.add_argument("--log-dir", default="logs", help="folder of the run log")
     run.add_argument("--run-name", default=None, help="log file is <log-dir>/<run-name>.txt (default: a uuid)")
     run.add_argument("--variant", default=None,
@@ -55,7 +61,8 @@ def make_parser(description, presets, backout_record_layer):
     run.add_argument("--train-files", default=None, help="glob of training shards")
     run.add_argument("--val-files", default=None, help="glob of validation shards")
     run.add_argument("--num-layers", type=int, default=None,
-                     help="transformer layers (the layer patterns follow the rule in layer_pattern)")
+                     help=f"transformer layers, at most {MAX_LAYERS} (the layer patterns follow the rule in "
+                          f"layer_pattern)")
     run.add_argument("--compile", choices=["auto", "on", "regional", "off"], default="auto",
                      help="torch.compile the model (auto: on, on CUDA only). regional: each block and the head "
                           "compiled apart, so gradient averages start during the backward (see compile_regions)")
@@ -122,6 +129,10 @@ def resolve_shared_args(args, presets, script_path):
     for name in positive:
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.num_layers > MAX_LAYERS:
+        raise UsageError(f"--num-layers must be at most {MAX_LAYERS}, got {args.num_layers}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
     for name in ["val_every", "checkpoint_every"] + (["warmup_steps"] if args.warmup_steps is not None else []):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must not be negative")
@@ -154,11 +165,14 @@ def run_main(resolve_args, run, argv=None):
     try:
         args = resolve_args(argv)
         ddp = setup_distributed()
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except UsageError as e:  # every rank parses the same flags: rank 0 alone says what is wrong
+        if is_reporting_rank():
+            print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         run(args, ddp)
+    except ReportedByAnotherRank:
+        return 2
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

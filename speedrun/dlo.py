@@ -154,7 +154,12 @@ class DLORouters(nn.Module):
             records.append((logits, similarity))
             return h + gate[..., None].type_as(m) * m
         active = (gate[0] >= self.threshold).nonzero().squeeze(1)
-        out = block.mlp(z[0].index_select(0, active)) * gate[0].index_select(0, active)[:, None].type_as(z)
+        routed = z[0].index_select(0, active)
+        # The active token count is data: a compiled MLP (--compile regional) gets it as a size symbol with no
+        # value assumed (0 and 1 included), so one graph serves every count instead of one recompile per count.
+        if not torch.compiler.is_compiling():
+            torch._dynamo.decorators.mark_unbacked(routed, 0)
+        out = block.mlp(routed) * gate[0].index_select(0, active)[:, None].type_as(z)
         self.val_active[layer] += active.numel()
         return h[0].index_add(0, active, out)[None]
 
@@ -284,7 +289,8 @@ def dlo_layer_lr_multipliers(model):
     (1 - its sparsity factor); the mean rate is the base rate."""
     active = model.study["dlo"].label_active_fractions()
     mean = active.mean()
-    mul = (active / mean if mean > 0 else torch.ones_like(active)).tolist()
+    # Device tensors, no .tolist() or `if mean > 0`: reading them on the host would wait for the step's kernels.
+    mul = torch.where(mean > 0, active / mean.clamp_min(torch.finfo(active.dtype).tiny), torch.ones_like(active))
     out = {}
     for i, block in enumerate(model.blocks):
         for p, _ in model.block_matrix_params(block):

@@ -1,10 +1,20 @@
 """Bad input: one line naming the problem on stderr, exit status 2, before any log is written."""
 
 import argparse
+import os
 
 
 class UsageError(Exception):
     """Bad input: reported as one line on stderr and exit status 2, before any log is written."""
+
+
+class ReportedByAnotherRank(UsageError):
+    """Bad input another rank of the run reports: this rank ends with exit status 2 and prints nothing."""
+
+
+def is_reporting_rank():
+    """Whether this process prints the one line of bad input that every rank finds alike (torchrun's rank 0)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 class HelpWithDefaults(argparse.HelpFormatter):
@@ -20,8 +30,8 @@ class HelpWithDefaults(argparse.HelpFormatter):
 class OneLineErrorParser(argparse.ArgumentParser):
     """Bad flags end the process with one line and exit 2 (not the whole usage text)."""
 
-    def error(self, message):
-        self.exit(2, f"error: {message} (see --help)\n")
+    def error(self, message):  # under torchrun every rank parses the same flags: rank 0 alone says what is wrong
+        self.exit(2, f"error: {message} (see --help)\n" if is_reporting_rank() else None)
 
 
 def parse_int_flag(value, flag):

@@ -1,7 +1,6 @@
 """LAuReL: learned augmented residuals (study flags --laurel*, docs/laurel.md)."""
 
 import math
-from collections import deque
 from itertools import accumulate
 
 import torch
@@ -139,11 +138,12 @@ class LaurelResiduals(nn.Module):
 
 
 class LaurelPass:
-    """One forward pass: the bounded weights, computed once, and the PA history (a deque of at most k inputs)."""
+    """One forward pass: the bounded weights, computed once, and the PA history (a list of at most k inputs, the
+    newest first)."""
 
     def __init__(self, module: LaurelResiduals, alpha, beta, gamma):
         self.m, self.alpha, self.beta, self.gamma = module, alpha, beta, gamma
-        self.history = deque(maxlen=module.k) if module.pa else None
+        self.history = [] if module.pa else None
 
     def for_layer(self, layer):
         """The residual function a block calls as laurel(x, f(x), "attn" / "mlp"), or None (layer not LAuReL'd)."""
@@ -162,7 +162,9 @@ class LaurelPass:
         if m.lr:  # eq. 3
             g = x + m.product(n, 0, x)
         if m.pa:  # eq. 4: x_i + sum_j gamma_j h_j(x_{i-j}) over the inputs in the history
-            self.history.appendleft(x)
+            # A new list each time, never mutated in place: --compile regional hands the pass to compiled blocks,
+            # and a bounded deque mutated inside a trace outgrows its maxlen there.
+            self.history = [x, *self.history[:m.k - 1]]
             extra = None
             for j, earlier in enumerate(self.history):
                 h = m.product(n, j, earlier) if m.pa_lowrank else earlier

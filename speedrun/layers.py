@@ -41,6 +41,26 @@ def padded_vocab(vocab_size):
     return ((vocab_size + 127) // 128) * 128
 
 
+# Validation's lm head runs on at most this many tokens at a time: one piece's logits (fp32, 50304 wide) exist at
+# once, so its memory does not grow with --val-seq-len (the record's 262,144 tokens unchunked: tens of GB).
+VAL_HEAD_CHUNK_TOKENS = 16384
+
+
+def val_head_chunks(seq_len, fewest):
+    """Pieces validation's head splits a sequence into: at least `fewest` (a track's record value), more when a
+    piece would exceed VAL_HEAD_CHUNK_TOKENS."""
+    return max(fewest, -(-seq_len // VAL_HEAD_CHUNK_TOKENS))
+
+
+def chunked_cross_entropy(latents, target_seq, logits_of, chunks=1):
+    """Mean cross-entropy of logits_of(x) (a piece of latents[0] -> its fp32 logits) against target_seq, summed
+    over `chunks` pieces of the sequence so that one piece's logits exist at a time, then averaged."""
+    total = latents.new_zeros((), dtype=torch.float32)
+    for xc, tc in zip(latents[0].chunk(chunks), target_seq.chunk(chunks)):
+        total = total + F.cross_entropy(logits_of(xc), tc, reduction="sum")
+    return total / target_seq.numel()
+
+
 def uniform_init_(w):
     bound = math.sqrt(3) * 0.5 / math.sqrt(w.size(-1))
     with torch.no_grad():

@@ -312,6 +312,15 @@ class StudyGPT(BackoutMethods, nn.Module):
         """The last region: the backout mix (when on), the final norm, the lm head and its loss."""
         return self.head_loss(self.head_input(x, outputs, x00, input_seq), target_seq, **head_kwargs)
 
+    def compile_whole(self):
+        """--compile on: the whole forward (and its backward) as one graph; returns the compiled module."""
+        if "dlo" in self.study:
+            # Validation routes a data-dependent number of tokens through each MLP (nonzero): traced into the
+            # graph with a size symbol instead of a graph break at it.
+            import torch._dynamo.config as dynamo_config
+            dynamo_config.capture_dynamic_output_shape_ops = True
+        return torch.compile(self, dynamic=False)
+
     def compile_regions(self):
         """--compile regional: each block (with the U-net skip it receives) and the head (backout mix, norm, lm
         head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward

@@ -44,10 +44,19 @@ def muon_direction(grad, momentum, smoothed, mu, one_minus_mu, smoothing, ns_dty
     smoothed.mul_(smoothing).add_(update, alpha=1 - smoothing)
 
 
+def owner_groups(matrices, world_size):
+    """Muon's groups, in the order their gradients become final: the matrices by size (largest first), within a
+    size in reverse forward order (`matrices` come in forward order), world_size at a time; rank j owns (reads the
+    averaged gradient of, steps, and shares) each group's j-th matrix. A group of world_size matrices of one size
+    is one reduce-scatter and one all-gather."""
+    order = sorted(reversed(matrices), key=lambda p: p.numel(), reverse=True)
+    return [order[i:i + world_size] for i in range(0, len(order), world_size)]
+
+
 class Muon(torch.optim.Optimizer):
     """Muon with Nesterov momentum, NS5, update smoothing and decoupled weight decay.
 
-    Parameters are sorted by size and taken world_size at a time: each rank updates one and the group is
+    Parameters are grouped world_size at a time (owner_groups): each rank updates one and the group is
     all-gathered, so a parameter's state lives on its owning rank only. bf16 parameters are updated as if fp32 by
     keeping their low 16 bits in a separate buffer. Each group's all-gather is asynchronous and overlaps the next
     group's Newton-Schulz. compile_update=True compiles the per-matrix direction (momentum, NS5, smoothing) into
@@ -59,16 +68,21 @@ class Muon(torch.optim.Optimizer):
         params = [p for p, _ in params_with_wd_mul]
         super().__init__([dict(params=params)], dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
         self.wd_mul = {p: m for p, m in params_with_wd_mul}
-        self.lr_mul = {}  # per-parameter learning-rate multipliers (DLO's layer-wise rates); absent = 1
+        self.lr_mul = {}  # per-parameter lr multipliers as 0-d tensors (DLO layer-wise rates); absent = 1
         self.smoothing, self.rank, self.world_size, self.ns_dtype = smoothing, rank, world_size, ns_dtype
         self.ns_coeffs = ns_coeffs
         self.direction = torch.compile(muon_direction, dynamic=False) if compile_update else muon_direction
         self.momentum_scalars = None  # [mu, 1 - mu] on the parameters' device, refilled each step (no host sync)
+        # Checkpoints key each matrix's state by its place in this order (size, then the given order).
         self.ordered = sorted(params, key=lambda p: p.numel(), reverse=True)
-        self.position = {id(p): i for i, p in enumerate(self.ordered)}
+        self.groups = owner_groups(params, world_size)
+        self.owner_rank = {id(p): j for group in self.groups for j, p in enumerate(group)}
+        # The parameter all-gathers run on their own process group (on CUDA: their own NCCL stream), so they
+        # do not queue behind the gradient reductions still in flight on the default group (the embeddings').
+        self.gather_group = dist.new_group() if world_size > 1 and dist.is_initialized() else None
 
     def owner(self, p):
-        return self.position[id(p)] % self.world_size
+        return self.owner_rank[id(p)]
 
     def _state(self, p):
         st = self.state[p]
@@ -105,27 +119,52 @@ class Muon(torch.optim.Optimizer):
             self.momentum_scalars = torch.empty(2, device=self.ordered[0].device)
         self.momentum_scalars[0].fill_(mu)
         self.momentum_scalars[1].fill_(1 - mu)
-        in_flight = []
-        for base in range(0, len(self.ordered), ws):
-            chunk = self.ordered[base:base + ws]
-            if base + self.rank < len(self.ordered):
-                p = self.ordered[base + self.rank]
+        in_flight, shared_directions = [], []
+        for group in self.groups:  # the order their gradients are reduced in
+            share_direction = ws > 1 and self.direction_is_exact_in_ns_dtype(group)
+            if self.rank < len(group):
+                p = group[self.rank]
                 if wait_grads is not None:
                     wait_grads([p])
                 st = self._state(p)
-                scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
-                value = self.master_value(p)
-                p_lr = lr * self.lr_mul.get(p, 1.0)
                 self.direction(p.grad.float(), st["momentum"], st["smoothed"], *self.momentum_scalars,
                                self.smoothing, self.ns_dtype, self.ns_coeffs)
-                # Outside the compiled part: add's alpha must be a Python number, which torch.compile would
-                # specialise on (a recompile at every lr change), and a tensor factor would round differently.
-                value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(st["smoothed"], alpha=-p_lr * scale)
-                self.write_master(p, value)
-            if ws > 1:
-                in_flight += self._exchange([q.data for q in chunk])
+                if not share_direction:
+                    self._apply(p, st["smoothed"], lr, wd)
+            if share_direction:  # every rank applies every matrix's (exactly representable) direction itself
+                directions = [self.state[q]["smoothed"].to(self.ns_dtype) if j == self.rank
+                              else torch.empty_like(q, dtype=self.ns_dtype) for j, q in enumerate(group)]
+                shared_directions.append((self._exchange(directions), group, directions))
+            elif ws > 1:
+                in_flight += self._exchange([q.data for q in group])
+        for works, group, directions in shared_directions:
+            for work in works:
+                work.wait()
+            for q, d in zip(group, directions):
+                self._apply(q, d.float(), lr, wd)
         for work in in_flight:
             work.wait()
+
+    def direction_is_exact_in_ns_dtype(self, group):
+        """fp32 matrices without update smoothing: the step's direction is the Newton-Schulz output, exact in its
+        (narrower) dtype, so the group can share its directions in that dtype (bf16 on CUDA: half the bytes of
+        the fp32 parameters) and every rank apply them. The owner applies the shared bf16 values too, so the ranks
+        agree even where a compiled update keeps more bits than the bf16 output."""
+        return (self.smoothing == 0 and self.ns_dtype.itemsize < 4
+                and all(q.dtype == torch.float32 for q in group))
+
+    def _apply(self, p, direction, lr, wd):
+        """Decoupled weight decay and the step along `direction`, on p's full-precision value."""
+        p_lr = lr * self.lr_mul.get(p, 1.0)  # a 0-d device tensor where a multiplier is set (no sync)
+        scale = math.sqrt(max(1.0, p.size(-2) / p.size(-1)))
+        value = p.data if p.dtype == torch.float32 else self.master_value(p)
+        # Outside the compiled part: add's alpha must be a Python number, which torch.compile would specialise
+        # on (a recompile at every lr change), and a tensor factor would round differently.
+        if torch.is_tensor(p_lr):
+            value.mul_(1 - p_lr * wd * self.wd_mul[p]).sub_(direction * (p_lr * scale))
+        else:
+            value.mul_(1 - p_lr * wd * self.wd_mul[p]).add_(direction, alpha=-p_lr * scale)
+        self.write_master(p, value)
 
     def _exchange(self, tensors):
         """Launches the sharing of tensors[j], authoritative on rank j (the owner of position base+j), with every
@@ -133,14 +172,13 @@ class Muon(torch.optim.Optimizer):
         if len({t.numel() for t in tensors}) == 1 and len({t.dtype for t in tensors}) == 1:
             flat = [t.view(-1) for t in tensors]
             flat += [torch.empty_like(flat[0]) for _ in range(self.world_size - len(tensors))]
-            return [dist.all_gather(flat, flat[self.rank].clone(), async_op=True)]
-        return [dist.broadcast(t, j, async_op=True) for j, t in enumerate(tensors)]
+            return [dist.all_gather(flat, flat[self.rank].clone(), group=self.gather_group, async_op=True)]
+        return [dist.broadcast(t, j, group=self.gather_group, async_op=True) for j, t in enumerate(tensors)]
 
     def master_values(self):
         """{id(p): fp32 value} of every matrix on every rank: the bf16 parameter plus its owner's low bits."""
         lows, in_flight = {}, []
-        for base in range(0, len(self.ordered), self.world_size):
-            chunk = self.ordered[base:base + self.world_size]  # chunk[j] is owned by rank j
+        for chunk in self.groups:  # chunk[j] is owned by rank j
             if all(p.dtype != torch.bfloat16 for p in chunk):
                 continue  # fp32 matrices are their own masters: nothing to gather
             for p in chunk:

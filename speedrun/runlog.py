@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from speedrun.distributed import Dist
+from speedrun.errors import UsageError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RULE = "=" * 100
@@ -22,14 +23,20 @@ class RunLog:
         self.enabled, self.path, self.lines = enabled, path, []
         self.file = None
         if enabled:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "w")
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self.file = open(path, "w")
+            except OSError as e:
+                raise UsageError(f"{path}: cannot write the run log ({e.strerror or e})") from None
 
     def write(self, line, echo=True, keep=False):
         if not self.enabled:
             return
-        self.file.write(line + "\n")
-        self.file.flush()
+        try:
+            self.file.write(line + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: one line naming the log, not a traceback
+            raise UsageError(f"{self.path}: cannot write the run log ({e.strerror or e})") from None
         if keep:
             self.lines.append(line)
         if echo:

@@ -3,9 +3,10 @@ the validation pass, the kernel warm-up skeleton and the step / scalars / peak-m
 
 import copy
 import json
+import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -14,9 +15,11 @@ import torch.distributed as dist
 
 from speedrun.checkpoint import (load_checkpoint, load_model_weights, load_resume_state, run_schedule_clock,
                                  save_checkpoint)
-from speedrun.data import VIRTUAL_RANKS, TokenStream, find_shards, read_shard
+from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
+from speedrun.errors import UsageError
 from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
+from speedrun.layers import val_head_chunks
 from speedrun.profiling import StepProfiler
 from speedrun.runlog import RunLog, write_preamble
 
@@ -36,15 +39,17 @@ def train_step(model, batches, window, ddp: Dist, reducer=None):
 
 
 @torch.no_grad()
-def validate(model, args, ddp: Dist, window, **forward_kwargs):
-    """Mean validation loss over args.val_tokens tokens of args.val_files, read from the start."""
+def validate(model, args, ddp: Dist, window, fewest_head_chunks=1):
+    """Mean validation loss over args.val_tokens tokens of args.val_files, read from the start; the head runs in
+    val_head_chunks pieces of each sequence (at least fewest_head_chunks), whatever the compile mode."""
+    head_chunks = val_head_chunks(args.val_seq_len, fewest_head_chunks)
     model.eval()
     stream = TokenStream(find_shards(args.val_files, "--val-files"), args.val_seq_len, "--val-files", ddp.device)
     steps = args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len)
     total = torch.zeros((), device=ddp.device, dtype=torch.float32)
     for _ in range(steps):
         for inputs, targets in stream.next_batch(ddp.virtual_ranks):
-            total += model(inputs, targets, window, **forward_kwargs).float()
+            total += model(inputs, targets, window, head_chunks=head_chunks).float()
     if ddp.world_size > 1:
         dist.all_reduce(total)
     model.train()
@@ -53,9 +58,9 @@ def validate(model, args, ddp: Dist, window, **forward_kwargs):
 
 def kernel_warmup(steps, model, opt, take_step):
     """Runs take_step(i) for i < steps (untimed: compiles the kernels), then restores the model's and the
-    optimisers' state exactly as it was. `opt` has state_dict(gather_muon) / load_state_dict."""
+    optimisers' state exactly as it was. `opt` has state_dict() (this rank's own state) / load_state_dict."""
     saved_model = copy.deepcopy(model.state_dict())
-    saved_opt = copy.deepcopy(opt.state_dict(lambda local_muon_state: local_muon_state))
+    saved_opt = copy.deepcopy(opt.state_dict())
     for i in range(steps):
         take_step(i)
     model.load_state_dict(saved_model)
@@ -84,6 +89,31 @@ def peak_memory_line(ddp: Dist):
     return f"peak memory allocated: {alloc} MiB reserved: {reserved} MiB"
 
 
+def check_data(args):
+    """Checks the run's shards (every header and size, the first train shard's tokens, enough validation tokens
+    for one validation) and returns the train files. The study runner calls it too, before launching anything."""
+    train_files = find_shards(args.train_files, "--train-files")
+    val_files = find_shards(args.val_files, "--val-files")
+    read_shard(train_files[0])
+    try:
+        check_stream_length(val_files, args.val_seq_len, args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len),
+                            "--val-files")
+    except UsageError as e:
+        raise UsageError(f"{e} (one validation reads --val-tokens {args.val_tokens} tokens of --val-files "
+                         f"{args.val_files} in steps of {VIRTUAL_RANKS} x --val-seq-len {args.val_seq_len})") from None
+    return train_files
+
+
+def check_log_dir(log_dir):
+    """Makes the log folder and checks that files can be written in it (a read-only mount, /proc)."""
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=log_dir, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--log-dir {log_dir}: cannot write there ({e.strerror or e})") from None
+
+
 @dataclass
 class Track:
     """What a training script hands to run_track: its names, model, optimisers, schedules and log details."""
@@ -94,7 +124,7 @@ class Track:
     optimizers: Callable  # (model, rank, world_size, fused_adam, ns_dtype, compile_muon) -> TrackOptimizers
     window_blocks_at: Callable  # (step, num_iterations, cfg) -> attention window in blocks
     warmup: Callable  # (train_model, opt, args, ddp, cfg) -> take_step(i) for the untimed kernel warm-up
-    val_forward_kwargs: dict = field(default_factory=dict)
+    val_head_chunks: int = 1  # the fewest pieces validation's head splits a sequence into
     val_decimals: int = 6
     barrier_around_validation: bool = True  # False: the clock stops on a CUDA sync only
     coordinate_descent_tuning: Callable = lambda args: False
@@ -107,14 +137,18 @@ def run_track(track: Track, args, ddp: Dist):
     """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
     --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
     cfg = track.model_config(args)
-    train_files = find_shards(args.train_files, "--train-files")
-    find_shards(args.val_files, "--val-files")
-    for f in train_files[:1]:
-        read_shard(f)
+    problem = None
+    try:  # every input that can be checked is, on every rank, before the log starts and before any collective
+        train_files = check_data(args)
+        resume_state = load_resume_state(args)
+        init_state = load_checkpoint(args.init_from) if args.init_from else None
+        if ddp.rank == 0:
+            check_log_dir(args.log_dir)  # last: it makes the folder
+    except UsageError as e:
+        problem = str(e)
+    ddp.agree(problem)
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
-    resume_state = load_resume_state(args)
-    init_state = load_checkpoint(args.init_from) if args.init_from else None
     schedule_at = run_schedule_clock(args, init_state, resume_state)
 
     torch.manual_seed(args.seed)
@@ -142,7 +176,7 @@ def run_track(track: Track, args, ddp: Dist):
             model.compile_regions()
             train_model = model
         else:
-            train_model = torch.compile(model, dynamic=False)
+            train_model = model.compile_whole()
     else:
         train_model = model
 
@@ -200,7 +234,7 @@ def run_track(track: Track, args, ddp: Dist):
         if is_last or (args.val_every and step % args.val_every == 0):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
-            val_loss = validate(train_model, args, ddp, window, **track.val_forward_kwargs)
+            val_loss = validate(train_model, args, ddp, window, track.val_head_chunks)
             log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
             sync()
             t0 = time.perf_counter()

@@ -78,22 +78,29 @@ def embedded_sources(script):
 BASELINE_COMMIT = "12c2aa8"  # train_gpt_medium.py before any study flag was added
 
 
+def script_from_history(commit, script, tmp_path_factory):
+    """A training script as it was at `commit`, imported as a module (under another name, beside today's);
+    skips the test where the history is not available."""
+    import importlib.util
+    try:
+        source = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"commit {commit} is not in this checkout's history")
+    name = f"{Path(script).stem}_at_{commit}"
+    path = tmp_path_factory.mktemp("history") / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def unmodified_medium(tmp_path_factory):
     """The medium script as it was before the study flags, imported from git history, so tests can check that
     the flagless path still computes exactly the same thing. Skips where the history is not available."""
-    import importlib.util
-    try:
-        source = subprocess.run(["git", "show", f"{BASELINE_COMMIT}:train_gpt_medium.py"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"baseline commit {BASELINE_COMMIT} is not in this checkout's history")
-    path = tmp_path_factory.mktemp("baseline") / "unmodified_train_gpt_medium.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("unmodified_train_gpt_medium", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_from_history(BASELINE_COMMIT, "train_gpt_medium.py", tmp_path_factory)
 
 
 def bundled_medium_studies():
@@ -109,3 +116,14 @@ def bundled_medium_studies():
         if study.script.name == "train_gpt_medium.py":
             out.append(study)
     return out
+
+
+def mounted_tmpfs(where, size="1m"):
+    """Mounts a small tmpfs at `where` (a folder) for a full-disk or read-only test, yields it, unmounts it; skips
+    the test where mounting is not allowed (it needs root)."""
+    Path(where).mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    yield Path(where)
+    subprocess.run(["umount", "-l", str(where)], check=False)

@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 
+TRACK = "fake"  # the config line's `track`, as the real scripts write theirs
+
 
 def make_arg_parser():
     parser = argparse.ArgumentParser(description="stand-in training script")
@@ -96,7 +98,7 @@ def main():
     emit(f"Running Python {sys.version.split()[0]} (stand-in, no torch)", keep=False)
     if args.resume:
         emit(f"resumed from step {state['step']} of {args.resume}", keep=False)
-    config = {**vars(args), "track": "fake", "world_size": world_size}
+    config = {**vars(args), "track": TRACK, "world_size": world_size}
     state["config"] = config  # as the real script's checkpoints do: what the run was made with
     emit(f"config: {json.dumps(config)}", keep=False)
     emit("=" * 100, keep=False)

@@ -321,6 +321,9 @@ def test_record_packages_complete_runs_with_a_recomputable_readme(capsys, tmp_pa
     # Refuses to overwrite, with one line.
     status, _, err = run_cli(capsys, *argv)
     assert "already exists" in one_line_error(status, err)
-    # The small track goes to track_1_short.
-    status, out, _ = run_cli(capsys, *argv[:3], "small", *argv[4:])
+    # Medium-track logs are never packaged as a small-track record (issue 26); small-track logs go to track_1_short.
+    status, _, err = run_cli(capsys, *argv[:3], "small", *argv[4:])
+    assert "seed0.txt is a medium-track run, not a small-track one" in one_line_error(status, err)
+    write_arm(tmp_path / "runs" / "small", "record", ARTICLE_LOSSES[:3], ARTICLE_TIMES[:3], track="small")
+    status, out, _ = run_cli(capsys, "record", tmp_path / "runs" / "small", "--track", "small", *argv[4:])
     assert status == 0 and (tmp_path / "records" / "track_1_short" / "2025-10-05_Backout" / "train_gpt.py").exists()

@@ -192,3 +192,14 @@ def test_module_entry_point_exit_status(tmp_path):
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and str(bad) in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("tokens, named", [([], "no tokens"), ([5, 50256, 50257, 7], "50257"),
+                                           ([65535], "65535")])
+def test_cli_refuses_what_training_refuses(tmp_path, capsys, tokens, named):
+    # an empty shard and ids outside GPT-2's vocabulary: training stops on them, so the check does too
+    bad = tmp_path / "d_train_000001.bin"
+    write_shard(bad, tokens)
+    assert shards.main([str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and str(bad) in err and named in err

@@ -309,6 +309,39 @@ def test_layer_lr_multipliers_scale_each_layer_by_its_active_share(ckpt):
     assert math.isclose(opt.muon.lr_mul[model.blocks[0].attn.qkvo_w], 1 / 0.625, rel_tol=1e-6)
 
 
+def test_layer_lr_multipliers_stay_on_the_device_and_step_as_the_number_would(ckpt, monkeypatch):
+    """No host sync in a step: the multipliers are never read on the host (no .tolist(), item() or bool()), and
+    Muon's step with a tensor multiplier equals the step with the same number, to rounding."""
+    model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-layer-lr")
+    routers = model.study["dlo"]
+    routers.label_active_sum.copy_(torch.tensor([1.0, 0.5, 0.25, 0.0, 1.0, 0.75, 0.5, 1.0]))
+    routers.label_count.fill_(1)
+    opt = T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
+    for host_read in ("tolist", "item", "__bool__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, host_read, lambda *a: pytest.fail(f"host read ({host_read})"))
+    dlo_after_step(model, opt, args, T.Dist())
+    monkeypatch.undo()
+    assert all(torch.is_tensor(m) and m.ndim == 0 for m in opt.muon.lr_mul.values())
+    gen = torch.Generator().manual_seed(0)
+    matrices = list(opt.muon.ordered)
+    for p in matrices:
+        p.grad = torch.randn(p.shape, generator=gen)
+    as_number = {p: float(m) for p, m in opt.muon.lr_mul.items()}
+    before = [p.detach().clone() for p in matrices]
+    opt.muon.step()
+    with_tensor = [p.detach().clone() for p in matrices]
+    for p, b in zip(matrices, before):
+        p.data.copy_(b)
+    opt.muon.state.clear()
+    opt.muon.lr_mul = as_number
+    opt.muon.step()
+    fc = model.blocks[1].mlp.fc_w
+    k = [id(p) for p in matrices].index(id(fc))
+    assert not torch.equal(with_tensor[k], before[k])
+    for p, t in zip(matrices, with_tensor):
+        torch.testing.assert_close(t, p.detach(), rtol=1e-6, atol=1e-7)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Flags
 
@@ -384,7 +417,7 @@ def test_dlo_run_end_to_end(ckpt, tiny_data_args, tmp_path):
     # Strict identity: the step-0 validation is the checkpoint's own validation loss.
     args = T.resolve_args(common)
     window = torch.tensor(T.window_blocks_at(0, 2, T.model_config(args)))
-    expected = validate(base_model(ckpt), args, T.Dist(), window, head_chunks=T.VAL_HEAD_CHUNKS)
+    expected = validate(base_model(ckpt), args, T.Dist(), window, T.VAL_HEAD_CHUNKS)
     assert val_losses(log)[0] == f"{expected:.6f}"
     scalars = scalars_lines(log)
     assert len(scalars) == 2

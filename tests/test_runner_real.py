@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from conftest import write_token_shard
 from runner_support import REPO, ablations, is_complete, runner_env, wait_for, write_study
 
 SCRIPT = REPO / "train_gpt_medium.py"
@@ -57,8 +59,11 @@ def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
     tree, env = copy_of_the_tree(tmp_path)
     fineweb = tree / "data" / "fineweb10B"
     fineweb.mkdir(parents=True)
-    for name in ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, 31)]:
-        (fineweb / name).write_bytes(b"")  # the record study's 30 train shards: present, so nothing is fetched
+    # The record study's 30 train shards: present, so nothing is fetched; well-formed, as the runner checks them
+    # before launching (the val shard holds one validation's 10,485,760 tokens).
+    write_token_shard(fineweb / "fineweb_val_000000.bin", np.zeros(10_485_762, dtype=np.uint16))
+    for index in range(1, 31):
+        write_token_shard(fineweb / f"fineweb_train_{index:06d}.bin", [50256, 1, 2])
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: a)'\necho 'GPU 1: NVIDIA H100 (UUID: b)'\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train_gpt as S
-from conftest import ROOT, SMALL_SCRIPT, embedded_sources, run_training
+from conftest import ROOT, SMALL_SCRIPT, embedded_sources, run_training, script_from_history
 from speedrun.muon import newton_schulz5
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{4}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
@@ -99,7 +99,7 @@ def test_fp8_head_matches_the_spec_casts_and_scales():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g).bfloat16().requires_grad_()
     w = (torch.randn(128, 64, generator=g) * 0.05).requires_grad_()
-    out = S.FP8HeadMatmul.apply(x, w)
+    out = S.fp8_head_matmul(x, w)[0]
     grad_out = torch.randn(32, 128, generator=g).bfloat16() * 1e-4
     out.backward(grad_out)
     assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
@@ -113,6 +113,93 @@ def test_fp8_head_matches_the_spec_casts_and_scales():
     torch.testing.assert_close(w.grad, g8.t() @ x8, rtol=1e-4, atol=1e-6)
     # and the casts matter: the fp32 product differs from the fp8 one by more than bf16 rounding
     assert (out.float() - x.detach().float() @ w.detach().t()).abs().max() > 1e-3
+
+
+AUTOGRAD_FUNCTION_COMMIT = "c2c565e"  # the FP8 head as a torch.autograd.Function, before the custom op
+
+
+@pytest.fixture(scope="module")
+def autograd_function_head(tmp_path_factory):
+    """The FP8HeadMatmul autograd.Function the custom op replaced, imported from git history."""
+    return script_from_history(AUTOGRAD_FUNCTION_COMMIT, "train_gpt.py", tmp_path_factory).FP8HeadMatmul
+
+
+def fp8_head_case(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(48, 64, generator=g).bfloat16()
+    w = torch.randn(256, 64, generator=g) * 0.05
+    return x, w, torch.randn(48, 256, generator=g).bfloat16() * 1e-4
+
+
+@pytest.mark.skipif(not scaled_mm_runs_here(), reason="torch._scaled_mm does not run on this CPU build")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fp8_head_custom_op_equals_the_autograd_function_bitwise(seed, autograd_function_head):
+    results = []
+    for head in (lambda x, w: autograd_function_head.apply(x, w), lambda x, w: S.fp8_head_matmul(x, w)[0]):
+        x, w, grad_out = fp8_head_case(seed)
+        x.requires_grad_(), w.requires_grad_()
+        out = head(x, w)
+        out.backward(grad_out)
+        results.append((out, x.grad, w.grad))
+    for old, new in zip(*results):
+        assert new.dtype == old.dtype and new.shape == old.shape and torch.equal(new, old)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not scaled_mm_runs_here(), reason="torch._scaled_mm does not run on this CPU build")
+def test_compiled_fp8_head_is_one_node_forward_and_backward_without_graph_break():
+    """torch.compile (inductor, CPU) of the training head: the custom op stays one opaque node in the forward
+    graph and its backward one node in the backward graph (no _scaled_mm or fp8 cast lowered by inductor), and
+    the compiled loss and gradients equal eager's."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    graphs = []  # dynamo's graph, then inductor's forward and backward graphs (after AOT autograd)
+
+    def keep_then_compile(graph, example_inputs, **kwargs):
+        graphs.append(graph)
+        return compile_fx_inner(graph, example_inputs, **kwargs)
+
+    def inductor_keeping_graphs(graph, example_inputs):
+        graphs.append(graph)
+        return compile_fx(graph, example_inputs, inner_compile=keep_then_compile)
+
+    args = tiny_args()
+    torch.manual_seed(0)
+    model = S.GPT(S.model_config(args), max_seq_len=64)
+    model.fp8_head = True
+    with torch.no_grad():
+        model.lm_head_w.normal_(0, 0.05)
+    latents = torch.randn(1, 64, model.cfg.model_dim).bfloat16()
+    targets = torch.randint(0, 50257, (64,))
+    results = []
+    torch._dynamo.reset()
+    counters.clear()
+    # the caches would hand back an earlier run's compiled graphs without showing them to inner_compile
+    no_caches = (torch._inductor.config.patch(fx_graph_cache=False),
+                 torch._functorch.config.patch(enable_autograd_cache=False))
+    with no_caches[0], no_caches[1]:
+        for head in (model.head_loss, torch.compile(model.head_loss, backend=inductor_keeping_graphs,
+                                                    dynamic=False)):
+            x = latents.clone().requires_grad_()
+            model.lm_head_w.grad = None
+            loss = head(x, targets)
+            loss.backward()
+            results.append((loss, x.grad, model.lm_head_w.grad))
+    assert dict(counters["graph_break"]) == {}
+    dynamo_graph, *aot_graphs = graphs
+
+    def calls(graph, op):
+        return sum(node.target is op for node in graph.graph.nodes)
+
+    assert calls(dynamo_graph, torch.ops.speedrun.fp8_head_matmul.default) == 1
+    forward, backward = aot_graphs
+    assert calls(forward, torch.ops.speedrun.fp8_head_matmul.default) == 1
+    assert calls(backward, torch.ops.speedrun.fp8_head_matmul_backward.default) == 1
+    for graph in aot_graphs:
+        assert calls(graph, torch.ops.aten._scaled_mm.default) == 0
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-7)
 
 
 # --- optimisers ------------------------------------------------------------------------------------------------

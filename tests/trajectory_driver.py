@@ -10,8 +10,14 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+# The reference was written on one machine and is checked on others (CI's machine changes between sessions):
+# matmul and elementwise kernels are pinned to the AVX2 code paths every x86-64 CPU of the last decade runs, so
+# the last bits do not depend on whether MKL, oneDNN and ATen picked AVX-512 (or AMX/BF16 units) on this CPU.
+for _name, _value in (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("MKL_CBWR", "AVX2,STRICT"),
+                      ("MKL_ENABLE_INSTRUCTIONS", "AVX2")):
+    os.environ[_name] = _value
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt_medium as T  # noqa: E402

@@ -1,0 +1,144 @@
+"""Group-sequential studies (`--until-decided`): seeds are added in batches until every arm is decided.
+
+A batch is what the node runs at once (the runner's slots), shared by the arms: each look adds
+max(1, slots // arms) seeds per arm. After each batch every undecided arm is tested (analysis/sequential.py):
+against the baseline (two-sided Welch, claim "vs-baseline") or its mean against the study's target (one-sided,
+claim "below-target"). A decided arm (efficacy or futility) gets no more seeds. The looks are recorded in
+runs/<study>/sequential.json, written atomically after each one; a resumed study replays the recorded looks and
+never takes a look again, so its decisions never depend on a different history."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import StudyError
+from .runstate import run_paths
+from .runner import Options, run_study
+from .study import Study
+
+STATE_FILE = "sequential.json"
+
+
+def batch_seeds(study: Study, options: Options) -> int:
+    slots = options.parallel or (len(options.gpu_ids) // study.nproc if options.gpu_ids else 1)
+    return max(1, slots // len(study.arms))
+
+
+def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | None) -> dict:
+    """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input."""
+    alpha = study.alpha if alpha is None else alpha
+    if max_seeds is None:
+        max_seeds = study.max_seeds if study.max_seeds is not None else len(study.seeds)
+    if not 0 < alpha < 1:
+        raise StudyError(f"--until-decided: alpha {alpha:g} is not strictly between 0 and 1")
+    batch = batch_seeds(study, options)
+    if max_seeds < max(2, batch):
+        raise StudyError(f"--max-seeds {max_seeds} is below one batch ({max(2, batch)} seeds per arm: the node runs "
+                         f"{batch} per arm at once, and a test needs 2)")
+    arms = list(study.arms)
+    baseline = None
+    if study.claim == "vs-baseline":
+        if len(arms) < 2:
+            raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
+                             f"two (or claim = \"below-target\")")
+        baseline = "baseline" if "baseline" in arms else arms[0]
+    return {"alpha": alpha, "max_seeds": max_seeds, "batch": batch, "claim": study.claim, "baseline": baseline,
+            "target": study.target if study.claim == "below-target" else None,
+            "arms": [arm for arm in arms if arm != baseline]}
+
+
+def look_schedule(design: dict) -> list[int]:
+    """Seeds per arm at each look: every batch, the first look at two seeds at least, the last at max_seeds."""
+    counts = list(range(design["batch"], design["max_seeds"], design["batch"])) + [design["max_seeds"]]
+    return sorted({max(2, n) for n in counts})
+
+
+def _design(design: dict):
+    from analysis.sequential import Design  # the analysis package sits next to this one
+
+    return Design(alpha=design["alpha"], max_seeds=design["max_seeds"], batch=design["batch"],
+                  sides=2 if design["claim"] == "vs-baseline" else 1)
+
+
+def _losses(runs_dir: Path, study: str, arm: str, seeds: int) -> list[float]:
+    from analysis.logs import LogUnreadable, parse_log
+
+    losses = []
+    for seed in range(seeds):
+        try:
+            log = parse_log(run_paths(runs_dir, study, arm, seed).log)
+        except (LogUnreadable, OSError):
+            continue
+        if log.complete:
+            losses.append(log.final_val_loss)
+    return losses
+
+
+def _load_state(path: Path, design: dict) -> dict:
+    if not path.exists():
+        return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        recorded = state["design"]
+        state["looks"]
+    except (OSError, ValueError, KeyError, TypeError) as problem:
+        raise StudyError(f"{path}: not a sequential record this runner wrote ({problem})") from None
+    if recorded != design:
+        changed = next(key for key in sorted(set(design) | set(recorded)) if design.get(key) != recorded.get(key))
+        raise StudyError(f"{path} records looks of another design ({changed} {recorded.get(changed)!r}, now "
+                         f"{design.get(changed)!r}); run with the same settings, or move the file aside to start "
+                         f"the sequential study afresh")
+    return state
+
+
+def _save_state(path: Path, state: dict) -> None:
+    from analysis.atomic import write_text_atomically
+
+    write_text_atomically(path, json.dumps(state, indent=1) + "\n")
+
+
+def run_until_decided(study: Study, options: Options, reporter, design: dict) -> int:
+    from analysis.sequential import decided, describe_look, take_look
+
+    folder = options.runs_dir / study.name
+    state_path = folder / STATE_FILE
+    state = _load_state(state_path, design)
+    sequential_design = _design(design)
+    final_boundary = sequential_design.final_boundary()
+    reporter.line("design", f"group-sequential, claim {design['claim']}"
+                            + (f" against {design['baseline']}" if design["baseline"] else
+                               f" mean < {design['target']:g}")
+                            + f": Lan-DeMets O'Brien-Fleming alpha {design['alpha']:g}, up to {design['max_seeds']} "
+                              f"seeds per arm in looks at {','.join(map(str, look_schedule(design)))}; futility: "
+                              f"conditional power under the effect max_seeds is planned for "
+                              f"(power {sequential_design.design_power:g}) < {sequential_design.futility_power:g}")
+    for arm, looks in state["looks"].items():
+        for look in looks:
+            reporter.line("replayed", describe_look(arm, look, design))
+    for seeds in look_schedule(design):
+        open_arms = [arm for arm in design["arms"] if not (state["looks"][arm] and decided(state["looks"][arm][-1]))]
+        if not open_arms:
+            break
+        taken = [arm for arm in open_arms if state["looks"][arm] and state["looks"][arm][-1]["n"] >= seeds]
+        arms = ([design["baseline"]] if design["baseline"] else []) + open_arms
+        study.seeds = list(range(seeds))
+        code = run_study(study, study.runs(options.runs_dir, arms), options, reporter)
+        if code:
+            return code  # failed or interrupted: never look at a batch with runs missing
+        baseline_losses = (_losses(options.runs_dir, study.name, design["baseline"], seeds)
+                           if design["baseline"] else None)
+        for arm in open_arms:
+            if arm in taken:
+                continue
+            look = take_look(sequential_design, state["looks"][arm], _losses(options.runs_dir, study.name, arm, seeds),
+                             baseline_losses, design["target"], final_boundary)
+            if look is None:
+                continue
+            state["looks"][arm].append(look)
+            _save_state(state_path, state)
+            reporter.line("look", describe_look(arm, look, design))
+    undecided = [arm for arm in design["arms"] if not (state["looks"][arm] and decided(state["looks"][arm][-1]))]
+    reporter.line("decided", "; ".join(f"{arm}: {state['looks'][arm][-1]['decision'] if state['looks'][arm] else 'no look'}"
+                                       f" after {state['looks'][arm][-1]['n'] if state['looks'][arm] else 0} seeds"
+                                       for arm in design["arms"]))
+    return 1 if undecided else 0

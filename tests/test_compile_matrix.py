@@ -1,0 +1,197 @@
+"""Every arm of every bundled study (both tracks) under --compile off, on and regional, at tiny size on CPU inductor:
+two real optimiser steps (hooks launching the gradient averages as on 2 ranks, the optimisers, DLO's per-step
+hooks) each followed by a validation, as run_track runs them. Per arm: the losses of both steps (the second
+after one optimiser update; at the real init the first is ln(50257) in every mode) under each compile mode equal
+eager's to compile rounding, and a compiled mode has no graph break and compiles nothing after the first step and
+validation.
+
+Arms that build the same model are one cell: the compiled graphs are a function of the model configuration, and
+the run flags that set no part of it (--num-iterations, --stop-after, checkpoints, --compile itself, DLO's
+schedule flags) change no graph. A medium arm runs at the tiny preset's 6 layers, or at 16 where it names a layer
+the 6-layer model lacks; a DLO arm expands a tiny 6-layer checkpoint in 2 groups (its 4 do not divide 6).
+The multi-skip study's arms are generated from a finished sweep: they are backout sums of the kinds the sweep and
+the norms study already run. The whole matrix's time is printed at the end (pytest -s)."""
+import importlib
+import os
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+
+from ablations.study import available_studies, load_study
+from speedrun.checkpoint import load_checkpoint
+from speedrun.data import TokenStream, find_shards
+from speedrun.distributed import Dist, GradientReducer
+from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
+from speedrun.errors import UsageError
+from speedrun.training import Track, train_step, validate
+
+MODES = ("off", "on", "regional")
+STEPS = 2
+MICRO_BATCHES = 2  # of the 8 per step: the last one launches the averages, an earlier one only accumulates
+CHECKPOINT_LAYERS = 6
+# Flags of a study arm that set no part of the model (the matrix supplies its own --compile and --init-from).
+RUN_ONLY_FLAGS = {"--num-iterations": 1, "--stop-after": 1, "--save-final-checkpoint": 0, "--init-schedule": 1,
+                  "--compile": 1, "--init-from": 1}
+SECONDS = []
+
+
+def model_flags(argv):
+    """argv without the run-only flags; whether it had --init-from (a DLO arm's checkpoint)."""
+    out, i, init_from = [], 0, False
+    while i < len(argv):
+        if argv[i] in RUN_ONLY_FLAGS:
+            init_from |= argv[i] == "--init-from"
+            i += 1 + RUN_ONLY_FLAGS[argv[i]]
+            continue
+        out.append(argv[i])
+        i += 1
+    return out, init_from
+
+
+def bundled_arms():
+    """(script module name, model flags, needs a checkpoint, [study:arm names]) per distinct arm."""
+    cells = {}
+    for path in available_studies():
+        if "requires_results" in tomllib.loads(path.read_text()):
+            continue
+        study = load_study(str(path), {"base_checkpoint": "unused.pt"} if path.stem == "dlo" else None)
+        for arm in study.arms:
+            flags, init_from = model_flags(study.argv(arm, study.seeds[0], Path("runs")))
+            if "--dlo-groups" in flags:
+                flags += ["--dlo-groups", "2"]
+            key = (study.script.stem, tuple(flags), init_from)
+            cells.setdefault(key, []).append(f"{study.name}:{arm}")
+    return cells
+
+
+def resolve(track, flags, data_args, checkpoint):
+    """The arm's args at tiny size: 6 layers unless it names a layer of the 16-layer model."""
+    extra = ["--init-from", str(checkpoint)] if checkpoint else []
+    try:
+        return track.resolve_args(data_args + extra + flags)
+    except UsageError:
+        return track.resolve_args(data_args + ["--num-layers", "16"] + extra + flags)
+
+
+# Config fields that set only initial values or which layer feeds a skip: arms differing only in them trace the
+# same operations in the same graphs, so by default (a CI-sized matrix: every distinct model is ~2.5 CPU-hours)
+# one of them stands for all. COMPILE_MATRIX=full runs one cell per distinct model configuration.
+SAME_GRAPH_FIELDS = ("backout_x_init", "backout_skip_init", "laurel_factor_init", "laurel_zero_factor", "dlo_init",
+                     "dlo_router_init", "num_layers", "baseline_layers", "laurel_rw_scale", "dlo_score_scale",
+                     "dlo_threshold")
+
+
+def graph_structure(cfg):
+    """The model configuration with the fields above left out and each backout source reduced to its kind (a layer
+    index or a named embedding)."""
+    fields = {k: v for k, v in vars(cfg).items() if k not in SAME_GRAPH_FIELDS}
+    fields["backout_layers"] = tuple("layer" if isinstance(x, int) else x for x in cfg.backout_layers)
+    return repr(sorted(fields.items()))
+
+
+def distinct_models():
+    """One pytest param per distinct (track, model graphs) - per model configuration under COMPILE_MATRIX=full -
+    named after the arms it stands for."""
+    full = os.environ.get("COMPILE_MATRIX") == "full"
+    seen, params = {}, []
+    for (script, flags, init_from), names in bundled_arms().items():
+        track = importlib.import_module(script)
+        args = resolve(track, list(flags), ["--preset", "tiny"], __file__ if init_from else None)  # only its existence is checked
+        cfg = track.model_config(args)
+        key = (script, repr(cfg) if full else graph_structure(cfg))
+        if key in seen:
+            seen[key].extend(names)
+            continue
+        seen[key] = names
+        params.append(pytest.param(script, list(flags), init_from, names, id=f"{script}:{names[0]}"))
+    return params
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    print(f"\ncompile matrix: {len(SECONDS)} cells in {sum(SECONDS):.0f} s")
+
+
+@pytest.fixture(scope="module")
+def dlo_checkpoint(shard_dir, tmp_path_factory):
+    from test_dlo import write_checkpoint
+    return write_checkpoint(tmp_path_factory.mktemp("matrix") / "base6.pt", CHECKPOINT_LAYERS, shard_dir)
+
+
+def run_arm(track, args, mode):
+    """Two steps and two validations of the arm as run_track runs them under --compile `mode`; returns each
+    step's first micro-batch loss and the frame-compile count after each step and its validation."""
+    track_spec = next(v for v in vars(track).values() if isinstance(v, Track))
+    ddp = Dist()
+    torch.manual_seed(args.seed)
+    model = track.GPT(track.model_config(args), max_seq_len=max(args.train_seq_len, args.val_seq_len))
+    if args.dlo_groups:
+        dlo_expand_from_checkpoint(model, load_checkpoint(args.init_from), args, max(args.train_seq_len,
+                                                                                     args.val_seq_len))
+    track_spec.prepare_model(model, args, ddp)
+    opt = track.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
+    opt.reducer = GradientReducer.per_parameter(model.parameters(), world_size=2)  # hooks as on 2 ranks
+    torch._dynamo.reset()
+    counters.clear()
+    train_model = {"off": model, "on": None, "regional": model}[mode]
+    if mode == "on":
+        train_model = model.compile_whole()
+    elif mode == "regional":
+        model.compile_regions()
+    losses = []
+
+    def recording(*inputs):
+        loss = train_model(*inputs)
+        losses.append(loss.detach())
+        return loss
+
+    stream = TokenStream(find_shards(args.train_files, "x"), args.train_seq_len, "x")
+    frames = []
+    for step in range(STEPS):
+        window = torch.tensor(track.window_blocks_at(step, args.num_iterations, model.cfg))
+        dlo_before_step(model, args, step)
+        train_step(recording, stream.next_batch(ddp.virtual_ranks)[:MICRO_BATCHES], window, ddp, opt.reducer)
+        dlo_after_step(model, opt, args, ddp)
+        opt.step(step, args.num_iterations)
+        validate(train_model, args, ddp, window, track_spec.val_head_chunks)
+        model.named_scalars()  # as the run logs them (DLO resets its validation counts here)
+        frames.append(counters["frames"]["total"])
+    return [losses[step * MICRO_BATCHES].item() for step in range(STEPS)], frames
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, flags, init_from, arms", distinct_models())
+def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, tiny_data_args,
+                                                                    dlo_checkpoint, one_rank_group):
+    track = importlib.import_module(script)
+    args = resolve(track, flags, tiny_data_args + ["--val-tokens", "1024"], dlo_checkpoint if init_from else None)
+    step_losses = {}
+    for mode in MODES:
+        start = time.perf_counter()
+        step_losses[mode], frames = run_arm(track, args, mode)
+        SECONDS.append(time.perf_counter() - start)
+        if mode != "off":
+            assert dict(counters["graph_break"]) == {}, (mode, arms)
+            assert frames[-1] == frames[0], (mode, frames, arms)
+    for mode in ("on", "regional"):
+        assert step_losses[mode] == pytest.approx(step_losses["off"], rel=1e-5), (mode, step_losses, arms)
+
+
+def test_the_matrix_covers_every_arm_of_every_study():
+    covered = {name for *_, names in (p.values for p in distinct_models()) for name in names}
+    expected = set()
+    for path in available_studies():
+        if "requires_results" in tomllib.loads(path.read_text()):
+            continue
+        study = load_study(str(path), {"base_checkpoint": "unused.pt"} if path.stem == "dlo" else None)
+        expected |= {f"{study.name}:{arm}" for arm in study.arms}
+    assert covered == expected
+    assert {script for script, *_ in (p.values for p in distinct_models())} == {"train_gpt", "train_gpt_medium"}
