@@ -1,10 +1,10 @@
-"""speedrun.r18_model (record #18's model, not yet wired to a flag): the multi-token loss reduces to shifted
+"""speedrun.r18.model (record #18's model, not yet wired to a flag): the multi-token loss reduces to shifted
 single-token losses, and the model trains from its real init at a tiny size."""
 
 import torch
 import torch.nn.functional as F
 
-from speedrun.r18_model import R18Config, R18GPT
+from speedrun.r18.model import R18Config, R18GPT
 
 T = 64
 

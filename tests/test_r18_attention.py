@@ -1,10 +1,10 @@
-"""The token-window document attention (speedrun/varlen_attention.py): every CPU-runnable implementation equals an
+"""The token-window document attention (speedrun/r18/attention.py): every CPU-runnable implementation equals an
 independent per-query reference on the same documents and windows; `--attention` resolves as documented."""
 
 import pytest
 import torch
 
-from speedrun import varlen_attention as va
+from speedrun.r18 import attention as va
 from speedrun.errors import UsageError
 
 # (cu_seqlens, window): several documents, a first document of one token, trailing empty documents (as the

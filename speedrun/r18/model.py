@@ -2,7 +2,7 @@
 scaled to 16 layers of width 1024). Written from the record's description and log; same maths, own code.
 
 What differs from the #14 model (speedrun.model / train_gpt_medium.py):
-- packed documents with a token-level look-back window (speedrun.varlen_attention), one sequence per rank;
+- packed documents with a token-level look-back window (speedrun.r18.attention), one sequence per rank;
 - embedding tied to the lm head until the split step, then a separate `embed` (copied from the head);
 - smear: token t adds a gated share of token t-1's embedding; a second embedding `embed2` re-injected per layer;
 - per-layer residual decay `resid_lambdas` (init 1.05) and re-injection `x0_lambdas` (x0, embed2);
@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
-from speedrun.varlen_attention import varlen_attend
+from speedrun.r18.attention import varlen_attend
 
 NUM_LAYERS = 16
 VALUE_EMBED_LAYERS = (0, 1, 2, 3, 4, 11, 12, 13, 14, 15)  # ve[0..4] twice: layers 0-4 and 11-15
