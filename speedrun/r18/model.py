@@ -1,0 +1,310 @@
+"""The model of the medium record #18 (2025-12-31, "BulkSmallTrackTransfer": the small-track script of that date
+scaled to 16 layers of width 1024). Written from the record's description and log; same maths, own code.
+
+What differs from the #14 model (speedrun.model / train_gpt_medium.py):
+- packed documents with a token-level look-back window (speedrun.r18.attention), one sequence per rank;
+- embedding tied to the lm head until the split step, then a separate `embed` (copied from the head);
+- smear: token t adds a gated share of token t-1's embedding; a second embedding `embed2` re-injected per layer;
+- per-layer residual decay `resid_lambdas` (init 1.05) and re-injection `x0_lambdas` (x0, embed2);
+- attention: q/k norm, YaRN-adjusted half-truncated rotary (tables in bf16), partial key offset on long-window
+  layers, value embeddings through a sigmoid gate, an output gate per head, the two `sa_lambdas` scaling the
+  QKV and O weights; no value norm;
+- 3 gated U-net skips (2->11, 4->10, 6->9), backout `x -= lambda * out[11]` (lambda init 0.5);
+- logits `23*sigmoid((z+5)/7.5)`; training loss summed (not averaged), multi-token in the first part of training.
+
+The structure is the record's 16-layer one; the tiny preset shrinks widths, not depth.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speedrun.layers import norm, padded_vocab
+from speedrun.r18.attention import varlen_attend
+
+NUM_LAYERS = 16
+VALUE_EMBED_LAYERS = (0, 1, 2, 3, 4, 11, 12, 13, 14, 15)  # ve[0..4] twice: layers 0-4 and 11-15
+LONG_WINDOW_LAYERS = (0, 4, 11, 15)  # the others use the short window; long ones also get the key offset
+SKIP_PAIRS = ((6, 9), (4, 10), (2, 11))  # (from, to): the last stored is the first added
+BACKOUT_LAYER = 11
+GATE_INPUT_DIMS = 16  # every gate reads the first 16 channels of its input
+NUM_VALUE_EMBEDS = 5
+SCALAR_PAD_MULTIPLE = 8  # the scalar vector is padded as for 8 ranks at every world size (same checkpoint)
+
+
+@dataclass
+class R18Config:
+    model_dim: int = 1024
+    num_heads: int = 8
+    head_dim: int = 128
+    vocab_size: int = 50257
+    block_size: int = 128  # window sizes are counted in blocks of this many tokens
+    max_seq_len: int = 4 * 64 * 1024  # rotary table length: the longest sequence a rank sees (validation)
+
+
+class Yarn(nn.Module):
+    """Half-truncated rotary tables (bf16, as the record stores them) and the attention scale, both adjusted by
+    YaRN when the long window grows: low frequencies that turned less than `alpha` times across the old window
+    are interpolated by old/new, those that turned more than `beta` times are kept."""
+
+    def __init__(self, head_dim, max_seq_len, block_size):
+        super().__init__()
+        self.head_dim, self.max_seq_len, self.block_size = head_dim, max_seq_len, block_size
+        self.reset()
+
+    def reset(self):
+        device = self.cos.device if hasattr(self, "cos") else None
+        freq = (1 / 1024) ** torch.linspace(0, 1, steps=self.head_dim // 4, dtype=torch.float32, device=device)
+        self.angular_freq = torch.cat([freq, freq.new_zeros(self.head_dim // 4)])
+        theta = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float32, device=device), self.angular_freq)
+        self.cos = nn.Buffer(theta.cos().to(torch.bfloat16), persistent=False)
+        self.sin = nn.Buffer(theta.sin().to(torch.bfloat16), persistent=False)
+        self.attn_scale = 0.1
+
+    def apply(self, old_window, new_window, alpha=1, beta=32):
+        rotations = self.block_size * old_window * self.angular_freq / (2 * torch.pi)
+        scaling = old_window / new_window
+        keep = torch.clamp((rotations - alpha) / (beta - alpha), 0, 1)
+        self.angular_freq *= scaling + keep * (1 - scaling)
+        theta = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float32, device=self.angular_freq.device),
+                            self.angular_freq)
+        self.cos.copy_(theta.cos())
+        self.sin.copy_(theta.sin())
+        self.attn_scale *= 0.2 * math.log(new_window / old_window) + 1
+
+
+def rotate(x, cos, sin):
+    """Rotary on [B, T, H, D] in x's dtype (the record does not upcast)."""
+    cos, sin = cos[None, :x.size(-3), None, :], sin[None, :x.size(-3), None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), 3)
+
+
+def gate(linear, x):
+    return linear(x[..., :linear.weight.size(-1)])
+
+
+class ZeroLinear(nn.Linear):
+    """Bias-free, zero at init (drawing no random numbers, so the record's init order gives its weights)."""
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x):
+        return F.linear(x, self.weight.type_as(x))
+
+
+class Gate(ZeroLinear):
+    """Reads the first GATE_INPUT_DIMS channels of its input (see `gate`)."""
+
+    def __init__(self, out_features):
+        super().__init__(GATE_INPUT_DIMS, out_features, bias=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: R18Config, layer):
+        super().__init__()
+        self.num_heads, self.head_dim, self.dim = cfg.num_heads, cfg.head_dim, cfg.model_dim
+        if cfg.num_heads * cfg.head_dim != cfg.model_dim:
+            raise ValueError("r18 needs num_heads * head_dim == model_dim")
+        # q, k, v, o stacked as rows of one [4*dim, dim] matrix (o stored transposed): one NorMuon shape.
+        self.qkvo_w = nn.Parameter(torch.empty(4 * self.dim, self.dim))
+        bound = math.sqrt(3) * self.dim ** -0.5
+        with torch.no_grad():
+            self.qkvo_w[:3 * self.dim].uniform_(-bound, bound)
+            self.qkvo_w[3 * self.dim:].zero_()
+        self.attn_gate = Gate(cfg.num_heads)
+        self.value_embed_gate = Gate(cfg.num_heads) if layer in VALUE_EMBED_LAYERS else None
+
+    def forward(self, x, ve, sa_lambdas, cu_seqlens, max_len, window, rotary: Yarn, implementation, key_offset):
+        B, T = x.shape[:2]
+        qkv = F.linear(x, sa_lambdas[0] * self.qkvo_w[:3 * self.dim].type_as(x))
+        q, k, v = qkv.view(B, T, 3 * self.num_heads, self.head_dim).chunk(3, dim=-2)
+        q, k = norm(q), norm(k)
+        q, k = rotate(q, rotary.cos, rotary.sin), rotate(k, rotary.cos, rotary.sin)
+        if key_offset:
+            # The non-rotating dims of each half take the previous token's key: one layer can then match
+            # "the token after X" (induction).
+            shifted = torch.cat([k[:, :1], k[:, :-1]], dim=1)
+            d = self.head_dim
+            stationary = torch.zeros(d, dtype=torch.bool, device=k.device)
+            stationary[d // 4:d // 2] = True
+            stationary[3 * d // 4:] = True
+            k = torch.where(stationary, shifted, k)
+        if ve is not None:
+            v = v + 2 * torch.sigmoid(gate(self.value_embed_gate, x)).view(B, T, self.num_heads, 1) * ve.view_as(v)
+        y = varlen_attend(implementation, q[0], k[0], v[0], cu_seqlens, max_len, window, rotary.attn_scale)
+        y = y.view(B, T, self.num_heads, self.head_dim)
+        y = y * torch.sigmoid(gate(self.attn_gate, x)).view(B, T, self.num_heads, 1)
+        y = y.contiguous().view(B, T, self.dim)
+        return F.linear(y, sa_lambdas[1] * self.qkvo_w[3 * self.dim:].type_as(y))
+
+
+class MLP(nn.Module):
+    """relu^2 MLP; both weights stored [4*dim, dim] (the projection transposed), so NorMuon's shape rule gives
+    both the same learning-rate factor."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.c_fc = nn.Parameter(torch.empty(4 * dim, dim))
+        self.c_proj = nn.Parameter(torch.empty(4 * dim, dim))
+        bound = math.sqrt(3) * 0.5 * dim ** -0.5
+        with torch.no_grad():
+            self.c_fc.uniform_(-bound, bound)
+            self.c_proj.zero_()
+
+    def forward(self, x):
+        x = F.linear(x, self.c_fc.type_as(x))
+        return F.linear(F.relu(x).square(), self.c_proj.T.type_as(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, layer):
+        super().__init__()
+        self.attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg.model_dim)
+
+    def forward(self, x, *attn_args):
+        x = x + self.attn(norm(x), *attn_args)
+        return x + self.mlp(norm(x))
+
+
+def scalar_layout(num_layers):
+    """Offsets of the named parts of `scalars` (one vector, Adam's scalar group)."""
+    L = num_layers
+    return dict(resid=slice(0, L), sa=slice(L, 3 * L), smear=3 * L, backout=3 * L + 1,
+                skip=slice(3 * L + 2, 3 * L + 5), used=3 * L + 5)
+
+
+def logit_map(logits):
+    return 23 * torch.sigmoid((logits + 5) / 7.5)
+
+
+class R18GPT(nn.Module):
+    """Parameters are created in the record's order with the same initialisers, so one seed gives the record's
+    initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`."""
+
+    def __init__(self, cfg: R18Config):
+        super().__init__()
+        self.cfg = cfg
+        L, dim, vocab = NUM_LAYERS, cfg.model_dim, padded_vocab(cfg.vocab_size)
+        self.smear_gate = Gate(1)
+        self.skip_gates = nn.ModuleList([Gate(1) for _ in SKIP_PAIRS])
+        self.value_embeds = nn.ModuleList([nn.Embedding(vocab, dim) for _ in range(NUM_VALUE_EMBEDS)])
+        for embed in self.value_embeds:
+            nn.init.zeros_(embed.weight)
+        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(L)])
+        self.yarn = Yarn(cfg.head_dim, cfg.max_seq_len, cfg.block_size)
+        self.lm_head = ZeroLinear(dim, vocab, bias=False)
+        nn.init.normal_(self.lm_head.weight, mean=0, std=0.005)
+        self.embed = nn.Embedding(vocab, dim)  # used from the split step on (copied from the head then)
+        self.embed2 = nn.Embedding(vocab, dim)
+        self.x0_lambdas = nn.Parameter(torch.zeros(2 * L))
+        layout = scalar_layout(L)
+        pad = -layout["used"] % SCALAR_PAD_MULTIPLE
+        self.scalars = nn.Parameter(torch.cat([
+            1.05 * torch.ones(L),  # residual decay: layer i's output weighs 1.05^(L-i) at the end
+            torch.tensor([0.5, 1.0]).repeat(L),  # sa_lambdas (QKV, O)
+            torch.zeros(1),  # smear
+            0.5 * torch.ones(1),  # backout
+            -1.5 * torch.ones(len(SKIP_PAIRS)),  # skip weights, sigmoid(-1.5) ~ 0.18
+            torch.ones(pad)]))
+        self.split_embed = False
+        self._label_parameters()
+
+    def _label_parameters(self):
+        def mark(p, label, lr_mul=1.0, wd_mul=1.0):
+            p.label, p.lr_mul, p.wd_mul = label, lr_mul, wd_mul
+
+        mark(self.smear_gate.weight, "smear_gate", lr_mul=0.01, wd_mul=0.0)
+        for g in self.skip_gates:
+            mark(g.weight, "skip_gate", lr_mul=0.01, wd_mul=0.0)
+        for e in self.value_embeds:
+            mark(e.weight, "value_embed", lr_mul=75.0, wd_mul=5.0)
+        for block in self.blocks:
+            mark(block.attn.qkvo_w, "attn")
+            mark(block.attn.attn_gate.weight, "attn_gate", lr_mul=0.1)
+            if block.attn.value_embed_gate is not None:
+                mark(block.attn.value_embed_gate.weight, "value_embed_gate", lr_mul=0.1)
+            mark(block.mlp.c_fc, "mlp")
+            mark(block.mlp.c_proj, "mlp", lr_mul=2.0)
+        mark(self.lm_head.weight, "lm_head", wd_mul=150.0)
+        mark(self.embed.weight, "embed", wd_mul=150.0)
+        mark(self.embed2.weight, "embed2", lr_mul=75.0, wd_mul=5.0)
+        mark(self.x0_lambdas, "x0_lambdas", lr_mul=5.0, wd_mul=0.0)
+        mark(self.scalars, "scalars", lr_mul=5.0, wd_mul=0.0)
+
+    def cast_low_precision(self, dtype):
+        """Embeddings, gates and the head in `dtype` (bf16 in the record); attention/MLP matrices and the scalar
+        vectors stay fp32."""
+        for m in self.modules():
+            if isinstance(m, (nn.Embedding, nn.Linear)):
+                m.weight.data = m.weight.data.to(dtype)
+        return self
+
+    def window_tokens(self, ws_short, ws_long):
+        short, long = ws_short * self.cfg.block_size, ws_long * self.cfg.block_size
+        return [long if i in LONG_WINDOW_LAYERS else short for i in range(NUM_LAYERS)]
+
+    def forward(self, input_seq, target_seq, cu_seqlens, mtp_weights, ws_short, ws_long, max_len,
+                attention="sdpa"):
+        """Summed training loss (multi-token when mtp_weights has more than one weight), or the mean validation
+        loss in eval mode. input_seq/target_seq: [T]; cu_seqlens: the documents' boundaries."""
+        L = NUM_LAYERS
+        layout = scalar_layout(L)
+        resid_lambdas, sa_lambdas = self.scalars[layout["resid"]], self.scalars[layout["sa"]].view(-1, 2)
+        smear_lambda, backout_lambda = self.scalars[layout["smear"]], self.scalars[layout["backout"]]
+        skip_lambdas, x0_lambdas = self.scalars[layout["skip"]], self.x0_lambdas.view(-1, 2)
+        windows = self.window_tokens(ws_short, ws_long)
+
+        x = self.embed(input_seq) if self.split_embed else F.embedding(input_seq, self.lm_head.weight)
+        ve = [e(input_seq) for e in self.value_embeds]
+        ve_at = {layer: ve[j % NUM_VALUE_EMBEDS] for j, layer in enumerate(VALUE_EMBED_LAYERS)}
+        smear = smear_lambda * torch.sigmoid(gate(self.smear_gate, x[1:]))
+        x = torch.cat([x[:1], x[1:] + smear * x[:-1]])
+        x = x0 = norm(x[None])
+        x02 = norm(self.embed2(input_seq)[None])
+
+        skip_from = {src: k for k, (src, _) in enumerate(SKIP_PAIRS)}
+        skip_to = {dst: k for k, (_, dst) in enumerate(SKIP_PAIRS)}
+        stored, x_backout = {}, None
+        for i, block in enumerate(self.blocks):
+            if i in skip_to:
+                k = skip_to[i]
+                weight = torch.sigmoid(skip_lambdas[k]) * 2 * torch.sigmoid(gate(self.skip_gates[k], x0))
+                x = x + weight * stored[k]
+            if i == 0:
+                x = (resid_lambdas[0] + x0_lambdas[0, 0]) * x + x0_lambdas[0, 1] * x02
+            else:
+                x = resid_lambdas[i] * x + x0_lambdas[i, 0] * x0 + x0_lambdas[i, 1] * x02
+            x = block(x, ve_at.get(i), sa_lambdas[i], cu_seqlens, max_len, windows[i], self.yarn, attention,
+                      i in LONG_WINDOW_LAYERS)
+            if i in skip_from:
+                stored[skip_from[i]] = x
+            if i == BACKOUT_LAYER:
+                x_backout = x
+        x = norm(x - backout_lambda * x_backout)
+        return self.head_loss(x, target_seq, mtp_weights)
+
+    def head_loss(self, x, target_seq, mtp_weights):
+        if not self.training:  # mean over 4 chunks (memory), logits in fp32
+            loss = 0
+            for xc, tc in zip(x.flatten(end_dim=1).chunk(4), target_seq.chunk(4)):
+                logits = logit_map(F.linear(xc, self.lm_head.weight.type_as(xc)).float())
+                loss = loss + F.cross_entropy(logits, tc, reduction="mean") / 4
+            return loss
+        logits = logit_map(F.linear(x, self.lm_head.weight.type_as(x))).view(-1, self.lm_head.weight.size(0))
+        n_predict = mtp_weights.size(0) if mtp_weights is not None else 1
+        if n_predict == 1:
+            return F.cross_entropy(logits, target_seq, reduction="sum")
+        # Token t is scored on targets t..t+n-1 (weighted); scores past the sequence's end are dropped.
+        targets = F.pad(target_seq, (0, n_predict - 1)).unfold(0, n_predict, 1)
+        cross_entropy = torch.logsumexp(logits, dim=-1, keepdim=True) - logits.gather(1, targets)
+        beyond_end = torch.zeros_like(cross_entropy, dtype=torch.bool)
+        for k in range(1, n_predict):
+            beyond_end[-k:, k] = True
+        return (cross_entropy.masked_fill(beyond_end, 0) * mtp_weights).sum()
