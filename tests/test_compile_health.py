@@ -61,6 +61,7 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("flags", [[], STUDY_COMBINATION], ids=["baseline", "backout+laurel"])
 def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data_args, one_rank_group):
     compiled_training(tiny_data_args, flags, regional=False)
@@ -69,6 +70,7 @@ def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("flags", [[], STUDY_COMBINATION], ids=["baseline", "backout+laurel"])
 def test_regional_compile_has_no_graph_break_and_compiles_nothing_in_steady_state(flags, tiny_data_args,
                                                                                  one_rank_group):
@@ -80,6 +82,7 @@ def test_regional_compile_has_no_graph_break_and_compiles_nothing_in_steady_stat
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("flags", [[], STUDY_COMBINATION], ids=["baseline", "backout+laurel"])
 def test_regional_compile_computes_eager_losses_and_gradients(flags, tiny_data_args, one_rank_group):
     """From the state two real training steps reach, one training forward and backward and one validation forward
@@ -124,6 +127,7 @@ def backward_nodes_of_compiled_graphs(loss):
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("regional", [True, False], ids=["regional", "whole-model"])
 def test_regional_compile_launches_averages_while_the_backward_still_runs(regional, tiny_data_args,
                                                                          one_rank_group):
@@ -170,6 +174,7 @@ def test_regional_compile_launches_averages_while_the_backward_still_runs(region
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 def test_regional_compile_takes_a_new_flex_block_mask_each_step_without_recompiling(tiny_data_args, monkeypatch):
     """On CUDA the regions receive FlexAttention BlockMasks built eagerly each step (new tensors, a new mask_mod
     closure); a guard on either would recompile every step. CPU FlexAttention has no backward, so this runs the
@@ -198,6 +203,7 @@ def test_regional_compile_takes_a_new_flex_block_mask_each_step_without_recompil
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 def test_compiled_muon_compiles_once_per_shape_and_follows_the_eager_update():
     from speedrun.muon import Muon
 
@@ -227,6 +233,7 @@ def test_compiled_muon_compiles_once_per_shape_and_follows_the_eager_update():
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("flags", [["--laurel", "rw+pa", "--laurel-where", "both", "--laurel-k", "3"],
                                    ["--laurel", "rw+lr+pa", "--laurel-rank", "4", "--laurel-k", "2"]],
                          ids=["rw+pa-both-k3", "rw+lr+pa-k2"])
@@ -256,6 +263,7 @@ def test_regional_compile_of_laurel_pa_keeps_k_inputs_and_computes_the_eager_los
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("regional", [True, False], ids=["regional", "whole-model"])
 def test_dlo_validation_routes_any_token_count_through_one_compiled_graph(regional, shard_dir, tmp_path):
     """DLO's validation sends a data-dependent number of tokens through each MLP. Compiled, every count must reuse

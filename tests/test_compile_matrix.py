@@ -10,7 +10,8 @@ the run flags that set no part of it (--num-iterations, --stop-after, checkpoint
 schedule flags) change no graph. A medium arm runs at the tiny preset's 6 layers, or at 16 where it names a layer
 the 6-layer model lacks; a DLO arm expands a tiny 6-layer checkpoint in 2 groups (its 4 do not divide 6).
 The multi-skip study's arms are generated from a finished sweep: they are backout sums of the kinds the sweep and
-the norms study already run. The whole matrix's time is printed at the end (pytest -s)."""
+the norms study already run. Each cell runs in a process of its own (own_process: inductor's compiled kernels
+stay loaded for the life of a process); its time is printed (pytest -s)."""
 import importlib
 import os
 import time
@@ -117,7 +118,7 @@ def one_rank_group():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
-    print(f"\ncompile matrix: {len(SECONDS)} cells in {sum(SECONDS):.0f} s")
+    print(f"\ncompile matrix: {len(SECONDS)} compile-mode runs in {sum(SECONDS):.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +169,7 @@ def run_arm(track, args, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.parametrize("script, flags, init_from, arms", distinct_models())
 def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, tiny_data_args,
                                                                     dlo_checkpoint, one_rank_group):

@@ -146,6 +146,7 @@ def test_fp8_head_custom_op_equals_the_autograd_function_bitwise(seed, autograd_
 
 
 @pytest.mark.slow
+@pytest.mark.own_process
 @pytest.mark.skipif(not scaled_mm_runs_here(), reason="torch._scaled_mm does not run on this CPU build")
 def test_compiled_fp8_head_is_one_node_forward_and_backward_without_graph_break():
     """torch.compile (inductor, CPU) of the training head: the custom op stays one opaque node in the forward
