@@ -191,14 +191,22 @@ def pytest_runtest_makereport(item, call):
     Path(path).write_text(json.dumps({"outcome": outcome}))
 
 
+def _heap_trimmer():
+    """libc's malloc_trim where there is one (glibc), else a no-op; looked up once (find_library runs ldconfig)."""
+    import ctypes
+    import ctypes.util
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    return (lambda: trim(0)) if trim is not None else (lambda: None)
+
+
+TRIM_HEAP = _heap_trimmer()
+
+
 def pytest_runtest_teardown(item, nextitem):
     """Hands freed memory back to the system after each test. Tiny-model tensors are below glibc's mmap threshold,
     so freed ones stay in the heap's arenas: without this the test process grew by ~0.5 GB per training test (to
     8.7 GB over tests/test_added_params_train.py, measured) and its peak is what CI's memory limit sees."""
-    import ctypes
-    import ctypes.util
     import gc
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
-        ctypes.CDLL(libc).malloc_trim(0)
+    TRIM_HEAP()
