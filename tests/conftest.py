@@ -10,6 +10,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MEDIUM_SCRIPT = ROOT / "train_gpt_medium.py"
 SMALL_SCRIPT = ROOT / "train_gpt.py"
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+
+# Test files live in tests/<module>/, the helpers they import (runner_support, fake_train, analysis_logs, the
+# drivers) in tests/; some test files import from a test file of another folder. All are importable whichever
+# subset of the tests runs.
+for _folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def write_token_shard(path, tokens):
@@ -206,7 +215,7 @@ TRIM_HEAP = _heap_trimmer()
 def pytest_runtest_teardown(item, nextitem):
     """Hands freed memory back to the system after each test. Tiny-model tensors are below glibc's mmap threshold,
     so freed ones stay in the heap's arenas: without this the test process grew by ~0.5 GB per training test (to
-    8.7 GB over tests/test_added_params_train.py, measured) and its peak is what CI's memory limit sees."""
+    8.7 GB over tests/speedrun/test_added_params_train.py, measured) and its peak is what CI's memory limit sees."""
     import gc
     gc.collect()
     TRIM_HEAP()

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of the study runner (tests/test_runner_*.py)."""
+"""Helpers shared by the tests of the study runner (tests/ablations/, and those that run it end to end)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from data.build_demo import BOOKS, decode_book, passages, strip_gutenberg_boiler
 from data.shards import find_shards, load_tokens
 from data.tokenize_text import EOT_TOKEN, InputError, encode_documents, gpt2_encoding
 
-DEMO = Path(__file__).resolve().parent.parent / "data" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 
 
 def test_demo_shards_are_there_valid_and_small():

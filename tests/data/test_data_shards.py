@@ -20,7 +20,7 @@ from data.shards import (
     write_shard,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def raw_shard(path, header_values, payload_tokens, extra=b""):

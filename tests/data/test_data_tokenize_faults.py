@@ -14,7 +14,7 @@ import pytest
 from data.shards import ShardError, check_manifest, manifest_path
 from data.tokenize_text import InputError, tokenize_to_shards
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def quiet(message):

@@ -14,7 +14,7 @@ import pytest
 
 from test_data_download import StandInHub, make_remote
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECORD_TRAIN_SHARDS = 30
 HEAVY_STUB = f"""#!/usr/bin/env bash
 # python3 stand-in: records every call; a study and the GPU checks stop there, the rest runs for real.
