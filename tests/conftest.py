@@ -84,32 +84,31 @@ def embedded_sources(script):
     return "\n".join(parts)
 
 
-BASELINE_COMMIT = "12c2aa8"  # train_gpt_medium.py before any study flag was added
+HISTORY = FIXTURES / "history"
 
 
-def script_from_history(commit, script, tmp_path_factory):
-    """A training script as it was at `commit`, imported as a module (under another name, beside today's);
-    skips the test where the history is not available."""
-    import importlib.util
+def script_from_history(stored_name):
+    """A file (or part of one) of an earlier commit, stored in tests/fixtures/history/ with a header naming the
+    commit and why it is kept, imported as a module under its stored name. Fails the test, never skips it, when the
+    file cannot be read: a missing reference must not silently turn a bit-identity check off."""
+    import types
+    path = HISTORY / stored_name
     try:
-        source = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"commit {commit} is not in this checkout's history")
-    name = f"{Path(script).stem}_at_{commit}"
-    path = tmp_path_factory.mktemp("history") / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+        source = path.read_text()
+    except OSError as e:
+        pytest.fail(f"the reference {path.relative_to(ROOT)} cannot be read ({e.strerror or e}); it is tracked in "
+                    "git: restore it with `git checkout -- tests/fixtures/history`", pytrace=False)
+    module = types.ModuleType(path.name.split(".")[0].replace("-", "_at_"))
+    module.__file__ = str(path)
+    exec(compile(source, str(path), "exec"), module.__dict__)
     return module
 
 
 @pytest.fixture(scope="session")
-def unmodified_medium(tmp_path_factory):
-    """The medium script as it was before the study flags, imported from git history, so tests can check that
-    the flagless path still computes exactly the same thing. Skips where the history is not available."""
-    return script_from_history(BASELINE_COMMIT, "train_gpt_medium.py", tmp_path_factory)
+def unmodified_medium():
+    """The medium script as it was before the study flags, so tests can check that the flagless path still
+    computes exactly the same thing."""
+    return script_from_history("train_gpt_medium-12c2aa8.py.txt")
 
 
 def bundled_medium_studies():
