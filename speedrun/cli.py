@@ -1,4 +1,5 @@
-"""The flags both training scripts share (contracts section 2) and the preset plumbing."""
+"""The flags both training scripts share (the study runner relies on --seed, --log-dir, --run-name, --variant,
+--resume) and the preset plumbing."""
 
 import os
 import sys

@@ -1,6 +1,6 @@
-"""The run log (contracts section 3): sources, environment, config, step lines; rank 0 only, flushed per line."""
+"""Writing the run log (docs/log-format.md; its line grammar is speedrun/logformat.py's): sources, environment,
+config, step lines; rank 0 only, flushed per line."""
 
-import json
 import os
 import platform
 import subprocess
@@ -11,9 +11,9 @@ import torch
 
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
+from speedrun.logformat import SEPARATOR, config_line, source_header
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-RULE = "=" * 100
 
 
 class RunLog:
@@ -74,17 +74,17 @@ def write_sources(log: RunLog, script_path):
     """The script's source (no header, as upstream), then each package module under `==> speedrun/NAME.py <==`."""
     log.write(Path(script_path).read_text().rstrip("\n"), echo=False)
     for name, text in package_sources():
-        log.write(f"==> {name} <==", echo=False)
+        log.write(source_header(name), echo=False)
         log.write(text.rstrip("\n"), echo=False)
 
 
 def write_preamble(log: RunLog, script_path, ddp: Dist, config, extra_lines=()):
     """Everything before the step lines: sources, a rule, environment and config lines, a rule."""
     write_sources(log, script_path)
-    log.write(RULE, echo=False)
+    log.write(SEPARATOR, echo=False)
     for line in environment_lines(ddp):
         log.write(line, echo=False)
-    log.write("config: " + json.dumps(config, sort_keys=True))
+    log.write(config_line(config))
     for line in extra_lines:
         log.write(line)
-    log.write(RULE, echo=False)
+    log.write(SEPARATOR, echo=False)

@@ -2,7 +2,6 @@
 the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
 
 import copy
-import json
 import tempfile
 import time
 from contextlib import nullcontext
@@ -20,6 +19,7 @@ from speedrun.distributed import Dist, sync_gradients
 from speedrun.errors import UsageError
 from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
 from speedrun.layers import val_head_chunks
+from speedrun.logformat import added_params_line, peak_line, scalars_line, train_step_line, validation_line
 from speedrun.profiling import StepProfiler
 from speedrun.runlog import RunLog, write_preamble
 
@@ -68,14 +68,12 @@ def kernel_warmup(steps, model, opt, take_step):
 
 
 def log_validation(log, step, num_iterations, val_loss, train_ms, scalars, decimals=6):
-    log.write(f"step:{step}/{num_iterations} val_loss:{val_loss:.{decimals}f} train_time:{train_ms:.0f}ms "
-              f"step_avg:{train_ms / max(step, 1):.2f}ms", keep=True)
-    log.write(f"step:{step}/{num_iterations} scalars: {json.dumps(scalars)}", echo=False, keep=True)
+    log.write(validation_line(step, num_iterations, val_loss, train_ms, decimals), keep=True)
+    log.write(scalars_line(step, num_iterations, scalars), echo=False, keep=True)
 
 
 def log_train_step(log, steps_done, num_iterations, elapsed_ms):
-    log.write(f"step:{steps_done}/{num_iterations} train_time:{elapsed_ms:.0f}ms "
-              f"step_avg:{elapsed_ms / steps_done:.2f}ms", echo=False, keep=True)
+    log.write(train_step_line(steps_done, num_iterations, elapsed_ms), echo=False, keep=True)
 
 
 def peak_memory_line(ddp: Dist):
@@ -86,7 +84,7 @@ def peak_memory_line(ddp: Dist):
     else:  # CPU: no allocator statistics; the process's peak resident memory stands in for both
         import resource
         alloc = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-    return f"peak memory allocated: {alloc} MiB reserved: {reserved} MiB"
+    return peak_line(alloc, reserved)
 
 
 def check_data(args):
@@ -187,8 +185,7 @@ def run_track(track: Track, args, ddp: Dist):
                   low_precision=str(low).replace("torch.", ""),
                   params=sum(p.numel() for p in model.parameters()))
     added = model.added_params()
-    write_preamble(log, track.script, ddp, config, [f"added_params: {json.dumps(added)} total {sum(added.values())}"]
-                   + track_lines)
+    write_preamble(log, track.script, ddp, config, [added_params_line(added)] + track_lines)
 
     N = args.num_iterations
     last_step = args.stop_after or N
