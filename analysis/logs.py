@@ -16,7 +16,7 @@ from pathlib import Path
 from speedrun.logformat import (ENV_LINE, LLMC_LINE, STEP_LINE, VAL_OR_SCALARS_LINE, code_section,  # noqa: F401
                                 parse_json_object, parse_peak_line, split_sections, step_from_match)
 
-from .tracks import run_track
+from .tracks import track_of_run
 
 # Logs the study runner set aside (`seed0.unfinished-<time>.txt`, `seed0.stale-<time>.txt`) never count.
 _SET_ASIDE = re.compile(r"\.(?:unfinished|stale)-[^.]*\.txt$")
@@ -27,7 +27,7 @@ class LogUnreadable(Exception):
 
 
 @dataclass
-class RunLog:
+class ParsedLog:
     path: Path
     variant: str
     seed: int | str | None
@@ -135,7 +135,7 @@ def _unsupported_reason(data: bytes) -> str:
     return "unsupported format: no line of 100 '=' (not a modded-nanogpt run log)"
 
 
-def planned_last_step(run: RunLog) -> int | None:
+def planned_last_step(run: ParsedLog) -> int | None:
     """The step a run plans to end at: N of `step:s/N`, or the config's `stop_after` (a run told to stop early
     validates and ends there)."""
     stop_after = run.config.get("stop_after")
@@ -144,7 +144,7 @@ def planned_last_step(run: RunLog) -> int | None:
     return run.total_steps
 
 
-def _incomplete_reason(run: RunLog, has_peak_line: bool) -> str | None:
+def _incomplete_reason(run: ParsedLog, has_peak_line: bool) -> str | None:
     """Why the run is not finished, or None when it is. Finished: a final validation at the planned last step;
     for this project's logs (those with a config line) also the closing peak-memory line. Upstream logs of 2024
     end at their final validation line, before logs had a peak-memory line."""
@@ -160,7 +160,7 @@ def _incomplete_reason(run: RunLog, has_peak_line: bool) -> str | None:
     return None
 
 
-def parse_log(path: str | os.PathLike) -> RunLog:
+def parse_log(path: str | os.PathLike) -> ParsedLog:
     """Parse one log file. Raises LogUnreadable when it is not a run log at all."""
     path = Path(path)
     try:
@@ -187,7 +187,7 @@ def parse_log(path: str | os.PathLike) -> RunLog:
         if key != "config":
             env.setdefault(key, match.group(2).decode("utf-8", errors="replace"))
 
-    run = RunLog(path=path, variant="", seed=None, complete=False, upstream=not has_config,
+    run = ParsedLog(path=path, variant="", seed=None, complete=False, upstream=not has_config,
                  config=config, env=env, folder=path.parent.name or ".", digest=hashlib.blake2b(data).hexdigest())
     by_step = {}
     for match in VAL_OR_SCALARS_LINE.finditer(steps):
@@ -291,7 +291,7 @@ def _parse_or_unreadable(path: Path):
 _LOCATION_KEYS = ("log_dir", "run_name", "resume")
 
 
-def run_identity(run: RunLog):
+def run_identity(run: ParsedLog):
     """What makes two logs the same run: (track, variant, seed, config) for this project's logs; for a log without
     config line (upstream's) its arm and its bytes."""
     if run.upstream:
@@ -342,11 +342,11 @@ def load_runs(paths, jobs: int | None = None):
     else:
         results = [_parse_or_unreadable(path) for path in files]
     for result, (_, key) in zip(results, logs):
-        if isinstance(result, RunLog):
+        if isinstance(result, ParsedLog):
             if result.config.get("variant") in (None, ""):  # no config variant: the arm is the folder
                 result.variant = key
             result.folder = key
-    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, RunLog)])
+    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)])
     unreadable = [r for r in results if isinstance(r, Unreadable)]
     return runs, unreadable + duplicates
 
@@ -354,15 +354,15 @@ def load_runs(paths, jobs: int | None = None):
 def group_runs(runs, by: str = "variant", complete_only: bool = True) -> dict:
     """Runs grouped by variant (config line, else folder) or by folder (relative to the PATH given), in
     first-seen order. Raises MixedTracks when an arm would pool runs of both tracks."""
-    groups: dict[str, list[RunLog]] = {}
+    groups: dict[str, list[ParsedLog]] = {}
     for run in runs:
         if complete_only and not run.complete:
             continue
         groups.setdefault(run.variant if by == "variant" else run.folder, []).append(run)
     for name, members in groups.items():
-        tracks: dict[str, RunLog] = {}
+        tracks: dict[str, ParsedLog] = {}
         for run in members:
-            tracks.setdefault(run_track(run), run)
+            tracks.setdefault(track_of_run(run), run)
         tracks.pop(None, None)
         if len(tracks) > 1:
             examples = "; ".join(f"{track}: {run.path}" for track, run in tracks.items())

@@ -11,7 +11,7 @@ from speedrun.logformat import code_section, split_sources
 
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
-from .tracks import RECORD_FOLDERS, TARGETS, run_track
+from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
 
 SCRIPT_NAMES = {"medium": "train_gpt_medium.py", "small": "train_gpt.py"}
 TRACK_TITLES = {"medium": "GPT-2 Medium track", "small": "GPT-2 Small track"}
@@ -76,9 +76,9 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
     runs = [run for run in runs if run.complete]
     if not runs:
         raise RecordError("no complete runs to package")
-    other_track = next((run for run in runs if run_track(run) not in (None, track)), None)
+    other_track = next((run for run in runs if track_of_run(run) not in (None, track)), None)
     if other_track is not None:
-        raise RecordError(f"{other_track.path} is a {run_track(other_track)}-track run, not a {track}-track one: "
+        raise RecordError(f"{other_track.path} is a {track_of_run(other_track)}-track run, not a {track}-track one: "
                           f"a record holds runs of its own track only")
     variants = sorted({run.variant for run in runs})
     if len(variants) > 1:

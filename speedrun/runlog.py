@@ -16,7 +16,7 @@ from speedrun.logformat import SEPARATOR, config_line, source_header
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-class RunLog:
+class LogWriter:
     """Rank 0 writes the run log line by line (flushed); other ranks write nothing."""
 
     def __init__(self, path, enabled):
@@ -47,14 +47,14 @@ class RunLog:
             self.file.close()
 
 
-def environment_lines(ddp: Dist):
+def environment_lines(proc: Dist):
     lines = [f"Running Python {sys.version}", f"Running PyTorch {torch.__version__}"
              + (f" compiled for CUDA {torch.version.cuda}" if torch.version.cuda else "")]
-    if ddp.device.type == "cuda":
+    if proc.device.type == "cuda":
         try:
             lines.append(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip())
         except (OSError, subprocess.SubprocessError):
-            lines.append(f"GPU: {torch.cuda.get_device_name(ddp.device)}")
+            lines.append(f"GPU: {torch.cuda.get_device_name(proc.device)}")
     else:
         lines.append(f"Hardware: CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     return lines
@@ -70,7 +70,7 @@ def package_sources():
     return [(f"speedrun/{f.name}", f.read_text()) for f in sorted(files) if f.parent == PACKAGE_DIR]
 
 
-def write_sources(log: RunLog, script_path):
+def write_sources(log: LogWriter, script_path):
     """The script's source (no header, as upstream), then each package module under `==> speedrun/NAME.py <==`."""
     log.write(Path(script_path).read_text().rstrip("\n"), echo=False)
     for name, text in package_sources():
@@ -78,11 +78,11 @@ def write_sources(log: RunLog, script_path):
         log.write(text.rstrip("\n"), echo=False)
 
 
-def write_preamble(log: RunLog, script_path, ddp: Dist, config, extra_lines=()):
+def write_preamble(log: LogWriter, script_path, proc: Dist, config, extra_lines=()):
     """Everything before the step lines: sources, a rule, environment and config lines, a rule."""
     write_sources(log, script_path)
     log.write(SEPARATOR, echo=False)
-    for line in environment_lines(ddp):
+    for line in environment_lines(proc):
         log.write(line, echo=False)
     log.write(config_line(config))
     for line in extra_lines:
