@@ -52,7 +52,7 @@ def rank_layers(summary: dict, arm_layers: dict[str, int]) -> list[int]:
 
 
 def sweep_summary(sweep_dir: Path, target: float) -> dict:
-    """The analysis package's summary of a finished sweep (its command line is the contract between the parts)."""
+    """The analysis package's summary of a finished sweep (its command line is the interface between the parts)."""
     command = [sys.executable, "-m", "analysis", "summarize", str(sweep_dir), "--target", str(target), "--json"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -277,7 +277,7 @@ def select_arms(study: Study, patterns: list[str] | None) -> list[str]:
 # ----- checking flags against the training script ---------------------------------------------------------------
 
 def load_script(script: Path):
-    """Imports the training script from its path (importing runs nothing, by contract)."""
+    """Imports the training script from its path (importing a training script runs nothing: its main is guarded)."""
     if not script.is_file():
         raise StudyError(f"training script {script} does not exist")
     spec = importlib.util.spec_from_file_location(f"_study_script_{script.stem.replace('-', '_')}", script)

@@ -12,22 +12,22 @@ from speedrun.distributed import gather_to_rank0
 from speedrun.errors import UsageError
 
 
-def merged_muon_state(local, ddp):
+def merged_muon_state(local, proc):
     merged = {}
-    for part in gather_to_rank0({k: {n: t.cpu() for n, t in v.items()} for k, v in local.items()}, ddp):
+    for part in gather_to_rank0({k: {n: t.cpu() for n, t in v.items()} for k, v in local.items()}, proc):
         merged.update(part)
     return merged
 
 
-def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
+def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, proc):
     state = dict(model={k: v.cpu() for k, v in model.state_dict().items()},
-                 optimizers=opt.state_dict(lambda local: merged_muon_state(local, ddp)),
+                 optimizers=opt.state_dict(lambda local: merged_muon_state(local, proc)),
                  stream=stream.state(), step=step, train_ms=train_ms, config=vars(args),
                  rng=dict(cpu=torch.get_rng_state(),
                           cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
                  log_lines=list(log.lines))
     problem = None
-    if ddp.rank == 0:
+    if proc.rank == 0:
         tmp = f"{path}.tmp{os.getpid()}"
         for leftover in glob.glob(glob.escape(str(path)) + ".tmp*"):
             if leftover != tmp:
@@ -48,7 +48,7 @@ def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
                 raise
             problem = f"{path}: cannot save the checkpoint ({e.strerror or e})"
     # Every rank learns whether the save worked, so a failed save ends all of them with rank 0's one line.
-    ddp.agree(problem)
+    proc.agree(problem)
 
 
 class _WriteErrorKeeper:

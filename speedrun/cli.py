@@ -1,4 +1,5 @@
-"""The flags both training scripts share (contracts section 2) and the preset plumbing."""
+"""The flags both training scripts share (the study runner relies on --seed, --log-dir, --run-name, --variant,
+--resume) and the preset plumbing."""
 
 import os
 import sys
@@ -164,13 +165,13 @@ def run_main(resolve_args, run, argv=None):
     stderr and exit status 2."""
     try:
         args = resolve_args(argv)
-        ddp = setup_distributed()
+        proc = setup_distributed()
     except UsageError as e:  # every rank parses the same flags: rank 0 alone says what is wrong
         if is_reporting_rank():
             print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        run(args, ddp)
+        run(args, proc)
     except ReportedByAnotherRank:
         return 2
     except UsageError as e:
