@@ -145,7 +145,16 @@ OWN_PROCESS_ENV = "SPEEDRUN_TEST_IN_OWN_PROCESS"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "own_process: runs in a fresh python process of its own (memory)")
+    config.addinivalue_line("markers", "own_process: runs in a fresh python process of its own (memory; and slow)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """An own_process test starts a python and pytest of its own: slow by construction, so it is marked here (before
+    -m deselects) rather than trusted to carry both marks."""
+    for item in items:
+        if item.get_closest_marker("own_process") is not None:
+            item.add_marker(pytest.mark.slow)
 
 
 def own_process_outcome(item):
@@ -218,3 +227,61 @@ def pytest_runtest_teardown(item, nextitem):
     import gc
     gc.collect()
     TRIM_HEAP()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The fast tier (`-m "not slow"`, what `./run.sh test --fast` runs) holds no test that starts a process: there, a
+# test whose body - or the project code it calls - starts one fails with a line naming it. Processes that libraries
+# start on their own account (platform.processor(), ctypes.util.find_library, compiler workers) are not counted.
+class ProcessInFastTier(RuntimeError):
+    pass
+
+
+def in_fast_tier(config):
+    return "not slow" in (config.getoption("markexpr", "") or "")
+
+
+def is_project_file(filename):
+    """True for a source file of this checkout (tests included), False for libraries, a venv inside it included."""
+    if filename.startswith("<"):
+        return False  # <string>, <frozen ...>: no file
+    path = Path(filename).resolve()
+    return path.is_relative_to(ROOT) and ".venv" not in path.parts and "site-packages" not in path.parts
+
+
+def process_starter(frame):
+    """The first frame outside the subprocess module: whoever asked for the process."""
+    while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+        frame = frame.f_back
+    return frame
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if not in_fast_tier(item.config):
+        return (yield)
+    started = []
+    spawn = subprocess.Popen._execute_child
+
+    def guarded_spawn(popen, args, *rest, **kwargs):
+        starter = process_starter(sys._getframe(1))
+        if starter is not None and is_project_file(starter.f_code.co_filename):
+            command = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+            where = f"{Path(starter.f_code.co_filename).relative_to(ROOT)}:{starter.f_lineno}"
+            started.append(f"{item.nodeid} starts a process in the fast tier ({where}: {command[:120]}); "
+                           "mark it @pytest.mark.slow")
+            raise ProcessInFastTier(started[-1])
+        return spawn(popen, args, *rest, **kwargs)
+
+    subprocess.Popen._execute_child = guarded_spawn
+    try:
+        result = yield
+    except Exception:
+        if not started:
+            raise
+        result = None
+    finally:
+        subprocess.Popen._execute_child = spawn
+    if started:
+        pytest.fail(started[0], pytrace=False)
+    return result
