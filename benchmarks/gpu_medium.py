@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from ablations.study import load_script, load_study, select_arms  # noqa: E402
 from analysis.logs import parse_log  # noqa: E402
-from data.shards import write_shard  # noqa: E402
+from data.shard_format import write_shard  # noqa: E402
 from speedrun.data import VIRTUAL_RANKS  # noqa: E402
 
 SCRIPT = ROOT / "train_gpt_medium.py"
