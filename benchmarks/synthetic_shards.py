@@ -2,7 +2,7 @@
 times, memory and the checks' pass/fail do not depend on what the tokens say."""
 import numpy as np
 
-from data.shards import write_shard
+from data.shard_format import write_shard
 
 
 def synthetic_tokens(n, rng):

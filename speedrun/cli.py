@@ -9,7 +9,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from speedrun.backout import add_backout_args, check_backout_args
-from speedrun.checkpoint import INIT_SCHEDULES
+from speedrun.schedule import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
 from speedrun.dlo import add_dlo_args, check_dlo_args

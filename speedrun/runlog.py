@@ -13,7 +13,9 @@ from speedrun.distributed import Dist
 from speedrun.errors import UsageError
 from speedrun.logformat import SEPARATOR, config_line, source_header
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The project packages whose modules a log embeds: the training package, and the data package's shard format.
+EMBEDDED_PACKAGES = ("speedrun", "data")
 
 
 class LogWriter:
@@ -61,17 +63,19 @@ def environment_lines(proc: Dist):
 
 
 def package_sources():
-    """(relative name, text) of every speedrun module this process imported, in name order."""
+    """(path relative to the repository, text) of every module directly in a project package (EMBEDDED_PACKAGES)
+    that this process imported, in path order."""
     files = set()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if (name == "speedrun" or name.startswith("speedrun.")) and path:
+        if name.split(".")[0] in EMBEDDED_PACKAGES and path:
             files.add(Path(path).resolve())
-    return [(f"speedrun/{f.name}", f.read_text()) for f in sorted(files) if f.parent == PACKAGE_DIR]
+    folders = {PROJECT_ROOT / package for package in EMBEDDED_PACKAGES}
+    return [(f.relative_to(PROJECT_ROOT).as_posix(), f.read_text()) for f in sorted(files) if f.parent in folders]
 
 
 def write_sources(log: LogWriter, script_path):
-    """The script's source (no header, as upstream), then each package module under `==> speedrun/NAME.py <==`."""
+    """The script's source (no header, as upstream), then each project module under `==> PACKAGE/NAME.py <==`."""
     log.write(Path(script_path).read_text().rstrip("\n"), echo=False)
     for name, text in package_sources():
         log.write(source_header(name), echo=False)

@@ -12,8 +12,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from speedrun.checkpoint import (load_checkpoint, load_model_weights, load_resume_state, run_schedule_clock,
-                                 save_checkpoint)
+from speedrun.checkpoint import load_checkpoint, load_model_weights, load_resume_state, save_checkpoint
 from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
 from speedrun.errors import UsageError
@@ -22,6 +21,7 @@ from speedrun.layers import val_head_chunks
 from speedrun.logformat import added_params_line, peak_line, scalars_line, train_step_line, validation_line
 from speedrun.profiling import StepProfiler
 from speedrun.runlog import LogWriter, write_preamble
+from speedrun.schedule import run_schedule_clock
 
 
 def train_step(model, batches, window, proc: Dist, reducer=None):

@@ -7,6 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data.shard_format import write_shard
+from speedrun.logformat import source_header
+
 ROOT = Path(__file__).resolve().parent.parent
 MEDIUM_SCRIPT = ROOT / "train_gpt_medium.py"
 SMALL_SCRIPT = ROOT / "train_gpt.py"
@@ -21,12 +24,7 @@ for _folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(
         sys.path.append(str(_folder))
 
 
-def write_token_shard(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = (20240520, 1, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+write_token_shard = write_shard  # the tests' name for it
 
 
 def synthetic_tokens(n, seed):
@@ -76,11 +74,13 @@ def run_training(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
 
 
 def embedded_sources(script):
-    """The code section a run of `script` writes: its source, then every speedrun/*.py module (the scripts import
-    all of them) under one `==> speedrun/NAME.py <==` header each, in name order."""
+    """The code section a run of `script` writes: its source, then the data package's shard format and every
+    speedrun/*.py module (the scripts import all of them) under one `==> PATH <==` header each, in path order."""
     parts = [Path(script).read_text().rstrip("\n")]
-    for module in sorted((ROOT / "speedrun").glob("*.py")):
-        parts += [f"==> speedrun/{module.name} <==", module.read_text().rstrip("\n")]
+    modules = [ROOT / "data" / "__init__.py", ROOT / "data" / "shard_format.py",
+               *sorted((ROOT / "speedrun").glob("*.py"))]
+    for module in modules:
+        parts += [source_header(module.relative_to(ROOT).as_posix()), module.read_text().rstrip("\n")]
     return "\n".join(parts)
 
 

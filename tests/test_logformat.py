@@ -80,6 +80,15 @@ def test_source_headers_split_the_code_section_back_into_files():
         {path: text.rstrip("\n") for path, text in modules.items()}
 
 
+def test_the_log_embeds_the_shard_format_beside_the_speedrun_modules():
+    import data.shard_format  # noqa: F401 (imported by every training run, through speedrun/data.py)
+    from speedrun.runlog import package_sources
+    names = [name for name, _ in package_sources()]
+    assert {"data/shard_format.py", "speedrun/logformat.py", "speedrun/runlog.py"} <= set(names)
+    assert names == sorted(names) and all(name.count("/") == 1 for name in names)  # no subpackage, no test file
+    assert dict(package_sources())["data/shard_format.py"] == (ROOT / "data" / "shard_format.py").read_text()
+
+
 def write_log_with_builders(path: Path, last_step: int, total: int = 10, finished: bool = True) -> Path:
     """A log as the training scripts write it, every line from the builders."""
     lines = ["print('the script')", lf.source_header("speedrun/x.py"), "X = 1", lf.SEPARATOR, "Running Python 3",

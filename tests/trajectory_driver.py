@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt_medium as T  # noqa: E402
-from speedrun.checkpoint import cast_model  # noqa: E402
+from speedrun.model import cast_model  # noqa: E402
 from speedrun.distributed import setup_distributed  # noqa: E402
 
 SNOO_EVERY = 3  # fires at steps 0, 3, 6: the momentum-buffer path runs too (the schedule's 28 is too far)
