@@ -24,6 +24,7 @@ from speedrun.errors import UsageError
 from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.optimizers import TrackOptimizers
+from speedrun.study import Flag
 from speedrun.training import Track, check_data, run_track, train_step  # noqa: F401 (check_data: the study runner's)
 
 TRACK = "small"
@@ -237,18 +238,19 @@ def first_batch_steps(train_model, opt, args, proc: Dist, cfg: GPTConfig):
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 
+TRACK_FLAGS = (Flag("--fp8-head", "lm head matmul in FP8 where the GPU supports it (auto), or never (off)",
+                    resume=False, kind=str, options=dict(choices=["auto", "off"], default="auto")),)
+
+
 def make_arg_parser():
-    p, run = make_parser("GPT-2 small speedrun (3.28 track). With no flags: upstream record #21. Size and run "
-                         "flags without a default take the --preset's value.", PRESETS,
-                         backout_record_layer=8)
-    run.add_argument("--fp8-head", choices=["auto", "off"], default="auto",
-                     help="lm head matmul in FP8 where the GPU supports it (auto), or never (off)")
-    return p
+    return make_parser("GPT-2 small speedrun (3.28 track). With no flags: upstream record #21. Size and run "
+                       "flags without a default take the --preset's value.", PRESETS,
+                       backout_record_layer=8, track_flags=TRACK_FLAGS)
 
 
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
-    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern)
+    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
 
 
 # ----------------------------------------------------------------------------------------------------------------

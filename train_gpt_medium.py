@@ -23,6 +23,7 @@ from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.muon import NS5_COEFFS
 from speedrun.optimizers import TrackOptimizers
+from speedrun.study import Flag
 from speedrun.training import Track, check_data, run_track, train_step  # noqa: F401 (check_data: the study runner's)
 
 TRACK = "medium"
@@ -134,18 +135,19 @@ class Optimizers(TrackOptimizers):
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 
+TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track)",
+                    resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),)
+
+
 def make_arg_parser():
-    p, run = make_parser("GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline. Size and run "
-                         "flags without a default take the --preset's value.", PRESETS,
-                         backout_record_layer=11)
-    run.add_argument("--coordinate-descent-tuning", choices=["on", "off"], default="on",
-                     help="inductor coordinate-descent tuning (allowed on the medium track)")
-    return p
+    return make_parser("GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline. Size and run "
+                       "flags without a default take the --preset's value.", PRESETS,
+                       backout_record_layer=11, track_flags=TRACK_FLAGS)
 
 
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
-    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern)
+    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
 
 
 # ----------------------------------------------------------------------------------------------------------------

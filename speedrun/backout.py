@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from speedrun.errors import UsageError
 from speedrun.layers import MLP, norm, uniform_init_
+from speedrun.study import Flag
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
 BACKOUT_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh}
@@ -155,32 +156,32 @@ BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]
 BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-linear"]
 
 
-def add_backout_args(parser, record_layer=11):
-    """record_layer: the track's record backout source (its \"2/3 point\"), named in the help."""
-    g = parser.add_argument_group("backout (docs/backout.md; every flag but --rolling-skip needs --backout-layers)")
-    g.add_argument("--backout-layers", nargs="+", default=None, metavar="SOURCE",
-                   help="sources mixed into the final latents: 0-based layer indices, `embed` (x00) or `new-embed` "
-                        f"(a fresh embedding table); comma- or space-separated. The record: {record_layer}")
-    g.add_argument("--backout-mode", choices=BACKOUT_MODES, default=None,
-                   help="sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
-                        "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
-                        "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input")
-    g.add_argument("--backout-transform", choices=BACKOUT_TRANSFORMS, default=None,
-                   help="applied to each source before its norm (default none); relu-linear / tanh-linear = ReLU / "
-                        "tanh then a learned DxD matrix (Muon)")
-    g.add_argument("--backout-x-init", type=float, default=None, help="initial x_lambda (sum mode; default 1.0)")
-    g.add_argument("--backout-skip-init", type=float, default=None,
-                   help="initial lambda of every source (default 0.0 in sum mode, 0.5 in subtract mode)")
-    g.add_argument("--backout-fixed-x", action="store_true", help="x_lambda is a constant (its init), not learned")
-    g.add_argument("--backout-freeze", action="store_true", help="every backout lambda stays at its init")
-    g.add_argument("--backout-norm-after-sum", action="store_true",
-                   help="sum mode: norm(x_lambda*norm(x) + sum_L lambda_L*norm(out[L]))")
-    g.add_argument("--backout-concat-dim", type=int, default=None,
-                   help="concat-mlp: width each source is projected down to (default 128)")
-    g.add_argument("--backout-mlp-ratio", type=float, default=None,
-                   help="concat-mlp: hidden width of the last MLP as a multiple of the model dim (default 1.0)")
-    g.add_argument("--rolling-skip", action="store_true",
-                   help="from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)")
+BACKOUT_FLAGS = (
+    Flag("--backout-layers", "sources mixed into the final latents: 0-based layer indices, `embed` (x00) or "
+                             "`new-embed` (a fresh embedding table); comma- or space-separated. The record: "
+                             "{record_layer}", resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE")),
+    Flag("--backout-mode", "sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
+                           "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
+                           "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input",
+         resume=True, kind=str, options=dict(choices=BACKOUT_MODES)),
+    Flag("--backout-transform", "applied to each source before its norm (default none); relu-linear / tanh-linear = "
+                                "ReLU / tanh then a learned DxD matrix (Muon)",
+         resume=True, kind=str, options=dict(choices=BACKOUT_TRANSFORMS)),
+    Flag("--backout-x-init", "initial x_lambda (sum mode; default 1.0)", resume=True, kind=float,
+         options=dict(type=float)),
+    Flag("--backout-skip-init", "initial lambda of every source (default 0.0 in sum mode, 0.5 in subtract mode)",
+         resume=True, kind=float, options=dict(type=float)),
+    Flag("--backout-fixed-x", "x_lambda is a constant (its init), not learned", resume=True, kind=bool,
+         options=dict(action="store_true")),
+    Flag("--backout-freeze", "every backout lambda stays at its init", resume=True, kind=bool,
+         options=dict(action="store_true")),
+    Flag("--backout-norm-after-sum", "sum mode: norm(x_lambda*norm(x) + sum_L lambda_L*norm(out[L]))", resume=True,
+         kind=bool, options=dict(action="store_true")),
+    Flag("--backout-concat-dim", "concat-mlp: width each source is projected down to (default 128)", resume=True,
+         kind=int, options=dict(type=int)),
+    Flag("--backout-mlp-ratio", "concat-mlp: hidden width of the last MLP as a multiple of the model dim "
+                                "(default 1.0)", resume=True, kind=float, options=dict(type=float)),
+)
 
 
 def backout_defaults(mode):
@@ -189,11 +190,10 @@ def backout_defaults(mode):
                 backout_mlp_ratio=1.0)
 
 
-def check_backout_args(args):
-    """Validates the backout flags and fills their defaults; args.backout_layers becomes a list of ints/names."""
-    L, last = args.num_layers, args.num_layers - 1
-    if args.rolling_skip and L < 4:
-        raise UsageError(f"--rolling-skip needs at least 4 layers (got --num-layers {L})")
+def resolve_backout_args(args, pattern=None):
+    """Validates the backout flags; returns their resolved values (defaults filled in, backout_layers a tuple of
+    layer indices and names)."""
+    last = args.num_layers - 1
     dependent = dict(mode=args.backout_mode, transform=args.backout_transform, x_init=args.backout_x_init,
                      skip_init=args.backout_skip_init, fixed_x=args.backout_fixed_x or None,
                      freeze=args.backout_freeze or None, norm_after_sum=args.backout_norm_after_sum or None,
@@ -202,8 +202,7 @@ def check_backout_args(args):
     if not args.backout_layers:
         if given:
             raise UsageError(f"{given[0]} needs --backout-layers (no backout source given)")
-        args.backout_layers = []
-        return
+        return dict(backout_layers=())
     sources = []
     for item in ",".join(args.backout_layers).split(","):
         item = item.strip()
@@ -219,8 +218,8 @@ def check_backout_args(args):
         if source in sources:
             raise UsageError(f"--backout-layers: {item} is listed twice")
         sources.append(source)
-    mode = args.backout_mode = args.backout_mode or "sum"
-    transform = args.backout_transform = args.backout_transform or "none"
+    mode = args.backout_mode or "sum"
+    transform = args.backout_transform or "none"
     if last in sources and mode in ("sum", "subtract"):
         raise UsageError(f"--backout-layers: layer {last} is the last layer; mixing out[{last}] into x = out[{last}] "
                          f"only rescales it (use --backout-mode concat-head for that control)")
@@ -245,22 +244,26 @@ def check_backout_args(args):
         raise UsageError("--backout-concat-dim must be positive")
     if args.backout_mlp_ratio is not None and args.backout_mlp_ratio <= 0:
         raise UsageError("--backout-mlp-ratio must be positive")
-    args.backout_layers = sources
+    resolved = dict(backout_layers=tuple(sources), backout_mode=mode, backout_transform=transform)
     for name, value in backout_defaults(mode).items():
         if getattr(args, name) is None:
-            setattr(args, name, value)
+            resolved[name] = value
+    return resolved
 
 
-def backout_config(args):
-    """The ModelConfig fields of the backout flags (args already checked; no sources: the off defaults)."""
+# The model config fields (their defaults: off, and the command line's defaults in sum mode).
+BACKOUT_MODEL_FIELDS = (("backout_layers", tuple, ()), ("backout_mode", str, "sum"), ("backout_transform", str, "none"),
+                        *((name, float if name != "backout_concat_dim" else int, value)
+                          for name, value in backout_defaults("sum").items()),
+                        ("backout_fixed_x", bool, False), ("backout_freeze", bool, False),
+                        ("backout_norm_after_sum", bool, False))
+
+
+def backout_config(model_cfg, args):
+    """The model config fields of the backout flags (args already resolved; no sources: none, the defaults)."""
     if not args.backout_layers:
-        return dict(rolling_skip=args.rolling_skip)
-    return dict(backout_layers=tuple(args.backout_layers), backout_mode=args.backout_mode,
-                backout_transform=args.backout_transform, backout_x_init=args.backout_x_init,
-                backout_skip_init=args.backout_skip_init, backout_fixed_x=args.backout_fixed_x,
-                backout_freeze=args.backout_freeze, backout_norm_after_sum=args.backout_norm_after_sum,
-                backout_concat_dim=args.backout_concat_dim, backout_mlp_ratio=args.backout_mlp_ratio,
-                rolling_skip=args.rolling_skip)
+        return {}
+    return {name: getattr(args, name) for name, _, _ in BACKOUT_MODEL_FIELDS}
 
 
 # Name pieces of the settings that differ from their defaults, in the order they are checked.
@@ -272,17 +275,12 @@ BACKOUT_NAME_PIECES = [("backout_mode", "sum", "{}"), ("backout_transform", "non
 
 
 def backout_variant_name(args):
-    """The run's default variant name, e.g. backout-L11, backout-L11+L10+embed-tanh-linear, rolling-skip: the
-    sources, then every backout setting that is not its default (None without backout and rolling skip)."""
-    parts = []
-    if args.backout_layers:
-        defaults = backout_defaults(args.backout_mode)
-        pieces = ["backout-" + "+".join(f"L{s}" if isinstance(s, int) else s for s in args.backout_layers)]
-        for name, default, form in BACKOUT_NAME_PIECES:
-            value = getattr(args, name)
-            if value != (defaults[name] if default is None else default):
-                pieces.append(form.format(value))
-        parts.append("-".join(pieces))
-    if args.rolling_skip:
-        parts.append("rolling-skip")
-    return "_".join(parts) or None
+    """The backout's part of the default variant name, e.g. backout-L11, backout-L11+L10+embed-tanh-linear: the
+    sources, then every backout setting that is not its default."""
+    defaults = backout_defaults(args.backout_mode)
+    pieces = ["backout-" + "+".join(f"L{s}" if isinstance(s, int) else s for s in args.backout_layers)]
+    for name, default, form in BACKOUT_NAME_PIECES:
+        value = getattr(args, name)
+        if value != (defaults[name] if default is None else default):
+            pieces.append(form.format(value))
+    return "-".join(pieces)

@@ -10,6 +10,7 @@ import torch
 
 from speedrun.distributed import gather_to_rank0
 from speedrun.errors import UsageError
+from speedrun.run_config import must_match_on_resume
 
 
 def merged_muon_state(local, proc):
@@ -69,12 +70,6 @@ class _WriteErrorKeeper:
         self.file.flush()
 
 
-# Flags a resumed run must share with the run that saved the checkpoint: otherwise it would continue another
-# schedule, model or study arm into this run's log (step lines of two lengths, a model of another shape), or write
-# validation lines that measure something else than the earlier ones (other validation tokens, other data).
-RESUME_MUST_MATCH = ("num_iterations", "seed", "preset", "num_layers", "train_seq_len", "val_seq_len", "val_tokens",
-                     "val_files", "train_files", "low_precision")
-STUDY_FLAG_PREFIXES = ("backout_", "laurel", "dlo_", "rolling_skip")
 # What a resumed run reads from its checkpoint: one of them missing means it is not a checkpoint of a run.
 RESUME_KEYS = ("model", "optimizers", "stream", "step", "train_ms", "rng", "log_lines", "config")
 NO_RESUME_HINT = "start again without --resume (with the study runner: --no-resume)"
@@ -110,6 +105,11 @@ def _same_files(saved_pattern, pattern):
     return bool(found) and found == sorted(os.path.realpath(f) for f in glob.glob(str(saved_pattern)))
 
 
+def _comparable(value):
+    """Lists and tuples alike (a checkpoint of an older version holds lists where the config now has tuples)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def load_resume_state(args):
     """The checkpoint --resume names, refused (one line naming the flag) when it lacks what a resume reads, was
     saved with other flags than this command's that matter to the schedule, the model or the validation lines, or
@@ -123,11 +123,14 @@ def load_resume_state(args):
     saved = state["config"]
     if not isinstance(saved, dict):
         raise UsageError(f"--resume {args.resume}: its 'config' entry is not a table; {NO_RESUME_HINT}")
-    for key, value in vars(args).items():
-        relevant = key in RESUME_MUST_MATCH or key.startswith(STUDY_FLAG_PREFIXES)
-        if not relevant or key not in saved:
+    for key in must_match_on_resume(args):
+        if key not in saved:
             continue
-        same = _same_files(saved[key], value) if key.endswith("_files") else saved[key] == value
+        value = getattr(args, key)
+        if key.endswith("_files"):
+            same = _same_files(saved[key], value)
+        else:
+            same = _comparable(saved[key]) == _comparable(value)
         if not same:
             raise UsageError(f"--resume {args.resume}: the checkpoint was made with --{key.replace('_', '-')} "
                              f"{saved[key]}, this command has {value}; resume with the run's own flags, or "

@@ -4,18 +4,19 @@
 import os
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from speedrun.backout import add_backout_args, check_backout_args
 from speedrun.schedule import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
-from speedrun.dlo import add_dlo_args, check_dlo_args
 from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
                              is_reporting_rank)
-from speedrun.laurel import add_laurel_args, check_laurel_args
+from speedrun.run_config import run_config_class
+from speedrun.studies import STUDIES
 from speedrun.variants import default_variant, given_study_flags
 
 
@@ -39,9 +40,9 @@ def tiny_preset(num_layers):
                 train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
 
 
-def make_parser(description, presets, backout_record_layer):
-    """The parser with the shared run, checkpoint and study flags; returns (parser, its "run" group) so a track
-    adds its own run flags next to them."""
+def make_parser(description, presets, backout_record_layer, track_flags=()):
+    """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
+    group per study (speedrun.studies)."""
     p = OneLineErrorParser(description=description, formatter_class=HelpWithDefaults)
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(presets), default="full",
@@ -85,47 +86,62 @@ def make_parser(description, presets, backout_record_layer):
     ck.add_argument("--init-schedule", choices=INIT_SCHEDULES, default=None,
                     help="with --init-from: restart the learning-rate and window schedules, or continue them from "
                          "the checkpoint's position in its own schedule (docs/dlo.md) (default restart)")
-    add_backout_args(p, backout_record_layer)
-    add_laurel_args(p)
-    add_dlo_args(p)
-    return p, run
+    for flag in track_flags:
+        flag.add_to(run)
+    for study in STUDIES:
+        group = p.add_argument_group(study.title, study.description)
+        for flag in study.flags:
+            flag.add_to(group, record_layer=backout_record_layer)
+    return p
 
 
-def resolve_track_args(parser, argv, presets, script_path, layer_pattern):
-    """Parses argv, fills the preset's values and checks every flag (the study flags against the track's model:
-    its width and its layer pattern at --num-layers); raises UsageError on a combination that cannot work."""
-    args = parser.parse_args(argv)
-    given = given_study_flags(parser, args)
-    resolve_shared_args(args, presets, script_path)
-    check_study_args(args, presets[args.preset]["model_dim"], layer_pattern)
-    if args.variant is None:
+def resolve_track_args(parser, argv, presets, script_path, layer_pattern, track_flags=()):
+    """Parses argv into the run's frozen config: the preset's values filled in, every flag checked (the study flags
+    against the track's model: its width and its layer pattern at --num-layers), study defaults derived and the
+    variant named; raises UsageError on a combination that cannot work."""
+    parsed = vars(parser.parse_args(argv))
+    given = given_study_flags(parsed)
+    config_class = run_config_class(tuple(track_flags) + tuple(f for study in STUDIES for f in study.flags))
+    config = config_class(**resolve_shared_args(parsed, presets, script_path))
+    config = resolve_study_args(config, layer_pattern)
+    if config.variant is None:
         # Naive scaling and regional compilation are no study flags, but each is an arm of its own (a loss and a
         # speed comparison with the baseline).
-        extra = [f"layers{args.num_layers}"] if args.num_layers != presets[args.preset]["num_layers"] else []
-        extra += ["compile-regional"] if args.compile == "regional" else []
-        args.variant = default_variant(given, args, extra=extra)
-    return args
+        extra = [f"layers{config.num_layers}"] if config.num_layers != presets[config.preset]["num_layers"] else []
+        extra += ["compile-regional"] if config.compile == "regional" else []
+        config = replace(config, variant=default_variant(given, config, extra=extra))
+    return config
 
 
-def check_study_args(args, model_dim, layer_pattern):
-    """Checks the study flags against the track's model (its width and its layer pattern at --num-layers) and
-    fills their defaults."""
-    no_attention_layer = layer_pattern(args.num_layers)["no_attention_layer"]
-    check_backout_args(args)
-    check_laurel_args(args, model_dim, no_attention_layer)
-    check_dlo_args(args)
+def resolve_study_args(config, layer_pattern):
+    """The config with the study flags checked against the track's model (its width and its layer pattern at
+    --num-layers) and their defaults filled in."""
+    pattern = layer_pattern(config.num_layers)
+    for study in STUDIES:
+        study.check_exclusions(config, STUDIES)
+        config = replace(config, **study.resolve(config, pattern))
+    return config
 
 
-def resolve_shared_args(args, presets, script_path):
-    """Fills the preset's values into the flags left unset (data globs relative to the script's folder) and checks
-    the shared flags; raises UsageError on a value or combination that cannot work."""
-    for key, value in presets[args.preset].items():
-        if getattr(args, key, None) is None:
+def resolve_shared_args(parsed, presets, script_path):
+    """The parsed flags (a dict) with the preset's values filled into those left unset (data globs relative to the
+    script's folder), a run name and the schedule choice; checks the shared flags, raises UsageError on a value or
+    combination that cannot work. Returns a new dict."""
+    values = dict(parsed)
+    for key, value in presets[values["preset"]].items():
+        if values.get(key) is None:
             if key in ("train_files", "val_files"):  # the preset's data lives next to this script
                 value = os.path.relpath(Path(script_path).resolve().parent / value)
-            setattr(args, key, value)
-    if args.run_name is None:
-        args.run_name = str(uuid.uuid4())
+            values[key] = value
+    if values["run_name"] is None:
+        values["run_name"] = str(uuid.uuid4())
+    check_shared_args(SimpleNamespace(**values), presets)
+    values["init_schedule"] = values["init_schedule"] or INIT_SCHEDULES[0]
+    return values
+
+
+def check_shared_args(args, presets):
+    """Raises UsageError on a shared flag's value or combination that cannot work."""
     positive = ["num_iterations", "train_seq_len", "val_seq_len", "val_tokens", "num_layers"]
     for name in positive:
         if getattr(args, name) <= 0:
@@ -149,7 +165,6 @@ def resolve_shared_args(args, presets, script_path):
         raise UsageError("--resume and --init-from cannot be combined")
     if args.init_schedule and not args.init_from:
         raise UsageError("--init-schedule needs --init-from")
-    args.init_schedule = args.init_schedule or INIT_SCHEDULES[0]
     for name in ["resume", "init_from"]:
         path = getattr(args, name)
         if path and not os.path.isfile(path):

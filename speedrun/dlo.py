@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from speedrun.checkpoint import load_model_weights
 from speedrun.errors import UsageError
 from speedrun.layers import norm, padded_vocab
+from speedrun.study import Flag
 
 # The paper's policies: new layers appended to each group, built from the group's layers (block scalars reset).
 GROUP_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
@@ -330,75 +331,71 @@ DLO_DEFAULTS = dict(dlo_add=1, dlo_slerp_t=0.5, dlo_sparsity=0.1, dlo_anneal_sta
                     **{key: choices[0] for key, choices in DLO_CHOICES.items()})
 
 
-def add_dlo_args(parser):
-    g = parser.add_argument_group(
-        "dlo", "Dynamic Layer Operation (docs/dlo.md): expand a trained checkpoint (--init-from) in depth and learn "
-               "per token which MLPs to skip. Off unless --dlo-groups is given.")
-    g.add_argument("--dlo-groups", type=int, default=None, help="G: cut the checkpoint's layers into G groups")
-    g.add_argument("--dlo-add", type=int, default=None,
-                   help="P: new layers appended to each group (default 1; 0: routers on the unexpanded model)")
-    g.add_argument("--dlo-init", default=None,
-                   help=f"new layers' initialisation, one of {', '.join(DLO_POLICIES)} (default identity; "
-                        f"duplicate and dus are the expansion baselines, docs/dlo.md)")
-    g.add_argument("--dlo-slerp-t", type=float, default=None,
-                   help="SLERP position between the group's last two layers (default 0.5)")
-    g.add_argument("--dlo-sparsity", type=float, default=None, help="target overall skip rate in [0, 1) (default 0.1)")
-    g.add_argument("--dlo-anneal-start", type=float, default=None, help="skip rate at step 0 (default 0)")
-    g.add_argument("--dlo-anneal-steps", type=int, default=None,
-                   help="steps of the linear skip-rate ramp (default half of --num-iterations)")
-    g.add_argument("--dlo-skip-loss-weight", type=float, default=None,
-                   help="weight of the router BCE skip loss added to the task loss (default 0.1)")
-    g.add_argument("--dlo-layer-lr", action="store_true",
-                   help="layer-wise Muon learning rates scaled by each layer's label active fraction")
-    g.add_argument("--dlo-threshold", type=float, default=None,
-                   help="an MLP runs for a token iff its gate >= this at evaluation (default: the gate at a zero "
-                        "logit, 1.0 rescaled, 0.5 sigmoid)")
-    g.add_argument("--dlo-score", default=None,
-                   help="gate form: rescaled = 1 + scale*(sigmoid(logit) - 0.5), sigmoid = sigmoid(logit) without "
-                        "rescaling (default rescaled)")
-    g.add_argument("--dlo-score-scale", type=float, default=None,
-                   help="scale of the rescaled gate, in (0, 2] (default 1)")
-    g.add_argument("--dlo-router-init", default=None,
-                   help="router weights at the start: zero, or uniform (PyTorch's default Linear init) "
-                        "(default zero)")
-    g.add_argument("--dlo-skip-allocation", default=None,
-                   help="labels ranked over all layers together (layer-wise skip rates) or within each layer "
-                        "(uniform: every layer skips the same fraction) (default layer-wise)")
-    g.add_argument("--dlo-train-gating", default=None,
-                   help="training MLP output: soft = gate * MLP for every token, hard = only where gate >= "
-                        "threshold (default soft)")
+DLO_FLAGS = (
+    Flag("--dlo-groups", "G: cut the checkpoint's layers into G groups", resume=True, kind=int,
+         options=dict(type=int)),
+    Flag("--dlo-add", "P: new layers appended to each group (default 1; 0: routers on the unexpanded model)",
+         resume=True, kind=int, options=dict(type=int)),
+    Flag("--dlo-init", f"new layers' initialisation, one of {', '.join(DLO_POLICIES)} (default identity; duplicate "
+                       f"and dus are the expansion baselines, docs/dlo.md)", resume=True, kind=str),
+    Flag("--dlo-slerp-t", "SLERP position between the group's last two layers (default 0.5)", resume=True,
+         kind=float, options=dict(type=float)),
+    Flag("--dlo-sparsity", "target overall skip rate in [0, 1) (default 0.1)", resume=True, kind=float,
+         options=dict(type=float)),
+    Flag("--dlo-anneal-start", "skip rate at step 0 (default 0)", resume=True, kind=float, options=dict(type=float)),
+    Flag("--dlo-anneal-steps", "steps of the linear skip-rate ramp (default half of --num-iterations)", resume=True,
+         kind=int, options=dict(type=int)),
+    Flag("--dlo-skip-loss-weight", "weight of the router BCE skip loss added to the task loss (default 0.1)",
+         resume=True, kind=float, options=dict(type=float)),
+    Flag("--dlo-layer-lr", "layer-wise Muon learning rates scaled by each layer's label active fraction",
+         resume=True, kind=bool, options=dict(action="store_true")),
+    Flag("--dlo-threshold", "an MLP runs for a token iff its gate >= this at evaluation (default: the gate at a zero "
+                            "logit, 1.0 rescaled, 0.5 sigmoid)", resume=True, kind=float, options=dict(type=float)),
+    Flag("--dlo-score", "gate form: rescaled = 1 + scale*(sigmoid(logit) - 0.5), sigmoid = sigmoid(logit) without "
+                        "rescaling (default rescaled)", resume=True, kind=str),
+    Flag("--dlo-score-scale", "scale of the rescaled gate, in (0, 2] (default 1)", resume=True, kind=float,
+         options=dict(type=float)),
+    Flag("--dlo-router-init", "router weights at the start: zero, or uniform (PyTorch's default Linear init) "
+                              "(default zero)", resume=True, kind=str),
+    Flag("--dlo-skip-allocation", "labels ranked over all layers together (layer-wise skip rates) or within each "
+                                  "layer (uniform: every layer skips the same fraction) (default layer-wise)",
+         resume=True, kind=str),
+    Flag("--dlo-train-gating", "training MLP output: soft = gate * MLP for every token, hard = only where gate >= "
+                               "threshold (default soft)", resume=True, kind=str),
+)
+DLO_DESCRIPTION = ("Dynamic Layer Operation (docs/dlo.md): expand a trained checkpoint (--init-from) in depth and "
+                   "learn per token which MLPs to skip. Off unless --dlo-groups is given.")
+# --dlo-groups cannot be combined with these: expansion copies the baseline's per-layer parts only.
+DLO_EXCLUDES = ("--backout-layers", "--rolling-skip", "--laurel")
 
 
 def dlo_flag(key):
     return "--" + key.replace("_", "-")
 
 
-def check_dlo_args(args):
-    """Fills the DLO defaults and rejects values that cannot work (UsageError, one line)."""
-    given = [k for k in list(DLO_DEFAULTS) + ["dlo_layer_lr"] if getattr(args, k) not in (None, False)]
-    if args.dlo_groups is None:
+def resolve_dlo_args(config, pattern=None):
+    """Validates the DLO flags; returns their resolved values (defaults filled in, those that depend on other flags
+    derived) or {} without --dlo-groups. Raises UsageError (one line) on values that cannot work."""
+    given = [k for k in list(DLO_DEFAULTS) + ["dlo_layer_lr"] if getattr(config, k) not in (None, False)]
+    if config.dlo_groups is None:
         if given:
             raise UsageError(f"{dlo_flag(given[0])} needs --dlo-groups")
-        return
-    for key, value in DLO_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+        return {}
+    resolved = {key: value if getattr(config, key) is None else getattr(config, key)
+                for key, value in DLO_DEFAULTS.items()}
     for key, choices in DLO_CHOICES.items():
-        value = getattr(args, key)
+        value = resolved[key]
         if value not in choices:
             raise UsageError(f"{dlo_flag(key)}: unknown value {value!r} (choose from {', '.join(choices)})")
-    if args.dlo_anneal_steps is None:
-        args.dlo_anneal_steps = args.num_iterations // 2
-    rescaled = args.dlo_score == "rescaled"
-    if args.dlo_score_scale is None:
-        args.dlo_score_scale = 1.0 if rescaled else None
-    low, at_zero = gate_range(args.dlo_score, args.dlo_score_scale)
-    if args.dlo_threshold is None:
-        args.dlo_threshold = at_zero
-    combined = [flag for flag, on in (("--backout-layers", args.backout_layers), ("--rolling-skip", args.rolling_skip),
-                                      ("--laurel", args.laurel)) if on]
-    if combined:  # expansion copies the baseline's per-layer parts only
-        raise UsageError(f"--dlo-groups cannot be combined with {combined[0]} (DLO expands baseline checkpoints)")
+    if resolved["dlo_anneal_steps"] is None:
+        resolved["dlo_anneal_steps"] = config.num_iterations // 2
+    rescaled = resolved["dlo_score"] == "rescaled"
+    if resolved["dlo_score_scale"] is None:
+        resolved["dlo_score_scale"] = 1.0 if rescaled else None
+    low, at_zero = gate_range(resolved["dlo_score"], resolved["dlo_score_scale"])
+    if resolved["dlo_threshold"] is None:
+        resolved["dlo_threshold"] = at_zero
+    args = replace(config, **resolved)
     G, L, P = args.dlo_groups, args.num_layers, args.dlo_add
     if G < 1 or L % G:
         raise UsageError(f"--dlo-groups {G} must be a positive divisor of --num-layers {L} (the checkpoint's depth)")
@@ -431,14 +428,21 @@ def check_dlo_args(args):
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    return resolved
 
 
-def dlo_model_config(cfg, args):
-    if not getattr(args, "dlo_groups", None):
-        return cfg
-    return replace(cfg, num_layers=cfg.num_layers + args.dlo_groups * args.dlo_add, dlo_groups=args.dlo_groups,
-                   dlo_add=args.dlo_add, dlo_base_layers=cfg.num_layers, dlo_score_scale=args.dlo_score_scale,
-                   dlo_threshold=args.dlo_threshold, dlo_skip_loss_weight=args.dlo_skip_loss_weight,
-                   dlo_init=args.dlo_init, dlo_router_init=args.dlo_router_init, dlo_score=args.dlo_score,
-                   dlo_skip_allocation=args.dlo_skip_allocation,
-                   dlo_train_gating=args.dlo_train_gating)
+# The model config fields (off: no group, no added layer; the gate's and the routers' command-line defaults).
+DLO_MODEL_FIELDS = (("dlo_groups", int, 0), ("dlo_add", int, 0), ("dlo_base_layers", int, 0),
+                    ("dlo_score_scale", float, 1.0), ("dlo_threshold", float, 1.0),
+                    ("dlo_skip_loss_weight", float, DLO_DEFAULTS["dlo_skip_loss_weight"]),
+                    *((key, str, choices[0]) for key, choices in DLO_CHOICES.items()))
+
+
+def dlo_model_config(model_cfg, args):
+    """The model config fields of the DLO flags: num_layers becomes the expanded depth, dlo_base_layers the
+    checkpoint's ({} without DLO)."""
+    if not args.dlo_groups:
+        return {}
+    fields = {name: getattr(args, name) for name, _, _ in DLO_MODEL_FIELDS if name != "dlo_base_layers"}
+    return dict(fields, num_layers=model_cfg.num_layers + args.dlo_groups * args.dlo_add,
+                dlo_base_layers=model_cfg.num_layers)

@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.errors import UsageError, parse_int_flag
+from speedrun.study import Flag
 
 # A LAuReL'd residual replaces x + f(x) by  alpha*f(x) + g(x, history). Sites are the attention and MLP residuals
 # of a block, or the whole block (f = attention + MLP); x is the stream entering that residual (after the U-net
@@ -237,31 +238,30 @@ def laurel_named_scalars(model):
     return out
 
 
-def add_laurel_args(parser):
-    g = parser.add_argument_group("laurel", "LAuReL residuals (docs/laurel.md); every flag needs --laurel")
-    g.add_argument("--laurel", default=None, metavar="VARIANT",
-                   help=f"LAuReL variant: {', '.join(LAUREL_VARIANTS)} (default: off)")
-    g.add_argument("--laurel-rank", default=None, metavar="R",
-                   help="rank r of the low-rank products B A (LR, low-rank PA; 0 < r < model dim; default 32)")
-    g.add_argument("--laurel-k", default=None, metavar="K",
-                   help="PA: previous activations used, the current input included (default 3)")
-    g.add_argument("--laurel-rw-form", default=None, metavar="FORM",
-                   help=f"RW bound: {', '.join(LAUREL_RW_FORMS)} (default softmax)")
-    g.add_argument("--laurel-rw-scale", default=None, metavar="S",
-                   help="RW: alpha, beta lie in (0, S) and start at S/2 (default 2: the plain residual at init)")
-    g.add_argument("--laurel-pa-h", default=None, metavar="H",
-                   help="PA: h is identity, lowrank (one product per previous activation, eq. 6) or lowrank-shared "
-                        "(one product per site for all k, section 2.3) (default identity; rw+lr+pa: lowrank)")
-    g.add_argument("--laurel-where", default=None, metavar="SITE",
-                   help="residuals LAuReL'd: attn, mlp, both, or block (f = attention + MLP) (default mlp: one per "
-                        "layer, as the paper)")
-    g.add_argument("--laurel-layers", default=None, metavar="LIST",
-                   help="comma-separated layer indices to LAuReL (default: every layer)")
-    g.add_argument("--laurel-factor-init", default=None, metavar="INIT",
-                   help="init of the low-rank factor that does not start at zero: orthogonal (the paper's LLM "
-                        "column-orthogonal) or xavier (its ResNet init) (default orthogonal)")
-    g.add_argument("--laurel-zero-factor", default=None, metavar="FACTOR",
-                   help="the factor of each low-rank product that starts at zero: up (B, the default) or down (A)")
+LAUREL_FLAGS = (
+    Flag("--laurel", f"LAuReL variant: {', '.join(LAUREL_VARIANTS)} (default: off)", resume=True, kind=str,
+         options=dict(metavar="VARIANT")),
+    Flag("--laurel-rank", "rank r of the low-rank products B A (LR, low-rank PA; 0 < r < model dim; default 32)",
+         resume=True, kind=int, options=dict(metavar="R")),
+    Flag("--laurel-k", "PA: previous activations used, the current input included (default 3)", resume=True,
+         kind=int, options=dict(metavar="K")),
+    Flag("--laurel-rw-form", f"RW bound: {', '.join(LAUREL_RW_FORMS)} (default softmax)", resume=True, kind=str,
+         options=dict(metavar="FORM")),
+    Flag("--laurel-rw-scale", "RW: alpha, beta lie in (0, S) and start at S/2 (default 2: the plain residual at "
+                              "init)", resume=True, kind=float, options=dict(metavar="S")),
+    Flag("--laurel-pa-h", "PA: h is identity, lowrank (one product per previous activation, eq. 6) or "
+                          "lowrank-shared (one product per site for all k, section 2.3) (default identity; rw+lr+pa: "
+                          "lowrank)", resume=True, kind=str, options=dict(metavar="H")),
+    Flag("--laurel-where", "residuals LAuReL'd: attn, mlp, both, or block (f = attention + MLP) (default mlp: one "
+                           "per layer, as the paper)", resume=True, kind=str, options=dict(metavar="SITE")),
+    Flag("--laurel-layers", "comma-separated layer indices to LAuReL (default: every layer)", resume=True,
+         kind=tuple, options=dict(metavar="LIST")),
+    Flag("--laurel-factor-init", "init of the low-rank factor that does not start at zero: orthogonal (the paper's "
+                                 "LLM column-orthogonal) or xavier (its ResNet init) (default orthogonal)",
+         resume=True, kind=str, options=dict(metavar="INIT")),
+    Flag("--laurel-zero-factor", "the factor of each low-rank product that starts at zero: up (B, the default) or "
+                                 "down (A)", resume=True, kind=str, options=dict(metavar="FACTOR")),
+)
 
 
 LAUREL_CHOICES = dict(laurel_rw_form=LAUREL_RW_FORMS, laurel_pa_h=LAUREL_PA_H, laurel_where=LAUREL_WHERE,
@@ -272,15 +272,15 @@ def laurel_flag(name):
     return "--" + name.replace("_", "-")
 
 
-def check_laurel_args(args, model_dim, no_attention_layer):
-    """Validates the --laurel* flags and fills their defaults (only when --laurel is given); model_dim and the
-    layer without attention are the track's at args.num_layers."""
+def resolve_laurel_args(args, pattern):
+    """Validates the --laurel* flags; returns their resolved values (defaults filled in only when --laurel is
+    given). The model dim is the preset's, the layer without attention the track's pattern's at --num-layers."""
     names = [*LAUREL_DEFAULTS, "laurel_pa_h", "laurel_layers"]
     if args.laurel is None:
         for n in names:
             if getattr(args, n) is not None:
                 raise UsageError(f"{laurel_flag(n)} needs --laurel")
-        return
+        return {}
     if args.laurel not in LAUREL_VARIANTS:
         raise UsageError(f"--laurel: unknown variant {args.laurel!r} (choose from {', '.join(LAUREL_VARIANTS)})")
     for n, allowed in LAUREL_CHOICES.items():
@@ -298,22 +298,21 @@ def check_laurel_args(args, model_dim, no_attention_layer):
         if is_unused and getattr(args, n) is not None:
             raise UsageError(f"{laurel_flag(n)} has no effect with --laurel {args.laurel}"
                              + (f" --laurel-pa-h {pa_h}" if pa else ""))
-    for n, value in LAUREL_DEFAULTS.items():
-        if getattr(args, n) is None:
-            setattr(args, n, value)
-    args.laurel_pa_h = pa_h
-    args.laurel_rank = parse_int_flag(args.laurel_rank, "--laurel-rank")
-    args.laurel_k = parse_int_flag(args.laurel_k, "--laurel-k")
+    resolved = {n: value if getattr(args, n) is None else getattr(args, n) for n, value in LAUREL_DEFAULTS.items()}
+    resolved["laurel_pa_h"] = pa_h
+    resolved["laurel_rank"] = parse_int_flag(resolved["laurel_rank"], "--laurel-rank")
+    resolved["laurel_k"] = parse_int_flag(resolved["laurel_k"], "--laurel-k")
     try:
-        args.laurel_rw_scale = float(args.laurel_rw_scale)
+        resolved["laurel_rw_scale"] = rw_scale = float(resolved["laurel_rw_scale"])
     except ValueError:
-        raise UsageError(f"--laurel-rw-scale: expected a number, got {args.laurel_rw_scale!r}")
-    if not args.laurel_rw_scale > 0 or math.isinf(args.laurel_rw_scale):
-        raise UsageError(f"--laurel-rw-scale must be a positive number, got {args.laurel_rw_scale}")
-    dim, num_layers = model_dim, args.num_layers
-    if not 0 < args.laurel_rank < dim:
-        raise UsageError(f"--laurel-rank must be in 1..{dim - 1} (below the model dim {dim}), got {args.laurel_rank}")
-    no_attention = no_attention_layer
+        raise UsageError(f"--laurel-rw-scale: expected a number, got {resolved['laurel_rw_scale']!r}")
+    if not rw_scale > 0 or math.isinf(rw_scale):
+        raise UsageError(f"--laurel-rw-scale must be a positive number, got {rw_scale}")
+    rank, k, where = resolved["laurel_rank"], resolved["laurel_k"], resolved["laurel_where"]
+    dim, num_layers = args.model_dim, args.num_layers
+    if not 0 < rank < dim:
+        raise UsageError(f"--laurel-rank must be in 1..{dim - 1} (below the model dim {dim}), got {rank}")
+    no_attention = pattern["no_attention_layer"]
     if args.laurel_layers is not None:
         items = [s.strip() for s in str(args.laurel_layers).split(",")]
         layers = [parse_int_flag(s, "--laurel-layers") for s in items]
@@ -322,29 +321,32 @@ def check_laurel_args(args, model_dim, no_attention_layer):
                 raise UsageError(f"--laurel-layers: layer {i} is outside the model (layers 0..{num_layers - 1})")
         if len(set(layers)) != len(layers):
             raise UsageError("--laurel-layers: a layer is listed twice")
-        if args.laurel_where == "attn" and no_attention in layers:
+        if where == "attn" and no_attention in layers:
             raise UsageError(f"--laurel-layers: layer {no_attention} has no attention residual "
                              f"(use --laurel-where mlp, both or block)")
-        args.laurel_layers = sorted(layers)
-    sites = laurel_sites(num_layers, no_attention, args.laurel_where, args.laurel_layers)
-    if pa and not 0 < args.laurel_k <= len(sites):
+        resolved["laurel_layers"] = tuple(sorted(layers))
+    sites = laurel_sites(num_layers, no_attention, where, resolved.get("laurel_layers"))
+    if pa and not 0 < k <= len(sites):
         raise UsageError(f"--laurel-k must be in 1..{len(sites)} (the number of LAuReL'd residuals), "
-                         f"got {args.laurel_k}")
+                         f"got {k}")
+    return resolved
 
 
-def laurel_config(args):
-    """ModelConfig fields of the LAuReL flags ({} when off: the dataclass defaults mean off)."""
+# The model config fields (their defaults: off, and the command line's defaults).
+LAUREL_MODEL_FIELDS = (("laurel", str, None), *((n, type(v), v) for n, v in LAUREL_DEFAULTS.items()),
+                       ("laurel_pa_h", str, "identity"), ("laurel_layers", tuple, None))
+
+
+def laurel_config(model_cfg, args):
+    """Model config fields of the LAuReL flags ({} when off: the dataclass defaults mean off)."""
     if args.laurel is None:
         return {}
-    fields = {n: getattr(args, n) for n in [*LAUREL_DEFAULTS, "laurel", "laurel_pa_h"]}
-    return dict(fields, laurel_layers=None if args.laurel_layers is None else tuple(args.laurel_layers))
+    return {name: getattr(args, name) for name, _, _ in LAUREL_MODEL_FIELDS}
 
 
 def laurel_variant_name(args):
-    """The run's default variant name, e.g. laurel-rw+lr+pa-r32-k3: the variant, its rank and k when it has
-    them, then every other LAuReL setting that is not its default (None when LAuReL is off)."""
-    if args.laurel is None:
-        return None
+    """LAuReL's part of the default variant name, e.g. laurel-rw+lr+pa-r32-k3: the variant, its rank and k when
+    it has them, then every other LAuReL setting that is not its default."""
     rw, lr, pa, pa_lowrank = laurel_parts(args.laurel, args.laurel_pa_h)
     pieces = [f"laurel-{args.laurel}"]
     if lr or pa_lowrank:

@@ -2,17 +2,18 @@
 rolling skip, LAuReL, DLO), parameter counts and groups, and the generic layer loop (U-net skips, value embeddings,
 masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from functools import partial
 
 import torch
 import torch.nn as nn
 
-from speedrun.backout import BackoutMethods, backout_config
-from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern, dlo_model_config
-from speedrun.laurel import attach_laurel, laurel_config, laurel_named_scalars
+from speedrun.backout import BackoutMethods
+from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
+from speedrun.laurel import attach_laurel, laurel_named_scalars
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
+from speedrun.studies import STUDIES
 
 
 def cast_model(model, dtype):
@@ -22,47 +23,11 @@ def cast_model(model, dtype):
             p.data = p.data.to(dtype)
 
 
-@dataclass
-class StudyConfig:
-    """The study-flag fields of a track's ModelConfig; every default means off."""
-    # backout (docs/backout.md): empty backout_layers = off. Entries are layer indices, "embed" or "new-embed".
-    backout_layers: tuple = ()
-    backout_mode: str = "sum"
-    backout_transform: str = "none"
-    backout_x_init: float = 1.0
-    backout_skip_init: float = 0.0
-    backout_fixed_x: bool = False
-    backout_freeze: bool = False
-    backout_norm_after_sum: bool = False
-    backout_concat_dim: int = 128
-    backout_mlp_ratio: float = 1.0
-    rolling_skip: bool = False
-    baseline_layers: int = None  # the preset's layer count: added_params reports extra layers against it
-    # LAuReL (docs/laurel.md); laurel=None is off
-    laurel: str = None
-    laurel_rank: int = 32
-    laurel_k: int = 3
-    laurel_rw_form: str = "softmax"
-    laurel_rw_scale: float = 2.0
-    laurel_pa_h: str = "identity"
-    laurel_where: str = "mlp"
-    laurel_layers: tuple = None
-    laurel_factor_init: str = "orthogonal"
-    laurel_zero_factor: str = "up"
-    # DLO (off when dlo_groups == 0): num_layers is then the expanded depth, dlo_base_layers the checkpoint's.
-    dlo_groups: int = 0
-    dlo_add: int = 0
-    dlo_base_layers: int = 0
-    dlo_score_scale: float = 1.0
-    dlo_threshold: float = 1.0
-    dlo_skip_loss_weight: float = 0.0
-    dlo_train_gating: str = "soft"
-    dlo_init: str = "identity"  # the expansion policy decides where new layers go (dlo_expansion_layout)
-    dlo_router_init: str = "zero"
-    dlo_score: str = "rescaled"
-    dlo_skip_allocation: str = "layer-wise"
-
-
+# The study fields of a track's ModelConfig, as the studies declare them (speedrun.studies); every default means
+# off. baseline_layers: the preset's layer count (added_params reports extra layers against it).
+StudyConfig = make_dataclass("StudyConfig", [(name, kind, field(default=default))
+                                             for study in STUDIES for name, kind, default in study.model_fields]
+                             + [("baseline_layers", int | None, field(default=None))])
 STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
 PRESET_SIZE_FIELDS = ("model_dim", "num_heads", "head_dim", "block_size", "max_window_tokens")
 
@@ -90,8 +55,10 @@ def model_config_from_args(preset, args):
     """The model for checked args: the preset's sizes, --num-layers, and the study flags (with DLO, num_layers
     becomes the expanded depth)."""
     cfg = GPTConfig(num_layers=args.num_layers, baseline_layers=preset["num_layers"],
-                    **{k: preset[k] for k in PRESET_SIZE_FIELDS}, **backout_config(args), **laurel_config(args))
-    return dlo_model_config(cfg, args)
+                    **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+    for study in STUDIES:
+        cfg = replace(cfg, **study.model_config(cfg, args))
+    return cfg
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
 
 

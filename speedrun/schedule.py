@@ -36,9 +36,9 @@ def schedule_clock(origin, num_iterations):
     return lambda step: (done + (length - done) * step / num_iterations, length)
 
 
-def run_schedule_clock(args, init_state, resume_state):
-    """The schedule clock of a run (schedule_clock). The origin goes into args, hence into the run's config line and
-    checkpoints, so that a resumed run keeps the schedule it started with."""
-    args.init_schedule_origin = (resume_state["config"].get("init_schedule_origin") if resume_state is not None
-                                 else schedule_origin(args.init_schedule, init_state, args.init_from))
-    return schedule_clock(args.init_schedule_origin, args.num_iterations)
+def run_schedule_origin(config, init_state, resume_state):
+    """Where the run's schedule starts (schedule_origin). A resumed run keeps the origin it started with: its
+    checkpoint's config holds it."""
+    if resume_state is not None:
+        return resume_state["config"].get("init_schedule_origin")
+    return schedule_origin(config.init_schedule, init_state, config.init_from)

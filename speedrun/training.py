@@ -20,8 +20,9 @@ from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkp
 from speedrun.layers import val_head_chunks
 from speedrun.logformat import added_params_line, peak_line, scalars_line, train_step_line, validation_line
 from speedrun.profiling import StepProfiler
+from speedrun.run_config import at_run_start
 from speedrun.runlog import LogWriter, write_preamble
-from speedrun.schedule import run_schedule_clock
+from speedrun.schedule import run_schedule_origin, schedule_clock
 
 
 def train_step(model, batches, window, proc: Dist, reducer=None):
@@ -131,46 +132,47 @@ class Track:
     prepare_model: Callable = lambda model, args, proc: []
 
 
-def run_track(track: Track, args, proc: Dist):
+def run_track(track: Track, config, proc: Dist):
     """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
     --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
-    cfg = track.model_config(args)
+    cfg = track.model_config(config)
     problem = None
     try:  # every input that can be checked is, on every rank, before the log starts and before any collective
-        train_files = check_data(args)
-        resume_state = load_resume_state(args)
-        init_state = load_checkpoint(args.init_from) if args.init_from else None
+        train_files = check_data(config)
+        resume_state = load_resume_state(config)
+        init_state = load_checkpoint(config.init_from) if config.init_from else None
         if proc.rank == 0:
-            check_log_dir(args.log_dir)  # last: it makes the folder
+            check_log_dir(config.log_dir)  # last: it makes the folder
     except UsageError as e:
         problem = str(e)
     proc.agree(problem)
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
-        args.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
-    schedule_at = run_schedule_clock(args, init_state, resume_state)
+        config.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
+    compiled = config.compile in ("on", "regional") or (config.compile == "auto" and proc.device.type == "cuda")
+    config = at_run_start(config, compiled, run_schedule_origin(config, init_state, resume_state))
+    schedule_at = schedule_clock(config.init_schedule_origin, config.num_iterations)
 
-    torch.manual_seed(args.seed)
-    model = track.model_class(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(proc.device)
+    torch.manual_seed(config.seed)
+    model = track.model_class(cfg, max_seq_len=max(config.train_seq_len, config.val_seq_len)).to(proc.device)
     model.cast_low_precision(low)
     if init_state is not None and cfg.dlo_groups:
-        dlo_expand_from_checkpoint(model, init_state, args, max(args.train_seq_len, args.val_seq_len))
+        dlo_expand_from_checkpoint(model, init_state, config, max(config.train_seq_len, config.val_seq_len))
     elif init_state is not None:
-        load_model_weights(model, init_state, args.init_from)
+        load_model_weights(model, init_state, config.init_from)
     if resume_state is not None:
-        load_model_weights(model, resume_state, args.resume)
+        load_model_weights(model, resume_state, config.resume)
     for p in model.parameters():  # identical start on every rank
         if proc.world_size > 1:
             dist.broadcast(p.data, 0)
-    track_lines = track.prepare_model(model, args, proc)
-    compiled = args.compile in ("on", "regional") or (args.compile == "auto" and proc.device.type == "cuda")
+    track_lines = track.prepare_model(model, config, proc)
     # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
     # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
     opt = track.optimizers(model, proc.rank, proc.world_size, fused_adam=proc.device.type == "cuda", ns_dtype=low,
                            compile_muon=compiled and proc.device.type == "cuda")
     if compiled:
         import torch._inductor.config as inductor_config
-        inductor_config.coordinate_descent_tuning = track.coordinate_descent_tuning(args)
-        if args.compile == "regional":
+        inductor_config.coordinate_descent_tuning = track.coordinate_descent_tuning(config)
+        if config.compile == "regional":
             model.compile_regions()
             train_model = model
         else:
@@ -178,25 +180,24 @@ def run_track(track: Track, args, proc: Dist):
     else:
         train_model = model
 
-    if args.warmup_steps is None:
-        args.warmup_steps = 10 if compiled else 0
-    log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
-    config = dict(vars(args), track=track.name, world_size=proc.world_size, device=proc.device.type,
+    log = RunLog(Path(config.log_dir) / f"{config.run_name}.txt", proc.rank == 0)
+    logged = dict(config.as_dict(), track=track.name, world_size=proc.world_size, device=proc.device.type,
                   low_precision=str(low).replace("torch.", ""),
                   params=sum(p.numel() for p in model.parameters()))
     added = model.added_params()
-    write_preamble(log, track.script, proc, config, [added_params_line(added)] + track_lines)
+    write_preamble(log, track.script, proc, logged, [f"added_params: {json.dumps(added)} total {sum(added.values())}"]
+                   + track_lines)
 
-    N = args.num_iterations
-    last_step = args.stop_after or N
+    N = config.num_iterations
+    last_step = config.stop_after or N
 
-    if args.warmup_steps:
-        kernel_warmup(args.warmup_steps, model, opt, track.warmup(train_model, opt, args, proc, cfg))
+    if config.warmup_steps:
+        kernel_warmup(config.warmup_steps, model, opt, track.warmup(train_model, opt, config, proc, cfg))
     if proc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
     window_tensors = {}
 
-    stream = TokenStream(train_files, args.train_seq_len, "--train-files", proc.device)
+    stream = TokenStream(train_files, config.train_seq_len, "--train-files", proc.device)
     start_step, train_ms = 0, 0.0
     if resume_state is not None:
         opt.load_state_dict(resume_state["optimizers"])
@@ -208,7 +209,7 @@ def run_track(track: Track, args, proc: Dist):
             torch.cuda.set_rng_state_all(cuda_rng)
         for line in resume_state["log_lines"]:
             log.write(line, echo=False, keep=True)
-    ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
+    ckpt_path = Path(config.log_dir) / f"{config.run_name}.pt"
 
     def sync():
         if proc.device.type == "cuda":
@@ -216,8 +217,8 @@ def run_track(track: Track, args, proc: Dist):
         if track.barrier_around_validation:
             proc.barrier()
 
-    profiler = StepProfiler(max(start_step, last_step - args.profile_steps), proc.device) \
-        if args.profile_steps else None
+    profiler = StepProfiler(max(start_step, last_step - config.profile_steps), proc.device) \
+        if config.profile_steps else None
     sync()
     t0 = time.perf_counter()
     for step in range(start_step, last_step + 1):
@@ -228,10 +229,10 @@ def run_track(track: Track, args, proc: Dist):
         if blocks not in window_tensors:
             window_tensors[blocks] = torch.tensor(blocks, device=proc.device)
         window = window_tensors[blocks]
-        if is_last or (args.val_every and step % args.val_every == 0):
+        if is_last or (config.val_every and step % config.val_every == 0):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
-            val_loss = validate(train_model, args, proc, window, track.val_head_chunks)
+            val_loss = validate(train_model, config, proc, window, track.val_head_chunks)
             log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
             sync()
             t0 = time.perf_counter()
@@ -239,20 +240,20 @@ def run_track(track: Track, args, proc: Dist):
             break
         if profiler is not None:
             profiler.begin_step(step)
-        dlo_before_step(model, args, step)
+        dlo_before_step(model, config, step)
         train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
-        dlo_after_step(model, opt, args, proc)
+        dlo_after_step(model, opt, config, proc)
         with profiler.optimizer() if profiler is not None else nullcontext():
             opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log_train_step(log, step + 1, N, elapsed)
-        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < last_step:
+        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < last_step:
             train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, args, log, proc)
+            save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, config, log, proc)
             t0 = time.perf_counter()
-    if args.checkpoint_every or args.save_final_checkpoint:
-        save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, args, log, proc)
+    if config.checkpoint_every or config.save_final_checkpoint:
+        save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, config, log, proc)
     if profiler is not None:
-        profiler.finish(Path(args.log_dir) / f"{args.run_name}.profile.json" if proc.rank == 0 else None)
+        profiler.finish(Path(config.log_dir) / f"{config.run_name}.profile.json" if proc.rank == 0 else None)
     log.write(peak_memory_line(proc))
     log.close()

@@ -19,6 +19,7 @@ from conftest import bundled_medium_studies, synthetic_tokens
 from speedrun.backout import BACKOUT_MODES, BACKOUT_TRANSFORMS
 from speedrun.laurel import LAUREL_CHOICES, LAUREL_VARIANTS
 from speedrun.model import TRACK_SCALARS
+from speedrun.studies import STUDIES
 from speedrun.variants import given_study_flags
 
 BACKWARD_PASSES = 3
@@ -148,10 +149,10 @@ def test_every_study_flag_and_value_is_exercised():
     choices = dict(LAUREL_CHOICES, laurel=LAUREL_VARIANTS, backout_mode=BACKOUT_MODES,
                    backout_transform=BACKOUT_TRANSFORMS)
     for _, argv in CASES:
-        given |= {flag for _, flag, _ in given_study_flags(parser, parser.parse_args(SIZE + argv))}
+        given |= {flag for _, flag, _ in given_study_flags(vars(parser.parse_args(SIZE + argv)))}
         args = tgm.resolve_args(SIZE + argv)
         resolved |= {(name, getattr(args, name)) for name in choices}
-    study_flags = {a.option_strings[0] for g in parser._action_groups if g.title.split()[0] in ("backout", "laurel")
-                   for a in g._group_actions}
+    study_flags = {flag.name for study in STUDIES if study.name in ("backout", "rolling", "laurel")
+                   for flag in study.flags}
     assert study_flags - given == set()
     assert {(name, v) for name, values in choices.items() for v in values} - resolved == set()

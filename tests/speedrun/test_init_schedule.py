@@ -5,7 +5,7 @@ from argparse import Namespace
 import pytest
 
 import train_gpt_medium as T
-from speedrun.schedule import run_schedule_clock, schedule_clock, schedule_origin
+from speedrun.schedule import run_schedule_origin, schedule_clock, schedule_origin
 from speedrun.optimizers import lr_factor
 
 CFG = T.ModelConfig(block_size=16, max_window_tokens=48)
@@ -50,12 +50,12 @@ def test_a_checkpoint_without_a_usable_position_is_refused(state, needle):
 
 def test_a_resumed_run_keeps_the_schedule_it_started_with():
     started = Namespace(init_schedule="continue", init_from="c.pt", num_iterations=8)
-    clock = run_schedule_clock(started, dict(step=12, config=dict(num_iterations=20)), None)
-    assert started.init_schedule_origin == [12, 20] and clock(1) == (13, 20)
+    origin = run_schedule_origin(started, dict(step=12, config=dict(num_iterations=20)), None)
+    assert origin == [12, 20] and schedule_clock(origin, 8)(1) == (13, 20)
     # --resume cannot take --init-from: the origin comes from the resumed run's own config (its checkpoint).
     resumed = Namespace(init_schedule="restart", init_from=None, num_iterations=8)
-    clock = run_schedule_clock(resumed, None, dict(config=vars(started)))
-    assert resumed.init_schedule_origin == [12, 20] and clock(5) == (17, 20)
+    origin = run_schedule_origin(resumed, None, dict(config=dict(init_schedule_origin=[12, 20])))
+    assert origin == [12, 20] and schedule_clock(origin, 8)(5) == (17, 20)
 
 
 def test_init_schedule_needs_init_from(tiny_data_args, capsys):

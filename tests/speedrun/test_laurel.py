@@ -120,7 +120,7 @@ def test_each_variant_matches_the_reference_equation(flags):
     """Random parameters and inputs through every site of a small model, against the loop reference."""
     dim, num_layers, tokens_per_seq = 8, 4, 3
     args = tgm.resolve_args(TINY + flags + ["--laurel-where", "both", "--num-layers", str(num_layers)])
-    cfg = tgm.ModelConfig(num_layers=num_layers, model_dim=dim, **dict(laurel_config(args), laurel_rank=3))
+    cfg = tgm.ModelConfig(num_layers=num_layers, model_dim=dim, **dict(laurel_config(None, args), laurel_rank=3))
     no_attention = tgm.layer_pattern(num_layers)["no_attention_layer"]
     module = LaurelResiduals(cfg, no_attention)
     gen = torch.Generator().manual_seed(7)

@@ -1,5 +1,6 @@
 """Unit tests of train_gpt_medium.py pieces against independent references (in-process, CPU)."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -266,7 +267,7 @@ def test_every_parameter_has_exactly_one_optimizer():
 
 def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     args, model, opt = tiny_model_and_optimizers()
-    args.warmup_steps = 3
+    args = replace(args, warmup_steps=3)
     proc = T.Dist()
     stream = TokenStream(find_shards(str(shard_dir / "syn_train_*.bin"), "x"), args.train_seq_len, "x")
     window = torch.tensor(2)

@@ -1,0 +1,70 @@
+"""What a study is, in one place: its command-line flags (each with its help and whether `--resume` must match it),
+its validation and default filling, the flags of other studies it cannot be combined with, the model config fields
+it sets, and its part of a run's default variant name. speedrun/studies.py lists the bundled studies; the command
+line (cli.py), the run config (run_config.py), variant names (variants.py), the resume check (through the config's
+field metadata) and the model's StudyConfig (model.py) are all built from that list."""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from speedrun.errors import UsageError
+
+
+@dataclass(frozen=True, eq=False)  # compared (and hashed) by identity: each flag is declared once
+class Flag:
+    """One command-line flag and the run config field it fills (its dest).
+
+    resume has no default on purpose: every flag says whether a resumed run must have the value of the run that
+    wrote the checkpoint (a study flag that changes the model or its training: True)."""
+    name: str  # "--backout-mode"
+    help: str
+    resume: bool
+    kind: Any = Any  # the config field's type once resolved
+    options: Mapping = field(default_factory=dict)  # argparse keywords: type, nargs, metavar, choices, action, default
+
+    @property
+    def dest(self):
+        return self.name.removeprefix("--").replace("-", "_")
+
+    @property
+    def unset(self):
+        """The parsed value when the flag is not on the command line."""
+        return self.options.get("default", False if self.options.get("action") == "store_true" else None)
+
+    def add_to(self, group, **help_values):
+        group.add_argument(self.name, help=self.help.format(**help_values) if help_values else self.help,
+                           **self.options)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study: flags, checks and model fields, declared once (see the module docstring).
+
+    resolve(config, pattern) -> {field: value}: validates this study's flags of the run config (the track's layer
+      pattern at --num-layers given) and returns their resolved values (defaults filled in); raises UsageError.
+    model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
+    model_fields: (name, type, default) of the model config fields; the defaults mean off.
+    variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
+      flags as given (e.g. dlo-groups2-init-slerp)."""
+    name: str  # the word the generic variant name starts with
+    title: str  # the --help group's title
+    description: str | None
+    flags: tuple[Flag, ...]  # the first one switches the study on
+    resolve: Callable
+    model_config: Callable
+    model_fields: tuple = ()
+    variant_name: Callable | None = None
+    excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
+    excludes_why: str = ""
+
+    def active(self, config):
+        return getattr(config, self.flags[0].dest) not in (None, False, (), 0)
+
+    def check_exclusions(self, config, studies):
+        """Raises UsageError when this study is on together with a flag it excludes."""
+        if not self.active(config):
+            return
+        flags = {flag.name: flag for study in studies for flag in study.flags}
+        for name in self.excludes:
+            if getattr(config, flags[name].dest) not in (None, False, ()):
+                raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
