@@ -3,13 +3,15 @@ seeds, the looks are recorded and replayed after a kill, bad input is refused in
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ablations.cli import main
 from analysis.sequential import describe_look
-from runner_support import ablations, read_events, runner_env, start_ablations, wait_for, write_study
+from runner_support import REPO, ablations, read_events, runner_env, start_ablations, wait_for, write_study
 
 pytestmark = pytest.mark.slow  # every test here starts the runner or training processes
 
@@ -177,6 +179,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, refused):
     # a study file in a folder that does not exist, and argparse's own usage errors
     assert "does not exist" in refused(tmp_path / "nowhere" / "s.toml", "--until-decided")
     assert "unrecognized arguments: --untill-decided" in refused(study, "--untill-decided")
+    # the front door as a user types it: ./run.sh STUDY --until-decided ... (python3 on PATH: the tests' own)
+    env = runner_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("FORCE_VENV", None)
+    front = subprocess.run([str(REPO / "run.sh"), str(study), "--until-decided", "--alpha", "1.5"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert front.returncode == 2 and front.stderr.splitlines() == [
+        "error: --until-decided: alpha 1.5 is not strictly between 0 and 1"], front.stdout + front.stderr
     usage = ablations(["run"], tmp_path, runner_env())  # the command line as typed, in a process of its own
     assert usage.returncode == 2 and usage.stderr.startswith("error: the following arguments are required: study")
     assert len(usage.stderr.strip().splitlines()) == 1
