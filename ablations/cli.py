@@ -35,8 +35,8 @@ def _study_options(parser: argparse.ArgumentParser, arms: bool = True) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="python -m ablations",
-                     description="Run studies (arms x seeds of a training script) resumably; see ablations/README.md")
+    parser = OneLineErrorParser(prog="python -m ablations", description="Run studies (arms x seeds of a training "
+                                "script) resumably; see ablations/README.md")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
 
     commands.add_parser("list", help="list the studies with their descriptions")

@@ -410,7 +410,8 @@ def make_parser() -> argparse.ArgumentParser:
         "Statistics, plots, reports and record packaging for speedrun run logs (this project's logs and upstream "
         "modded-nanogpt record logs of every era). Only finished runs (a final validation at the planned last step; "
         "for this project's logs also the closing peak-memory line) enter statistics."))
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineErrorParser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=OneLineErrorParser)
 
     p = commands.add_parser("summarize", help="runs and groups: final losses, times, p-values, time to target",
                             description="Per run: final loss, train time, time/step to target (linear interpolation "
