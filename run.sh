@@ -12,6 +12,7 @@
 #   ./run.sh --help               this help and the list of studies
 #   ./run.sh setup                only set up the Python environment
 #   ./run.sh test [pytest args]   set up (if needed) and run the test suite (what CI runs)
+#   ./run.sh test --fast [args]   only the fast tier: the tests not marked slow (no process started; minutes)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -142,8 +143,13 @@ case "${1:-}" in
         ;;
     test)
         shift
+        tier=()
+        if [ "${1:-}" = --fast ]; then
+            shift
+            tier=(-m "not slow")
+        fi
         setup_python need-test
-        exec "$PY" -m pytest -q "$@"
+        exec "$PY" -m pytest -q "${tier[@]}" "$@"
         ;;
     -h|--help|help)
         usage

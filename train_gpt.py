@@ -196,14 +196,14 @@ class GPT(StudyGPT):
         return chunked_cross_entropy(latents, target_seq, logits_of, head_chunks)
 
 
-def choose_lm_head(model, args, ddp: Dist):
+def choose_lm_head(model, args, proc: Dist):
     """Turns the FP8 head on where it can run (and --fp8-head is not off); returns the log line saying which ran."""
-    available = fp8_head_available(ddp.device)
+    available = fp8_head_available(proc.device)
     model.fp8_head = available and args.fp8_head == "auto"
     if model.fp8_head:
         return ["lm_head: fp8 (e4m3 input and weight, e5m2 gradient, torch._scaled_mm) in training; bf16 in eval"]
     dtype = str(model.embedding_params()[0].dtype).replace("torch.", "")
-    why = "--fp8-head off" if available else f"no FP8 matmul on {ddp.device.type}"
+    why = "--fp8-head off" if available else f"no FP8 matmul on {proc.device.type}"
     return [f"lm_head: {dtype} matmul ({why})"]
 
 
@@ -221,15 +221,15 @@ class Optimizers(TrackOptimizers):
     USE_SNOO = False
 
 
-def first_batch_steps(train_model, opt, args, ddp: Dist, cfg: GPTConfig):
+def first_batch_steps(train_model, opt, args, proc: Dist, cfg: GPTConfig):
     """The kernel warm-up's steps: full training steps on the first training batches, window one block (the run
     then restarts the loader from the beginning)."""
     stream = TokenStream(find_shards(args.train_files, "--train-files"), args.train_seq_len, "--train-files",
-                         ddp.device)
-    window = torch.tensor(1, device=ddp.device)
+                         proc.device)
+    window = torch.tensor(1, device=proc.device)
 
     def take_step(i):
-        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
+        train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
         opt.step(i, args.num_iterations)
     return take_step
 
@@ -259,8 +259,8 @@ SMALL = Track(name=TRACK, script=__file__, model_config=model_config, model_clas
               barrier_around_validation=False, prepare_model=choose_lm_head)
 
 
-def run(args, ddp: Dist):
-    run_track(SMALL, args, ddp)
+def run(args, proc: Dist):
+    run_track(SMALL, args, proc)
 
 
 def main(argv=None):

@@ -154,17 +154,17 @@ def resolve_args(argv=None):
 VAL_HEAD_CHUNKS = 4  # validation runs the head in at least this many pieces of the sequence (memory)
 
 
-def random_token_steps(train_model, opt, args, ddp: Dist, cfg: GPTConfig):
+def random_token_steps(train_model, opt, args, proc: Dist, cfg: GPTConfig):
     """The kernel warm-up's steps: full training steps on random tokens, windows spread over the schedule."""
     N = args.num_iterations
     gen = torch.Generator().manual_seed(args.seed + 1)
 
     def take_step(i):
-        window = torch.tensor(window_blocks_at(i * N // args.warmup_steps, N, cfg), device=ddp.device)
+        window = torch.tensor(window_blocks_at(i * N // args.warmup_steps, N, cfg), device=proc.device)
         batches = [(torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen),
                     torch.randint(0, cfg.vocab_size, (args.train_seq_len,), generator=gen))
-                   for _ in ddp.virtual_ranks]
-        train_step(train_model, batches, window, ddp, opt.reducer)
+                   for _ in proc.virtual_ranks]
+        train_step(train_model, batches, window, proc, opt.reducer)
         opt.step(i, N)
     return take_step
 
@@ -175,8 +175,8 @@ MEDIUM = Track(name=TRACK, script=__file__, model_config=model_config, model_cla
                coordinate_descent_tuning=lambda args: args.coordinate_descent_tuning == "on")
 
 
-def run(args, ddp: Dist):
-    run_track(MEDIUM, args, ddp)
+def run(args, proc: Dist):
+    run_track(MEDIUM, args, proc)
 
 
 def main(argv=None):

@@ -52,7 +52,7 @@ def rank_layers(summary: dict, arm_layers: dict[str, int]) -> list[int]:
 
 
 def sweep_summary(sweep_dir: Path, target: float) -> dict:
-    """The analysis package's summary of a finished sweep (its command line is the contract between the parts)."""
+    """The analysis package's summary of a finished sweep (its command line is the interface between the parts)."""
     command = [sys.executable, "-m", "analysis", "summarize", str(sweep_dir), "--target", str(target), "--json"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -67,8 +67,9 @@ def sweep_summary(sweep_dir: Path, target: float) -> dict:
         raise StudyError(f"`python -m analysis summarize {sweep_dir} --json` printed no JSON") from None
 
 
-def generate_arms(spec: dict, required: str | None, runs_dir: Path, where: str) -> dict[str, dict]:
-    """Arm name -> flag table for a study's [generate] table."""
+def generate_arms(spec: dict, sweep, runs_dir: Path, where: str) -> dict[str, dict]:
+    """Arm name -> flag table for a study's [generate] table. `sweep` is the study its requires_results names, as
+    ablations.study loaded it (None when there is none): the result orders rank that sweep's layers."""
     where = f"{where}: [generate]"
     unknown = sorted(set(spec) - GENERATE_KEYS)
     if unknown:
@@ -93,17 +94,14 @@ def generate_arms(spec: dict, required: str | None, runs_dir: Path, where: str) 
 
     ranked = None
     if RESULT_ORDERS & set(orders):
-        if required is None:
+        if sweep is None:
             raise StudyError(f"{where}: orders {', '.join(sorted(RESULT_ORDERS))} need requires_results naming the sweep")
-        ranked = ranked_sweep_layers(required, flag, runs_dir)
+        ranked = ranked_sweep_layers(sweep, flag, runs_dir)
     chosen = layer_selections(orders, layers, counts, random_seed, ranked)
     return {f"{order}-n{n:02d}": {flag: ",".join(map(str, picked))} for (order, n), picked in chosen.items()}
 
 
-def ranked_sweep_layers(required: str, flag: str, runs_dir: Path) -> list[int]:
-    from .study import load_study  # noqa: PLC0415 (study imports this module)
-
-    sweep = load_study(required, runs_dir=runs_dir)
+def ranked_sweep_layers(sweep, flag: str, runs_dir: Path) -> list[int]:
     arm_layers = {}
     for arm, table in sweep.arms.items():
         try:
@@ -111,5 +109,5 @@ def ranked_sweep_layers(required: str, flag: str, runs_dir: Path) -> list[int]:
         except (KeyError, TypeError, ValueError):
             continue  # reference arms (e.g. the baseline) do not rank a layer
     if not arm_layers:
-        raise StudyError(f"study {required!r} has no arm with a single --{flag} layer to rank")
+        raise StudyError(f"study {sweep.name!r} has no arm with a single --{flag} layer to rank")
     return rank_layers(sweep_summary(Path(runs_dir) / sweep.name, sweep.target), arm_layers)

@@ -3,7 +3,7 @@
 Every fact the runner needs lives in files next to the log, so that a runner killed at any moment (or several runners,
 on one machine or on the nodes of a cluster sharing the folder) can pick up where things are:
 
-    <runs>/<study>/<arm>/seed<k>.txt                      the run log (complete iff its last line is the peak memory line)
+    <runs>/<study>/<arm>/seed<k>.txt                      the run log (docs/log-format.md; complete iff its last line is the peak memory line)
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
     <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
@@ -20,16 +20,13 @@ import errno
 import fcntl
 import json
 import os
-import re
 import signal
 import socket
 import time
 import zipfile
 from pathlib import Path
 
-COMPLETE_PREFIX = "peak memory allocated:"
-SEPARATOR = "=" * 100
-STEP_LINE = re.compile(r"^step:(\d+)/(\d+) (?:val_loss:([0-9.eE+-]+|nan|inf) )?train_time:")
+from speedrun.logformat import SEPARATOR, is_finished_line, parse_step_line, read_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +85,7 @@ def last_line(path: Path) -> str | None:
 
 
 def log_is_complete(path: Path) -> bool:
-    line = last_line(path)
-    return line is not None and line.startswith(COMPLETE_PREFIX)
+    return is_finished_line(last_line(path))
 
 
 def set_aside(paths: RunPaths, path: Path, reason: str) -> Path:
@@ -111,25 +107,11 @@ def keep_aside(paths: RunPaths) -> Path | None:
 
 
 def log_config(path: Path) -> dict | None:
-    """The `config: {json}` line of a run log (in the section between its last two separator lines; the source
-    above them may hold look-alike text), or None when the log has none yet."""
+    """The config line of a run log (see speedrun/logformat.py: read_config), or None when it has none yet."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return read_config(path.read_bytes())
     except OSError:
         return None
-    separators = [i for i, line in enumerate(lines) if line == SEPARATOR]
-    if not separators:
-        return None
-    start = separators[-2] if len(separators) > 1 else separators[-1]
-    end = separators[-1] if len(separators) > 1 else len(lines)
-    for line in lines[start + 1:end]:
-        if line.startswith("config: {"):
-            try:
-                config = json.loads(line[len("config: "):])
-            except ValueError:
-                return None
-            return config if isinstance(config, dict) else None
-    return None
 
 
 def checkpoint_config(path: Path) -> dict | None:
@@ -210,13 +192,13 @@ class LogFollower:
                 if line == SEPARATOR:
                     self.separators += 1
                 continue
-            match = STEP_LINE.match(line)
-            if not match:
+            parsed = parse_step_line(line)
+            if parsed is None:
                 continue
-            self.progress.step, self.progress.total = int(match.group(1)), int(match.group(2))
-            self.progress.is_val = match.group(3) is not None
+            self.progress.step, self.progress.total = parsed.step, parsed.total
+            self.progress.is_val = parsed.val_loss is not None
             if self.progress.is_val:
-                self.progress.val_loss = float(match.group(3))
+                self.progress.val_loss = parsed.val_loss
                 self.progress.val_step = self.progress.step
             updates.append(dataclasses.replace(self.progress))
         return updates

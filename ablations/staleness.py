@@ -3,8 +3,8 @@
 A study edited after some of its runs were made (`num-iterations` 12 -> 16, a flag removed from an arm, another
 `script`) must not count their logs as done, nor resume their checkpoints into a log that mixes both schedules. Every
 flag of the training script (named by the study or left at its default) and the seed are parsed with the script's
-own parser, as the run would parse them, and compared with the `config` a log or checkpoint recorded (contract
-section 3: every flag value after parsing), and so is the track the script writes.
+own parser, as the run would parse them, and compared with the `config` a log or checkpoint recorded (docs/log-format.md:
+every flag value after parsing), and so is the track the script writes.
 """
 
 from __future__ import annotations

@@ -227,15 +227,12 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
         if not NAME.match(arm):
             raise StudyError(f"{where}: arm name {arm!r} must be letters, digits and ._+- (it names a folder)")
         arms[arm] = {**shared, **_flag_table(table, f"{where}: [arms.{arm}]")}
+    required_study = None if requires is None else check_results_exist(requires, runs_dir, where, chain)
     if generate is not None:
-        if requires is not None:
-            check_results_exist(requires, runs_dir, where, chain)
-        for arm, table in layer_orders.generate_arms(generate, requires, runs_dir, where).items():
+        for arm, table in layer_orders.generate_arms(generate, required_study, runs_dir, where).items():
             if arm in arms:
                 raise StudyError(f"{where}: generated arm {arm!r} is also listed under [arms]")
             arms[arm] = {**shared, **table}
-    elif requires is not None:
-        check_results_exist(requires, runs_dir, where, chain)
     if not arms:
         raise StudyError(f"{where}: the study has no arms")
     until_decided = _check_type(data.get("until_decided", False), bool, f"{where}: until_decided")
@@ -255,8 +252,9 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
                  requires, target, time_limit, generate, until_decided, max_seeds, alpha, claim, max_factor)
 
 
-def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> None:
-    """A derived study needs every arm of the study it builds on to have at least one complete run."""
+def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> Study:
+    """A derived study needs every arm of the study it builds on to have at least one complete run; returns that
+    study."""
     from .runstate import log_is_complete  # noqa: PLC0415 (kept local: runstate is only needed here)
 
     base = load_study(required, runs_dir=runs_dir, _requiring=chain)
@@ -265,6 +263,7 @@ def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[
     if missing:
         raise StudyError(f"{where}: needs finished results of study {required!r} in {Path(runs_dir) / required}; "
                          f"arms with no complete run: {', '.join(missing)} (run `./run.sh {required}` first)")
+    return base
 
 
 def select_arms(study: Study, patterns: list[str] | None) -> list[str]:
@@ -286,7 +285,7 @@ def select_arms(study: Study, patterns: list[str] | None) -> list[str]:
 # ----- checking flags against the training script ---------------------------------------------------------------
 
 def load_script(script: Path):
-    """Imports the training script from its path (importing runs nothing, by contract)."""
+    """Imports the training script from its path (importing a training script runs nothing: its main is guarded)."""
     if not script.is_file():
         raise StudyError(f"training script {script} does not exist")
     spec = importlib.util.spec_from_file_location(f"_study_script_{script.stem.replace('-', '_')}", script)

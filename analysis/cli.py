@@ -421,7 +421,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=positive_float,
                    help="target validation loss (default: the track's - 2.92 medium, 3.28 small - from the config "
                         "line or the records/track_* folder)")
-    p.add_argument("--json", action="store_true", help="print the JSON object of contracts.md section 4")
+    p.add_argument("--json", action="store_true", help="print the JSON object (keys: analysis/README.md)")
     p.set_defaults(handler=cmd_summarize)
 
     p = commands.add_parser("compare", help="arms against a baseline arm: Welch t-tests, CIs, Holm/BH",

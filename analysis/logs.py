@@ -1,10 +1,6 @@
-"""Reading run logs: this project's format (contracts.md section 3) and upstream modded-nanogpt record logs.
-
-A log is the script's source, then sections separated by lines of exactly 100 '=', then the step lines. The source
-at the top may itself contain text that looks like step lines, a config line or a peak-memory line, so step lines,
-scalars and the final peak-memory line are only read after the LAST separator line, and the config / `key: value`
-environment lines only between the last two separators (or after the last one when the log stops inside the
-environment section). Only whole lines that match the expected shapes count.
+"""Reading run logs: this project's format and upstream modded-nanogpt record logs (docs/log-format.md; the line
+grammar and the sections a reader looks into are speedrun/logformat.py's). Here: which runs a log holds, whether each
+finished, and how logs are found, grouped and counted once. Only whole lines that match the expected shapes count.
 """
 from __future__ import annotations
 
@@ -17,33 +13,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tracks import run_track
+from speedrun.logformat import (ENV_LINE, LLMC_LINE, STEP_LINE, VAL_OR_SCALARS_LINE, code_section,  # noqa: F401
+                                parse_json_object, parse_peak_line, split_sections, step_from_match)
 
-SEPARATOR = b"=" * 100
-_SEPARATOR_LINE = b"\n" + SEPARATOR + b"\n"
+from .tracks import track_of_run
 
-# Every era: `step:s/N [val_loss:v ][train_loss:l ]train_time:T step_avg:Ams` (step_avg may be `nan`); T is in
-# milliseconds (`123ms`) or, in some upstream logs, in seconds (`813.819s`).
-_STEP_LINE = re.compile(
-    rb"^step:(\d+)/(\d+) (?:val_loss:([^ \n]+) )?(?:train_loss:[^ \n]+ )?"
-    rb"train_time:(\d+(?:\.\d*)?)(ms|s) step_avg:[^ \n]*ms[ \t]*$",
-    re.MULTILINE,
-)
-# Validation and scalars lines in one pass; the leading newline is a literal prefix, so the regex engine jumps
-# between candidate lines quickly.
-_VAL_OR_SCALARS_LINE = re.compile(
-    rb"\nstep:(\d+)/(\d+) (?:val_loss:([^ \n]+) (?:train_loss:[^ \n]+ )?"
-    rb"train_time:(\d+(?:\.\d*)?)(ms|s) step_avg:[^ \n]*ms|scalars: (\{[^\n]*\}))[ \t]*(?=\n|$)"
-)
-# llm.c logs (`main.log`): `s:STEP tel:LOSS` / `s:STEP trl:LOSS ...` lines, losses without any time.
-_LLMC_LINE = re.compile(rb"^s:\d+ t[er]l:", re.MULTILINE)
-_CONFIG_LINE = re.compile(rb"^config: (\{.*\})[ \t]*$", re.MULTILINE)
-_ENV_LINE = re.compile(rb"^([A-Za-z_][\w.\-]*): ([^\n]*?)[ \t]*$", re.MULTILINE)
-# Ours and upstream since 2025: allocated + reserved; early upstream eras: `peak memory consumption: N MiB`.
-_PEAK_LINE = re.compile(
-    r"^peak memory (?:allocated: (\d+(?:\.\d+)?) MiB reserved: (\d+(?:\.\d+)?) MiB"
-    r"|consumption: (\d+(?:\.\d+)?) MiB)\s*$"
-)
 # Logs the study runner set aside (`seed0.unfinished-<time>.txt`, `seed0.stale-<time>.txt`) never count.
 _SET_ASIDE = re.compile(r"\.(?:unfinished|stale)-[^.]*\.txt$")
 _SEED_IN_NAME = re.compile(r"seed[_-]?(\d+)$|^(\d+)$")
@@ -53,7 +27,7 @@ class LogUnreadable(Exception):
 
 
 @dataclass
-class RunLog:
+class ParsedLog:
     path: Path
     variant: str
     seed: int | str | None
@@ -132,37 +106,8 @@ def _seed_from_name(path: Path) -> int | str:
     return path.stem
 
 
-def _parse_float(text: bytes) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return math.nan
-
-
-def _milliseconds(value: bytes, unit: bytes) -> float:
-    return float(value) * (1000.0 if unit == b"s" else 1.0)
-
-
-def _last_two_separators(data: bytes) -> tuple[int, int]:
-    """Offsets of the last two separator lines (each with the newline before it); -1 where there is none."""
-    last = data.rfind(_SEPARATOR_LINE)
-    if last < 0:
-        return -1, -1
-    return last, data.rfind(_SEPARATOR_LINE, 0, last + 1)  # + 1: two separator lines in a row share a newline
-
-
-def _region_after_last_separator(data: bytes) -> tuple[int, int]:
-    """(start of the step region, start of the environment region); -1 when the log has no separator."""
-    last, previous = _last_two_separators(data)
-    if last < 0:
-        return -1, -1
-    step_start = last + len(_SEPARATOR_LINE) - 1  # keep the newline: step regexes start with "\n"
-    env_start = previous + len(_SEPARATOR_LINE) if previous >= 0 else step_start
-    return step_start, env_start
-
-
 def _last_step_line(steps: bytes):
-    """The last full step line (validation or training) of the step region, as a regex match, or None."""
+    """The last full step line (validation or training) of the step region, as a StepLine, or None."""
     end = len(steps)
     while end > 0:
         start = steps.rfind(b"\nstep:", 0, end)
@@ -170,9 +115,9 @@ def _last_step_line(steps: bytes):
             return None
         line_end = steps.find(b"\n", start + 1)
         line_end = len(steps) if line_end < 0 else line_end
-        match = _STEP_LINE.match(steps, start + 1, line_end)
+        match = STEP_LINE.match(steps, start + 1, line_end)
         if match:
-            return match
+            return step_from_match(match)
         end = start
     return None
 
@@ -185,12 +130,12 @@ def _last_nonempty_line(data: bytes) -> str:
 
 def _unsupported_reason(data: bytes) -> str:
     """Why a text file without a separator line is not read: named, so no file is passed over in silence."""
-    if _LLMC_LINE.search(data):
+    if LLMC_LINE.search(data):
         return "unsupported format: llm.c log (its `s:STEP tel:LOSS` lines hold losses but no train time)"
     return "unsupported format: no line of 100 '=' (not a modded-nanogpt run log)"
 
 
-def planned_last_step(run: RunLog) -> int | None:
+def planned_last_step(run: ParsedLog) -> int | None:
     """The step a run plans to end at: N of `step:s/N`, or the config's `stop_after` (a run told to stop early
     validates and ends there)."""
     stop_after = run.config.get("stop_after")
@@ -199,7 +144,7 @@ def planned_last_step(run: RunLog) -> int | None:
     return run.total_steps
 
 
-def _incomplete_reason(run: RunLog, has_peak_line: bool) -> str | None:
+def _incomplete_reason(run: ParsedLog, has_peak_line: bool) -> str | None:
     """Why the run is not finished, or None when it is. Finished: a final validation at the planned last step;
     for this project's logs (those with a config line) also the closing peak-memory line. Upstream logs of 2024
     end at their final validation line, before logs had a peak-memory line."""
@@ -215,7 +160,7 @@ def _incomplete_reason(run: RunLog, has_peak_line: bool) -> str | None:
     return None
 
 
-def parse_log(path: str | os.PathLike) -> RunLog:
+def parse_log(path: str | os.PathLike) -> ParsedLog:
     """Parse one log file. Raises LogUnreadable when it is not a run log at all."""
     path = Path(path)
     try:
@@ -230,47 +175,30 @@ def parse_log(path: str | os.PathLike) -> RunLog:
     if b"\r\n" in data:
         data = data.replace(b"\r\n", b"\n")
     data = b"\n" + data  # so a separator on the very first line is found like any other
-    step_start, env_start = _region_after_last_separator(data)
-    if step_start < 0:
+    sections = split_sections(data)
+    if sections is None:
         raise LogUnreadable("binary data, not a text log" if has_nul else _unsupported_reason(data))
-    steps = data[step_start:]
-    # The config line is in the environment section: between the last two separators, or after the last one when
-    # the log stops inside the environment section (then no step line follows the last separator).
-    env_region, config_match = steps, None
-    if b"\nstep:" not in steps:
-        for config_match in _CONFIG_LINE.finditer(steps):
-            pass
-    if config_match is None and env_start < step_start:
-        env_region = data[env_start:step_start]
-        for config_match in _CONFIG_LINE.finditer(env_region):
-            pass  # the last one: a well-formed section holds exactly one
-    config = {}
-    if config_match:
-        try:
-            parsed = json.loads(config_match.group(1))
-            config = parsed if isinstance(parsed, dict) else {}
-        except (ValueError, UnicodeDecodeError):
-            config = {}
+    steps = sections.steps
+    has_config = sections.config_json is not None
+    config = (parse_json_object(sections.config_json) if has_config else None) or {}
     env = {}
-    for match in _ENV_LINE.finditer(env_region):
+    for match in ENV_LINE.finditer(sections.environment):
         key = match.group(1).decode("ascii", errors="replace")
         if key != "config":
             env.setdefault(key, match.group(2).decode("utf-8", errors="replace"))
 
-    run = RunLog(path=path, variant="", seed=None, complete=False, upstream=not config_match,
+    run = ParsedLog(path=path, variant="", seed=None, complete=False, upstream=not has_config,
                  config=config, env=env, folder=path.parent.name or ".", digest=hashlib.blake2b(data).hexdigest())
     by_step = {}
-    for match in _VAL_OR_SCALARS_LINE.finditer(steps):
+    for match in VAL_OR_SCALARS_LINE.finditer(steps):
         step = int(match.group(1))
         if match.group(6) is None:
-            by_step[step] = (_parse_float(match.group(3)), _milliseconds(match.group(4), match.group(5)))
-            run.total_steps = int(match.group(2))
+            line = step_from_match(match)
+            by_step[step] = (line.val_loss, line.train_time_ms)
+            run.total_steps = line.total
             continue
-        try:
-            values = json.loads(match.group(6))
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(values, dict):
+        values = parse_json_object(match.group(6))
+        if values is not None:
             run.scalars.append((step, values))
     for step in sorted(by_step):  # a resumed log may repeat steps: the later line wins
         run.val_steps.append(step)
@@ -278,18 +206,14 @@ def parse_log(path: str | os.PathLike) -> RunLog:
         run.val_times_ms.append(by_step[step][1])
     last = _last_step_line(steps)
     if last:
-        run.final_step, run.total_steps = int(last.group(1)), int(last.group(2))
-        run.train_time_ms = _milliseconds(last.group(4), last.group(5))
-    elif b"\nstep:" in steps and not config_match:
+        run.final_step, run.total_steps, run.train_time_ms = last.step, last.total, last.train_time_ms
+    elif b"\nstep:" in steps and not has_config:
         raise LogUnreadable("unsupported format: its `step:` lines do not read "
                             "`step:S/N [val_loss:V ]train_time:T(ms|s) step_avg:Ams`")
 
-    peak = _PEAK_LINE.match(_last_nonempty_line(steps))
+    peak = parse_peak_line(_last_nonempty_line(steps))
     if peak:
-        if peak.group(3) is not None:
-            run.peak_allocated_mib = float(peak.group(3))
-        else:
-            run.peak_allocated_mib, run.peak_reserved_mib = float(peak.group(1)), float(peak.group(2))
+        run.peak_allocated_mib, run.peak_reserved_mib = peak
     run.problem = _incomplete_reason(run, peak is not None)
     run.complete = run.problem is None
 
@@ -298,16 +222,6 @@ def parse_log(path: str | os.PathLike) -> RunLog:
     seed = config.get("seed")
     run.seed = seed if isinstance(seed, (int, str)) and not isinstance(seed, bool) else _seed_from_name(path)
     return run
-
-
-def code_section(data: bytes) -> str | None:
-    """The script source at the top of a log: everything before the separator that opens the environment
-    section (the second-to-last separator line), or None when the log has fewer than two."""
-    data = b"\n" + data
-    _, previous = _last_two_separators(data)
-    if previous < 0:
-        return None
-    return data[1:previous + 1].decode("utf-8", errors="replace")
 
 
 def natural_key(text: str):
@@ -377,7 +291,7 @@ def _parse_or_unreadable(path: Path):
 _LOCATION_KEYS = ("log_dir", "run_name", "resume")
 
 
-def run_identity(run: RunLog):
+def run_identity(run: ParsedLog):
     """What makes two logs the same run: (track, variant, seed, config) for this project's logs; for a log without
     config line (upstream's) its arm and its bytes."""
     if run.upstream:
@@ -428,11 +342,11 @@ def load_runs(paths, jobs: int | None = None):
     else:
         results = [_parse_or_unreadable(path) for path in files]
     for result, (_, key) in zip(results, logs):
-        if isinstance(result, RunLog):
+        if isinstance(result, ParsedLog):
             if result.config.get("variant") in (None, ""):  # no config variant: the arm is the folder
                 result.variant = key
             result.folder = key
-    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, RunLog)])
+    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)])
     unreadable = [r for r in results if isinstance(r, Unreadable)]
     return runs, unreadable + duplicates
 
@@ -440,15 +354,15 @@ def load_runs(paths, jobs: int | None = None):
 def group_runs(runs, by: str = "variant", complete_only: bool = True) -> dict:
     """Runs grouped by variant (config line, else folder) or by folder (relative to the PATH given), in
     first-seen order. Raises MixedTracks when an arm would pool runs of both tracks."""
-    groups: dict[str, list[RunLog]] = {}
+    groups: dict[str, list[ParsedLog]] = {}
     for run in runs:
         if complete_only and not run.complete:
             continue
         groups.setdefault(run.variant if by == "variant" else run.folder, []).append(run)
     for name, members in groups.items():
-        tracks: dict[str, RunLog] = {}
+        tracks: dict[str, ParsedLog] = {}
         for run in members:
-            tracks.setdefault(run_track(run), run)
+            tracks.setdefault(track_of_run(run), run)
         tracks.pop(None, None)
         if len(tracks) > 1:
             examples = "; ".join(f"{track}: {run.path}" for track, run in tracks.items())

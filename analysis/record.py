@@ -3,15 +3,15 @@ a README with the losses, times, their means and standard deviations, the p-valu
 The folder is built under a temporary name and renamed at the end, so a half-written record never has its name."""
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from .logs import code_section
+from speedrun.logformat import code_section, split_sources
+
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
-from .tracks import RECORD_FOLDERS, TARGETS, run_track
+from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
 
 SCRIPT_NAMES = {"medium": "train_gpt_medium.py", "small": "train_gpt.py"}
 TRACK_TITLES = {"medium": "GPT-2 Medium track", "small": "GPT-2 Small track"}
@@ -27,22 +27,6 @@ def _log_names(runs) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [f"{run.path.parent.name}_{run.path.name}" for run in runs]
-
-
-# A log embeds, after the script, the source of each project module it imported under one header line.
-_MODULE_HEADER = re.compile(r"^==> (speedrun/[A-Za-z_][A-Za-z0-9_]*\.py) <==$", re.MULTILINE)
-
-
-def split_sources(code: str) -> tuple[str, dict[str, str]]:
-    """(the script's source, {module path: source}) of a log's code section."""
-    headers = list(_MODULE_HEADER.finditer(code))
-    if not headers:
-        return code, {}
-    modules = {}
-    for header, following in zip(headers, headers[1:] + [None]):
-        end = following.start() if following else len(code)
-        modules[header.group(1)] = code[header.end() + 1:end]
-    return code[:headers[0].start()], modules
 
 
 def _shared_code(runs) -> str | None:
@@ -92,9 +76,9 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
     runs = [run for run in runs if run.complete]
     if not runs:
         raise RecordError("no complete runs to package")
-    other_track = next((run for run in runs if run_track(run) not in (None, track)), None)
+    other_track = next((run for run in runs if track_of_run(run) not in (None, track)), None)
     if other_track is not None:
-        raise RecordError(f"{other_track.path} is a {run_track(other_track)}-track run, not a {track}-track one: "
+        raise RecordError(f"{other_track.path} is a {track_of_run(other_track)}-track run, not a {track}-track one: "
                           f"a record holds runs of its own track only")
     variants = sorted({run.variant for run in runs})
     if len(variants) > 1:

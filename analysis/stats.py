@@ -57,8 +57,8 @@ def p_below_target(losses, target: float) -> float | None:
 
 def loss_time_stats(losses, times, target: float | None = None) -> dict:
     """Mean and sample std of final losses and train times; with a target, also the one-sided one-sample t-test
-    p-value that the mean loss is below it. Keys as in the summarize contract, plus `n_diverged`: runs whose final
-    loss is nan or inf. Means and stds are over the finite losses; with any diverged run the p-value is None, as
+    p-value that the mean loss is below it. Keys as in summarize's JSON (analysis/README.md), with `n_diverged`:
+    runs whose final loss is nan or inf. Means and stds are over the finite losses; with any diverged run the p-value is None, as
     a diverged run fails a claim that the mean loss is below a target."""
     n_diverged = sum(1 for loss in losses if loss is not None and not math.isfinite(loss))
     mean_loss, std_loss = mean_std(losses)

@@ -1,4 +1,4 @@
-"""`summarize`: per-run facts and per-group statistics, as the JSON object of contracts.md section 4."""
+"""`summarize`: per-run facts and per-group statistics, as the JSON object analysis/README.md describes."""
 from __future__ import annotations
 
 from .logs import Duplicate, duplicate_warnings, group_runs, planned_steps_warnings
@@ -24,7 +24,7 @@ def run_record(run, target: float) -> dict:
 
 
 def group_record(variant: str, records: list[dict], target: float) -> dict:
-    """Statistics of one group's complete runs. Beyond the contract's keys: how many runs reached the target and
+    """Statistics of one group's complete runs: losses and times, how many runs reached the target and
     the mean/std of their time and step to target (runs that never reach it are left out of those)."""
     reached = [r for r in records if r["time_to_target_s"] is not None]
     mean_ttt, std_ttt = mean_std([r["time_to_target_s"] for r in reached])

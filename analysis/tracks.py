@@ -5,7 +5,7 @@ TARGETS = {"medium": 2.92, "small": 3.28}
 RECORD_FOLDERS = {"medium": "track_2_medium", "small": "track_1_short"}
 
 
-def run_track(run) -> str | None:
+def track_of_run(run) -> str | None:
     """The track of one run: its config's `track`, else an upstream records folder in its path."""
     value = str(run.config.get("track", "")).lower()
     if "medium" in value:
@@ -20,5 +20,5 @@ def run_track(run) -> str | None:
 
 def track_of(runs) -> str | None:
     """The track the runs name (config line, else records folder in their path), when they all agree on one."""
-    found = {run_track(run) for run in runs} - {None}
+    found = {track_of_run(run) for run in runs} - {None}
     return found.pop() if len(found) == 1 else None

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(f"error: gpu-check needs CUDA and this torch {torch.__version__} sees no CUDA device", file=sys.stderr)
         return 2
-    from benchmarks.gpu_medium import make_shards
+    from benchmarks.synthetic_shards import make_shards
 
     checks = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,25 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 from ablations.study import load_script, load_study, select_arms  # noqa: E402
 from analysis.logs import parse_log  # noqa: E402
-from data.shards import write_shard  # noqa: E402
+from benchmarks.synthetic_shards import make_shards  # noqa: E402
 from speedrun.data import VIRTUAL_RANKS  # noqa: E402
 
 SCRIPT = ROOT / "train_gpt_medium.py"
-
-
-def synthetic_tokens(n, rng):
-    """Zipf-distributed GPT-2 token ids in documents that start with 50256 (about 1000 tokens each)."""
-    tokens = (rng.zipf(1.2, n) % 50257).astype(np.uint16)
-    tokens[rng.random(n) < 1e-3] = 50256
-    tokens[0] = 50256
-    return tokens
-
-
-def make_shards(folder, train_tokens, val_tokens):
-    rng = np.random.default_rng(0)
-    write_shard(folder / "synthetic_val_000000.bin", synthetic_tokens(val_tokens, rng))
-    write_shard(folder / "synthetic_train_000001.bin", synthetic_tokens(train_tokens, rng))
-    return str(folder / "synthetic_train_*.bin"), str(folder / "synthetic_val_*.bin")
 
 
 def matmul_flops_per_token(module, argv):

@@ -18,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import train_gpt_medium as tgm  # noqa: E402
+from analysis.logs import parse_log  # noqa: E402
 
 
 def initial_study_tensors(flags, seed):
@@ -45,10 +46,8 @@ def run_seed(flags, seed, folder):
     torch.manual_seed(seed)
     layout = tgm.GPT(tgm.model_config(args), max_seq_len=1).scalar_layout
     final = study_tensors(torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=False)["model"], layout)
-    log = [line for line in (folder / f"{name}.txt").read_text().splitlines() if line.startswith("step:")]
-    losses = [float(line.split("val_loss:")[1].split()[0]) for line in log if "val_loss:" in line]
-    scalars = [json.loads(line.split(" scalars: ", 1)[1]) for line in log if " scalars: " in line]
-    return final, losses, scalars
+    log = parse_log(folder / f"{name}.txt")
+    return final, log.val_losses, [values for _, values in log.scalars]
 
 
 def main():

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a file: make the `data` package importab
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data._cli import ArgumentParser
-from data.shards import ShardError
+from data.shard_format import ShardError
 from data.tokenize_text import InputError, blank_line_blocks, tokenize_to_shards
 
 # (file name, title, author, year of first publication). Titles, authors and most years are those of the

@@ -20,7 +20,8 @@ if __package__ in (None, ""):  # run as a file: make the `data` package importab
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data._cli import ArgumentParser
-from data.shards import ShardError, shard_name, validate_shard
+from data.shard_format import ShardError, validate_shard
+from data.shards import shard_name
 
 REPO_ID = "kjj0/fineweb10B-gpt2"
 DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"

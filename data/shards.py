@@ -1,7 +1,5 @@
-"""Shard files of GPT-2 tokens, the format of the modded-nanogpt speedrun.
-
-A shard is a header of 256 little-endian int32 values ([0] magic 20240520, [1] version 1, [2] token count N,
-the rest zero) followed by N little-endian uint16 tokens, and nothing else.
+"""Sets of shard files of GPT-2 tokens (the file format itself: data/shard_format.py): names, manifests, finding and
+checking them.
 
     python -m data.shards FILE...    validate each file as training reads it (header, size, at least one token,
                                      every id inside GPT-2's vocabulary), print `path: N tokens`; exit 2 at the
@@ -20,43 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from data._cli import ArgumentParser
-from speedrun.data import (HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, ShardError,  # noqa: F401 (the data API)
-                           read_header, read_shard, validate_nonempty_shard, validate_shard)
-
-MAX_TOKEN = 2**16 - 1
-
-
-def load_tokens(path) -> np.ndarray:
-    """Validates `path` and returns its tokens as a native uint16 array."""
-    count = validate_shard(path)
-    tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
-    return tokens.astype(np.uint16, copy=False)
-
-
-def write_shard(path, tokens) -> None:
-    """Writes `tokens` as a shard at `path`; readers never see a partial file (temp file, then os.replace)."""
-    path = Path(path)
-    array = np.asarray(tokens)
-    if array.ndim != 1:
-        raise ShardError(f"{path}: tokens must be a 1-D sequence, got shape {array.shape}")
-    if array.dtype != np.uint16:
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise ShardError(f"{path}: tokens must be integers, got dtype {array.dtype}")
-        if array.size and (array.min() < 0 or array.max() > MAX_TOKEN):
-            raise ShardError(f"{path}: tokens must lie in 0..{MAX_TOKEN}, got {array.min()}..{array.max()}")
-    if len(array) > np.iinfo(np.int32).max:
-        raise ShardError(f"{path}: {len(array)} tokens do not fit the int32 header count")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = MAGIC, VERSION, len(array)
-    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(array.astype("<u2", copy=False).tobytes())
-        os.replace(temp, path)
-    finally:
-        if temp.exists():
-            temp.unlink()
+from data.shard_format import ShardError, read_tokens_into, validate_nonempty_shard, validate_shard
 
 
 def manifest_path(folder, prefix: str) -> Path:
@@ -132,8 +94,9 @@ def main(argv=None) -> int:
         paths = _paths_from_args(args.files)
         check_manifest(paths)
         for path in paths:
-            validate_nonempty_shard(path)
-            print(f"{path}: {len(read_shard(path))} tokens", flush=True)
+            count = validate_nonempty_shard(path)
+            read_tokens_into(path, count, np.empty(count, dtype=np.uint16))
+            print(f"{path}: {count} tokens", flush=True)
     except ShardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -34,10 +34,10 @@ if __package__ in (None, ""):  # run as a file: make the `data` package importab
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data._cli import ArgumentParser, file_problem
-from data.shards import ShardError, manifest_path, shard_name, write_manifest, write_shard
+from data.shard_format import GPT2_VOCAB, ShardError, write_shard
+from data.shards import manifest_path, shard_name, write_manifest
 
 EOT_TOKEN = 50256
-GPT2_VOCAB_SIZE = 50257
 GPT2_RANKS_FILE = Path(__file__).resolve().with_name("gpt2.tiktoken")
 # The same bytes as tiktoken's r50k_base.tiktoken, whose ranks are those of tiktoken's "gpt2" encoding.
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -70,7 +70,7 @@ def gpt2_encoding():
         pat_str=GPT2_SPLIT_PATTERN,
         mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": EOT_TOKEN},
-        explicit_n_vocab=GPT2_VOCAB_SIZE,
+        explicit_n_vocab=GPT2_VOCAB,
     )
 
 

@@ -12,22 +12,22 @@ from speedrun.distributed import gather_to_rank0
 from speedrun.errors import UsageError
 
 
-def merged_muon_state(local, ddp):
+def merged_muon_state(local, proc):
     merged = {}
-    for part in gather_to_rank0({k: {n: t.cpu() for n, t in v.items()} for k, v in local.items()}, ddp):
+    for part in gather_to_rank0({k: {n: t.cpu() for n, t in v.items()} for k, v in local.items()}, proc):
         merged.update(part)
     return merged
 
 
-def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
+def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, proc):
     state = dict(model={k: v.cpu() for k, v in model.state_dict().items()},
-                 optimizers=opt.state_dict(lambda local: merged_muon_state(local, ddp)),
+                 optimizers=opt.state_dict(lambda local: merged_muon_state(local, proc)),
                  stream=stream.state(), step=step, train_ms=train_ms, config=vars(args),
                  rng=dict(cpu=torch.get_rng_state(),
                           cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
                  log_lines=list(log.lines))
     problem = None
-    if ddp.rank == 0:
+    if proc.rank == 0:
         tmp = f"{path}.tmp{os.getpid()}"
         for leftover in glob.glob(glob.escape(str(path)) + ".tmp*"):
             if leftover != tmp:
@@ -48,7 +48,7 @@ def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, ddp):
                 raise
             problem = f"{path}: cannot save the checkpoint ({e.strerror or e})"
     # Every rank learns whether the save worked, so a failed save ends all of them with rank 0's one line.
-    ddp.agree(problem)
+    proc.agree(problem)
 
 
 class _WriteErrorKeeper:
@@ -146,51 +146,3 @@ def load_model_weights(model, state, path):
         raise UsageError(f"{path}: checkpoint model does not match this configuration "
                          f"(first difference: {(mismatched or sorted(set(theirs) - set(own)))[0]})")
     model.load_state_dict(theirs)
-
-
-def cast_model(model, dtype):
-    """Embeddings and hidden matrices in the low-precision dtype; the lm head and scalars stay fp32."""
-    for p in model.parameters():
-        if p is not model.lm_head_w and p.ndim >= 2:
-            p.data = p.data.to(dtype)
-
-
-INIT_SCHEDULES = ("restart", "continue")
-
-
-def schedule_origin(init_schedule, init_state, path):
-    """[step, schedule length] of the checkpoint a continued run starts from; None when the schedule restarts."""
-    if init_schedule != "continue" or init_state is None:
-        return None
-    try:
-        done, length = int(init_state["step"]), int(init_state["config"]["num_iterations"])
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"{path}: checkpoint records no schedule position (step and num_iterations), "
-                         f"needed by --init-schedule continue") from None
-    if not 0 <= done <= length:
-        raise UsageError(f"{path}: checkpoint step {done} is outside its schedule of {length} steps")
-    return [done, length]
-
-
-def schedule_clock(origin, num_iterations):
-    """Where each step of a run stands in its learning-rate, momentum and attention-window schedules: a function
-    step -> (schedule step, schedule length), at which the track evaluates its schedule functions.
-
-    No origin (restart, and every run without --init-from): (step, num_iterations), the run's own schedule.
-    origin [s, S] (continue): the checkpoint's own schedule, from where it stopped (step s of S). The run's N steps
-    cover the remaining S - s schedule steps evenly: step t -> (s + (S - s) t / N, S). Step 0 is exactly the
-    checkpoint's position (same window, same learning rate); step N is the schedule's end; with N == S - s it is
-    step s + t, the schedule the checkpoint's own run would have followed. A checkpoint at its schedule's end
-    (s == S) stays there: final window, final (lowest) learning rate."""
-    if origin is None:
-        return lambda step: (step, num_iterations)
-    done, length = origin
-    return lambda step: (done + (length - done) * step / num_iterations, length)
-
-
-def run_schedule_clock(args, init_state, resume_state):
-    """The schedule clock of a run (schedule_clock). The origin goes into args, hence into the run's config line and
-    checkpoints, so that a resumed run keeps the schedule it started with."""
-    args.init_schedule_origin = (resume_state["config"].get("init_schedule_origin") if resume_state is not None
-                                 else schedule_origin(args.init_schedule, init_state, args.init_from))
-    return schedule_clock(args.init_schedule_origin, args.num_iterations)

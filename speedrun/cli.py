@@ -1,4 +1,5 @@
-"""The flags both training scripts share (contracts section 2) and the preset plumbing."""
+"""The flags both training scripts share (the study runner relies on --seed, --log-dir, --run-name, --variant,
+--resume) and the preset plumbing."""
 
 import os
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from speedrun.backout import add_backout_args, check_backout_args
-from speedrun.checkpoint import INIT_SCHEDULES
+from speedrun.schedule import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
 from speedrun.dlo import add_dlo_args, check_dlo_args
@@ -164,13 +165,13 @@ def run_main(resolve_args, run, argv=None):
     stderr and exit status 2."""
     try:
         args = resolve_args(argv)
-        ddp = setup_distributed()
+        proc = setup_distributed()
     except UsageError as e:  # every rank parses the same flags: rank 0 alone says what is wrong
         if is_reporting_rank():
             print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        run(args, ddp)
+        run(args, proc)
     except ReportedByAnotherRank:
         return 2
     except UsageError as e:

@@ -1,80 +1,23 @@
-"""Token shards and the upstream token stream, identical at every world size dividing VIRTUAL_RANKS."""
+"""Token shards (their file format: data/shard_format.py) and the upstream token stream, identical at every world
+size dividing VIRTUAL_RANKS."""
 
 import glob
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from speedrun.errors import UsageError, file_problem
+from data.shard_format import read_tokens_into, validate_nonempty_shard, validate_shard
+from speedrun.errors import UsageError
 
 VIRTUAL_RANKS = 8  # upstream's 8 GPUs: the unit of data parallelism every world size reproduces
 BOS_TOKEN = 50256
-GPT2_VOCAB = 50257  # token ids of a shard lie in 0..50256
-
-# A shard: 256 little-endian int32 ([0] magic, [1] version, [2] token count N, the rest zero), then N uint16 tokens.
-HEADER_INTS, MAGIC, VERSION = 256, 20240520, 1
-HEADER_BYTES, TOKEN_BYTES = HEADER_INTS * 4, 2
-
-
-class ShardError(UsageError, ValueError):
-    """A shard (or a pattern meant to find shards) is unusable; the message is one line naming it."""
-
-
-def read_header(path) -> int:
-    """Checks the header of `path` and returns its token count; the payload is not looked at."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
-    except OSError as e:
-        raise ShardError(file_problem(path, e)) from None
-    if len(raw) < HEADER_BYTES:
-        raise ShardError(f"{path}: malformed header: file has {len(raw)} bytes, a header needs {HEADER_BYTES}")
-    header = np.frombuffer(raw, dtype="<i4")
-    if header[0] != MAGIC:
-        raise ShardError(f"{path}: wrong magic number {int(header[0])} (expected {MAGIC}); not a token shard")
-    if header[1] != VERSION:
-        raise ShardError(f"{path}: unsupported shard version {int(header[1])} (expected {VERSION})")
-    count = int(header[2])
-    if count < 0:
-        raise ShardError(f"{path}: malformed header: negative token count {count}")
-    return count
-
-
-def validate_shard(path) -> int:
-    """Checks header and file size (exactly header + 2 bytes per token); returns the token count."""
-    path = Path(path)
-    count = read_header(path)
-    expected = HEADER_BYTES + TOKEN_BYTES * count
-    actual = path.stat().st_size
-    if actual < expected:
-        raise ShardError(
-            f"{path}: truncated payload: header says {count} tokens ({expected} bytes in all), file has {actual} bytes"
-        )
-    if actual > expected:
-        raise ShardError(f"{path}: {actual - expected} extra bytes after the {count} tokens the header announces")
-    return count
 
 
 def read_shard(path, pin=False):
-    """The shard's tokens as a uint16 tensor (in pinned memory with pin=True, for asynchronous copies to the GPU).
-    Token ids outside GPT-2's vocabulary are refused here, naming the file, rather than failing inside a kernel."""
+    """The shard's tokens as a uint16 tensor (in pinned memory with pin=True, for asynchronous copies to the GPU),
+    checked as data/shard_format.py reads them (header, size, every id inside GPT-2's vocabulary)."""
     count = validate_shard(path)
     tokens = torch.empty(count, dtype=torch.uint16, pin_memory=pin)
-    try:
-        with open(path, "rb") as f:
-            f.seek(HEADER_BYTES)
-            got = f.readinto(tokens.numpy()) // TOKEN_BYTES
-    except OSError as e:
-        raise ShardError(file_problem(path, e)) from None
-    if got != count:  # the file shrank after the size check
-        raise ShardError(f"{path}: truncated payload: {got} tokens present, header says {count}")
-    ids = tokens.numpy()
-    if count and int(ids.max()) >= GPT2_VOCAB:
-        at = int(np.argmax(ids >= GPT2_VOCAB))
-        raise ShardError(f"{path}: token id {int(ids[at])} at position {at} is outside GPT-2's vocabulary of "
-                         f"{GPT2_VOCAB} (not a GPT-2 token shard?)")
+    read_tokens_into(path, count, tokens.numpy())
     return tokens
 
 
@@ -87,14 +30,6 @@ def find_shards(pattern, flag):
     for path in files:
         validate_nonempty_shard(path, f" ({flag})")
     return files
-
-
-def validate_nonempty_shard(path, context="") -> int:
-    """validate_shard, also refusing a shard without tokens (no run can read one); returns the token count."""
-    count = validate_shard(path)
-    if count == 0:
-        raise ShardError(f"{path}: the shard holds no tokens{context}")
-    return count
 
 
 class TokenStream:

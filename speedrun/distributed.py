@@ -224,17 +224,17 @@ class GradientReducer:
                 b.complete(self.divide_by)
 
 
-def sync_gradients(model, ddp: Dist):
+def sync_gradients(model, proc: Dist):
     """Averages every gradient across ranks after the backward, without overlap (for callers with no reducer)."""
-    reducer = GradientReducer.per_parameter(model.parameters(), ddp.world_size, hooks=False)
+    reducer = GradientReducer.per_parameter(model.parameters(), proc.world_size, hooks=False)
     reducer.finish_backward()
     reducer.wait_all()
 
 
-def gather_to_rank0(obj, ddp: Dist):
-    if ddp.world_size == 1:
+def gather_to_rank0(obj, proc: Dist):
+    if proc.world_size == 1:
         return [obj]
-    out = [None] * ddp.world_size
+    out = [None] * proc.world_size
     dist.all_gather_object(out, obj)
     return out
 

@@ -307,11 +307,11 @@ def dlo_before_step(model, args, step):
     routers.label_count.zero_()
 
 
-def dlo_after_step(model, opt, args, ddp):
+def dlo_after_step(model, opt, args, proc):
     if not args.dlo_groups:
         return
     routers = model.study["dlo"]
-    if ddp.world_size > 1:  # the labels' layer statistics over the whole batch
+    if proc.world_size > 1:  # the labels' layer statistics over the whole batch
         stats = torch.cat([routers.label_active_sum, routers.label_count.view(1)])
         dist.all_reduce(stats)
         routers.label_active_sum.copy_(stats[:-1])

@@ -9,11 +9,17 @@ import torch
 import torch.nn as nn
 
 from speedrun.backout import BackoutMethods, backout_config
-from speedrun.checkpoint import cast_model
 from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern, dlo_model_config
 from speedrun.laurel import attach_laurel, laurel_config, laurel_named_scalars
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
+
+
+def cast_model(model, dtype):
+    """Embeddings and hidden matrices in the low-precision dtype; the lm head and scalars stay fp32."""
+    for p in model.parameters():
+        if p is not model.lm_head_w and p.ndim >= 2:
+            p.data = p.data.to(dtype)
 
 
 @dataclass

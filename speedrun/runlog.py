@@ -1,6 +1,6 @@
-"""The run log (contracts section 3): sources, environment, config, step lines; rank 0 only, flushed per line."""
+"""Writing the run log (docs/log-format.md; its line grammar is speedrun/logformat.py's): sources, environment,
+config, step lines; rank 0 only, flushed per line."""
 
-import json
 import os
 import platform
 import subprocess
@@ -11,12 +11,14 @@ import torch
 
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
+from speedrun.logformat import SEPARATOR, config_line, source_header
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-RULE = "=" * 100
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The project packages whose modules a log embeds: the training package, and the data package's shard format.
+EMBEDDED_PACKAGES = ("speedrun", "data")
 
 
-class RunLog:
+class LogWriter:
     """Rank 0 writes the run log line by line (flushed); other ranks write nothing."""
 
     def __init__(self, path, enabled):
@@ -47,44 +49,46 @@ class RunLog:
             self.file.close()
 
 
-def environment_lines(ddp: Dist):
+def environment_lines(proc: Dist):
     lines = [f"Running Python {sys.version}", f"Running PyTorch {torch.__version__}"
              + (f" compiled for CUDA {torch.version.cuda}" if torch.version.cuda else "")]
-    if ddp.device.type == "cuda":
+    if proc.device.type == "cuda":
         try:
             lines.append(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout.rstrip())
         except (OSError, subprocess.SubprocessError):
-            lines.append(f"GPU: {torch.cuda.get_device_name(ddp.device)}")
+            lines.append(f"GPU: {torch.cuda.get_device_name(proc.device)}")
     else:
         lines.append(f"Hardware: CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     return lines
 
 
 def package_sources():
-    """(relative name, text) of every speedrun module this process imported, in name order."""
+    """(path relative to the repository, text) of every module directly in a project package (EMBEDDED_PACKAGES)
+    that this process imported, in path order."""
     files = set()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if (name == "speedrun" or name.startswith("speedrun.")) and path:
+        if name.split(".")[0] in EMBEDDED_PACKAGES and path:
             files.add(Path(path).resolve())
-    return [(f"speedrun/{f.name}", f.read_text()) for f in sorted(files) if f.parent == PACKAGE_DIR]
+    folders = {PROJECT_ROOT / package for package in EMBEDDED_PACKAGES}
+    return [(f.relative_to(PROJECT_ROOT).as_posix(), f.read_text()) for f in sorted(files) if f.parent in folders]
 
 
-def write_sources(log: RunLog, script_path):
-    """The script's source (no header, as upstream), then each package module under `==> speedrun/NAME.py <==`."""
+def write_sources(log: LogWriter, script_path):
+    """The script's source (no header, as upstream), then each project module under `==> PACKAGE/NAME.py <==`."""
     log.write(Path(script_path).read_text().rstrip("\n"), echo=False)
     for name, text in package_sources():
-        log.write(f"==> {name} <==", echo=False)
+        log.write(source_header(name), echo=False)
         log.write(text.rstrip("\n"), echo=False)
 
 
-def write_preamble(log: RunLog, script_path, ddp: Dist, config, extra_lines=()):
+def write_preamble(log: LogWriter, script_path, proc: Dist, config, extra_lines=()):
     """Everything before the step lines: sources, a rule, environment and config lines, a rule."""
     write_sources(log, script_path)
-    log.write(RULE, echo=False)
-    for line in environment_lines(ddp):
+    log.write(SEPARATOR, echo=False)
+    for line in environment_lines(proc):
         log.write(line, echo=False)
-    log.write("config: " + json.dumps(config, sort_keys=True))
+    log.write(config_line(config))
     for line in extra_lines:
         log.write(line)
-    log.write(RULE, echo=False)
+    log.write(SEPARATOR, echo=False)

@@ -2,7 +2,6 @@
 the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
 
 import copy
-import json
 import tempfile
 import time
 from contextlib import nullcontext
@@ -13,44 +12,45 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from speedrun.checkpoint import (load_checkpoint, load_model_weights, load_resume_state, run_schedule_clock,
-                                 save_checkpoint)
+from speedrun.checkpoint import load_checkpoint, load_model_weights, load_resume_state, save_checkpoint
 from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
 from speedrun.errors import UsageError
 from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
 from speedrun.layers import val_head_chunks
+from speedrun.logformat import added_params_line, peak_line, scalars_line, train_step_line, validation_line
 from speedrun.profiling import StepProfiler
-from speedrun.runlog import RunLog, write_preamble
+from speedrun.runlog import LogWriter, write_preamble
+from speedrun.schedule import run_schedule_clock
 
 
-def train_step(model, batches, window, ddp: Dist, reducer=None):
+def train_step(model, batches, window, proc: Dist, reducer=None):
     """Forward and backward of every micro-batch. With a GradientReducer the gradient averages are launched during
     the last backward and left in flight for the optimisers to wait on; without one they are done on return."""
     for i, (inputs, targets) in enumerate(batches):
-        loss = model(inputs.to(ddp.device), targets.to(ddp.device), window)  # no-ops for stream batches
+        loss = model(inputs.to(proc.device), targets.to(proc.device), window)  # no-ops for stream batches
         if reducer is not None and i == len(batches) - 1:
             reducer.arm()
         (loss / len(batches)).backward()
     if reducer is None:
-        sync_gradients(model, ddp)
+        sync_gradients(model, proc)
     else:
         reducer.finish_backward()
 
 
 @torch.no_grad()
-def validate(model, args, ddp: Dist, window, fewest_head_chunks=1):
+def validate(model, args, proc: Dist, window, fewest_head_chunks=1):
     """Mean validation loss over args.val_tokens tokens of args.val_files, read from the start; the head runs in
     val_head_chunks pieces of each sequence (at least fewest_head_chunks), whatever the compile mode."""
     head_chunks = val_head_chunks(args.val_seq_len, fewest_head_chunks)
     model.eval()
-    stream = TokenStream(find_shards(args.val_files, "--val-files"), args.val_seq_len, "--val-files", ddp.device)
+    stream = TokenStream(find_shards(args.val_files, "--val-files"), args.val_seq_len, "--val-files", proc.device)
     steps = args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len)
-    total = torch.zeros((), device=ddp.device, dtype=torch.float32)
+    total = torch.zeros((), device=proc.device, dtype=torch.float32)
     for _ in range(steps):
-        for inputs, targets in stream.next_batch(ddp.virtual_ranks):
+        for inputs, targets in stream.next_batch(proc.virtual_ranks):
             total += model(inputs, targets, window, head_chunks=head_chunks).float()
-    if ddp.world_size > 1:
+    if proc.world_size > 1:
         dist.all_reduce(total)
     model.train()
     return (total / (steps * VIRTUAL_RANKS)).item()
@@ -68,25 +68,23 @@ def kernel_warmup(steps, model, opt, take_step):
 
 
 def log_validation(log, step, num_iterations, val_loss, train_ms, scalars, decimals=6):
-    log.write(f"step:{step}/{num_iterations} val_loss:{val_loss:.{decimals}f} train_time:{train_ms:.0f}ms "
-              f"step_avg:{train_ms / max(step, 1):.2f}ms", keep=True)
-    log.write(f"step:{step}/{num_iterations} scalars: {json.dumps(scalars)}", echo=False, keep=True)
+    log.write(validation_line(step, num_iterations, val_loss, train_ms, decimals), keep=True)
+    log.write(scalars_line(step, num_iterations, scalars), echo=False, keep=True)
 
 
 def log_train_step(log, steps_done, num_iterations, elapsed_ms):
-    log.write(f"step:{steps_done}/{num_iterations} train_time:{elapsed_ms:.0f}ms "
-              f"step_avg:{elapsed_ms / steps_done:.2f}ms", echo=False, keep=True)
+    log.write(train_step_line(steps_done, num_iterations, elapsed_ms), echo=False, keep=True)
 
 
-def peak_memory_line(ddp: Dist):
+def peak_memory_line(proc: Dist):
     """The log's last line (a log without it is an unfinished run)."""
-    if ddp.device.type == "cuda":
+    if proc.device.type == "cuda":
         alloc = torch.cuda.max_memory_allocated() // 1024 // 1024
         reserved = torch.cuda.max_memory_reserved() // 1024 // 1024
     else:  # CPU: no allocator statistics; the process's peak resident memory stands in for both
         import resource
         alloc = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-    return f"peak memory allocated: {alloc} MiB reserved: {reserved} MiB"
+    return peak_line(alloc, reserved)
 
 
 def check_data(args):
@@ -123,17 +121,17 @@ class Track:
     model_class: type  # a StudyGPT subclass: (cfg, max_seq_len)
     optimizers: Callable  # (model, rank, world_size, fused_adam, ns_dtype, compile_muon) -> TrackOptimizers
     window_blocks_at: Callable  # (step, num_iterations, cfg) -> attention window in blocks
-    warmup: Callable  # (train_model, opt, args, ddp, cfg) -> take_step(i) for the untimed kernel warm-up
+    warmup: Callable  # (train_model, opt, args, proc, cfg) -> take_step(i) for the untimed kernel warm-up
     val_head_chunks: int = 1  # the fewest pieces validation's head splits a sequence into
     val_decimals: int = 6
     barrier_around_validation: bool = True  # False: the clock stops on a CUDA sync only
     coordinate_descent_tuning: Callable = lambda args: False
-    # (model, args, ddp) -> log lines: sets up track-specific model state before compilation (e.g. which lm head
+    # (model, args, proc) -> log lines: sets up track-specific model state before compilation (e.g. which lm head
     # runs); its lines are written after the config line.
-    prepare_model: Callable = lambda model, args, ddp: []
+    prepare_model: Callable = lambda model, args, proc: []
 
 
-def run_track(track: Track, args, ddp: Dist):
+def run_track(track: Track, args, proc: Dist):
     """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
     --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
     cfg = track.model_config(args)
@@ -142,17 +140,17 @@ def run_track(track: Track, args, ddp: Dist):
         train_files = check_data(args)
         resume_state = load_resume_state(args)
         init_state = load_checkpoint(args.init_from) if args.init_from else None
-        if ddp.rank == 0:
+        if proc.rank == 0:
             check_log_dir(args.log_dir)  # last: it makes the folder
     except UsageError as e:
         problem = str(e)
-    ddp.agree(problem)
+    proc.agree(problem)
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
-        args.low_precision, torch.bfloat16 if ddp.device.type == "cuda" else torch.float32)
+        args.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
     schedule_at = run_schedule_clock(args, init_state, resume_state)
 
     torch.manual_seed(args.seed)
-    model = track.model_class(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(ddp.device)
+    model = track.model_class(cfg, max_seq_len=max(args.train_seq_len, args.val_seq_len)).to(proc.device)
     model.cast_low_precision(low)
     if init_state is not None and cfg.dlo_groups:
         dlo_expand_from_checkpoint(model, init_state, args, max(args.train_seq_len, args.val_seq_len))
@@ -161,14 +159,14 @@ def run_track(track: Track, args, ddp: Dist):
     if resume_state is not None:
         load_model_weights(model, resume_state, args.resume)
     for p in model.parameters():  # identical start on every rank
-        if ddp.world_size > 1:
+        if proc.world_size > 1:
             dist.broadcast(p.data, 0)
-    track_lines = track.prepare_model(model, args, ddp)
-    compiled = args.compile in ("on", "regional") or (args.compile == "auto" and ddp.device.type == "cuda")
+    track_lines = track.prepare_model(model, args, proc)
+    compiled = args.compile in ("on", "regional") or (args.compile == "auto" and proc.device.type == "cuda")
     # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
     # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
-    opt = track.optimizers(model, ddp.rank, ddp.world_size, fused_adam=ddp.device.type == "cuda", ns_dtype=low,
-                           compile_muon=compiled and ddp.device.type == "cuda")
+    opt = track.optimizers(model, proc.rank, proc.world_size, fused_adam=proc.device.type == "cuda", ns_dtype=low,
+                           compile_muon=compiled and proc.device.type == "cuda")
     if compiled:
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = track.coordinate_descent_tuning(args)
@@ -182,24 +180,23 @@ def run_track(track: Track, args, ddp: Dist):
 
     if args.warmup_steps is None:
         args.warmup_steps = 10 if compiled else 0
-    log = RunLog(Path(args.log_dir) / f"{args.run_name}.txt", ddp.rank == 0)
-    config = dict(vars(args), track=track.name, world_size=ddp.world_size, device=ddp.device.type,
+    log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
+    config = dict(vars(args), track=track.name, world_size=proc.world_size, device=proc.device.type,
                   low_precision=str(low).replace("torch.", ""),
                   params=sum(p.numel() for p in model.parameters()))
     added = model.added_params()
-    write_preamble(log, track.script, ddp, config, [f"added_params: {json.dumps(added)} total {sum(added.values())}"]
-                   + track_lines)
+    write_preamble(log, track.script, proc, config, [added_params_line(added)] + track_lines)
 
     N = args.num_iterations
     last_step = args.stop_after or N
 
     if args.warmup_steps:
-        kernel_warmup(args.warmup_steps, model, opt, track.warmup(train_model, opt, args, ddp, cfg))
-    if ddp.device.type == "cuda":
+        kernel_warmup(args.warmup_steps, model, opt, track.warmup(train_model, opt, args, proc, cfg))
+    if proc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
     window_tensors = {}
 
-    stream = TokenStream(train_files, args.train_seq_len, "--train-files", ddp.device)
+    stream = TokenStream(train_files, args.train_seq_len, "--train-files", proc.device)
     start_step, train_ms = 0, 0.0
     if resume_state is not None:
         opt.load_state_dict(resume_state["optimizers"])
@@ -214,12 +211,12 @@ def run_track(track: Track, args, ddp: Dist):
     ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
 
     def sync():
-        if ddp.device.type == "cuda":
+        if proc.device.type == "cuda":
             torch.cuda.synchronize()
         if track.barrier_around_validation:
-            ddp.barrier()
+            proc.barrier()
 
-    profiler = StepProfiler(max(start_step, last_step - args.profile_steps), ddp.device) \
+    profiler = StepProfiler(max(start_step, last_step - args.profile_steps), proc.device) \
         if args.profile_steps else None
     sync()
     t0 = time.perf_counter()
@@ -229,12 +226,12 @@ def run_track(track: Track, args, ddp: Dist):
         # value, made once, so no step waits on a host-to-device copy.
         blocks = track.window_blocks_at(*schedule_at(step), cfg)
         if blocks not in window_tensors:
-            window_tensors[blocks] = torch.tensor(blocks, device=ddp.device)
+            window_tensors[blocks] = torch.tensor(blocks, device=proc.device)
         window = window_tensors[blocks]
         if is_last or (args.val_every and step % args.val_every == 0):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
-            val_loss = validate(train_model, args, ddp, window, track.val_head_chunks)
+            val_loss = validate(train_model, args, proc, window, track.val_head_chunks)
             log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
             sync()
             t0 = time.perf_counter()
@@ -243,19 +240,19 @@ def run_track(track: Track, args, ddp: Dist):
         if profiler is not None:
             profiler.begin_step(step)
         dlo_before_step(model, args, step)
-        train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
-        dlo_after_step(model, opt, args, ddp)
+        train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
+        dlo_after_step(model, opt, args, proc)
         with profiler.optimizer() if profiler is not None else nullcontext():
             opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log_train_step(log, step + 1, N, elapsed)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < last_step:
             train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, args, log, ddp)
+            save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, args, log, proc)
             t0 = time.perf_counter()
     if args.checkpoint_every or args.save_final_checkpoint:
-        save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, args, log, ddp)
+        save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, args, log, proc)
     if profiler is not None:
-        profiler.finish(Path(args.log_dir) / f"{args.run_name}.profile.json" if ddp.rank == 0 else None)
-    log.write(peak_memory_line(ddp))
+        profiler.finish(Path(args.log_dir) / f"{args.run_name}.profile.json" if proc.rank == 0 else None)
+    log.write(peak_memory_line(proc))
     log.close()

@@ -1,5 +1,5 @@
 """Writers of synthetic run logs for the analysis tests and benchmark, modelled on each format found in the upstream
-records/ folders: this project's format (contracts.md section 3, with the embedded sources of its modules), and
+records/ folders: this project's format (docs/log-format.md, with the embedded sources of its modules), and
 upstream modded-nanogpt record logs of every era (ERAS below) plus llm.c's `main.log`. The embedded "source code"
 deliberately holds lines that look like separators, a config line, step lines and a peak-memory line, as a real
 script's source may."""

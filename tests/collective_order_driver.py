@@ -83,7 +83,7 @@ def first_difference(sequences):
 
 def main():
     cases = json.loads(Path(sys.argv[1]).read_text())
-    ddp = setup_distributed()
+    proc = setup_distributed()
     real = {name: getattr(dist, name) for name in COLLECTIVES}
     results = []
     for case in cases:
@@ -94,19 +94,19 @@ def main():
             setattr(dist, name, fn)
         unname = naming_buckets(log)
         try:
-            run_track(track, args, ddp)
+            run_track(track, args, proc)
         finally:
             unname()
             for name, fn in real.items():
                 setattr(dist, name, fn)
-        gathered = [None] * ddp.world_size
+        gathered = [None] * proc.world_size
         dist.all_gather_object(gathered, log)
         kinds = sorted({entry[0] for entry in log if entry[0] != "bucket"})
         results.append(dict(id=case["id"], count=len(log), kinds=kinds, differs_at=first_difference(gathered),
                             example=None if first_difference(gathered) is None else
                             [seq[first_difference(gathered)] if first_difference(gathered) < len(seq) else None
                              for seq in gathered]))
-    if ddp.rank == 0:
+    if proc.rank == 0:
         print(json.dumps(results))
     dist.destroy_process_group()
 

@@ -7,17 +7,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data.shard_format import write_shard
+from speedrun.logformat import source_header
+
 ROOT = Path(__file__).resolve().parent.parent
 MEDIUM_SCRIPT = ROOT / "train_gpt_medium.py"
 SMALL_SCRIPT = ROOT / "train_gpt.py"
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+
+# Test files live in tests/<module>/, the helpers they import (runner_support, fake_train, analysis_logs, the
+# drivers) in tests/; some test files import from a test file of another folder. All are importable whichever
+# subset of the tests runs.
+for _folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
-def write_token_shard(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = (20240520, 1, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+write_token_shard = write_shard  # the tests' name for it
 
 
 def synthetic_tokens(n, seed):
@@ -67,40 +74,41 @@ def run_training(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
 
 
 def embedded_sources(script):
-    """The code section a run of `script` writes: its source, then every speedrun/*.py module (the scripts import
-    all of them) under one `==> speedrun/NAME.py <==` header each, in name order."""
+    """The code section a run of `script` writes: its source, then the data package's shard format and every
+    speedrun/*.py module (the scripts import all of them) under one `==> PATH <==` header each, in path order."""
     parts = [Path(script).read_text().rstrip("\n")]
-    for module in sorted((ROOT / "speedrun").glob("*.py")):
-        parts += [f"==> speedrun/{module.name} <==", module.read_text().rstrip("\n")]
+    modules = [ROOT / "data" / "__init__.py", ROOT / "data" / "shard_format.py",
+               *sorted((ROOT / "speedrun").glob("*.py"))]
+    for module in modules:
+        parts += [source_header(module.relative_to(ROOT).as_posix()), module.read_text().rstrip("\n")]
     return "\n".join(parts)
 
 
-BASELINE_COMMIT = "12c2aa8"  # train_gpt_medium.py before any study flag was added
+HISTORY = FIXTURES / "history"
 
 
-def script_from_history(commit, script, tmp_path_factory):
-    """A training script as it was at `commit`, imported as a module (under another name, beside today's);
-    skips the test where the history is not available."""
-    import importlib.util
+def script_from_history(stored_name):
+    """A file (or part of one) of an earlier commit, stored in tests/fixtures/history/ with a header naming the
+    commit and why it is kept, imported as a module under its stored name. Fails the test, never skips it, when the
+    file cannot be read: a missing reference must not silently turn a bit-identity check off."""
+    import types
+    path = HISTORY / stored_name
     try:
-        source = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"commit {commit} is not in this checkout's history")
-    name = f"{Path(script).stem}_at_{commit}"
-    path = tmp_path_factory.mktemp("history") / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+        source = path.read_text()
+    except OSError as e:
+        pytest.fail(f"the reference {path.relative_to(ROOT)} cannot be read ({e.strerror or e}); it is tracked in "
+                    "git: restore it with `git checkout -- tests/fixtures/history`", pytrace=False)
+    module = types.ModuleType(path.name.split(".")[0].replace("-", "_at_"))
+    module.__file__ = str(path)
+    exec(compile(source, str(path), "exec"), module.__dict__)
     return module
 
 
 @pytest.fixture(scope="session")
-def unmodified_medium(tmp_path_factory):
-    """The medium script as it was before the study flags, imported from git history, so tests can check that
-    the flagless path still computes exactly the same thing. Skips where the history is not available."""
-    return script_from_history(BASELINE_COMMIT, "train_gpt_medium.py", tmp_path_factory)
+def unmodified_medium():
+    """The medium script as it was before the study flags, so tests can check that the flagless path still
+    computes exactly the same thing."""
+    return script_from_history("train_gpt_medium-12c2aa8.py.txt")
 
 
 def bundled_medium_studies():
@@ -137,7 +145,16 @@ OWN_PROCESS_ENV = "SPEEDRUN_TEST_IN_OWN_PROCESS"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "own_process: runs in a fresh python process of its own (memory)")
+    config.addinivalue_line("markers", "own_process: runs in a fresh python process of its own (memory; and slow)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """An own_process test starts a python and pytest of its own: slow by construction, so it is marked here (before
+    -m deselects) rather than trusted to carry both marks."""
+    for item in items:
+        if item.get_closest_marker("own_process") is not None:
+            item.add_marker(pytest.mark.slow)
 
 
 def own_process_outcome(item):
@@ -206,7 +223,65 @@ TRIM_HEAP = _heap_trimmer()
 def pytest_runtest_teardown(item, nextitem):
     """Hands freed memory back to the system after each test. Tiny-model tensors are below glibc's mmap threshold,
     so freed ones stay in the heap's arenas: without this the test process grew by ~0.5 GB per training test (to
-    8.7 GB over tests/test_added_params_train.py, measured) and its peak is what CI's memory limit sees."""
+    8.7 GB over tests/speedrun/test_added_params_train.py, measured) and its peak is what CI's memory limit sees."""
     import gc
     gc.collect()
     TRIM_HEAP()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The fast tier (`-m "not slow"`, what `./run.sh test --fast` runs) holds no test that starts a process: there, a
+# test whose body - or the project code it calls - starts one fails with a line naming it. Processes that libraries
+# start on their own account (platform.processor(), ctypes.util.find_library, compiler workers) are not counted.
+class ProcessInFastTier(RuntimeError):
+    pass
+
+
+def in_fast_tier(config):
+    return "not slow" in (config.getoption("markexpr", "") or "")
+
+
+def is_project_file(filename):
+    """True for a source file of this checkout (tests included), False for libraries, a venv inside it included."""
+    if filename.startswith("<"):
+        return False  # <string>, <frozen ...>: no file
+    path = Path(filename).resolve()
+    return path.is_relative_to(ROOT) and ".venv" not in path.parts and "site-packages" not in path.parts
+
+
+def process_starter(frame):
+    """The first frame outside the subprocess module: whoever asked for the process."""
+    while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+        frame = frame.f_back
+    return frame
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if not in_fast_tier(item.config):
+        return (yield)
+    started = []
+    spawn = subprocess.Popen._execute_child
+
+    def guarded_spawn(popen, args, *rest, **kwargs):
+        starter = process_starter(sys._getframe(1))
+        if starter is not None and is_project_file(starter.f_code.co_filename):
+            command = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+            where = f"{Path(starter.f_code.co_filename).relative_to(ROOT)}:{starter.f_lineno}"
+            started.append(f"{item.nodeid} starts a process in the fast tier ({where}: {command[:120]}); "
+                           "mark it @pytest.mark.slow")
+            raise ProcessInFastTier(started[-1])
+        return spawn(popen, args, *rest, **kwargs)
+
+    subprocess.Popen._execute_child = guarded_spawn
+    try:
+        result = yield
+    except Exception:
+        if not started:
+            raise
+        result = None
+    finally:
+        subprocess.Popen._execute_child = spawn
+    if started:
+        pytest.fail(started[0], pytrace=False)
+    return result

@@ -1,7 +1,8 @@
-"""A stand-in training script for the runner's tests: the contract's flags and log format, no model, no torch.
+"""A stand-in training script for the runner's tests: the training scripts' flags the runner uses and their log
+format (docs/log-format.md, written with speedrun/logformat.py's builders), no model, no torch.
 
-It writes a contract-conforming log line by line (source, separator, environment and config lines, separator, step
-and scalars lines, the final peak-memory line) and a checkpoint when asked. Environment knobs for tests:
+It writes a run log line by line (source, separator, environment and config lines, separator, step and scalars
+lines, the final peak-memory line) and a checkpoint when asked. Environment knobs for tests:
   FAKE_TRAIN_STEP_SECONDS   sleep this long per step (to have time to kill things)
   FAKE_TRAIN_FAIL_VARIANT   fail (exit 1, message on stderr) in runs of this variant ...
   FAKE_TRAIN_FAIL_AT        ... at this step (default 1)
@@ -15,6 +16,11 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for the log format
+from speedrun.logformat import (SEPARATOR, config_line, peak_line, scalars_line, train_step_line,  # noqa: E402
+                                validation_line)
 
 TRACK = "fake"  # the config line's `track`, as the real scripts write theirs
 
@@ -94,14 +100,14 @@ def main():
 
     with open(__file__) as f:
         emit(f.read().rstrip("\n"), keep=False)
-    emit("=" * 100, keep=False)
+    emit(SEPARATOR, keep=False)
     emit(f"Running Python {sys.version.split()[0]} (stand-in, no torch)", keep=False)
     if args.resume:
         emit(f"resumed from step {state['step']} of {args.resume}", keep=False)
     config = {**vars(args), "track": TRACK, "world_size": world_size}
     state["config"] = config  # as the real script's checkpoints do: what the run was made with
-    emit(f"config: {json.dumps(config)}", keep=False)
-    emit("=" * 100, keep=False)
+    emit(config_line(config), keep=False)
+    emit(SEPARATOR, keep=False)
     for line in state["lines"]:
         emit(line, keep=False)
 
@@ -110,11 +116,10 @@ def main():
         ms = (time.time() - start) * 1000
         if step > state["step"] or step == 0:
             if step > 0:
-                emit(f"step:{step}/{total} train_time:{ms:.0f}ms step_avg:{ms / max(step, 1):.2f}ms")
+                emit(train_step_line(step, total, ms))
             if step % args.val_every == 0 or step == last:
-                emit(f"step:{step}/{total} val_loss:{val_loss(args, step):.6f} train_time:{ms:.0f}ms "
-                     f"step_avg:{ms / max(step, 1):.2f}ms")
-                emit(f"step:{step}/{total} scalars: {json.dumps({'backout.x': 1.0 - step / 100})}")
+                emit(validation_line(step, total, val_loss(args, step), ms))
+                emit(scalars_line(step, total, {"backout.x": 1.0 - step / 100}))
         state["step"] = step
         if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
             save_checkpoint(checkpoint_path, state)
@@ -126,7 +131,7 @@ def main():
         time.sleep(step_seconds)
     if args.checkpoint_every:
         save_checkpoint(checkpoint_path, state)
-    emit("peak memory allocated: 0 MiB reserved: 0 MiB", keep=False)
+    emit(peak_line(0, 0), keep=False)
     log.close()
     record("finish")
 

@@ -1,5 +1,5 @@
 """Runs train_gpt.py's main with its argv; with MUON_SHARE_PARAMETERS=1 Muon shares the updated fp32 parameters
-(the path before bf16 directions were shared) instead of the directions. tests/test_overlapped_step.py compares
+(the path before bf16 directions were shared) instead of the directions. tests/speedrun/test_overlapped_step.py compares
 the two runs' final checkpoints."""
 import os
 import sys

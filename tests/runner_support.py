@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of the study runner (tests/test_runner_*.py)."""
+"""Helpers shared by the tests of the study runner (tests/ablations/, and those that run it end to end)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from speedrun.logformat import is_finished_line
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_TRAIN = Path(__file__).resolve().parent / "fake_train.py"
@@ -75,7 +77,7 @@ def starts_per_run(starts: Path) -> dict[tuple[str, int], int]:
 
 def is_complete(log: Path) -> bool:
     lines = log.read_text().rstrip("\n").splitlines() if log.exists() else []
-    return bool(lines) and lines[-1].startswith("peak memory allocated:")
+    return bool(lines) and is_finished_line(lines[-1])
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.05):

@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt_medium as T  # noqa: E402
-from speedrun.checkpoint import cast_model  # noqa: E402
+from speedrun.model import cast_model  # noqa: E402
 from speedrun.distributed import setup_distributed  # noqa: E402
 
 SNOO_EVERY = 3  # fires at steps 0, 3, 6: the momentum-buffer path runs too (the schedule's 28 is too far)
@@ -40,29 +40,29 @@ def main():
     steps, flags = int(sys.argv[1]), sys.argv[2:]
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # the reference was written with one thread: matmul sums in the same order
-    ddp = setup_distributed()
+    proc = setup_distributed()
     args = T.resolve_args(["--preset", "tiny", *flags])
     low = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": torch.float32}[args.low_precision]
     torch.manual_seed(0)
     model = T.GPT(T.model_config(args), max_seq_len=SEQ_LEN)
     cast_model(model, low)
-    opt = T.Optimizers(model, ddp.rank, ddp.world_size, fused_adam=False, ns_dtype=low)
+    opt = T.Optimizers(model, proc.rank, proc.world_size, fused_adam=False, ns_dtype=low)
     opt.snoo.every = SNOO_EVERY
     window = torch.tensor(2)
     held_out = documents(10_000)
     losses = []
     for step in range(steps):
-        batches = [documents(100 * step + v) for v in ddp.virtual_ranks]
-        T.train_step(model, batches, window, ddp, opt.reducer)
+        batches = [documents(100 * step + v) for v in proc.virtual_ranks]
+        T.train_step(model, batches, window, proc, opt.reducer)
         opt.step(step, args.num_iterations)
         with torch.no_grad():
             losses.append(model(*held_out, window).item().hex())
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    if ddp.rank == 0:
+    if proc.rank == 0:
         print(json.dumps(dict(losses=losses, params_sha256=digest.hexdigest())))
-    if ddp.world_size > 1:
+    if proc.world_size > 1:
         dist.destroy_process_group()
 
 

@@ -14,7 +14,7 @@ from analysis_logs import run_cli
 from analysis.textfmt import pval
 from test_analysis_stats import ARTICLE_LOSSES, ARTICLE_TIMES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def final_curve(final, total=100):

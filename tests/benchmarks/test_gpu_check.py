@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.gpu_check import Check, render, training_check
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_TRAIN, DEMO_VAL = str(REPO / "data/demo/demo_train_*.bin"), str(REPO / "data/demo/demo_val_*.bin")
 PLAIN_PYTHON = ()  # run the script itself: no torchrun on the CPU, one process
 

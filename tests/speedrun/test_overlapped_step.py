@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ROOT, run_training
+from conftest import FIXTURES, ROOT, run_training
 from speedrun.distributed import GradientReducer
 
 DRIVER = ROOT / "tests" / "trajectory_driver.py"
-REFERENCE = json.loads((ROOT / "tests" / "data" / "trajectory_reference.json").read_text())["configs"]
+REFERENCE = json.loads((FIXTURES / "trajectory_reference.json").read_text())["configs"]
 STEPS = 7
 
 

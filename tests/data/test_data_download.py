@@ -15,9 +15,9 @@ import pytest
 
 from data import cached_fineweb10B as downloader
 from data.cached_fineweb10B import FetchError, HubUnreachable, download, shard_files
-from data.shards import load_tokens, validate_shard, write_shard
+from data.shard_format import load_tokens, validate_shard, write_shard
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "data" / "cached_fineweb10B.py"
 
 

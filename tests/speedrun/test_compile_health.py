@@ -38,7 +38,7 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
     False whole-model compile, True compile_regions. Returns the model, the validation losses and the
     frame-compile count after each step. watch(model, reducer) runs before compilation."""
     args = T.resolve_args(args + ["--val-tokens", "1024", *flags])
-    ddp = T.Dist()
+    proc = T.Dist()
     torch.manual_seed(0)
     model = T.GPT(T.model_config(args), max_seq_len=max(args.train_seq_len, args.val_seq_len))
     opt = T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
@@ -52,10 +52,10 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
     val_losses, frames = [], []
     for step in range(steps):
         window = torch.tensor(T.window_blocks_at(step * 10, args.num_iterations, model.cfg))  # windows vary
-        T.train_step(train_model, stream.next_batch(ddp.virtual_ranks)[:1], window, ddp, opt.reducer)
+        T.train_step(train_model, stream.next_batch(proc.virtual_ranks)[:1], window, proc, opt.reducer)
         opt.step(step, args.num_iterations)
         if step == 1 or step == steps - 1:
-            val_losses.append(validate(train_model, args, ddp, window, T.VAL_HEAD_CHUNKS))
+            val_losses.append(validate(train_model, args, proc, window, T.VAL_HEAD_CHUNKS))
         frames.append(counters["frames"]["total"])
     return model, val_losses, frames
 

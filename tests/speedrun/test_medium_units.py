@@ -86,8 +86,8 @@ def test_stream_gives_every_world_size_the_spec_tokens_per_step(tmp_path, world_
     for step in range(steps):
         got = {}
         for rank in range(world_size):
-            ddp = T.Dist(rank=rank, world_size=world_size)
-            for v, (inp, tgt) in zip(ddp.virtual_ranks, streams[rank].next_batch(ddp.virtual_ranks)):
+            proc = T.Dist(rank=rank, world_size=world_size)
+            for v, (inp, tgt) in zip(proc.virtual_ranks, streams[rank].next_batch(proc.virtual_ranks)):
                 got[v] = (inp, tgt)
         assert sorted(got) == list(range(8))
         for v in range(8):
@@ -267,18 +267,18 @@ def test_every_parameter_has_exactly_one_optimizer():
 def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     args, model, opt = tiny_model_and_optimizers()
     args.warmup_steps = 3
-    ddp = T.Dist()
+    proc = T.Dist()
     stream = TokenStream(find_shards(str(shard_dir / "syn_train_*.bin"), "x"), args.train_seq_len, "x")
     window = torch.tensor(2)
     # some real training first, so every optimiser has state worth restoring
     for step in range(30):
-        T.train_step(model, stream.next_batch(ddp.virtual_ranks), window, ddp)
+        T.train_step(model, stream.next_batch(proc.virtual_ranks), window, proc)
         opt.step(step, args.num_iterations)
     before_model = {k: v.clone() for k, v in model.state_dict().items()}
     before_adam = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)} for k, v in opt.adam.state.items()}
     before_muon = opt.muon.full_state()
     before_snoo = opt.snoo.state_dict()
-    kernel_warmup(args.warmup_steps, model, opt, T.random_token_steps(model, opt, args, ddp, model.cfg))
+    kernel_warmup(args.warmup_steps, model, opt, T.random_token_steps(model, opt, args, proc, model.cfg))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before_model[k]), k
     for p, st in opt.adam.state.items():

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.shards import ShardError, check_manifest, manifest_path
+from data.shard_format import ShardError
+from data.shards import check_manifest, manifest_path
 from data.tokenize_text import InputError, tokenize_to_shards
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def quiet(message):

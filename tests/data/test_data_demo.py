@@ -8,10 +8,11 @@ import pytest
 
 from data import build_demo
 from data.build_demo import BOOKS, decode_book, passages, strip_gutenberg_boilerplate
-from data.shards import find_shards, load_tokens
+from data.shard_format import load_tokens
+from data.shards import find_shards
 from data.tokenize_text import EOT_TOKEN, InputError, encode_documents, gpt2_encoding
 
-DEMO = Path(__file__).resolve().parent.parent / "data" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 
 
 def test_demo_shards_are_there_valid_and_small():

@@ -131,13 +131,13 @@ def run_arm(track, args, mode):
     """Two steps and two validations of the arm as run_track runs them under --compile `mode`; returns each
     step's first micro-batch loss and the frame-compile count after each step and its validation."""
     track_spec = next(v for v in vars(track).values() if isinstance(v, Track))
-    ddp = Dist()
+    proc = Dist()
     torch.manual_seed(args.seed)
     model = track.GPT(track.model_config(args), max_seq_len=max(args.train_seq_len, args.val_seq_len))
     if args.dlo_groups:
         dlo_expand_from_checkpoint(model, load_checkpoint(args.init_from), args, max(args.train_seq_len,
                                                                                      args.val_seq_len))
-    track_spec.prepare_model(model, args, ddp)
+    track_spec.prepare_model(model, args, proc)
     opt = track.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
     opt.reducer = GradientReducer.per_parameter(model.parameters(), world_size=2)  # hooks as on 2 ranks
     torch._dynamo.reset()
@@ -159,10 +159,10 @@ def run_arm(track, args, mode):
     for step in range(STEPS):
         window = torch.tensor(track.window_blocks_at(step, args.num_iterations, model.cfg))
         dlo_before_step(model, args, step)
-        train_step(recording, stream.next_batch(ddp.virtual_ranks)[:MICRO_BATCHES], window, ddp, opt.reducer)
-        dlo_after_step(model, opt, args, ddp)
+        train_step(recording, stream.next_batch(proc.virtual_ranks)[:MICRO_BATCHES], window, proc, opt.reducer)
+        dlo_after_step(model, opt, args, proc)
         opt.step(step, args.num_iterations)
-        validate(train_model, args, ddp, window, track_spec.val_head_chunks)
+        validate(train_model, args, proc, window, track_spec.val_head_chunks)
         model.named_scalars()  # as the run logs them (DLO resets its validation counts here)
         frames.append(counters["frames"]["total"])
     return [losses[step * MICRO_BATCHES].item() for step in range(STEPS)], frames

@@ -12,7 +12,7 @@ from speedrun.checkpoint import load_checkpoint, load_model_weights, save_checkp
 from speedrun.data import BOS_TOKEN, TokenStream, find_shards
 from speedrun.dlo import (GROUP_POLICIES, DLORouters, dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint,
                           dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token, similarity_labels, skip_loss)
-from speedrun.runlog import RunLog
+from speedrun.runlog import LogWriter
 from speedrun.training import validate
 from conftest import run_training
 
@@ -35,7 +35,7 @@ def write_checkpoint(path, num_layers, shard_dir):
             p.add_(0.02 * torch.randn_like(p))
     opt = T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
     stream = TokenStream(find_shards(args.train_files, "--train-files"), args.train_seq_len, "--train-files")
-    save_checkpoint(path, model, opt, stream, 0, 0.0, args, RunLog(path.with_suffix(".txt"), False), T.Dist())
+    save_checkpoint(path, model, opt, stream, 0, 0.0, args, LogWriter(path.with_suffix(".txt"), False), T.Dist())
     return path
 
 

@@ -6,21 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import shards
-from data.shards import (
-    HEADER_INTS,
-    MAGIC,
-    VERSION,
-    ShardError,
-    find_shards,
-    load_tokens,
-    read_header,
-    shard_name,
-    validate_shard,
-    write_shard,
-)
+from data import shard_format, shards
+from data.shard_format import (HEADER_INTS, MAGIC, VERSION, ShardError, load_tokens, read_header, validate_shard,
+                               write_shard)
+from data.shards import find_shards, shard_name
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def raw_shard(path, header_values, payload_tokens, extra=b""):
@@ -76,7 +67,7 @@ def test_write_is_atomic_when_the_final_rename_fails(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk trouble")
 
-    monkeypatch.setattr(shards.os, "replace", failing_replace)
+    monkeypatch.setattr(shard_format.os, "replace", failing_replace)
     with pytest.raises(OSError):
         write_shard(path, list(range(1000)))
     assert path.read_bytes() == before

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from data import tokenize_text
-from data.shards import load_tokens, validate_shard
+from data.shard_format import load_tokens, validate_shard
 from data.tokenize_text import (
     EOT_TOKEN,
     InputError,

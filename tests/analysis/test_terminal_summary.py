@@ -13,7 +13,7 @@ import analysis_logs as logs_for_tests
 from analysis.logs import load_runs
 from analysis.terminal import main, terminal_summary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TARGET = 6.5
 BASELINE_FINALS = [6.31, 6.33, 6.30, 6.32]
 BACKOUT_FINALS = [6.21, 6.24, 6.22, 6.20]

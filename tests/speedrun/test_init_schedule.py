@@ -5,7 +5,7 @@ from argparse import Namespace
 import pytest
 
 import train_gpt_medium as T
-from speedrun.checkpoint import run_schedule_clock, schedule_clock, schedule_origin
+from speedrun.schedule import run_schedule_clock, schedule_clock, schedule_origin
 from speedrun.optimizers import lr_factor
 
 CFG = T.ModelConfig(block_size=16, max_window_tokens=48)

@@ -115,13 +115,10 @@ def test_fp8_head_matches_the_spec_casts_and_scales():
     assert (out.float() - x.detach().float() @ w.detach().t()).abs().max() > 1e-3
 
 
-AUTOGRAD_FUNCTION_COMMIT = "c2c565e"  # the FP8 head as a torch.autograd.Function, before the custom op
-
-
 @pytest.fixture(scope="module")
-def autograd_function_head(tmp_path_factory):
-    """The FP8HeadMatmul autograd.Function the custom op replaced, imported from git history."""
-    return script_from_history(AUTOGRAD_FUNCTION_COMMIT, "train_gpt.py", tmp_path_factory).FP8HeadMatmul
+def autograd_function_head():
+    """The FP8HeadMatmul autograd.Function the custom op replaced (commit c2c565e), from tests/fixtures/history/."""
+    return script_from_history("train_gpt_fp8_head-c2c565e.py.txt").FP8HeadMatmul
 
 
 def fp8_head_case(seed):

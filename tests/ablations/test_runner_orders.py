@@ -10,7 +10,7 @@ import pytest
 from ablations.errors import StudyError
 from ablations.layer_orders import generate_arms, layer_selections, rank_layers
 from ablations.study import STUDY_DIR, load_study
-from runner_support import ablations, runner_env, write_study
+from runner_support import FAKE_TRAIN, ablations, runner_env, write_study
 
 # Final losses of a 15-layer sweep chosen so that the ranking starts 11, 10, 8, 4, 9 and ends 6, 14, 7, 2, 1
 # (the examples the article gives for N=5).
@@ -79,7 +79,7 @@ def test_multi_skip_arms_from_a_finished_sweep(tmp_path):
     sweep = write_study(tmp_path, "sweep", {"baseline": {}, **sweep_arms}, seeds=[0],
                         flags={"num-iterations": 4, "val-every": 2})
     multi = tmp_path / "multi.toml"
-    multi.write_text(f'description = "m"\nscript = {json.dumps(str(Path(__file__).parent / "fake_train.py"))}\n'
+    multi.write_text(f'description = "m"\nscript = {json.dumps(str(FAKE_TRAIN))}\n'
                      f'launcher = "python"\nseeds = [0]\nrequires_results = {json.dumps(str(sweep))}\n'
                      '[generate]\nkind = "layer-orders"\nflag = "backout-layers"\nlayers = 4\nmin_count = 2\n'
                      'max_count = 3\norders = ["best-to-worst", "worst-to-best"]\n')

@@ -19,7 +19,7 @@ SCALARS_LINE = re.compile(r"^step:(\d+)/(\d+) scalars: (\{.*\})$")
 
 
 def parse_log(path):
-    """Splits a log per the contract: code, '=' line, environment lines, '=' line, step lines."""
+    """Splits a log per docs/log-format.md: code, '=' line, environment lines, '=' line, step lines."""
     lines = path.read_text().split("\n")
     assert lines[-1] == ""
     lines = lines[:-1]
@@ -32,7 +32,7 @@ def parse_log(path):
 
 
 @pytest.mark.slow
-def test_two_process_gloo_run_writes_a_complete_contract_log(tmp_path):
+def test_two_process_gloo_run_writes_a_complete_run_log(tmp_path):
     res = run_training(["--preset", "tiny", "--num-iterations", "12", "--val-every", "6", "--seed", "3",
                         "--log-dir", str(tmp_path), "--run-name", "two", "--variant", "demo-arm"], nproc=2)
     assert res.returncode == 0, res.stderr[-2000:]

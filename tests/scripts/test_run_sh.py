@@ -1,4 +1,4 @@
-"""run.sh's main-job branches with stand-ins: a fake nvidia-smi on PATH, a python3 whose heavy commands (a study,
+"""run.sh's main-job branches and its test command with stand-ins: a fake nvidia-smi on PATH, a python3 whose heavy commands (a study,
 the GPU checks) only record their arguments, and the local stand-in hub of the downloader tests. Each test runs a
 copy of run.sh in a scratch checkout, so no download lands in the real data/ folder."""
 import os
@@ -14,12 +14,12 @@ import pytest
 
 from test_data_download import StandInHub, make_remote
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECORD_TRAIN_SHARDS = 30
 HEAVY_STUB = f"""#!/usr/bin/env bash
-# python3 stand-in: records every call; a study and the GPU checks stop there, the rest runs for real.
+# python3 stand-in: records every call; a study, the tests and the GPU checks stop there, the rest runs for real.
 printf '%s\\n' "$*" >> "$STUB_CALLS"
-if [ "$1 $2" = "-m ablations" ] || [ "$1" = benchmarks/gpu_check.py ]; then exit 0; fi
+if [ "$1 $2" = "-m ablations" ] || [ "$1 $2" = "-m pytest" ] || [ "$1" = benchmarks/gpu_check.py ]; then exit 0; fi
 exec {sys.executable} "$@"
 """
 
@@ -143,3 +143,15 @@ def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, 
     result, calls = run_sh(checkout, tmp_path, "gpu-check", "--steps", "5", gpus=1)
     assert result.returncode == 0, result.stderr
     assert "benchmarks/gpu_check.py --steps 5" in calls
+
+
+@pytest.mark.parametrize("args, pytest_call", [
+    (["test"], "-m pytest -q"),
+    (["test", "-x"], "-m pytest -q -x"),
+    (["test", "--fast"], "-m pytest -q -m not slow"),
+    (["test", "--fast", "-x", "tests/data"], "-m pytest -q -m not slow -x tests/data"),
+])
+def test_test_runs_everything_and_fast_only_the_tests_not_marked_slow(checkout, tmp_path, args, pytest_call):
+    result, calls = run_sh(checkout, tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    assert [c for c in calls if c.startswith("-m pytest")] == [pytest_call]
