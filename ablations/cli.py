@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speedrun.errors import OneLineErrorParser
+
 from . import sequential_study
 from .errors import StudyError
 from .progress import Reporter
@@ -18,12 +20,6 @@ from .staleness import ConfigCheck
 from .slurm import SlurmOptions, batch_script, nodes_for, write_batch_script
 from .study import (Study, check_flags, check_world_size, describe_studies, load_script, load_study, parse_seeds,
                     parse_sets, select_arms)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse would print the whole usage first)
-        print(f"{self.prog}: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def _study_options(parser: argparse.ArgumentParser, arms: bool = True) -> None:
@@ -39,9 +35,9 @@ def _study_options(parser: argparse.ArgumentParser, arms: bool = True) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m ablations",
-                     description="Run studies (arms x seeds of a training script) resumably; see ablations/README.md")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineErrorParser(prog="python -m ablations", description="Run studies (arms x seeds of a training "
+                                "script) resumably; see ablations/README.md")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
 
     commands.add_parser("list", help="list the studies with their descriptions")
 
@@ -60,6 +56,9 @@ def make_parser() -> argparse.ArgumentParser:
                           "O'Brien-Fleming alpha spending; study key until_decided = true")
     run.add_argument("--max-seeds", type=int, metavar="N",
                      help="--until-decided: the most seeds per arm (default: study key max_seeds, else its seeds)")
+    run.add_argument("--max-factor", type=float, metavar="F",
+                     help="--until-decided: the most seeds per arm as F times the study's seed count, the fixed-n "
+                          "design's (instead of --max-seeds; study key max_factor)")
     run.add_argument("--alpha", type=float, help="--until-decided: type I error (default: study key alpha, 0.01)")
     run.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="step progress lines at most this often (validation steps always; default 30)")
@@ -115,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         return {"list": cmd_list, "run": cmd_run, "run-one": cmd_run_one, "status": cmd_status,
                 "slurm": cmd_slurm}[args.command](args)
     except StudyError as e:
-        print(f"ablations: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ablations: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # read-only or deleted folders, a full disk: one line, never a traceback
-        print(f"ablations: error: {os_problem(e)}", file=sys.stderr)
+        print(f"error: {os_problem(e)}", file=sys.stderr)
         return 2
 
 
@@ -204,10 +203,10 @@ def cmd_run(args) -> int:
     if sequential:
         if args.arms:
             raise StudyError("--until-decided tests every arm of the study: leave out --arms")
-        design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha)
+        design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha, args.max_factor)
         study.seeds = list(range(design["max_seeds"]))
-    elif args.max_seeds is not None or args.alpha is not None:
-        raise StudyError("--max-seeds and --alpha belong to --until-decided")
+    elif args.max_seeds is not None or args.alpha is not None or args.max_factor is not None:
+        raise StudyError("--max-seeds, --max-factor and --alpha belong to --until-decided")
     runs = study.runs(args.runs_dir, select_arms(study, args.arms))
     module = check_flags(study, runs, args.runs_dir, data=True)
     options = _options(args, study)
@@ -297,6 +296,13 @@ def study_status(study: Study, runs_dir: Path, check: ConfigCheck | None = None)
 def cmd_status(args) -> int:
     study = _load(args)
     status = study_status(study, args.runs_dir, ConfigCheck(load_script(study.script), study, args.runs_dir))
+    record = args.runs_dir / study.name / sequential_study.STATE_FILE
+    try:
+        status["sequential"] = sequential_study.read_state(record)
+        sequential_lines = sequential_study.describe_state(status["sequential"]) if status["sequential"] else []
+    except StudyError as problem:  # status still shows the runs
+        status["sequential"] = {"problem": str(problem)}
+        sequential_lines = [f"cannot be shown: {problem}"]
     if args.json:
         print(json.dumps(status))
         return 0
@@ -313,6 +319,10 @@ def cmd_status(args) -> int:
         if entry["kept_aside"]:
             parts.append(f"({entry['kept_aside']} unfinished log(s) kept aside)")
         print(f"  {arm:<{width}}  {'  '.join(parts)}")
+    if sequential_lines:
+        print(f"sequential ({record}): {sequential_lines[0]}")
+        for line in sequential_lines[1:]:
+            print(f"  {line}")
     return 0
 
 

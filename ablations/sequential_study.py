@@ -9,6 +9,7 @@ never takes a look again, so its decisions never depend on a different history."
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .errors import StudyError
@@ -24,17 +25,31 @@ def batch_seeds(study: Study, options: Options) -> int:
     return max(1, slots // len(study.arms))
 
 
-def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | None) -> dict:
-    """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input."""
+def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | None,
+         max_factor: float | None = None) -> dict:
+    """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input. The most seeds per
+    arm: `max_seeds`, or `max_factor` times the study's seed count (its fixed-n design), else the study's keys of
+    the same names, else its seed count."""
+    from analysis.sequential import sequential_max_seeds  # the analysis package sits next to this one
+
     alpha = study.alpha if alpha is None else alpha
-    if max_seeds is None:
-        max_seeds = study.max_seeds if study.max_seeds is not None else len(study.seeds)
+    if max_seeds is not None and max_factor is not None:
+        raise StudyError("--max-seeds and --max-factor both set the most seeds per arm: give one")
+    if max_seeds is None and max_factor is None:
+        max_seeds, max_factor = study.max_seeds, study.max_factor
     if not 0 < alpha < 1:
         raise StudyError(f"--until-decided: alpha {alpha:g} is not strictly between 0 and 1")
+    if max_factor is not None:
+        if not 1 <= max_factor < math.inf:
+            raise StudyError(f"--max-factor {max_factor:g} is not a number of at least 1 (the most seeds per arm "
+                             f"over the study's {len(study.seeds)} seeds of the fixed-n design)")
+        max_seeds = sequential_max_seeds(len(study.seeds), max_factor)
+    elif max_seeds is None:
+        max_seeds = len(study.seeds)
     batch = batch_seeds(study, options)
     if max_seeds < max(2, batch):
-        raise StudyError(f"--max-seeds {max_seeds} is below one batch ({max(2, batch)} seeds per arm: the node runs "
-                         f"{batch} per arm at once, and a test needs 2)")
+        raise StudyError(f"at most {max_seeds} seeds per arm is below one batch ({max(2, batch)} seeds per arm: "
+                         f"the node runs {batch} per arm at once, and a test needs 2)")
     arms = list(study.arms)
     baseline = None
     if study.claim == "vs-baseline":
@@ -42,22 +57,17 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
             raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
                              f"two (or claim = \"below-target\")")
         baseline = "baseline" if "baseline" in arms else arms[0]
-    return {"alpha": alpha, "max_seeds": max_seeds, "batch": batch, "claim": study.claim, "baseline": baseline,
+    return {"alpha": alpha, "max_seeds": max_seeds, "max_factor": max_factor or 1.0, "batch": batch,
+            "claim": study.claim, "baseline": baseline,
             "target": study.target if study.claim == "below-target" else None,
             "arms": [arm for arm in arms if arm != baseline]}
 
 
-def look_schedule(design: dict) -> list[int]:
-    """Seeds per arm at each look: every batch, the first look at two seeds at least, the last at max_seeds."""
-    counts = list(range(design["batch"], design["max_seeds"], design["batch"])) + [design["max_seeds"]]
-    return sorted({max(2, n) for n in counts})
-
-
 def _design(design: dict):
-    from analysis.sequential import Design  # the analysis package sits next to this one
+    from analysis.sequential import Design
 
     return Design(alpha=design["alpha"], max_seeds=design["max_seeds"], batch=design["batch"],
-                  sides=2 if design["claim"] == "vs-baseline" else 1)
+                  sides=2 if design["claim"] == "vs-baseline" else 1, max_factor=design["max_factor"])
 
 
 def _losses(runs_dir: Path, study: str, arm: str, seeds: int) -> list[float]:
@@ -74,15 +84,26 @@ def _losses(runs_dir: Path, study: str, arm: str, seeds: int) -> list[float]:
     return losses
 
 
-def _load_state(path: Path, design: dict) -> dict:
+def read_state(path: Path) -> dict | None:
+    """The recorded design and looks of a sequential study (None when it has none); StudyError when the file is
+    not one this runner wrote."""
     if not path.exists():
-        return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
+        return None
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
-        recorded = state["design"]
-        state["looks"]
-    except (OSError, ValueError, KeyError, TypeError) as problem:
-        raise StudyError(f"{path}: not a sequential record this runner wrote ({problem})") from None
+        state["design"].setdefault("max_factor", 1.0)  # records written before the key existed: the factor was 1
+        for arm in state["design"]["arms"]:
+            state["looks"][arm]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as problem:
+        raise StudyError(f"{path}: not a sequential record this runner wrote ({problem!r})") from None
+    return state
+
+
+def _load_state(path: Path, design: dict) -> dict:
+    state = read_state(path)
+    if state is None:
+        return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
+    recorded = state["design"]
     if recorded != design:
         changed = next(key for key in sorted(set(design) | set(recorded)) if design.get(key) != recorded.get(key))
         raise StudyError(f"{path} records looks of another design ({changed} {recorded.get(changed)!r}, now "
@@ -97,25 +118,47 @@ def _save_state(path: Path, state: dict) -> None:
     write_text_atomically(path, json.dumps(state, indent=1) + "\n")
 
 
+def describe_design(design: dict) -> str:
+    """One line: the claim, the spending design, the maximum and the looks, the futility rule."""
+    from analysis.sequential import look_counts
+
+    rule = _design(design)
+    factor = f" ({design['max_factor']:g} x the fixed-n design's seeds)" if design["max_factor"] != 1 else ""
+    looks = ",".join(map(str, look_counts(design["max_seeds"], design["batch"])))
+    against = f" against {design['baseline']}" if design["baseline"] else f" mean < {design['target']:g}"
+    return (f"group-sequential, claim {design['claim']}{against}: Lan-DeMets O'Brien-Fleming alpha "
+            f"{design['alpha']:g}, up to {design['max_seeds']} seeds per arm{factor} in looks at {looks}; futility: "
+            f"conditional power under the effect the fixed-n design detects with power {rule.design_power:g} < "
+            f"{rule.futility_power:g}")
+
+
+def describe_state(state: dict) -> list[str]:
+    """What `status` shows of a sequential study: its design, and each arm's last look (its decision, p-value and,
+    once decided, adjusted p) or that it has none yet."""
+    from analysis.sequential import describe_look
+
+    design = state["design"]
+    lines = [describe_design(design)]
+    for arm in design["arms"]:
+        looks = state["looks"][arm]
+        lines.append(describe_look(arm, looks[-1], design) if looks else f"{arm}: no look yet")
+    return lines
+
+
 def run_until_decided(study: Study, options: Options, reporter, design: dict) -> int:
-    from analysis.sequential import decided, describe_look, take_look
+    from analysis.sequential import decided, describe_look, look_counts, take_look
 
     folder = options.runs_dir / study.name
     state_path = folder / STATE_FILE
     state = _load_state(state_path, design)
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()
-    reporter.line("design", f"group-sequential, claim {design['claim']}"
-                            + (f" against {design['baseline']}" if design["baseline"] else
-                               f" mean < {design['target']:g}")
-                            + f": Lan-DeMets O'Brien-Fleming alpha {design['alpha']:g}, up to {design['max_seeds']} "
-                              f"seeds per arm in looks at {','.join(map(str, look_schedule(design)))}; futility: "
-                              f"conditional power under the effect max_seeds is planned for "
-                              f"(power {sequential_design.design_power:g}) < {sequential_design.futility_power:g}")
+    schedule = look_counts(design["max_seeds"], design["batch"])
+    reporter.line("design", describe_design(design))
     for arm, looks in state["looks"].items():
         for look in looks:
             reporter.line("replayed", describe_look(arm, look, design))
-    for seeds in look_schedule(design):
+    for seeds in schedule:
         open_arms = [arm for arm in design["arms"] if not (state["looks"][arm] and decided(state["looks"][arm][-1]))]
         if not open_arms:
             break

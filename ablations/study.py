@@ -25,7 +25,8 @@ STUDY_DIR = Path(__file__).resolve().parent
 REPO_ROOT = STUDY_DIR.parent
 
 TOP_KEYS = {"description", "script", "nproc", "launcher", "seeds", "flags", "arms", "vars", "requires_results",
-            "generate", "target", "time_limit", "until_decided", "max_seeds", "alpha", "claim"}
+            "generate", "target", "time_limit", "until_decided", "max_seeds", "alpha", "claim",
+            "max_factor"}
 LAUNCHERS = ("torchrun", "python")
 CLAIMS = ("vs-baseline", "below-target")
 # The runner sets these for every run; a study setting them would break the log layout.
@@ -71,6 +72,7 @@ class Study:
     max_seeds: int | None = None  # the most seeds per arm under until_decided (default: len(seeds))
     alpha: float = 0.01  # the sequential design's type I error
     claim: str = "vs-baseline"  # or "below-target": each arm's mean final loss against the target
+    max_factor: float | None = None  # or the most seeds per arm as this many times len(seeds) (the fixed-n design)
 
     def runs(self, runs_dir: Path, arms: list[str] | None = None) -> list[Run]:
         """Every (arm, seed) run, seed by seed, so that a study stopped early has all arms at its first seeds."""
@@ -136,6 +138,12 @@ def _check_type(value, kind, where: str):
         names = {int: "an integer", str: "a string", dict: "a table", list: "a list", float: "a number"}
         raise StudyError(f"{where} must be {names.get(kind, kind.__name__)}")
     return value
+
+
+def _number(value, where: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise StudyError(f"{where} must be a number")
+    return float(value)
 
 
 def _flag_table(table, where: str) -> dict:
@@ -206,9 +214,7 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
         if study_path(requires).resolve() in chain:
             names = " -> ".join(p.stem for p in (*chain, study_path(requires)))
             raise StudyError(f"{where}: requires_results forms a cycle ({names}); a study cannot need its own results")
-    target = data.get("target", 2.92)
-    if not isinstance(target, (int, float)) or isinstance(target, bool):
-        raise StudyError(f"{where}: target must be a number")
+    target = _number(data.get("target", 2.92), f"{where}: target")
     time_limit = data.get("time_limit")
     if time_limit is not None:
         _check_type(time_limit, str, f"{where}: time_limit")
@@ -233,14 +239,17 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
     max_seeds = data.get("max_seeds")
     if max_seeds is not None:
         _check_type(max_seeds, int, f"{where}: max_seeds")
-    alpha = data.get("alpha", 0.01)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise StudyError(f"{where}: alpha must be a number")
+    alpha = _number(data.get("alpha", 0.01), f"{where}: alpha")
+    max_factor = data.get("max_factor")
+    if max_factor is not None:
+        max_factor = _number(max_factor, f"{where}: max_factor")
+        if max_seeds is not None:
+            raise StudyError(f"{where}: max_seeds and max_factor both set the most seeds per arm: keep one")
     claim = _check_type(data.get("claim", "vs-baseline"), str, f"{where}: claim")
     if claim not in CLAIMS:
         raise StudyError(f"{where}: claim must be one of {', '.join(CLAIMS)}, not {claim!r}")
     return Study(path.stem, path, description, script, nproc, launcher, list(study_seeds), arms, variables,
-                 requires, float(target), time_limit, generate, until_decided, max_seeds, float(alpha), claim)
+                 requires, target, time_limit, generate, until_decided, max_seeds, alpha, claim, max_factor)
 
 
 def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> Study:

@@ -12,26 +12,20 @@ import re
 import sys
 from pathlib import Path
 
+from speedrun.errors import OneLineErrorParser, UsageError
+
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
 from .logs import MixedTracks, duplicate_warnings, group_runs, load_runs, planned_steps_warnings
 from . import power
 from .record import RecordError, package_record
+from .sequential import sequential_max_seeds
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
 from .textfmt import num, pval, table
 from .tracks import TARGETS, track_of
 from .upstream_records import RECORDS_TABLE, RecordsTableError, find_record, load_records
-
-
-class UsageError(Exception):
-    """Bad input: the message is the one line shown to the user."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 # ----------------------------------------------------------------------------------------------- argument types
@@ -62,6 +56,10 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
+
+
+def at_least_one(text):
+    return _number(text, lambda v: v >= 1, "a number of at least 1")
 
 
 def at_least_two(text):
@@ -302,6 +300,7 @@ def cmd_plan(args):
         print(f"two arms, final-loss difference {args.diff:g} (d = {args.diff / estimate.std:.3g} std), two-sided "
               f"Welch t-test at alpha {args.alpha:g}, power {args.power:g}: "
               f"{n if n else f'more than {power.MAX_SEEDS}'} seeds per arm")
+        _plan_sequential(args, n, result, "sequential_max_seeds_per_arm")
     if args.pilot_mean is not None:
         n = power.seeds_for_record(args.pilot_mean, target, estimate.std, args.alpha, args.power)
         result["record_seeds"] = n
@@ -312,9 +311,22 @@ def cmd_plan(args):
         else:
             print(f"record claim mean < {target:g} (pilot mean {args.pilot_mean:g}, one-sided t-test at alpha "
                   f"{args.alpha:g}, power {args.power:g}): {n} seeds")
+            _plan_sequential(args, n, result, "sequential_max_record_seeds")
     if args.json:
         _print_json(result)
     return 0
+
+
+def _plan_sequential(args, fixed_seeds: int | None, result: dict, key: str) -> None:
+    """With --max-factor: the most seeds of the group-sequential design (`--until-decided`) that may use that many
+    times the fixed-n design's seeds."""
+    if args.max_factor is None or not fixed_seeds:
+        return
+    most = sequential_max_seeds(fixed_seeds, args.max_factor)
+    result[key] = most
+    print(f"  group-sequential (--until-decided --max-factor {args.max_factor:g} on a study of {fixed_seeds} seeds): "
+          f"at most {most} seeds, stopping early when decided (simulated runs saved: "
+          f"benchmarks/sequential_sim.py)")
 
 
 PLOT_KINDS = ("val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "loss-by-layer",
@@ -394,11 +406,12 @@ def cmd_record(args):
 # ----------------------------------------------------------------------------------------------- parser
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m analysis", description=(
+    parser = OneLineErrorParser(prog="python -m analysis", description=(
         "Statistics, plots, reports and record packaging for speedrun run logs (this project's logs and upstream "
         "modded-nanogpt record logs of every era). Only finished runs (a final validation at the planned last step; "
         "for this project's logs also the closing peak-memory line) enter statistics."))
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=OneLineErrorParser)
 
     p = commands.add_parser("summarize", help="runs and groups: final losses, times, p-values, time to target",
                             description="Per run: final loss, train time, time/step to target (linear interpolation "
@@ -485,6 +498,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "(records/published_seed_losses.csv)")
     p.add_argument("--alpha", type=probability, default=0.01, help="significance level (0.01)")
     p.add_argument("--power", type=probability, default=0.8, help="wanted power (0.8)")
+    p.add_argument("--max-factor", type=at_least_one, metavar="F",
+                   help="also the most seeds of a group-sequential study (--until-decided --max-factor F) allowed "
+                        "F times the fixed-n design's seeds")
     p.add_argument("--json", action="store_true", help="also print JSON")
     p.set_defaults(handler=cmd_plan)
 
@@ -546,11 +562,11 @@ def main(argv=None) -> int:
     try:
         return args.handler(args)
     except (UsageError, MixedTracks) as problem:
-        print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as problem:  # an output file or folder that cannot be written
-        print(f"python -m analysis {args.command}: error: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
         return 2

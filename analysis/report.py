@@ -12,7 +12,7 @@ from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
 from .logs import Duplicate, group_runs
 from .sequential import render_markdown
-from .studies import render_resource_table, skip_layers
+from .studies import render_resource_table, selection_order, skip_layers
 from .summary import summarize
 from .textfmt import num, pval, table
 
@@ -69,9 +69,11 @@ def _planned_figures(groups: dict, runs, baseline: str | None, target: float, sc
     if len(single) >= 2:
         planned.append(("loss_by_layer", "Final loss by skipped layer (layer sweep)",
                         lambda: plots.loss_by_layer_figure(groups, baseline)))
-    if multi:
+    # by order only when a multi-layer arm has one: a lone `--backout-layers 10,11` arm belongs to no order
+    if any(selection_order(name, groups[name]) is not None for name in multi):
         planned.append(("loss_vs_num_layers", "Final loss by number of skipped layers, per selection order",
                         lambda: plots.loss_vs_num_layers_figure(groups, baseline)))
+    if multi:
         planned.append(("loss_vs_distance", "Final loss by mean distance of the skipped layers to the output",
                         lambda: plots.loss_vs_distance_figure(groups, baseline)))
     return planned

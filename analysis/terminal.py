@@ -6,11 +6,12 @@ step/time to the target; each arm against the baseline (Welch t-test, 99% CI, p)
 Bad input ends with one `error:` line on stderr and exit status 2."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from .cli import positive_float
+from speedrun.errors import OneLineErrorParser
+
+from .cli import comma_list, positive_float
 from .compare import compare_arms
 from .logs import MixedTracks, group_runs, load_runs
 from .summary import summarize
@@ -74,18 +75,13 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
-
-
 def main(argv=None) -> int:
-    parser = _Parser(prog="python -m analysis.terminal", description=__doc__.split("\n\n")[0])
+    parser = OneLineErrorParser(prog="python -m analysis.terminal", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, help="the study folder (runs/<study>)")
     parser.add_argument("--target", type=positive_float, required=True, help="target validation loss")
     parser.add_argument("--baseline", default="baseline", help="the arm the others are compared with")
     parser.add_argument("--report", type=Path, default=None, help="the report file (default DIR/report.md)")
-    parser.add_argument("--arms", type=lambda text: [arm for arm in text.split(",") if arm],
+    parser.add_argument("--arms", type=comma_list,
                         help="comma-separated arms to show, as in the report (default: every arm with a log)")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():

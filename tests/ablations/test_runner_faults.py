@@ -122,7 +122,7 @@ def test_edited_study_refuses_then_redoes_stale_runs_without_mixing_schedules(tm
     refused = ablations(["run", study], tmp_path, runner_env(starts))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().splitlines() == [
-        "ablations: 1 complete run(s) of study s differ from the study now (baseline/seed0 was made with "
+        "error: 1 complete run(s) of study s differ from the study now (baseline/seed0 was made with "
         "--num-iterations 12, the study now asks 16); pass --redo-stale to set their logs aside and run them "
         "again, or undo the edit"]
     assert len(read_events(starts)) == 3  # 2 starts and 1 finish of the first round: nothing launched
@@ -181,7 +181,7 @@ def test_read_only_runs_folder_is_one_line(tmp_path):
     (tmp_path / "runs").mkdir()
     result = ablations_with_tmpfs(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"),
                                   tmp_path / "runs", "ro")
-    assert one_error_line(result) == "ablations: error: runs/s: Read-only file system"
+    assert one_error_line(result) == "error: runs/s: Read-only file system"
     assert read_events(tmp_path / "starts.jsonl") == []
 
 
@@ -192,7 +192,7 @@ def test_full_disk_is_one_line(tmp_path):
     fill = f"mkdir -p {tmp_path}/runs/s && head -c 200000 /dev/zero > {tmp_path}/runs/filler 2>/dev/null; true"
     result = ablations_with_tmpfs(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"),
                                   tmp_path / "runs", "size=64k", before=fill)
-    assert one_error_line(result) == "ablations: error: runs/s/runner.log: No space left on device"
+    assert one_error_line(result) == "error: runs/s/runner.log: No space left on device"
     assert read_events(tmp_path / "starts.jsonl") == []
 
 
@@ -200,7 +200,7 @@ def test_runner_log_that_cannot_be_appended_to_is_one_line(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     (tmp_path / "runs" / "s" / "runner.log").mkdir(parents=True)  # not openable for append, even by root
     result = ablations(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"))
-    assert one_error_line(result) == "ablations: error: runs/s/runner.log: Is a directory"
+    assert one_error_line(result) == "error: runs/s/runner.log: Is a directory"
     assert read_events(tmp_path / "starts.jsonl") == []
 
 

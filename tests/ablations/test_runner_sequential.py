@@ -3,17 +3,29 @@ seeds, the looks are recorded and replayed after a kill, bad input is refused in
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from runner_support import ablations, read_events, runner_env, start_ablations, wait_for, write_study
+import pytest
+
+from ablations.cli import main
+from analysis.sequential import describe_look
+from runner_support import REPO, ablations, read_events, runner_env, start_ablations, wait_for, write_study
+
+pytestmark = pytest.mark.slow  # every test here starts the runner or training processes
 
 # The stand-in's final loss is 0.001 * seed plus 0.03 for backout layer 4: a clear difference, decided early.
 ARMS = {"baseline": {}, "backout-L4": {"backout-layers": 4}}
 FLAGS = {"num-iterations": 10, "val-every": 5}
 
 
+def state_of(tmp_path: Path, study: str = "s") -> dict:
+    return json.loads((tmp_path / "runs" / study / "sequential.json").read_text())
+
+
 def looks_of(tmp_path: Path, study: str = "s") -> dict:
-    return json.loads((tmp_path / "runs" / study / "sequential.json").read_text())["looks"]
+    return state_of(tmp_path, study)["looks"]
 
 
 def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_path):
@@ -33,6 +45,17 @@ def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_pat
     assert len(look_lines) == len(looks) and "-> worse, adjusted p" in look_lines[-1]
     report = (tmp_path / "runs" / "s" / "report.md").read_text()
     assert "## Sequential looks" in report and "| backout-L4 | 2 |" in report and "| worse |" in report
+    # status shows the design, and each arm's last look with its decision and adjusted p
+    status = ablations(["status", study], tmp_path, runner_env())
+    assert status.returncode == 0, status.stderr
+    shown = status.stdout.splitlines()
+    (design_line,) = [line for line in shown if line.startswith("sequential (")]
+    assert "sequential.json): group-sequential, claim vs-baseline against baseline" in design_line
+    assert "up to 8 seeds per arm in looks at 2,3,4,5,6,7,8" in design_line
+    assert shown[-1].strip() == describe_look("backout-L4", looks[-1], state_of(tmp_path)["design"])
+    assert f"look {len(looks)} backout-L4" in shown[-1] and "-> worse, adjusted p" in shown[-1]
+    as_json = json.loads(ablations(["status", study, "--json"], tmp_path, runner_env()).stdout)
+    assert as_json["sequential"]["looks"]["backout-L4"] == looks
 
 
 def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
@@ -70,22 +93,99 @@ def test_killed_study_resumes_with_its_looks(tmp_path):
     assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1 and "alpha" in other.stderr
 
 
-def refused(tmp_path, study, *extra) -> str:
-    result = ablations(["run", study, *extra], tmp_path, runner_env(tmp_path / "starts.jsonl"))
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert not (tmp_path / "starts.jsonl").exists()
-    return lines[0]
+def test_max_factor_sets_the_most_seeds_from_the_studys_own(tmp_path):
+    """--max-factor F (study key max_factor): at most ceil(F x the study's seed count) seeds per arm, here 1.5 x 4;
+    --dry-run lists every run the design may start, and nothing runs."""
+    study = write_study(tmp_path, "s", ARMS, seeds=range(4), flags=FLAGS)
+    listed = ablations(["run", study, "--until-decided", "--max-factor", "1.5", "--dry-run"], tmp_path, runner_env())
+    assert listed.returncode == 0, listed.stderr
+    assert sum("--seed 5" in line for line in listed.stdout.splitlines()) == 2  # both arms, seeds 0-5
+    assert not any("--seed 6" in line for line in listed.stdout.splitlines())
+    keyed = write_study(tmp_path, "k", ARMS, seeds=range(4), flags=FLAGS, extra="until_decided = true\nmax_factor = 2")
+    listed = ablations(["run", keyed, "--dry-run"], tmp_path, runner_env())
+    assert sum("--seed 7" in line for line in listed.stdout.splitlines()) == 2
+    # the flag wins over the study key, and --max-seeds over both
+    listed = ablations(["run", keyed, "--max-seeds", "3", "--dry-run"], tmp_path, runner_env())
+    assert sum("--seed 2" in line for line in listed.stdout.splitlines()) == 2
+    assert not any("--seed 3" in line for line in listed.stdout.splitlines())
+    assert not (tmp_path / "runs").exists()
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
+def test_status_of_a_study_with_an_unreadable_sequential_record(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
-    assert "alpha" in refused(tmp_path, study, "--until-decided", "--alpha", "1.5")
-    assert "alpha" in refused(tmp_path, study, "--until-decided", "--alpha", "0")
-    assert "below one batch" in refused(tmp_path, study, "--until-decided", "--max-seeds", "1")
-    assert "below one batch" in refused(tmp_path, study, "--until-decided", "--max-seeds", "0")
-    assert "below one batch" in refused(tmp_path, study, "--until-decided", "--parallel", "8", "--max-seeds", "3")
+    before = ablations(["status", study], tmp_path, runner_env())
+    assert before.returncode == 0 and "sequential" not in before.stdout  # no looks yet: nothing to show
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    (tmp_path / "runs" / "s" / "sequential.json").write_text("{not json")
+    status = ablations(["status", study], tmp_path, runner_env())
+    assert status.returncode == 0 and "4 to do" in status.stdout
+    assert "sequential (" in status.stdout and "not a sequential record this runner wrote" in status.stdout
+    assert "problem" in json.loads(ablations(["status", study, "--json"], tmp_path, runner_env()).stdout)["sequential"]
+
+
+@pytest.fixture
+def refused(tmp_path, monkeypatch, capsys):
+    """`python -m ablations run STUDY ARGS` in this process (refusals need no subprocess): its one error line,
+    after checking the exit status 2 and that no run started."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_TRAIN_STARTS", str(tmp_path / "starts.jsonl"))
+
+    def run(study, *extra) -> str:
+        try:
+            code = main(["run", str(study), *map(str, extra)])
+        except SystemExit as exit_:  # argparse's own errors
+            code = exit_.code
+        out, err = capsys.readouterr()
+        assert code == 2, out + err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err + out and lines[0].startswith("error: "), err
+        assert not (tmp_path / "starts.jsonl").exists()
+        return lines[0]
+
+    return run
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, refused):
+    study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
+    assert "alpha" in refused(study, "--until-decided", "--alpha", "1.5")
+    assert "alpha" in refused(study, "--until-decided", "--alpha", "0")
+    assert "below one batch" in refused(study, "--until-decided", "--max-seeds", "1")
+    assert "below one batch" in refused(study, "--until-decided", "--max-seeds", "0")
+    assert "below one batch" in refused(study, "--until-decided", "--parallel", "8", "--max-seeds", "3")
     one_arm = write_study(tmp_path, "one", {"baseline": {}}, flags=FLAGS)
-    assert "one arm" in refused(tmp_path, one_arm, "--until-decided")
-    assert "--until-decided" in refused(tmp_path, study, "--max-seeds", "4")
+    assert "one arm" in refused(one_arm, "--until-decided")
+    assert "--until-decided" in refused(study, "--max-seeds", "4")
+    assert "--until-decided" in refused(study, "--max-factor", "2")
+    # non-numeric values, from the command line and from the study file
+    assert "--alpha: invalid float value: 'abc'" in refused(study, "--until-decided", "--alpha", "abc")
+    assert "--max-seeds: invalid int value: 'x'" in refused(study, "--until-decided", "--max-seeds", "x")
+    assert "--max-factor: invalid float value" in refused(study, "--until-decided", "--max-factor", "2x")
+    assert "alpha" in refused(study, "--until-decided", "--alpha", "nan")
+    for key, value, needle in (("alpha", '"0.05"', "alpha must be a number"),
+                               ("max_seeds", "2.5", "max_seeds must be an integer"),
+                               ("max_factor", '"big"', "max_factor must be a number")):
+        keyed = write_study(tmp_path, "keyed", ARMS, flags=FLAGS, extra=f"{key} = {value}")
+        assert needle in refused(keyed, "--until-decided")
+    # the factor: at least 1, not with --max-seeds, not both keys; one batch at least
+    assert "--max-factor 0.5 is not a number of at least 1" in refused(study, "--until-decided",
+                                                                       "--max-factor", "0.5")
+    assert "--max-factor inf" in refused(study, "--until-decided", "--max-factor", "inf")
+    assert "give one" in refused(study, "--until-decided", "--max-seeds", "4", "--max-factor", "2")
+    both = write_study(tmp_path, "both", ARMS, flags=FLAGS, extra="max_seeds = 4\nmax_factor = 2")
+    assert "max_seeds and max_factor both" in refused(both, "--until-decided")
+    one_seed = write_study(tmp_path, "one-seed", ARMS, seeds=[0], flags=FLAGS)
+    assert "at most 1 seeds per arm is below one batch" in refused(one_seed, "--until-decided",
+                                                                  "--max-factor", "1")
+    # a study file in a folder that does not exist, and argparse's own usage errors
+    assert "does not exist" in refused(tmp_path / "nowhere" / "s.toml", "--until-decided")
+    assert "unrecognized arguments: --untill-decided" in refused(study, "--untill-decided")
+    # the front door as a user types it: ./run.sh STUDY --until-decided ... (python3 on PATH: the tests' own)
+    env = runner_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("FORCE_VENV", None)
+    front = subprocess.run([str(REPO / "run.sh"), str(study), "--until-decided", "--alpha", "1.5"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert front.returncode == 2 and front.stderr.splitlines() == [
+        "error: --until-decided: alpha 1.5 is not strictly between 0 and 1"], front.stdout + front.stderr
+    usage = ablations(["run"], tmp_path, runner_env())  # the command line as typed, in a process of its own
+    assert usage.returncode == 2 and usage.stderr.startswith("error: the following arguments are required: study")
+    assert len(usage.stderr.strip().splitlines()) == 1

@@ -194,6 +194,7 @@ def test_record_check_pass_fail_bootstrap_and_runs_needed(capsys, tmp_path):
 def one_line_error(status, err):
     assert status == 2
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("error: "), err  # the project's one form for bad input, argparse's errors included
     return err
 
 
@@ -263,7 +264,7 @@ def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "analysis", "summarize", str(tmp_path / "nope"), "--target", "2.92"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == f"python -m analysis summarize: error: PATH not found: {tmp_path / 'nope'}"
+    assert done.stderr.strip() == f"error: PATH not found: {tmp_path / 'nope'}"
 
 
 def test_report_of_a_study_folder(capsys, tmp_path):

@@ -169,3 +169,15 @@ def test_plot_resource_table_to_stdout_and_file(tmp_path, sweep, capsys):
     out = tmp_path / "table.md"
     assert main(["plot", "resource-table", str(study), "--out", str(out)]) == 0
     assert out.read_text().strip() == printed.strip()
+
+
+def test_report_of_a_multi_layer_arm_without_a_selection_order(tmp_path, capsys):
+    # the demo's shape: one arm skipping layers 10 and 11, named without an order ("backout", no selection_order)
+    root = tmp_path / "study"
+    arm_logs(root, "baseline", 2, 2.921)
+    arm_logs(root, "backout", 2, 2.919, config={"backout_layers": "10,11"})
+    assert main(["report", str(root), "--target", "2.92"]) == 0
+    text = (root / "report.md").read_text()
+    assert "report_loss_vs_distance.png" in text  # the arm still has its distance plot
+    assert "report_loss_vs_num_layers.png" not in text  # no selection order: nothing to draw by order
+    assert capsys.readouterr().out.strip() == str(root / "report.md")

@@ -1,6 +1,7 @@
 """Seeds planned by power: exact noncentral-t power against textbook values and statsmodels, the std's source,
 and the `plan` command's output and bad input."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -83,8 +84,30 @@ def test_plan_measures_the_std_of_a_study_folder(capsys, tmp_path):
     assert result["std"] == pytest.approx(np.sqrt(squares / 3), rel=1e-6)
 
 
-@pytest.mark.parametrize("argv", [["--diff", "0.001", "--alpha", "1.5"], ["--diff", "0.001", "--power", "0"],
-                                  [], ["--diff", "-1"], ["--pilot-mean", "3.2", "--track", "small"]])
-def test_plan_bad_input_is_one_line_and_exit_2(capsys, argv):
-    status, out, err = run_cli(capsys, "plan", *argv)
-    assert status == 2 and len(err.strip().splitlines()) == 1 and "error:" in err
+def test_plan_with_a_max_factor_gives_the_sequential_maximum(capsys):
+    status, out, _ = run_cli(capsys, "plan", "--diff", "0.0005", "--pilot-mean", "2.9195", "--max-factor", "1.5",
+                             "--json")
+    assert status == 0
+    result = json.loads(out[out.index("{"):])
+    fixed, record = result["seeds_per_arm"], result["record_seeds"]
+    assert result["sequential_max_seeds_per_arm"] == math.ceil(1.5 * fixed)
+    assert result["sequential_max_record_seeds"] == math.ceil(1.5 * record)
+    assert (f"--until-decided --max-factor 1.5 on a study of {fixed} seeds): at most {math.ceil(1.5 * fixed)} seeds"
+            in out)
+    status, out, _ = run_cli(capsys, "plan", "--diff", "0.0005", "--json")
+    assert "sequential_max_seeds_per_arm" not in json.loads(out[out.index("{"):])  # only when asked
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--diff", "0.001", "--alpha", "1.5"], "--alpha"), (["--diff", "0.001", "--alpha", "0"], "--alpha"),
+    (["--diff", "0.001", "--alpha", "x"], "'x' is not a number"), (["--diff", "0.001", "--power", "0"], "--power"),
+    ([], "--diff"), (["--diff", "-1"], "--diff"), (["--diff", "abc"], "'abc' is not a number"),
+    (["--pilot-mean", "3.2", "--track", "small"], "published"),
+    (["{tmp}/missing", "--diff", "0.001"], "not found"),
+    (["--diff", "0.001", "--published", "{tmp}/none.csv"], "none.csv"),
+    (["--diff", "0.001", "--max-factor", "0.5"], "--max-factor"),
+    (["--diff", "0.001", "--max-factor", "nan"], "--max-factor"), (["--bogus"], "--bogus")])
+def test_plan_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
+    status, out, err = run_cli(capsys, "plan", *[a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert status == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: ") and needle in err, err
+    assert "Traceback" not in err + out

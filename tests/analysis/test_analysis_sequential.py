@@ -81,3 +81,19 @@ def test_record_claim_is_one_sided_against_the_target():
     assert look["decision"] == "below target" and look["repeated_ci"][1] < 2.92
     above = take_look(design, [], 2.9203 + 0.0008 * rng.standard_normal(10), target=2.92)
     assert above["decision"] == "futile"
+
+
+def test_max_factor_sets_the_maximum_and_the_planned_drift():
+    assert sequential.sequential_max_seeds(10, 1.1) == 11 and sequential.sequential_max_seeds(5, 1.5) == 8
+    assert sequential.sequential_max_seeds(383, 1.0) == 383
+    assert sequential.look_counts(7, 3) == [3, 6, 7] and sequential.look_counts(5, 1) == [2, 3, 4, 5]
+    fixed = Design(alpha=0.01, max_seeds=10, batch=2)
+    wider = Design(alpha=0.01, max_seeds=15, batch=2, max_factor=1.5)
+    # the effect the 10-seed fixed design detects with power 0.8, on the z scale at the last look of each
+    assert fixed.drift() == pytest.approx(stats.norm.isf(0.005) + stats.norm.isf(0.2))
+    assert wider.drift() == pytest.approx(fixed.drift() * math.sqrt(1.5))
+    # at the same runs and z the wider design has more runs to come, at a larger drift: more conditional power
+    z, runs = 1.0, 6
+    *_, power_fixed = sequential.decide(z, 10.0, runs / 10, fixed.final_boundary(), 2, 0.1, fixed.drift())
+    *_, power_wider = sequential.decide(z, 10.0, runs / 15, wider.final_boundary(), 2, 0.1, wider.drift())
+    assert power_wider > power_fixed

@@ -1,6 +1,7 @@
 """The runner with the real training script: a tiny study on synthetic shards, and `./run.sh` as the README says."""
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import write_token_shard
-from runner_support import REPO, ablations, is_complete, runner_env, wait_for, write_study
+from runner_support import REPO, ablations, is_complete, runner_env, start_ablations, wait_for, write_study
 
 SCRIPT = REPO / "train_gpt_medium.py"
 DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
@@ -125,3 +126,35 @@ def test_every_bundled_study_passes_the_training_scripts_own_checks(tmp_path):
         overrides = {"base_checkpoint": str(checkpoint)} if path.stem == "dlo" else None
         study = load_study(path.stem, overrides, runs_dir=tmp_path / "runs")
         check_flags(study, study.runs(tmp_path / "runs"), tmp_path / "runs")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
+def test_demo_until_decided_stops_the_backout_arm_early_and_a_kill_keeps_its_looks(tmp_path):
+    """The CPU demo study (tiny preset, bundled demo data) under --until-decided, with real training runs cut to 10
+    steps: the runner is killed (SIGKILL) once the first look is recorded, run again, and decides the backout arm
+    before its maximum of 6 seeds, keeping the look it had taken."""
+    demo = (REPO / "ablations" / "demo.toml").read_text()
+    demo = demo.replace("num-iterations = 100", "num-iterations = 10").replace("val-every = 10", "val-every = 0")
+    demo = demo.replace('preset = "tiny"', f'preset = "tiny"\ntrain-files = "{REPO}/data/demo/demo_train_*.bin"\n'
+                                           f'val-files = "{REPO}/data/demo/demo_val_*.bin"')
+    study = tmp_path / "demo.toml"
+    study.write_text(demo)
+    command = ["run", study, "--until-decided", "--max-seeds", "6", "--gpus", "0", "--parallel", "2"]
+    runner = start_ablations(command, tmp_path, runner_env(), tmp_path / "first.out")
+    record = tmp_path / "runs" / "demo" / "sequential.json"
+    try:
+        wait_for(record.exists, 600, "the first look", interval=0.2)
+    finally:
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(30)
+    first = json.loads(record.read_text())["looks"]["backout-L4"]
+    assert [look["n"] for look in first] == [2] and first[0]["decision"] == "continue"
+    again = ablations(command, tmp_path, runner_env(), timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    looks = json.loads(record.read_text())["looks"]["backout-L4"]
+    assert looks[0] == first[0] and sum(" replayed " in line for line in again.stdout.splitlines()) == 1
+    assert looks[-1]["decision"] == "better" and looks[-1]["n"] < 6 and looks[-1]["adjusted_p"] < 0.01
+    # neither arm got a seed past the deciding look
+    logs = {(log.parent.name, int(log.stem[4:])) for log in (tmp_path / "runs" / "demo").glob("*/seed?.txt")}
+    assert logs == {(arm, seed) for arm in ("baseline", "backout-L4") for seed in range(looks[-1]["n"])}
