@@ -1,0 +1,261 @@
+"""Record #18's optimisers in plain torch (its Triton kernels and torch.compile regions become the same torch
+ops, in the same order, so a CPU run follows the record's eager maths bit for bit).
+
+- NorMuon on the hidden matrices and gates: Nesterov momentum, Polar Express orthogonalisation (bf16), NorMuon's
+  per-row (or per-column) second-moment normalisation that keeps the update's norm, cautious weight decay, and an
+  lr factor sqrt(max(1, rows/cols)) from the parameter's shape. Attention weights (q, k, v, o stacked as one
+  [4*dim, dim] matrix) are orthogonalised as four square matrices. Parameters are grouped as the record does on 8
+  GPUs (gates, value-embedding gates, attention, MLP of blocks 0-7, MLP of blocks 8-15) at every world size: rank
+  r steps the r-th slice of each group after one reduce-scatter and shares it by one all-gather.
+- Adam (bf16 moments, cautious weight decay scaled by lr^2 as the record does) on the head, embeddings, gates of
+  the smear/skips and the scalars; it steps on odd steps only, on the sum of the two steps' gradients (they are not
+  cleared after even steps).
+"""
+
+import torch
+import torch.distributed as dist
+
+from speedrun.r18.schedule import R18Schedule
+
+# Polar Express (Amsel et al. 2025) coefficients, 5 iterations, safety factor 2e-2, cushion 2.
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+ADAM_LABELS = ("lm_head", "value_embed", "smear_gate", "skip_gate", "x0_lambdas", "embed2", "embed")
+SCALAR_LABELS = ("scalars",)
+MUON_LABELS = ("attn_gate", "value_embed_gate", "attn", "mlp")
+# The record's 8-GPU grouping: (label, how many of that label's parameters, in model order). 16 MLP matrices
+# per group so a rank never holds both attention and MLP matrices.
+MUON_GROUPS = (("attn_gate", None), ("value_embed_gate", None), ("attn", None), ("mlp", 16), ("mlp", None))
+
+
+def polar_express(g, split_last_product=False):
+    """Approximate orthogonal factor of g's last two dims (batched over leading dims), in bf16.
+    split_last_product: x_next = B @ x + a*x as a product then an add (the record does this for the MLP
+    matrices; rounding differs from the fused form)."""
+    x = g.bfloat16()
+    transposed = g.size(-2) > g.size(-1)
+    if transposed:
+        x = x.mT
+    x = (x / (x.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)).contiguous()
+    fused_product_add = torch.baddbmm if x.ndim > 2 else torch.addmm
+    for a, b, c in POLAR_EXPRESS_COEFFS:
+        gram = x @ x.mT
+        poly = fused_product_add(gram, gram, gram, beta=b, alpha=c)  # b*A + c*A@A
+        x = (poly @ x).add_(x, alpha=a) if split_last_product else fused_product_add(x, poly, x, beta=a)
+    return x.mT if transposed else x
+
+
+def normalise_variance(v, second_moment, beta2, reduce_dim):
+    """NorMuon: divide each row (reduce_dim -1) or column of v by the root of its running mean square, then
+    rescale so v keeps its Frobenius norm. Updates second_moment in place."""
+    mean_square = v.float().square().mean(dim=reduce_dim, keepdim=True)
+    n = v.size(reduce_dim)
+    norm_before = (mean_square.sum(dim=(-2, -1), keepdim=True) * n).sqrt()
+    second_moment.lerp_(mean_square.to(second_moment.dtype), 1 - beta2)
+    inverse_rms = second_moment.clamp_min(1e-10).rsqrt()
+    norm_after = ((mean_square * n) * inverse_rms.float().square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    return v * (inverse_rms * (norm_before / norm_after.clamp_min(1e-10))).type_as(v)
+
+
+def cautious_update_(p, v, weight_decay, lr):
+    """p -= lr*v, decaying only the coordinates where the update agrees in sign with p (>= 0, as the record)."""
+    agrees = (v * p) >= 0
+    wd, lr = weight_decay.to(p.dtype), lr.to(p.dtype)
+    p.copy_(p - p * agrees * wd * lr - v * lr)
+
+
+def shape_lr_factor(p):
+    """sqrt(rows/cols) for matrices with more rows (inputs along rows) than columns, else 1."""
+    return max(1.0, p.shape[-2] / p.shape[-1]) ** 0.5 if p.ndim >= 2 else 1.0
+
+
+def average_across_ranks(tensors):
+    """All-reduce average; gloo has no AVG, so it sums and divides."""
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if world_size == 1:
+        return
+    backend_averages = dist.get_backend() == "nccl"
+    for t in tensors:
+        dist.all_reduce(t, op=dist.ReduceOp.AVG if backend_averages else dist.ReduceOp.SUM)
+        if not backend_averages:
+            t.div_(world_size)
+
+
+def muon_groups(params):
+    """MUON_GROUPS applied to `params` (each carries .label), in model order within a label."""
+    by_label = {label: [p for p in params if p.label == label] for label in MUON_LABELS}
+    unknown = [p.label for p in params if p.label not in MUON_LABELS]
+    if unknown:
+        raise ValueError(f"NorMuon got parameters labelled {sorted(set(unknown))}")
+    groups = []
+    for label, count in MUON_GROUPS:
+        members = by_label[label][:count] if count else by_label[label]
+        by_label[label] = by_label[label][len(members):]
+        if members:
+            groups.append(members)
+    return groups
+
+
+class NorMuon(torch.optim.Optimizer):
+    """State per parameter on the rank that steps it: momentum (Nesterov) and the NorMuon second moment."""
+
+    def __init__(self, params, lr=0.015, weight_decay=1.2, momentum=0.95, beta2=0.95):
+        params = list(params)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        groups = [dict(params=members) for members in muon_groups(params)]
+        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, beta2=beta2))
+
+    def _my_slice(self, group):
+        chunk = -(-len(group["params"]) // self.world_size)
+        return chunk, group["params"][self.rank * chunk:(self.rank + 1) * chunk]
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            chunk, mine = self._my_slice(group)
+            grads = self._reduce_scatter(group["params"], chunk)
+            if mine:
+                self._update(group, mine, grads[:len(mine)])
+            self._all_gather(group["params"], chunk)
+
+    def _reduce_scatter(self, params, chunk):
+        """Stacked gradients averaged across ranks; this rank's `chunk` rows (zero-padded past the end)."""
+        stacked = torch.zeros((chunk * self.world_size, *params[0].shape), dtype=params[0].dtype,
+                              device=params[0].device)
+        for i, p in enumerate(params):
+            stacked[i].copy_(p.grad)
+        if self.world_size == 1:
+            return stacked
+        out = torch.empty_like(stacked[:chunk])
+        nccl = dist.get_backend() == "nccl"
+        dist.reduce_scatter_tensor(out, stacked, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
+        return out if nccl else out.div_(self.world_size)
+
+    def _all_gather(self, params, chunk):
+        if self.world_size == 1:
+            return
+        stacked = torch.zeros((chunk * self.world_size, *params[0].shape), dtype=params[0].dtype,
+                              device=params[0].device)
+        mine = stacked[self.rank * chunk:(self.rank + 1) * chunk]
+        for i, p in enumerate(params[self.rank * chunk:(self.rank + 1) * chunk]):
+            mine[i].copy_(p)
+        gathered = torch.empty_like(stacked)
+        dist.all_gather_into_tensor(gathered, mine.contiguous())
+        for i, p in enumerate(params):
+            p.copy_(gathered[i])
+
+    def _update(self, group, params, grads):
+        label, shape = params[0].label, params[0].shape
+        is_gate = "gate" in label
+        state = self.state[params[0]]  # the slice's state lives with its first parameter
+        if "momentum" not in state:
+            state["momentum"] = torch.zeros_like(grads)
+        state["momentum"].lerp_(grads, 1 - group["momentum"])
+        v = grads.lerp_(state["momentum"], group["momentum"])
+        if label == "attn":  # q, k, v, o as four square matrices
+            v = v.view(4 * v.size(0), shape[-2] // 4, shape[-1])
+        rows_at_least_cols = shape[-2] >= shape[-1]
+        reduce_dim = -1 if is_gate or rows_at_least_cols else -2
+        if "second_moment" not in state:
+            state["second_moment"] = torch.zeros_like(v[..., :, :1] if reduce_dim == -1 else v[..., :1, :])
+        v = polar_express(v, split_last_product=label == "mlp")
+        v = normalise_variance(v, state["second_moment"], group["beta2"], reduce_dim).view(grads.shape)
+        lr_factors = torch.tensor([shape_lr_factor(p) * p.lr_mul for p in params], dtype=torch.float32)
+        wd_factors = torch.tensor([p.wd_mul for p in params], dtype=torch.float32)
+        lrs, wds = lr_factors * group["lr"], wd_factors * group["weight_decay"] * group["lr"]
+        for i, p in enumerate(params):
+            cautious_update_(p, v[i], wds[i], lrs[i])
+
+
+class OddStepAdam(torch.optim.Optimizer):
+    """#18's Adam: bf16 moments, bias correction, cautious weight decay lr^2 * wd * wd_mul on coordinates whose
+    update agrees in sign with the parameter (> 0). Parameters without a gradient are skipped (their step count
+    stays). Gradients are averaged across ranks here, on the step the optimiser steps."""
+
+    def __init__(self, params, labels, lr, betas, eps=1e-8, weight_decay=0.005):
+        params = list(params)
+        groups = [dict(params=[p for p in params if p.label == label]) for label in labels]
+        super().__init__([g for g in groups if g["params"]], dict(lr=lr, betas=betas, eps=eps,
+                                                                  weight_decay=weight_decay))
+        for p in params:
+            self.state[p] = dict(step=0, exp_avg=torch.zeros_like(p, dtype=torch.bfloat16),
+                                 exp_avg_sq=torch.zeros_like(p, dtype=torch.bfloat16))
+
+    @torch.no_grad()
+    def step(self):
+        average_across_ranks([p.grad for g in self.param_groups for p in g["params"] if p.grad is not None])
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, p.grad, group["lr"] * p.lr_mul, beta1, beta2, group)
+
+    def _update(self, p, g, lr, beta1, beta2, group):
+        state = self.state[p]
+        state["step"] += 1
+        t = state["step"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step_size = lr * ((1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t))
+        update = exp_avg.div(exp_avg_sq.sqrt().add_(group["eps"])).mul_(step_size)
+        agrees = (update * p) > 0
+        update.addcmul_(p, agrees, value=lr * group["weight_decay"] * p.wd_mul * lr)
+        p.add_(update, alpha=-1.0)
+
+    def copy_state(self, source, target):
+        self.state[target] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.state[source].items()}
+
+
+class R18Optimizers:
+    """The record's three optimisers and when they step: NorMuon every step, the two Adams on odd steps (their
+    gradients are kept across the even step, so they see both steps' sum), lr x schedule.lr(step), NorMuon's
+    momentum from the schedule, and the untying of the embedding from the head after schedule.split_step."""
+
+    def __init__(self, model, schedule: R18Schedule):
+        self.model, self.schedule = model, schedule
+        params = list(model.parameters())
+        missing = {getattr(p, "label", None) for p in params} - set(ADAM_LABELS + SCALAR_LABELS + MUON_LABELS)
+        if missing:
+            raise ValueError(f"parameters without an r18 optimiser label: {sorted(map(str, missing))}")
+        self.adam = OddStepAdam([p for p in params if p.label in ADAM_LABELS], ADAM_LABELS, lr=0.004,
+                                betas=(0.8, 0.95), weight_decay=0.005)
+        self.scalar_adam = OddStepAdam([p for p in params if p.label in SCALAR_LABELS], SCALAR_LABELS, lr=0.008,
+                                       betas=(0.9, 0.99), weight_decay=0.005)
+        self.muon = NorMuon([p for p in params if p.label in MUON_LABELS], lr=0.015, weight_decay=1.2,
+                            momentum=0.95, beta2=0.95)
+        self.all = (self.adam, self.scalar_adam, self.muon)
+        for opt in self.all:
+            for group in opt.param_groups:
+                group["initial_lr"] = group["lr"]
+
+    @staticmethod
+    def adam_steps_at(step):
+        return step % 2 == 1
+
+    def step(self, step):
+        lr_multiplier = self.schedule.lr(step)
+        for group in self.muon.param_groups:
+            group["momentum"] = self.schedule.muon_momentum(step)
+        active = self.all if self.adam_steps_at(step) else (self.muon,)
+        for opt in active:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * lr_multiplier
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if step == self.schedule.split_step:
+            self.untie_embedding()
+
+    @torch.no_grad()
+    def untie_embedding(self):
+        """From now on `embed` is its own table: a copy of the head, with the head's Adam state."""
+        self.adam.copy_state(self.model.lm_head.weight, self.model.embed.weight)
+        self.model.embed.weight.copy_(self.model.lm_head.weight)
+        self.model.split_embed = True

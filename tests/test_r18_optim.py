@@ -1,0 +1,117 @@
+"""speedrun.r18.optim: record #18's NorMuon and odd-step Adam. Equality with upstream's maths is shown by the
+harness (benchmarks/results/2026-11-25_cpu_r18-optimizer-fidelity.txt); these tests pin the behaviours."""
+
+import pytest
+import torch
+
+from speedrun.r18.model import R18Config, R18GPT
+from speedrun.r18.optim import (R18Optimizers, cautious_update_, muon_groups, normalise_variance, polar_express,
+                                shape_lr_factor)
+from speedrun.r18.schedule import R18Schedule
+
+SCHEDULE = R18Schedule(num_scheduled_iterations=12, num_extension_iterations=2)  # split step 3
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = R18Config(model_dim=32, num_heads=2, head_dim=16, vocab_size=200, block_size=8, max_seq_len=64)
+    return R18GPT(cfg).cast_low_precision(torch.bfloat16)
+
+
+def give_gradients(model, value=1.0):
+    for name, p in model.named_parameters():
+        if name != "embed.weight" or model.split_embed:
+            p.grad = torch.full_like(p, value) if p.grad is None else p.grad + value
+
+
+def test_polar_express_gives_singular_values_near_one():
+    g = torch.randn(3, 64, 32, generator=torch.Generator().manual_seed(0))
+    g[0] *= 1e3  # scale does not matter
+    singular = torch.linalg.svdvals(polar_express(g).float())
+    assert singular.min() > 0.6 and singular.max() < 1.25
+    assert polar_express(g).shape == g.shape and polar_express(g).dtype == torch.bfloat16
+    # the split product/add form is the same map up to bf16 rounding
+    torch.testing.assert_close(polar_express(g, split_last_product=True).float(), polar_express(g).float(),
+                               atol=0.05, rtol=0)
+
+
+def test_variance_normalisation_equalises_rows_and_keeps_the_norm():
+    v = torch.randn(1, 8, 16) * torch.arange(1, 9).view(1, 8, 1)  # rows of very different size
+    second_moment = torch.zeros(1, 8, 1)
+    out = normalise_variance(v.clone(), second_moment, 0.95, -1)
+    torch.testing.assert_close(out.norm(), v.norm())
+    row_rms = out.square().mean(-1).sqrt()
+    torch.testing.assert_close(row_rms, row_rms.mean().expand_as(row_rms))
+    torch.testing.assert_close(second_moment, 0.05 * v.square().mean(-1, keepdim=True))
+
+
+def test_cautious_weight_decay_only_where_update_agrees_with_parameter():
+    p = torch.tensor([1.0, 1.0, -2.0])
+    cautious_update_(p, torch.tensor([1.0, -1.0, -1.0]), torch.tensor(0.5), torch.tensor(0.1))
+    # decayed by 0.5*0.1 and stepped: 1 - 0.05 - 0.1; not decayed: 1 + 0.1; -2 + 0.1 (v*p > 0: decayed +0.1)
+    torch.testing.assert_close(p, torch.tensor([0.85, 1.1, -2.0 + 0.1 + 0.1]))
+
+
+def test_shape_factor_and_record_grouping():
+    model = R18GPT(R18Config(model_dim=32, num_heads=2, head_dim=16, vocab_size=200, block_size=8,
+                             max_seq_len=64))
+    assert shape_lr_factor(model.blocks[0].attn.qkvo_w) == 2.0  # [4*dim, dim]
+    assert shape_lr_factor(model.blocks[0].attn.attn_gate.weight) == 1.0  # [heads, 16]
+    assert shape_lr_factor(model.scalars) == 1.0
+    matrices = [p for p in model.parameters() if p.label in ("attn_gate", "value_embed_gate", "attn", "mlp")]
+    groups = muon_groups(matrices)
+    # the record's 8-GPU layout: 16 attention gates, 10 value-embedding gates, 16 attention, 2 x 16 MLP
+    assert [len(g) for g in groups] == [16, 10, 16, 16, 16]
+    assert groups[3] == [w for b in model.blocks[:8] for w in (b.mlp.c_fc, b.mlp.c_proj)]
+    with pytest.raises(ValueError, match="lm_head"):
+        muon_groups(matrices + [model.lm_head.weight])
+
+
+@pytest.mark.slow
+def test_adam_steps_on_odd_steps_on_the_sum_of_both_steps_gradients():
+    model = tiny_model()
+    opts = R18Optimizers(model, SCHEDULE)
+    scalars, head, attn = model.scalars, model.lm_head.weight, model.blocks[0].attn.qkvo_w
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    give_gradients(model, 3.0)
+    opts.step(0)
+    assert torch.equal(scalars, before["scalars"]) and torch.equal(head, before["lm_head.weight"])
+    assert not torch.equal(attn, before["blocks.0.attn.qkvo_w"])  # NorMuon steps every step
+    assert attn.grad is None and scalars.grad is not None  # Adam's gradients are kept for the odd step
+    give_gradients(model, -1.0)  # alone it would push the scalars up; the sum (+2) pushes them down
+    opts.step(1)
+    # first Adam step with bias correction moves by lr * sign(g) (bf16 rounding of the update)
+    lr = 0.008 * SCHEDULE.lr(1) * scalars.lr_mul
+    torch.testing.assert_close(scalars, before["scalars"] - lr, rtol=0, atol=lr * 0.01)
+    assert scalars.grad is None and opts.scalar_adam.state[scalars]["step"] == 1
+    assert opts.adam.state[model.embed.weight]["step"] == 0  # no gradient before the untie: not stepped
+
+
+@pytest.mark.slow
+def test_embedding_untied_after_the_split_step_with_the_heads_state():
+    model = tiny_model()
+    opts = R18Optimizers(model, SCHEDULE)
+    assert SCHEDULE.split_step == 3
+    for step in range(SCHEDULE.split_step + 1):
+        assert not model.split_embed
+        give_gradients(model, 1.0 + step)
+        opts.step(step)
+    assert model.split_embed
+    assert torch.equal(model.embed.weight, model.lm_head.weight)
+    head_state, embed_state = opts.adam.state[model.lm_head.weight], opts.adam.state[model.embed.weight]
+    assert embed_state["step"] == head_state["step"] == 2
+    assert torch.equal(embed_state["exp_avg"], head_state["exp_avg"])
+    assert embed_state["exp_avg"] is not head_state["exp_avg"]  # a copy: the two tables now diverge
+    give_gradients(model, 1.0)
+    opts.step(4)
+    give_gradients(model, 1.0)
+    model.embed.weight.grad.neg_()  # opposite summed gradients for the two tables
+    opts.step(5)
+    assert not torch.equal(model.embed.weight, model.lm_head.weight)
+
+
+def test_unlabelled_parameter_refused():
+    model = tiny_model()
+    model.extra = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="without an r18 optimiser label"):
+        R18Optimizers(model, SCHEDULE)
