@@ -148,6 +148,11 @@ class StudyGPT(BackoutMethods, nn.Module):
         attach_laurel(self, cfg)
         if cfg.dlo_groups:
             self.study["dlo"] = DLORouters(cfg)
+        for study in STUDIES:
+            if study.in_model(cfg):
+                self.study[study.name] = study.model_part(self, cfg)
+        # The studies written against the ModelPart interface (speedrun/study.py), in registry order.
+        self.parts = [self.study[s.name] for s in STUDIES if s.in_model(cfg)]
 
     def scalar_slice(self, name):
         a, b = self.scalar_layout[name]
@@ -229,6 +234,8 @@ class StudyGPT(BackoutMethods, nn.Module):
             if rolling is not None and i >= 3:
                 # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
                 x = rolling[i - 3, 0] * outputs[i - 3] + rolling[i - 3, 1] * x
+            for part in self.parts:
+                x = part.block_input(self, i, x, outputs)
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
@@ -240,6 +247,8 @@ class StudyGPT(BackoutMethods, nn.Module):
             else:
                 x = dlo.routed_mlp(i, block, self.mix_and_attend(i, block, StudyBlock.add_skip(x, skip), embeds,
                                                                  ve, mask, scalars), dlo_records)
+            for part in self.parts:
+                x = part.block_output(self, i, x, outputs)
             outputs.append(x)
         if dlo is not None:
             dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
@@ -247,8 +256,12 @@ class StudyGPT(BackoutMethods, nn.Module):
 
     def head_input(self, x, outputs, x00, input_seq=None):
         if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
-            return self.backout_head(x, outputs, x00, input_seq)
-        return norm(x)
+            head_in = self.backout_head(x, outputs, x00, input_seq)
+        else:
+            head_in = norm(x)
+        for part in self.parts:
+            head_in = part.head_input(self, head_in, outputs)
+        return head_in
 
     def block_scalars(self):
         """(block lambdas, value lambdas), each indexed by layer."""
@@ -328,4 +341,6 @@ class StudyGPT(BackoutMethods, nn.Module):
         out.update(laurel_named_scalars(self))
         if "dlo" in self.study:
             out.update(self.study["dlo"].named_scalars(self))
+        for part in self.parts:
+            out.update(part.named_scalars(self))
         return out

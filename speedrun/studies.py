@@ -4,6 +4,7 @@ and their parts in a default variant name."""
 from speedrun.backout import (BACKOUT_FLAGS, BACKOUT_MODEL_FIELDS, backout_config, backout_variant_name,
                               resolve_backout_args)
 from speedrun.dlo import DLO_DESCRIPTION, DLO_EXCLUDES, DLO_FLAGS, DLO_MODEL_FIELDS, dlo_model_config, resolve_dlo_args
+from speedrun.gated_skip import GATED_SKIP
 from speedrun.laurel import (LAUREL_FLAGS, LAUREL_MODEL_FIELDS, laurel_config, laurel_variant_name,
                              resolve_laurel_args)
 from speedrun.rolling_skip import (ROLLING_SKIP_FLAGS, ROLLING_SKIP_MODEL_FIELDS, resolve_rolling_skip_args,
@@ -23,4 +24,5 @@ STUDIES = (
     Study(name="dlo", title="dlo", description=DLO_DESCRIPTION, flags=DLO_FLAGS, resolve=resolve_dlo_args,
           model_config=dlo_model_config, model_fields=DLO_MODEL_FIELDS, excludes=DLO_EXCLUDES,
           excludes_why="DLO expands baseline checkpoints"),
+    GATED_SKIP,
 )

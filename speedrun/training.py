@@ -251,8 +251,12 @@ def run_track(track: Track, config, ddp: Dist):
         if profiler is not None:
             profiler.begin_step(step)
         dlo_before_step(model, config, step)
+        for part in model.parts:
+            part.before_step(model, config, step)
         train_step(train_model, stream.next_batch(ddp.virtual_ranks), window, ddp, opt.reducer)
         dlo_after_step(model, opt, config, ddp)
+        for part in model.parts:
+            part.after_step(model, opt, config, ddp)
         with profiler.optimizer() if profiler is not None else nullcontext():
             opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
