@@ -146,9 +146,6 @@ class BackoutMethods:
             if cfg.backout_transform != "none":
                 for label, (cos, rel_l2) in zip(labels, backout.similarity.tolist()):
                     out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
-        if cfg.rolling_skip:
-            for i, (a, b) in enumerate(self.scalar_slice("rolling").view(-1, 2).tolist(), start=3):
-                out[f"rolling.L{i}.a"], out[f"rolling.L{i}.b"] = a, b
         return out
 
 

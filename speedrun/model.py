@@ -1,6 +1,6 @@
-"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout,
-rolling skip, LAuReL, DLO), parameter counts and groups, and the generic layer loop (U-net skips, value embeddings,
-masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
+"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout, LAuReL,
+DLO; the other studies through the ModelPart hooks of speedrun/study.py), parameter counts and groups, and the
+generic layer loop (U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
 
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from functools import partial
@@ -142,17 +142,15 @@ class StudyGPT(BackoutMethods, nn.Module):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
         if cfg.backout_layers:
             self.add_backout(cfg)
-        if cfg.rolling_skip:
-            # Per layer i >= 3: (a, b) in `a*out[i-3] + b*out[i-1]`; (0, 1) is the baseline's input out[i-1].
-            self.add_scalars("rolling", torch.tensor([0.0, 1.0]).repeat(cfg.num_layers - 3))
-        attach_laurel(self, cfg)
-        if cfg.dlo_groups:
-            self.study["dlo"] = DLORouters(cfg)
+        # The studies written against the ModelPart interface (speedrun/study.py), in registry order.
+        self.parts = []
         for study in STUDIES:
             if study.in_model(cfg):
                 self.study[study.name] = study.model_part(self, cfg)
-        # The studies written against the ModelPart interface (speedrun/study.py), in registry order.
-        self.parts = [self.study[s.name] for s in STUDIES if s.in_model(cfg)]
+                self.parts.append(self.study[study.name])
+        attach_laurel(self, cfg)
+        if cfg.dlo_groups:
+            self.study["dlo"] = DLORouters(cfg)
 
     def scalar_slice(self, name):
         a, b = self.scalar_layout[name]
@@ -224,16 +222,12 @@ class StudyGPT(BackoutMethods, nn.Module):
         skip_w = self.scalar_slice("unet")
         scalars = self.block_scalars()
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
-        rolling = self.scalar_slice("rolling").view(-1, 2) if self.cfg.rolling_skip else None
         concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
         dlo = self.study["dlo"] if "dlo" in self.study else None
         dlo_records = []
         outputs = []
         laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
         for i, block in enumerate(self.blocks):
-            if rolling is not None and i >= 3:
-                # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
-                x = rolling[i - 3, 0] * outputs[i - 3] + rolling[i - 3, 1] * x
             for part in self.parts:
                 x = part.block_input(self, i, x, outputs)
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None

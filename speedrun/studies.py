@@ -7,8 +7,8 @@ from speedrun.dlo import DLO_DESCRIPTION, DLO_EXCLUDES, DLO_FLAGS, DLO_MODEL_FIE
 from speedrun.gated_skip import GATED_SKIP
 from speedrun.laurel import (LAUREL_FLAGS, LAUREL_MODEL_FIELDS, laurel_config, laurel_variant_name,
                              resolve_laurel_args)
-from speedrun.rolling_skip import (ROLLING_SKIP_FLAGS, ROLLING_SKIP_MODEL_FIELDS, resolve_rolling_skip_args,
-                                   rolling_skip_config)
+from speedrun.rolling_skip import (ROLLING_SKIP_FLAGS, ROLLING_SKIP_MODEL_FIELDS, RollingSkip,
+                                   resolve_rolling_skip_args, rolling_skip_config)
 from speedrun.study import Study
 
 STUDIES = (
@@ -17,7 +17,7 @@ STUDIES = (
           model_fields=BACKOUT_MODEL_FIELDS, variant_name=backout_variant_name),
     Study(name="rolling", title="rolling skip (docs/backout.md)", description=None, flags=ROLLING_SKIP_FLAGS,
           resolve=resolve_rolling_skip_args, model_config=rolling_skip_config,
-          model_fields=ROLLING_SKIP_MODEL_FIELDS, variant_name=lambda config: "rolling-skip"),
+          model_fields=ROLLING_SKIP_MODEL_FIELDS, variant_name=lambda config: "rolling-skip", model_part=RollingSkip),
     Study(name="laurel", title="laurel", description="LAuReL residuals (docs/laurel.md); every flag needs --laurel",
           flags=LAUREL_FLAGS, resolve=resolve_laurel_args, model_config=laurel_config,
           model_fields=LAUREL_MODEL_FIELDS, variant_name=laurel_variant_name),
