@@ -1,5 +1,5 @@
-"""The training run both tracks share (run_track), parameterised by a Track, and its pieces: the gradient step,
-the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
+"""The training run both tracks share (run_training), parameterised by a Track, and its pieces: the gradient
+step, the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
 
 import copy
 import json
@@ -117,7 +117,7 @@ def check_log_dir(log_dir):
 
 @dataclass
 class Track:
-    """What a training script hands to run_track: its names, model, optimisers, schedules and log details."""
+    """What a training script hands to run_training: its names, model, optimisers, schedules and log details."""
     name: str  # the config line's `track` (analysis maps it to the target)
     script: str  # the script's path: its source opens the log
     model_config: Callable  # args -> ModelConfig
@@ -142,7 +142,7 @@ def run_schedule_origin(config, init_state, resume_state):
     return schedule_origin(config.init_schedule, init_state, config.init_from)
 
 
-def run_track(track: Track, config, ddp: Dist):
+def run_training(track: Track, config, ddp: Dist):
     """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
     --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
     cfg = track.model_config(config)
