@@ -25,7 +25,8 @@ from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.optimizers import TrackOptimizers
 from speedrun.study import Flag
-from speedrun.training import Track, check_data, run_track, train_step  # noqa: F401 (check_data: the study runner's)
+# check_data: the study runner's
+from speedrun.training import Track, check_data, run_training, train_step  # noqa: F401
 
 TRACK = "small"
 
@@ -262,7 +263,7 @@ SMALL = Track(name=TRACK, script=__file__, model_config=model_config, model_clas
 
 
 def run(args, proc: Dist):
-    run_track(SMALL, args, proc)
+    run_training(SMALL, args, proc)
 
 
 def main(argv=None):

@@ -24,7 +24,8 @@ from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_ar
 from speedrun.muon import NS5_COEFFS
 from speedrun.optimizers import TrackOptimizers
 from speedrun.study import Flag
-from speedrun.training import Track, check_data, run_track, train_step  # noqa: F401 (check_data: the study runner's)
+# check_data: the study runner's
+from speedrun.training import Track, check_data, run_training, train_step  # noqa: F401
 
 TRACK = "medium"
 
@@ -79,9 +80,9 @@ class Block(StudyBlock):
     def __init__(self, cfg: GPTConfig, has_attention, max_seq_len):
         super().__init__(cfg, has_attention, max_seq_len, norm_v=True)
 
-    def mix_and_attend(self, x, x00, x01, ve, mask, lambdas, v_lambdas, laurel=None):
+    def mix_and_attend(self, x, x_embed, x_embed2, ve, mask, lambdas, v_lambdas, laurel=None):
         """Everything before the MLP: the embedding re-injection and the attention residual (on the raw x)."""
-        x = lambdas[0] * x + lambdas[1] * x00 + lambdas[2] * x01
+        x = lambdas[0] * x + lambdas[1] * x_embed + lambdas[2] * x_embed2
         if self.attn is not None:
             x = self.residual(x, self.attn(x, ve, mask, v_lambdas[0], v_lambdas[1]), "attn", laurel)
         return x
@@ -178,7 +179,7 @@ MEDIUM = Track(name=TRACK, script=__file__, model_config=model_config, model_cla
 
 
 def run(args, proc: Dist):
-    run_track(MEDIUM, args, proc)
+    run_training(MEDIUM, args, proc)
 
 
 def main(argv=None):

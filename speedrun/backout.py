@@ -82,7 +82,7 @@ class BackoutMethods:
         skips = self.scalar_slice("backout.skip") if "backout.skip" in self.scalar_layout else backout.skip_lambdas
         return x_lambda, list(skips.unbind(0))
 
-    def backout_mixed(self, outputs, x00, input_seq, normed=True):
+    def backout_mixed(self, outputs, x_embed, input_seq, normed=True):
         """The vectors the backout mixes in, one per source: norm(T(source)) (normed) or T(source).
 
         In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source)) on the
@@ -91,7 +91,7 @@ class BackoutMethods:
         mixed = []
         for j, name in enumerate(cfg.backout_layers):
             if name == "embed":
-                source = x00
+                source = x_embed
             elif name == "new-embed":
                 source = backout.new_embed(input_seq)[None]
             else:
@@ -112,24 +112,24 @@ class BackoutMethods:
             mixed.append(moved_normed if normed else moved)
         return mixed
 
-    def backout_head(self, x, outputs, x00, input_seq):
+    def backout_head(self, x, outputs, x_embed, input_seq):
         cfg = self.cfg
         if cfg.backout_mode == "concat-head":
-            return torch.cat([norm(x)] + self.backout_mixed(outputs, x00, input_seq), dim=-1)
+            return torch.cat([norm(x)] + self.backout_mixed(outputs, x_embed, input_seq), dim=-1)
         x_lambda, skip_lambdas = self.backout_lambdas()
         if cfg.backout_mode == "subtract":
-            for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x00, input_seq, normed=False)):
+            for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x_embed, input_seq, normed=False)):
                 x = x - lam * v
             return norm(x)
         out = x_lambda * norm(x)
-        for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x00, input_seq)):
+        for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x_embed, input_seq)):
             out = out + lam * v
         return norm(out) if cfg.backout_norm_after_sum else out
 
-    def backout_mlp_input(self, outputs, x00, input_seq):
+    def backout_mlp_input(self, outputs, x_embed, input_seq):
         """concat-mlp: each source's norm(T(source)) projected down to backout_concat_dim, concatenated."""
         down = self.study["backout"].down_w
-        mixed = self.backout_mixed(outputs, x00, input_seq)
+        mixed = self.backout_mixed(outputs, x_embed, input_seq)
         return torch.cat([F.linear(v, down[j].type_as(v)) for j, v in enumerate(mixed)], dim=-1)
 
     def backout_named_scalars(self):
@@ -146,9 +146,6 @@ class BackoutMethods:
             if cfg.backout_transform != "none":
                 for label, (cos, rel_l2) in zip(labels, backout.similarity.tolist()):
                     out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
-        if cfg.rolling_skip:
-            for i, (a, b) in enumerate(self.scalar_slice("rolling").view(-1, 2).tolist(), start=3):
-                out[f"rolling.L{i}.a"], out[f"rolling.L{i}.b"] = a, b
         return out
 
 
@@ -157,9 +154,10 @@ BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-lin
 
 
 BACKOUT_FLAGS = (
-    Flag("--backout-layers", "sources mixed into the final latents: 0-based layer indices, `embed` (x00) or "
-                             "`new-embed` (a fresh embedding table); comma- or space-separated. The record: "
-                             "{record_layer}", resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE")),
+    Flag("--backout-layers", "sources mixed into the final latents: 0-based layer indices, `embed` (the token "
+                             "embedding the residual starts from) or `new-embed` (a fresh embedding table); comma- "
+                             "or space-separated. The record: {record_layer}",
+         resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE")),
     Flag("--backout-mode", "sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
                            "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
                            "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input",

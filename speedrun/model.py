@@ -1,6 +1,7 @@
-"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout,
-rolling skip, LAuReL, DLO), parameter counts and groups, and the generic layer loop (U-net skips, value embeddings,
-masks). A track's GPT subclasses StudyGPT with its embeddings, blocks, per-layer scalars and head."""
+"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout, LAuReL,
+DLO; the other studies through the ModelPart hooks of speedrun/study.py), parameter counts and groups, and the
+generic layer loop (U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
+blocks, per-layer scalars and head."""
 
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from functools import partial
@@ -148,9 +149,12 @@ class StudyGPT(BackoutMethods, nn.Module):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
         if cfg.backout_layers:
             self.add_backout(cfg)
-        if cfg.rolling_skip:
-            # Per layer i >= 3: (a, b) in `a*out[i-3] + b*out[i-1]`; (0, 1) is the baseline's input out[i-1].
-            self.add_scalars("rolling", torch.tensor([0.0, 1.0]).repeat(cfg.num_layers - 3))
+        # The studies written against the ModelPart interface (speedrun/study.py), in registry order.
+        self.parts = []
+        for study in STUDIES:
+            if study.in_model(cfg):
+                self.study[study.name] = study.model_part(self, cfg)
+                self.parts.append(self.study[study.name])
         attach_laurel(self, cfg)
         if cfg.dlo_groups:
             self.study["dlo"] = DLORouters(cfg)
@@ -221,40 +225,44 @@ class StudyGPT(BackoutMethods, nn.Module):
         ve_all = [e(input_seq)[None] for e in self.value_embeds]
         long_mask, short_mask = self.masks(input_seq, window_blocks)
         embeds = self.embed_inputs(input_seq)
-        x = x00 = embeds[0]
+        x = x_embed = embeds[0]
         skip_w = self.scalar_slice("unet")
         scalars = self.block_scalars()
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
-        rolling = self.scalar_slice("rolling").view(-1, 2) if self.cfg.rolling_skip else None
         concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
         dlo = self.study["dlo"] if "dlo" in self.study else None
         dlo_records = []
         outputs = []
         laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
         for i, block in enumerate(self.blocks):
-            if rolling is not None and i >= 3:
-                # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
-                x = rolling[i - 3, 0] * outputs[i - 3] + rolling[i - 3, 1] * x
+            for part in self.parts:
+                x = part.block_input(self, i, x, outputs)
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
             if dlo is None:
-                extra = (self.backout_mlp_input(outputs, x00, input_seq)
+                extra = (self.backout_mlp_input(outputs, x_embed, input_seq)
                          if concat_mlp and i == len(self.blocks) - 1 else None)
                 x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
                                    laurel=laurel and laurel.for_layer(i))
             else:
-                x = dlo.routed_mlp(i, block, self.mix_and_attend(i, block, StudyBlock.add_skip(x, skip), embeds,
-                                                                 ve, mask, scalars), dlo_records)
+                before_mlp = self.layer_before_mlp(i, block, StudyBlock.add_skip(x, skip), embeds, ve, mask, scalars)
+                x = dlo.routed_mlp(i, block, before_mlp, dlo_records)
+            for part in self.parts:
+                x = part.block_output(self, i, x, outputs)
             outputs.append(x)
         if dlo is not None:
             dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
-        return x, outputs, x00
+        return x, outputs, x_embed
 
-    def head_input(self, x, outputs, x00, input_seq=None):
+    def head_input(self, x, outputs, x_embed, input_seq=None):
         if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
-            return self.backout_head(x, outputs, x00, input_seq)
-        return norm(x)
+            head_in = self.backout_head(x, outputs, x_embed, input_seq)
+        else:
+            head_in = norm(x)
+        for part in self.parts:
+            head_in = part.head_input(self, head_in, outputs)
+        return head_in
 
     def block_scalars(self):
         """(block lambdas, value lambdas), each indexed by layer."""
@@ -266,7 +274,7 @@ class StudyGPT(BackoutMethods, nn.Module):
         return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], skip=skip, mlp_extra=mlp_extra,
                      laurel=laurel)
 
-    def mix_and_attend(self, i, block, x, embeds, ve, mask, scalars):
+    def layer_before_mlp(self, i, block, x, embeds, ve, mask, scalars):
         """Everything before the MLP (DLO routes the MLP itself)."""
         lambdas, v_lambdas = scalars
         return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
@@ -275,15 +283,15 @@ class StudyGPT(BackoutMethods, nn.Module):
         """Mean cross-entropy of the next-token predictions of one sequence (batch size 1), plus the auxiliary
         losses a variant trains with. The track's head_loss(latents, target_seq, **head_kwargs) gives the first."""
         aux_losses = []
-        x, outputs, x00 = self.hidden_states(input_seq, window_blocks, aux_losses)
-        loss = self.head(x, outputs, x00, input_seq, target_seq, **head_kwargs)
+        x, outputs, x_embed = self.hidden_states(input_seq, window_blocks, aux_losses)
+        loss = self.head(x, outputs, x_embed, input_seq, target_seq, **head_kwargs)
         for extra in aux_losses:
             loss = loss + extra
         return loss
 
-    def head(self, x, outputs, x00, input_seq, target_seq, **head_kwargs):
+    def head(self, x, outputs, x_embed, input_seq, target_seq, **head_kwargs):
         """The last region: the backout mix (when on), the final norm, the lm head and its loss."""
-        return self.head_loss(self.head_input(x, outputs, x00, input_seq), target_seq, **head_kwargs)
+        return self.head_loss(self.head_input(x, outputs, x_embed, input_seq), target_seq, **head_kwargs)
 
     def compile_whole(self):
         """--compile on: the whole forward (and its backward) as one graph; returns the compiled module."""
@@ -334,4 +342,6 @@ class StudyGPT(BackoutMethods, nn.Module):
         out.update(laurel_named_scalars(self))
         if "dlo" in self.study:
             out.update(self.study["dlo"].named_scalars(self))
+        for part in self.parts:
+            out.update(part.named_scalars(self))
         return out

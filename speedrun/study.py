@@ -7,6 +7,8 @@ field metadata) and the model's StudyConfig (model.py) are all built from that l
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import torch.nn as nn
+
 from speedrun.errors import UsageError
 
 
@@ -44,6 +46,7 @@ class Study:
       pattern at --num-layers given) and returns their resolved values (defaults filled in); raises UsageError.
     model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
     model_fields: (name, type, default) of the model config fields; the defaults mean off.
+    model_part: its ModelPart class (below), built into a model whose config has the study on.
     variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
       flags as given (e.g. dlo-groups2-init-slerp)."""
     name: str  # the word the generic variant name starts with
@@ -56,9 +59,15 @@ class Study:
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
     excludes_why: str = ""
+    model_part: type | None = None  # a ModelPart subclass: the study's parameters and model hooks
 
     def active(self, config):
-        return getattr(config, self.flags[0].dest) not in (None, False, (), 0)
+        return is_set(getattr(config, self.flags[0].dest))
+
+    def in_model(self, model_cfg):
+        """Whether a model config has this study's part (its first model field is not the default)."""
+        name, _, default = self.model_fields[0]
+        return self.model_part is not None and getattr(model_cfg, name) != default
 
     def check_exclusions(self, config, studies):
         """Raises UsageError when this study is on together with a flag it excludes."""
@@ -66,5 +75,41 @@ class Study:
             return
         flags = {flag.name: flag for study in studies for flag in study.flags}
         for name in self.excludes:
-            if getattr(config, flags[name].dest) not in (None, False, ()):
+            if is_set(getattr(config, flags[name].dest)):
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
+
+
+def is_set(value):
+    """Whether a flag's value turns something on: not None, False or an empty tuple (0 is a value: layer 0)."""
+    return value is not None and value is not False and value != ()
+
+
+class ModelPart(nn.Module):
+    """What a study adds to the model (Study.model_part), built as model_part(model, model_cfg) in the model's
+    __init__ when the study's first model field is not its default, and kept in model.study[study name]: its
+    parameters are then counted in added_params and trained (matrices by Muon, the rest by Adam). A scalar goes
+    into the model's scalar vector instead, with model.add_scalars(name, init) during __init__ (Adam's scalar group,
+    counted under its name's first part). Every hook is optional; the defaults change nothing.
+      block_input(model, i, x, outputs): layer i's input, given the one it would get and the outputs so far
+      block_output(model, i, x, outputs): layer i's output, given the one it computed
+      head_input(model, head_in, outputs): the head's input, given the one it would read and every layer's output
+      named_scalars(model): {name: float} for the validation lines' scalars
+      before_step(model, config, step), after_step(model, opt, config, proc): around each training step"""
+
+    def block_input(self, model, i, x, outputs):
+        return x
+
+    def block_output(self, model, i, x, outputs):
+        return x
+
+    def head_input(self, model, head_in, outputs):
+        return head_in
+
+    def named_scalars(self, model):
+        return {}
+
+    def before_step(self, model, config, step):
+        pass
+
+    def after_step(self, model, opt, config, proc):
+        pass

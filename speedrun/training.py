@@ -1,5 +1,5 @@
-"""The training run both tracks share (run_track), parameterised by a Track, and its pieces: the gradient step,
-the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
+"""The training run both tracks share (run_training), parameterised by a Track, and its pieces: the gradient
+step, the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
 
 import copy
 import tempfile
@@ -115,7 +115,7 @@ def check_log_dir(log_dir):
 
 @dataclass
 class Track:
-    """What a training script hands to run_track: its names, model, optimisers, schedules and log details."""
+    """What a training script hands to run_training: its names, model, optimisers, schedules and log details."""
     name: str  # the config line's `track` (analysis maps it to the target)
     script: str  # the script's path: its source opens the log
     model_config: Callable  # args -> ModelConfig
@@ -132,7 +132,7 @@ class Track:
     prepare_model: Callable = lambda model, args, proc: []
 
 
-def run_track(track: Track, config, proc: Dist):
+def run_training(track: Track, config, proc: Dist):
     """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
     --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
     cfg = track.model_config(config)
@@ -241,8 +241,12 @@ def run_track(track: Track, config, proc: Dist):
         if profiler is not None:
             profiler.begin_step(step)
         dlo_before_step(model, config, step)
+        for part in model.parts:
+            part.before_step(model, config, step)
         train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
         dlo_after_step(model, opt, config, proc)
+        for part in model.parts:
+            part.after_step(model, opt, config, proc)
         with profiler.optimizer() if profiler is not None else nullcontext():
             opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)

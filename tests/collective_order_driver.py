@@ -7,7 +7,7 @@ identical). Run under torchrun (gloo):
     python -m torch.distributed.run --nproc_per_node=2 tests/collective_order_driver.py CASES.json
 
 CASES.json: a list of {"id", "script" (train_gpt.py or train_gpt_medium.py), "argv"}; runs go through each
-track's run_track with one process group for all of them. A DLO case's --init-from names a checkpoint written by
+track's run_training with one process group for all of them. A DLO case's --init-from names a checkpoint written by
 an earlier case (its --save-final-checkpoint)."""
 import json
 import sys
@@ -21,7 +21,7 @@ import train_gpt as small  # noqa: E402
 import train_gpt_medium as medium  # noqa: E402
 from speedrun.distributed import ReductionBucket, setup_distributed  # noqa: E402
 from speedrun.optimizers import TrackOptimizers  # noqa: E402
-from speedrun.training import run_track  # noqa: E402
+from speedrun.training import run_training  # noqa: E402
 
 TRACKS = {"train_gpt.py": (small, small.SMALL), "train_gpt_medium.py": (medium, medium.MEDIUM)}
 COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
@@ -94,7 +94,7 @@ def main():
             setattr(dist, name, fn)
         unname = naming_buckets(log)
         try:
-            run_track(track, args, proc)
+            run_training(track, args, proc)
         finally:
             unname()
             for name, fn in real.items():

@@ -152,7 +152,7 @@ def test_every_study_flag_and_value_is_exercised():
         given |= {flag for _, flag, _ in given_study_flags(vars(parser.parse_args(SIZE + argv)))}
         args = tgm.resolve_args(SIZE + argv)
         resolved |= {(name, getattr(args, name)) for name in choices}
-    study_flags = {flag.name for study in STUDIES if study.name in ("backout", "rolling", "laurel")
+    study_flags = {flag.name for study in STUDIES if study.name in ("backout", "rolling", "laurel", "gated-skip")
                    for flag in study.flags}
     assert study_flags - given == set()
     assert {(name, v) for name, values in choices.items() for v in values} - resolved == set()

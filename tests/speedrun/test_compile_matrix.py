@@ -1,6 +1,6 @@
 """Every arm of every bundled study (both tracks) under --compile off, on and regional, at tiny size on CPU inductor:
 two real optimiser steps (hooks launching the gradient averages as on 2 ranks, the optimisers, DLO's per-step
-hooks) each followed by a validation, as run_track runs them. Per arm: the losses of both steps (the second
+hooks) each followed by a validation, as run_training runs them. Per arm: the losses of both steps (the second
 after one optimiser update; at the real init the first is ln(50257) in every mode) under each compile mode equal
 eager's to compile rounding, and a compiled mode has no graph break and compiles nothing after the first step and
 validation.
@@ -128,7 +128,7 @@ def dlo_checkpoint(shard_dir, tmp_path_factory):
 
 
 def run_arm(track, args, mode):
-    """Two steps and two validations of the arm as run_track runs them under --compile `mode`; returns each
+    """Two steps and two validations of the arm as run_training runs them under --compile `mode`; returns each
     step's first micro-batch loss and the frame-compile count after each step and its validation."""
     track_spec = next(v for v in vars(track).values() if isinstance(v, Track))
     proc = Dist()
