@@ -5,6 +5,7 @@ from argparse import Namespace
 import pytest
 
 import train_gpt_medium as T
+from analysis.logs import parse_log
 from speedrun.schedule import run_schedule_origin, schedule_clock, schedule_origin
 from speedrun.optimizers import lr_factor
 
@@ -65,8 +66,7 @@ def test_init_schedule_needs_init_from(tiny_data_args, capsys):
 
 
 def val_losses(path):
-    return [float(line.split("val_loss:")[1].split()[0]) for line in path.read_text().splitlines()
-            if line.startswith("step:") and "val_loss:" in line]
+    return parse_log(path).val_losses
 
 
 @pytest.mark.slow
