@@ -5,6 +5,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from runner_support import ablations, read_events, runner_env, start_ablations, wait_for, write_study
 
 # The stand-in's final loss is 0.001 * seed plus 0.03 for backout layer 4: a clear difference, decided early.
@@ -16,6 +18,7 @@ def looks_of(tmp_path: Path, study: str = "s") -> dict:
     return json.loads((tmp_path / "runs" / study / "sequential.json").read_text())["looks"]
 
 
+@pytest.mark.slow
 def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
@@ -35,6 +38,7 @@ def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_pat
     assert "## Sequential looks" in report and "| backout-L4 | 2 |" in report and "| worse |" in report
 
 
+@pytest.mark.slow
 def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
     extra = "until_decided = true\nmax_seeds = 4\nclaim = \"below-target\"\ntarget = 3.74"
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, extra=extra)
@@ -47,6 +51,7 @@ def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
     assert looks["backout-L4"][-1]["decision"] == "futile"
 
 
+@pytest.mark.slow
 def test_killed_study_resumes_with_its_looks(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.15)
@@ -79,6 +84,7 @@ def refused(tmp_path, study, *extra) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     assert "alpha" in refused(tmp_path, study, "--until-decided", "--alpha", "1.5")
