@@ -258,6 +258,7 @@ def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
     assert again.returncode == 0 and is_complete(folder / "seed0.txt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, expected", [
     ("utf8", "not UTF-8 text (byte"),
     ("brace", "arm 'baseline', flag --train-files: '{seed' is not a valid placeholder text"),
@@ -278,6 +279,7 @@ def test_bad_study_files_are_one_line(tmp_path, case, expected):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     (["--seeds", "0-1000000000000"], "--seeds 0-1000000000000: more than 1000 seeds"),
     (["--nproc", "3"], "--nproc 3 does not divide 8"),
