@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import OWN_PROCESS_ENV, ROOT
 
 CHILD_TESTS = '''
@@ -30,6 +32,7 @@ def test_unmarked_runs_in_the_runner():
 '''
 
 
+@pytest.mark.slow
 def test_marked_tests_run_in_a_child_and_report_pass_fail_and_skip(tmp_path):
     # The project's conftest, loaded under another name (a conftest importing `conftest` would import itself).
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""

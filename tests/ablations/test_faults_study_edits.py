@@ -22,6 +22,7 @@ def status_of(tmp_path, study) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_removing_an_arms_only_flag_makes_its_runs_stale(tmp_path):
     starts = tmp_path / "starts.jsonl"
     arms = {"baseline": {}, "backout": {"backout-layers": 4}}
@@ -42,6 +43,7 @@ def test_removing_an_arms_only_flag_makes_its_runs_stale(tmp_path):
     assert status_of(tmp_path, study)["done"] == 2
 
 
+@pytest.mark.slow
 def test_changing_the_script_makes_every_run_stale(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
     assert ablations(["run", study], tmp_path, runner_env()).returncode == 0
@@ -53,6 +55,7 @@ def test_changing_the_script_makes_every_run_stale(tmp_path):
     assert status_of(tmp_path, study)["stale"] == 2
 
 
+@pytest.mark.slow
 def test_a_renamed_arms_logs_stay_out_of_the_report(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}, "old": {"backout-layers": 4}}, seeds=[0, 1], flags=FLAGS)
     assert ablations(["run", study], tmp_path, runner_env()).returncode == 0
@@ -67,6 +70,7 @@ def test_a_renamed_arms_logs_stay_out_of_the_report(tmp_path):
     assert "| old |" not in result.stdout  # nor in the terminal summary
 
 
+@pytest.mark.slow
 def test_a_script_that_is_not_python_is_one_line(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], script=REPO / "README.md")
     for command in (["run", study], ["status", study]):
@@ -74,6 +78,7 @@ def test_a_script_that_is_not_python_is_one_line(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_bad_shards_are_refused_before_any_torchrun_launch(tmp_path, shard_dir):
     data = tmp_path / "data"
     data.mkdir()
@@ -89,6 +94,7 @@ def test_bad_shards_are_refused_before_any_torchrun_launch(tmp_path, shard_dir):
     assert not (tmp_path / "runs" / "s" / "baseline").exists()
 
 
+@pytest.mark.slow
 def test_a_deleted_lock_never_lets_a_second_runner_start_the_run(tmp_path):
     starts = tmp_path / "starts.jsonl"
     env = runner_env(starts, FAKE_TRAIN_STEP_SECONDS=0.2)
@@ -114,6 +120,7 @@ def small_mount(tmp_path):
     yield from mounted_tmpfs(tmp_path / "runs")
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_save_is_reported_as_such(tmp_path, shard_dir, small_mount):
     flags = {"preset": "tiny", "num-iterations": 2, "val-every": 0, "checkpoint-every": 1,
              "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
@@ -125,6 +132,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_reported_as_such(tmp_path, shar
     assert not list((small_mount / "s" / "baseline").glob("seed0.pt*"))
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_redone(tmp_path):
     import torch
 

@@ -58,6 +58,7 @@ def complete_logs_counted_by_analysis(tmp_path: Path) -> list:
     return [run for run in runs if run.complete]
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_torchrun_agent_takes_its_workers_down(tmp_path):
     study, runner, env, agent, workers = start_torchrun_study(tmp_path)
     os.kill(agent, signal.SIGKILL)
@@ -72,6 +73,7 @@ def test_sigkill_of_the_torchrun_agent_takes_its_workers_down(tmp_path):
     assert len(complete_logs_counted_by_analysis(tmp_path)) == 1
 
 
+@pytest.mark.slow
 def test_workers_orphaned_with_their_runner_gone_are_killed_before_the_run_starts_again(tmp_path):
     """Agent and runner both killed: nothing is left to stop the workers. The next runner finds them through the
     token in their environment and kills them instead of running the same run a second time beside them."""
@@ -107,6 +109,7 @@ def test_analysis_never_counts_a_set_aside_log(tmp_path):
     assert [run.path.name for run in complete_logs_counted_by_analysis(tmp_path)] == ["seed0.txt"]
 
 
+@pytest.mark.slow
 def test_edited_study_refuses_then_redoes_stale_runs_without_mixing_schedules(tmp_path):
     starts = tmp_path / "starts.jsonl"
     arms = {"baseline": {}, "backout": {"backout-layers": [11]}}
@@ -175,6 +178,7 @@ def ablations_with_tmpfs(args, cwd: Path, env: dict, mount_point: Path, options:
 needs_mounts = pytest.mark.skipif(not can_mount_in_a_namespace(), reason="needs `unshare -rm` and tmpfs mounts")
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_read_only_runs_folder_is_one_line(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
@@ -185,6 +189,7 @@ def test_read_only_runs_folder_is_one_line(tmp_path):
     assert read_events(tmp_path / "starts.jsonl") == []
 
 
+@pytest.mark.slow
 @needs_mounts
 def test_full_disk_is_one_line(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
@@ -196,6 +201,7 @@ def test_full_disk_is_one_line(tmp_path):
     assert read_events(tmp_path / "starts.jsonl") == []
 
 
+@pytest.mark.slow
 def test_runner_log_that_cannot_be_appended_to_is_one_line(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     (tmp_path / "runs" / "s" / "runner.log").mkdir(parents=True)  # not openable for append, even by root
@@ -204,6 +210,7 @@ def test_runner_log_that_cannot_be_appended_to_is_one_line(tmp_path):
     assert read_events(tmp_path / "starts.jsonl") == []
 
 
+@pytest.mark.slow
 def test_study_folder_deleted_mid_run_fails_that_run_only(tmp_path):
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
@@ -222,6 +229,7 @@ def test_study_folder_deleted_mid_run_fails_that_run_only(tmp_path):
     assert rerun.returncode == 0 and is_complete(log)
 
 
+@pytest.mark.slow
 def test_leftover_checkpoint_temp_files_are_removed(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     folder = run_dir(tmp_path)
@@ -236,6 +244,7 @@ def test_leftover_checkpoint_temp_files_are_removed(tmp_path):
     assert not any(path.exists() for path in leftovers) and other_run.exists()
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     folder = run_dir(tmp_path)
@@ -249,6 +258,7 @@ def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
     assert again.returncode == 0 and is_complete(folder / "seed0.txt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, expected", [
     ("utf8", "not UTF-8 text (byte"),
     ("brace", "arm 'baseline', flag --train-files: '{seed' is not a valid placeholder text"),
@@ -269,6 +279,7 @@ def test_bad_study_files_are_one_line(tmp_path, case, expected):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     (["--seeds", "0-1000000000000"], "--seeds 0-1000000000000: more than 1000 seeds"),
     (["--nproc", "3"], "--nproc 3 does not divide 8"),
@@ -278,6 +289,7 @@ def test_bad_command_lines_are_one_line(tmp_path, args, expected):
     assert expected in one_error_line(ablations(["run", study, *args], tmp_path, runner_env(), timeout=30))
 
 
+@pytest.mark.slow
 def test_real_script_runs_are_current_until_the_study_changes(tmp_path, shard_dir, monkeypatch):
     """The comparison on the training script's own config and checkpoint: no false alarm on an unchanged study
     (which would refuse every rerun), and the edited flag named for log and checkpoint alike."""

@@ -42,6 +42,7 @@ def finish_and_check(tmp_path, study, env, first_log: bytes):
     return starts_per_run(tmp_path / "starts.jsonl"), kept, result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_signal_stops_children_and_rerun_completes(tmp_path, sig):
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
@@ -57,6 +58,7 @@ def test_stopping_signal_stops_children_and_rerun_completes(tmp_path, sig):
     assert [k.name.split(".")[0] for k in kept] == ["seed0"] and kept[0].parent.name == "backout"
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_runner_takes_its_runs_down_and_rerun_completes(tmp_path):
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
     study, runner, first_log, child = mid_study(tmp_path, env)
@@ -69,6 +71,7 @@ def test_sigkill_of_the_runner_takes_its_runs_down_and_rerun_completes(tmp_path)
     assert len(kept) == 1
 
 
+@pytest.mark.slow
 def test_run_outliving_a_killed_runner_is_not_started_twice(tmp_path):
     """A training process that survives its runner (it ignores SIGTERM) still holds its run's lock: a new runner
     watches it instead of starting a duplicate, and counts it once it finishes."""
@@ -89,6 +92,7 @@ def test_run_outliving_a_killed_runner_is_not_started_twice(tmp_path):
     assert "backout/seed0 finished in another process" in output
 
 
+@pytest.mark.slow
 def test_two_runners_on_one_study_share_the_work(tmp_path):
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.05)
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)

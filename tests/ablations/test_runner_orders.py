@@ -72,6 +72,7 @@ def test_bundled_multi_skip_study_covers_the_article():
     assert len(static) == 3 * 12
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("analysis") is None,
                     reason="the analysis package (python -m analysis summarize) is not in this tree yet")
 def test_multi_skip_arms_from_a_finished_sweep(tmp_path):

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from runner_support import (ablations, is_complete, read_events, runner_env, starts_per_run, step_lines,
                             write_study)
 
@@ -20,6 +22,7 @@ def status_of(tmp_path: Path, study: Path) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_two_arm_two_seed_study_runs_to_completion(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
@@ -52,6 +55,7 @@ def test_two_arm_two_seed_study_runs_to_completion(tmp_path):
     assert len(read_events(starts)) == 8  # 4 starts + 4 finishes, nothing new
 
 
+@pytest.mark.slow
 def test_failed_run_does_not_stop_the_study_and_is_named(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
@@ -83,6 +87,7 @@ def test_failed_run_does_not_stop_the_study_and_is_named(tmp_path):
     assert not list((tmp_path / "runs").rglob("*.failed"))
 
 
+@pytest.mark.slow
 def test_unfinished_log_is_kept_aside_and_redone(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
@@ -105,6 +110,7 @@ def test_unfinished_log_is_kept_aside_and_redone(tmp_path):
     assert status_of(tmp_path, study)["arms"]["baseline"]["kept_aside"] == 1
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_when_present(tmp_path):
     flags = {**FLAGS, "checkpoint-every": 3}
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=flags)
@@ -125,6 +131,7 @@ def test_resume_from_checkpoint_when_present(tmp_path):
     assert train_steps == [f"step:{s}/10" for s in range(1, 11)]  # the resumed log is complete, no step twice
 
 
+@pytest.mark.slow
 def test_no_resume_restarts_from_scratch(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags={**FLAGS, "checkpoint-every": 3})
     starts = tmp_path / "starts.jsonl"
@@ -134,6 +141,7 @@ def test_no_resume_restarts_from_scratch(tmp_path):
     assert [e["resume"] for e in read_events(starts) if e["event"] == "start"] == [None, None]
 
 
+@pytest.mark.slow
 def test_gpu_slices_for_packed_runs(tmp_path):
     """Four 1-GPU runs on the two GPUs Slurm would hand out: side by side, never two on one GPU."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
@@ -154,6 +162,7 @@ def test_gpu_slices_for_packed_runs(tmp_path):
     assert all(a[2] != b[2] for a, b in overlapping)
 
 
+@pytest.mark.slow
 def test_study_under_torchrun_with_two_processes(tmp_path):
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS, launcher="torchrun", nproc=2)
     result = ablations(["run", study, "--gpus", "0"], tmp_path, runner_env())
@@ -164,6 +173,7 @@ def test_study_under_torchrun_with_two_processes(tmp_path):
     assert "torch.distributed.run --standalone --nproc_per_node=2" in out.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, nproc=1, launcher="torchrun")
     result = ablations(["run", study, "--dry-run", "--arms", "back*", "--seeds", "3"], tmp_path, runner_env())

@@ -28,6 +28,7 @@ def looks_of(tmp_path: Path, study: str = "s") -> dict:
     return state_of(tmp_path, study)["looks"]
 
 
+@pytest.mark.slow
 def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
@@ -58,6 +59,7 @@ def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_pat
     assert as_json["sequential"]["looks"]["backout-L4"] == looks
 
 
+@pytest.mark.slow
 def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
     extra = "until_decided = true\nmax_seeds = 4\nclaim = \"below-target\"\ntarget = 3.74"
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, extra=extra)
@@ -70,6 +72,7 @@ def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
     assert looks["backout-L4"][-1]["decision"] == "futile"
 
 
+@pytest.mark.slow
 def test_killed_study_resumes_with_its_looks(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.15)

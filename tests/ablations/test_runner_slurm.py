@@ -5,6 +5,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from runner_support import ablations, is_complete, runner_env, starts_per_run, write_study
 
 ARMS = {"baseline": {}, "backout": {"backout-layers": [11]}}
@@ -27,6 +29,7 @@ def run_task(tmp_path, script: Path, task: int, env: dict) -> subprocess.Complet
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_single_node_job_array(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, extra='time_limit = "00:40:00"')
     script, message = generate(tmp_path, study, "--partition", "h100", "--max-parallel", "3", "--sbatch=--qos=high")
@@ -54,6 +57,7 @@ def test_single_node_job_array(tmp_path):
     assert len(list((tmp_path / "runs").rglob("seed*.txt"))) == 1
 
 
+@pytest.mark.slow
 def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
     study = write_study(tmp_path, "wide", ARMS, flags=FLAGS, launcher="torchrun", nproc=8, seeds=[0],
                        extra='[vars]\nckpt = "none"')
@@ -87,6 +91,7 @@ def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
     assert result.returncode == 1 and "backout/seed0 exited without finishing its log" in result.stdout
 
 
+@pytest.mark.slow
 def test_runs_that_do_not_fill_whole_nodes_are_refused(tmp_path):
     study = write_study(tmp_path, "odd", ARMS, flags=FLAGS, launcher="torchrun", nproc=8)
     result = ablations(["slurm", study, "--gpus-per-node", "3"], tmp_path, runner_env())

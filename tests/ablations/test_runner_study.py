@@ -25,24 +25,28 @@ def refused(tmp_path: Path, study: Path, *extra) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_flag_the_script_does_not_have_is_refused(tmp_path):
     study = write_study(tmp_path, "s", {**ARMS, "typo": {"backout-layer": 11}})
     line = refused(tmp_path, study)
     assert "'typo'" in line and "--backout-layer" in line
 
 
+@pytest.mark.slow
 def test_flag_value_the_script_rejects_is_refused(tmp_path):
     study = write_study(tmp_path, "s", ARMS, flags={"preset": "huge"})
     line = refused(tmp_path, study)
     assert "--preset" in line and "huge" in line
 
 
+@pytest.mark.slow
 def test_unknown_arm_is_refused(tmp_path):
     study = write_study(tmp_path, "s", ARMS)
     line = refused(tmp_path, study, "--arms", "baseline", "nope")
     assert "nope" in line and "baseline, backout" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, flags, words", [
     ('seed_list = [1]', {}, ["unknown key", "'seed_list'"]),
     ('', {"seed": 3}, ["--seed", "set by the runner"]),
@@ -58,17 +62,20 @@ def test_malformed_study_file_is_refused(tmp_path, extra, flags, words):
     assert all(word in line for word in words), line
 
 
+@pytest.mark.slow
 def test_unknown_launcher_is_refused(tmp_path):
     study = write_study(tmp_path, "s", ARMS, launcher="mpirun")
     assert "launcher must be one of torchrun, python" in refused(tmp_path, study)
 
 
+@pytest.mark.slow
 def test_missing_script_and_missing_study_are_refused(tmp_path):
     study = write_study(tmp_path, "s", ARMS, script=tmp_path / "absent.py")
     assert "absent.py" in refused(tmp_path, study)
     assert "no study 'no-such-study'" in refused(tmp_path, "no-such-study")
 
 
+@pytest.mark.slow
 def test_init_from_checkpoint_must_exist(tmp_path):
     extra = '[vars]\nbase = "{runs}/base/seed{seed}.pt"'
     study = write_study(tmp_path, "s", {"a": {"init-from": "{base}"}}, seeds=[0], extra=extra)

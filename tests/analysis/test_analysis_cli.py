@@ -241,6 +241,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "records").exists()
 
 
+@pytest.mark.slow
 def test_unwritable_output_is_one_line(capsys, tmp_path):
     write_arm(tmp_path / "s", "baseline", [2.92, 2.921], [10.0, 11.0])
     (tmp_path / "taken.png").mkdir()  # a folder where the PNG should go
@@ -260,6 +261,7 @@ def test_compare_warns_about_single_run_arms(capsys, tmp_path):
     assert "'lucky' has 1 complete run" in warning and f"{np.std([2.920, 2.921, 2.9195], ddof=1):.5f}" in warning
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "analysis", "summarize", str(tmp_path / "nope"), "--target", "2.92"],
                           cwd=REPO, capture_output=True, text=True)
@@ -267,6 +269,7 @@ def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
     assert done.stderr.strip() == f"error: PATH not found: {tmp_path / 'nope'}"
 
 
+@pytest.mark.slow
 def test_report_of_a_study_folder(capsys, tmp_path):
     root = study(tmp_path)
     logs_for_tests.write(root / "L3" / "seed9.txt", logs_for_tests.our_log_text(variant="L3", seed=9, complete=False,
@@ -295,6 +298,7 @@ def test_report_of_a_study_folder(capsys, tmp_path):
     assert not list(root.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_record_packages_complete_runs_with_a_recomputable_readme(capsys, tmp_path):
     write_arm(tmp_path / "runs" / "rec", "record", ARTICLE_LOSSES[:6], ARTICLE_TIMES[:6])
     logs_for_tests.write(tmp_path / "runs" / "rec" / "record" / "seed7.txt",

@@ -150,6 +150,7 @@ def test_code_section_is_the_source_before_the_environment(tmp_path):
     assert code_section(path.read_bytes()) == logs_for_tests.TRICKY_CODE
 
 
+@pytest.mark.slow
 def test_load_runs_sorts_readable_from_unreadable_in_parallel_too(tmp_path):
     for seed in range(30):
         write_log(tmp_path, f"a/seed{seed}.txt", logs_for_tests.our_log_text(variant="a", seed=seed))

@@ -42,6 +42,7 @@ def sweep(tmp_path):
     return group_runs(runs)
 
 
+@pytest.mark.slow
 def test_val_loss_plot_draws_every_run_and_each_arm_mean(sweep):
     figure = plots.val_loss_figure(sweep, "step", target=2.92)
     full, zoom = figure.axes
@@ -151,6 +152,7 @@ def test_resource_table_reads_config_env_and_scalars(tmp_path):
     assert "| rw | 2 | 454,496,368 | 32 |" in text and "| baseline | 2 | 454,496,336 | - |" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "loss-by-layer",
                                   "loss-vs-num-layers", "loss-vs-distance"])
 def test_plot_command_writes_each_kind(tmp_path, sweep, kind, capsys):

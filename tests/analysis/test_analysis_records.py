@@ -103,6 +103,7 @@ def test_logs_without_a_track_are_checked_without_a_record_unless_given_one(caps
     assert json.loads(out)["target"] == 3.28 and json.loads(out)["record"]["track"] == "small"
 
 
+@pytest.mark.slow
 def test_every_command_needing_a_target_takes_the_small_tracks_3_28(capsys, tmp_path):
     root = write_claim(tmp_path / "study", "small", SMALL_FINALS, [80.0] * 6)
     write_claim(root, "small", SMALL_FINALS, [81.0] * 6, variant="baseline")

@@ -37,6 +37,7 @@ def many_arms(tmp_path_factory):
     return group_runs(runs)
 
 
+@pytest.mark.slow
 def test_95_arms_get_95_distinct_styles_and_a_legend_inside_the_figure(many_arms):
     figure = plots.val_loss_figure(many_arms, "step", target=3.28)
     styles = {(tuple(line.get_color()), line.get_linestyle(), line.get_marker()) for line in mean_lines(figure.axes[0])}
@@ -72,6 +73,7 @@ def test_zoom_panel_follows_the_late_data_of_runs_of_different_lengths(tmp_path)
     assert (high_y - low_y) <= 1.2 * (max(late) - min(late))  # no blank band above or below the data
 
 
+@pytest.mark.slow
 def test_report_lists_arms_without_a_finished_run_and_shows_counts_in_one_style(capsys, tmp_path):
     root = tmp_path / "study"
     write_arm(root, "baseline", 2, 2.921, env={"params": 31352})

@@ -12,6 +12,7 @@ from analysis.sequential import Design, spending_boundaries, take_look
 FIVE_EQUAL = [0.2, 0.4, 0.6, 0.8, 1.0]
 
 
+@pytest.mark.slow
 def test_original_obrien_fleming_constants_five_looks():
     # O'Brien & Fleming (1979); Jennison & Turnbull (2000) Table 2.3: K = 5, two-sided alpha 0.05
     got = sequential.obrien_fleming_constants(5, 0.05, sides=2)
@@ -30,6 +31,7 @@ def test_lan_demets_obf_spending_four_looks_one_sided():
     assert got == pytest.approx([3.74955, 2.53993, 2.01604, 1.72014], abs=2e-4)
 
 
+@pytest.mark.slow
 def test_spending_adds_up_and_one_look_is_the_fixed_test():
     bounds = spending_boundaries(FIVE_EQUAL, 0.01, sides=2)
     assert 1 - sequential._stay_probability(bounds, FIVE_EQUAL, 2) == pytest.approx(0.01, abs=1e-7)

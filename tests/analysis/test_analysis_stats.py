@@ -105,6 +105,7 @@ def test_holm_and_bh_small_example_by_hand_and_order_kept():
     assert holm([]) == [] and benjamini_hochberg([]) == []
 
 
+@pytest.mark.slow
 def test_bootstrap_is_seeded_and_tracks_the_strength_of_the_evidence():
     chance = bootstrap_pass_chance(ARTICLE_LOSSES, 2.92, 22, 0.01, 2000, seed=1)
     assert chance == bootstrap_pass_chance(ARTICLE_LOSSES, 2.92, 22, 0.01, 2000, seed=1)

@@ -98,6 +98,7 @@ def test_record_refuses_logs_of_the_other_track(capsys, tmp_path):
     assert not (tmp_path / "records").exists()
 
 
+@pytest.mark.slow
 def test_report_names_duplicates_and_dangling_links_but_not_its_runner_log(capsys, study):
     (study / "runner.log").write_text("2026-11-24 10:00:00 demo begin    ablations/demo.toml - demo\n")
     shutil.copy(study / "backout" / "seed1.txt", study / "backout" / "seed1 (copy).txt")
@@ -113,6 +114,7 @@ def test_report_names_duplicates_and_dangling_links_but_not_its_runner_log(capsy
     assert "| backout | 3 |" in report  # three complete runs, not four
 
 
+@pytest.mark.slow
 def test_report_with_arms_leaves_out_a_renamed_arm(capsys, study):
     shutil.move(study / "backout", study / "backout-old")  # the arm renamed in the study: its logs stay behind
     for seed in range(3):

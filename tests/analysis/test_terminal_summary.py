@@ -109,6 +109,7 @@ def test_without_a_baseline_arm_it_says_so(tmp_path):
     assert "no complete runs of a baseline arm 'baseline'" in text
 
 
+@pytest.mark.slow
 def test_command_line_prints_the_summary_and_refuses_bad_input(study, capsys, tmp_path):
     assert main([str(study), "--target", "6.5"]) == 0
     assert "backout-L4" in capsys.readouterr().out
@@ -122,6 +123,7 @@ def test_command_line_prints_the_summary_and_refuses_bad_input(study, capsys, tm
         assert "error:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_study_run_with_report_ends_with_the_summary(tmp_path):
     from runner_support import ablations, runner_env, write_study
     study = write_study(tmp_path, "s", {"baseline": {}, "other": {"backout-layers": 3}},

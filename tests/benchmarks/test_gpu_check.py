@@ -19,6 +19,7 @@ def tiny_check(tmp_path, name, flags, steps=3):
                           steps, DEMO_TRAIN, DEMO_VAL, tmp_path / "logs", timeout_s=300, launcher=PLAIN_PYTHON)
 
 
+@pytest.mark.slow
 def test_a_run_whose_loss_falls_passes_with_its_figures(tmp_path):
     check = tiny_check(tmp_path, "tiny baseline", ["--num-iterations", "20"])
     assert check.passed, check.detail
@@ -26,12 +27,14 @@ def test_a_run_whose_loss_falls_passes_with_its_figures(tmp_path):
     assert "graph breaks" in check.detail and (tmp_path / "logs" / "tiny-baseline.txt").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_run_fails_with_its_error_line(tmp_path):
     check = tiny_check(tmp_path, "bad layer", ["--backout-layers", "99"])
     assert not check.passed
     assert check.detail.startswith("exit status 2: error:") and "backout" in check.detail
 
 
+@pytest.mark.slow
 def test_a_run_past_its_time_fails(tmp_path):
     check = training_check("slow", REPO / "train_gpt_medium.py", ["--preset", "tiny"], 40, DEMO_TRAIN, DEMO_VAL,
                            tmp_path, timeout_s=1, launcher=PLAIN_PYTHON)
@@ -45,6 +48,7 @@ def test_table_counts_passes_and_failures():
     assert lines[-1].startswith("1 of 2 checks passed; 1 failed")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_without_cuda_it_says_so_in_one_line():
     result = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=REPO, capture_output=True, text=True)

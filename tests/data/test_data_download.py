@@ -202,6 +202,7 @@ def run_downloader(args, endpoint, tmp_path, as_module=False):
     return subprocess.run(command + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_script_with_real_client_against_stand_in_hub(stand_in_hub, tmp_path):
     endpoint = f"http://127.0.0.1:{stand_in_hub.server_address[1]}"
     out = tmp_path / "fineweb10B"
@@ -224,6 +225,7 @@ def test_script_with_real_client_against_stand_in_hub(stand_in_hub, tmp_path):
     assert not (out / "fineweb_train_000002.bin").exists()
 
 
+@pytest.mark.slow
 def test_script_without_network_says_so_in_one_line(tmp_path):
     with socket.socket() as probe:  # a port with nothing listening
         probe.bind(("127.0.0.1", 0))

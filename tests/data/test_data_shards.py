@@ -176,6 +176,7 @@ def test_cli_expands_patterns_and_reports_empty_ones(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "zz_*.bin" in err
 
 
+@pytest.mark.slow
 def test_module_entry_point_exit_status(tmp_path):
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"nope")

@@ -99,6 +99,7 @@ def test_successful_overwrite_replaces_the_whole_set(tmp_path):
     check_manifest(written)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_way_leaves_the_folder_as_it_was_and_a_rerun_works(tmp_path):
     tokenizer, out_dir, before = tokenizer_part_way(tmp_path)
     os.killpg(tokenizer.pid, signal.SIGKILL)
@@ -114,6 +115,7 @@ def test_sigkill_mid_way_leaves_the_folder_as_it_was_and_a_rerun_works(tmp_path)
     assert sorted(path.name for path in out_dir.iterdir()) == ["t_manifest.json", "t_train_000001.bin"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_changes_nothing(tmp_path):
     tokenizer, out_dir, before = tokenizer_part_way(tmp_path)
     os.killpg(tokenizer.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group, workers included
@@ -130,6 +132,7 @@ def test_shards_without_their_manifest_are_named_as_possibly_unfinished(tmp_path
         tokenize_to_shards(["more"], tmp_path, "t", val_tokens=0, log=quiet)
 
 
+@pytest.mark.slow
 def test_readers_refuse_a_set_that_lost_a_shard(tmp_path):
     make_set(tmp_path)
     shards = sorted(tmp_path.glob("t_train_*.bin"))

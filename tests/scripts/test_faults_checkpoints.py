@@ -19,6 +19,7 @@ def resume_command(folder, flags, log_dir, *extra):
             "--log-dir", str(log_dir), "--run-name", "again"]
 
 
+@pytest.mark.slow
 def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_of_a_4_step_run, tmp_path, capsys):
     folder, flags = checkpoint_of_a_4_step_run
     damaged = tmp_path / "r.pt"
@@ -38,12 +39,14 @@ def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_
     assert rc == 2 and "CRC" in one_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_intact_checkpoint_still_resumes(checkpoint_of_a_4_step_run, tmp_path):
     folder, flags = checkpoint_of_a_4_step_run
     assert T.main(resume_command(folder, flags, tmp_path / "logs")) == 0
     assert (tmp_path / "logs" / "again.txt").read_text().rstrip().splitlines()[-1].startswith("peak memory")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changed, named", [
     (["--val-tokens", "1024"], "--val-tokens"),
     (["--val-seq-len", "64", "--val-tokens", "2048"], "--val-seq-len"),
@@ -66,6 +69,7 @@ def test_resume_refuses_flags_that_change_what_a_validation_line_means(checkpoin
     assert not log_dir.exists()
 
 
+@pytest.mark.slow
 def test_resume_accepts_the_same_files_named_another_way(checkpoint_of_a_4_step_run, tmp_path, monkeypatch):
     folder, flags = checkpoint_of_a_4_step_run
     monkeypatch.chdir(folder)  # relative globs naming the very same files
@@ -83,6 +87,7 @@ def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_of_a_4_ste
     assert not log_dir.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropped", ["config", "optimizers"])
 def test_checkpoint_without_an_entry_is_refused_before_the_log(checkpoint_of_a_4_step_run, tmp_path, capsys, dropped):
     folder, flags = checkpoint_of_a_4_step_run
@@ -125,6 +130,7 @@ def small_mount(tmp_path):
     yield from mounted_tmpfs(tmp_path / "mnt")
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, capsys, small_mount):
     flags = data_flags(tmp_path / "data")
     rc = T.main([*TINY, *flags, "--num-iterations", "2", "--checkpoint-every", "1", "--log-dir", str(small_mount),
@@ -135,6 +141,7 @@ def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, capsys, small_
     assert sorted(p.name for p in small_mount.iterdir()) == ["r.txt"]  # no half checkpoint left behind
 
 
+@pytest.mark.slow
 def test_read_only_log_dir_is_one_line(tmp_path, capsys, small_mount):
     subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
     flags = data_flags(tmp_path / "data")
@@ -150,6 +157,7 @@ def test_log_dir_under_proc_is_one_line(tmp_path, capsys):
     assert "--log-dir /proc/self/logs" in one_error_line(capsys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, named", [(["--no-such-flag"], "--no-such-flag"),
                                          (["--num-iterations", "0"], "--num-iterations"),
                                          ("empty shard", "d_train_000002.bin")])

@@ -85,6 +85,7 @@ def checkpoint_of_a_4_step_run(tmp_path_factory):
     return folder, flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changed, named", [
     (["--num-iterations", "6", "--seed", "1"], "--num-iterations"),
     (["--num-iterations", "4", "--seed", "2"], "--seed"),
@@ -112,6 +113,7 @@ def test_damaged_checkpoint_names_no_resume(tmp_path, capsys):
     assert str(damaged) in line and "--no-resume" in line
 
 
+@pytest.mark.slow
 def test_temp_files_of_a_killed_save_are_removed(tmp_path):
     flags = data_flags(tmp_path / "data")
     log_dir = tmp_path / "logs"

@@ -122,6 +122,7 @@ def test_malformed_shard_is_named(tmp_path, capsys):
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.slow
 def test_world_size_not_dividing_8_is_refused():
     env = dict(os.environ, WORLD_SIZE="3", RANK="0", LOCAL_RANK="0")
     res = subprocess.run([sys.executable, str(MEDIUM_SCRIPT), "--preset", "tiny"], env=env, cwd=ROOT,

@@ -1,6 +1,7 @@
-"""run.sh's main-job branches and its test command with stand-ins: a fake nvidia-smi on PATH, a python3 whose heavy commands (a study,
-the GPU checks) only record their arguments, and the local stand-in hub of the downloader tests. Each test runs a
-copy of run.sh in a scratch checkout, so no download lands in the real data/ folder."""
+"""run.sh's main-job branches and its test command with stand-ins: a fake nvidia-smi on PATH, a python3 whose
+heavy commands (a study, the tests, the GPU checks) only record their arguments, and the local stand-in hub of the
+downloader tests. Each test runs a copy of run.sh in a scratch checkout, so no download lands in the real data/
+folder."""
 import os
 import shutil
 import socket
@@ -81,6 +82,7 @@ def closed_port_endpoint():
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
+@pytest.mark.slow
 def test_without_a_gpu_the_main_job_is_the_demo_one_run_per_core(checkout, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a user's thread setting does not shrink the runs at once
     result, calls = run_sh(checkout, tmp_path)
@@ -90,6 +92,7 @@ def test_without_a_gpu_the_main_job_is_the_demo_one_run_per_core(checkout, tmp_p
                                   + " --report"]
 
 
+@pytest.mark.slow
 def test_demo_runs_the_demo_on_a_gpu_node_too(checkout, tmp_path):
     result, calls = run_sh(checkout, tmp_path, "demo", "--seeds", "0", gpus=8)
     assert result.returncode == 0, result.stderr
@@ -98,6 +101,7 @@ def test_demo_runs_the_demo_on_a_gpu_node_too(checkout, tmp_path):
     assert study_calls(calls)[0].endswith("--report --seeds 0")
 
 
+@pytest.mark.slow
 def test_gpu_node_without_shards_downloads_them_then_runs_the_record_study(checkout, tmp_path, hub):
     endpoint = f"http://127.0.0.1:{hub.server_address[1]}"
     result, calls = run_sh(checkout, tmp_path, gpus=2, hub=endpoint)
@@ -113,6 +117,7 @@ def test_gpu_node_without_shards_downloads_them_then_runs_the_record_study(check
     assert study_calls(calls) == ["-m ablations run record --nproc 2 --report"]
 
 
+@pytest.mark.slow
 def test_gpu_node_with_shards_runs_the_record_study_without_the_network(checkout, tmp_path):
     shards = checkout / "data" / "fineweb10B"
     shards.mkdir()
@@ -125,6 +130,7 @@ def test_gpu_node_with_shards_runs_the_record_study_without_the_network(checkout
     assert study_calls(calls) == ["-m ablations run record --nproc 8 --report"]
 
 
+@pytest.mark.slow
 def test_gpu_node_offline_says_so_in_one_line_and_runs_nothing_heavy(checkout, tmp_path):
     result, calls = run_sh(checkout, tmp_path, gpus=1, hub=closed_port_endpoint())
     assert result.returncode == 1
@@ -135,6 +141,7 @@ def test_gpu_node_offline_says_so_in_one_line_and_runs_nothing_heavy(checkout, t
     assert not (checkout / "data" / "fineweb10B").exists()
 
 
+@pytest.mark.slow
 def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, tmp_path):
     result, calls = run_sh(checkout, tmp_path, "gpu-check")
     assert result.returncode == 2 and result.stdout == ""
@@ -145,6 +152,7 @@ def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, 
     assert "benchmarks/gpu_check.py --steps 5" in calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, pytest_call", [
     (["test"], "-m pytest -q"),
     (["test", "-x"], "-m pytest -q -x"),

@@ -19,6 +19,7 @@ SCRIPT = REPO / "train_gpt_medium.py"
 DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
 
 
+@pytest.mark.slow
 def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
     flags = {"preset": "tiny", "num-iterations": 3, "val-every": 0,
              "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
@@ -36,6 +37,7 @@ def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
     assert result.stdout.count(" val_loss ") >= 4  # progress shows each run's validation
 
 
+@pytest.mark.slow
 def test_bad_flag_for_the_training_script_is_refused(tmp_path):
     study = write_study(tmp_path, "bad", {"baseline": {}, "odd": {"backout-layerz": 11}}, script=SCRIPT)
     result = ablations(["run", study], tmp_path, runner_env())
@@ -54,6 +56,7 @@ def copy_of_the_tree(tmp_path: Path) -> tuple[Path, dict]:
     return tree, env
 
 
+@pytest.mark.slow
 def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
     """With GPUs (a stand-in nvidia-smi listing two) and FineWeb shards, `./run.sh` starts the record study with
     one GPU slice per run; the test stops it once the first run has started."""
@@ -86,6 +89,7 @@ def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
     assert "got SIGTERM" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
 def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
     """`./run.sh` on a machine with no GPU: the demo study, its report and its result on the terminal. The copy's

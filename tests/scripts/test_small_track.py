@@ -210,6 +210,7 @@ def tiny_model_and_optimizers(*flags, seed=0):
     return args, model, S.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
 
 
+@pytest.mark.slow
 def test_optimizers_follow_the_spec():
     _, model, opt = tiny_model_and_optimizers()
     assert opt.snoo is None
@@ -270,18 +271,21 @@ def step0_loss(flags, trained_look=False):
     return model(seq[:-1], seq[1:], torch.tensor(2)).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", IDENTITY_AT_INIT + NOT_IDENTITY_AT_INIT, ids=" ".join)
 def test_every_study_flag_starts_at_the_baseline_loss(flags):
     # The zero-initialised head makes every logit equal: the loss is ln(padded vocab) for every model.
     assert step0_loss(flags) == step0_loss([]) == pytest.approx(math.log(50304), abs=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", IDENTITY_AT_INIT, ids=" ".join)
 def test_identity_initialised_flags_keep_the_baseline_function(flags):
     # With every weight non-zero, flags whose init is the identity still leave the latents (and the loss) unchanged.
     assert step0_loss(flags, trained_look=True) == pytest.approx(step0_loss([], trained_look=True), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_subtract_backout_moves_the_latents_once_the_layers_do():
     # At the real init every layer's output is a multiple of x0, so subtracting 0.5 * out[8] only rescales x
     # before the norm; with trained-looking weights it changes the function from the first step.

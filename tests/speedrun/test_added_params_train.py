@@ -123,11 +123,13 @@ def never_trained(argv):
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", distinct_configs(CASES))
 def test_every_added_parameter_gets_a_gradient(argv):
     assert never_trained(argv) == []
 
 
+@pytest.mark.slow
 def test_the_old_dead_low_rank_pa_init_is_caught(monkeypatch):
     """The check itself: gamma = 0 next to B = 0 (the init before the fix) reports every gamma, A and B."""
     from speedrun.laurel import LaurelResiduals

@@ -84,6 +84,7 @@ def test_record_flags_resolve_to_pr139():
     assert model.named_scalars()["backout.x"] == 1.0 and model.named_scalars()["backout.L11"] == 0.0
 
 
+@pytest.mark.slow
 def test_record_at_init_and_flagless_training_match_the_original_baseline(unmodified_medium):
     original = unmodified_medium
     reference = build([], module=original)
@@ -147,6 +148,7 @@ def norm_mix(x, skip_lambda, source):
 
 # --- lambdas: frozen, fixed, norm after the sum ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_frozen_lambdas_do_not_move_and_fixed_x_keeps_only_x():
     frozen = build(["--backout-layers", "3", "--backout-x-init", "0.8", "--backout-skip-init", "-0.28",
                     "--backout-freeze"])
@@ -289,6 +291,7 @@ def test_similarity_is_recorded_in_eval_only(monkeypatch):
     assert rel == pytest.approx(((a - b).norm() / a.norm()).item(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_real_log_names_values_and_added_params(tiny_data_args, tmp_path):
     result = run_training(tiny_data_args + ["--backout-layers", "2,embed", "--backout-transform", "relu-linear",
                                             "--rolling-skip", "--stop-after", "2", "--val-every", "2",
@@ -343,6 +346,7 @@ INVALID = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", INVALID, ids=[" ".join(f) for f, _ in INVALID])
 def test_invalid_combination_is_a_usage_error(flags, message):
     with pytest.raises(tgm.UsageError) as err:
@@ -350,6 +354,7 @@ def test_invalid_combination_is_a_usage_error(flags, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_invalid_combination_exits_2_with_one_line(tiny_data_args, tmp_path):
     result = run_training(tiny_data_args + ["--backout-layers", "2", "--backout-mode", "subtract",
                                             "--backout-fixed-x", "--log-dir", str(tmp_path)])

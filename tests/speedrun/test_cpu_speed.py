@@ -36,6 +36,7 @@ def page_faults(mode):
     return int(result.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator settings")
 def test_cpu_setup_keeps_freed_blocks_mapped():
     default = page_faults("default")

@@ -74,6 +74,7 @@ def block_state(block):
 # ---------------------------------------------------------------------------------------------------------------
 # Expansion
 
+@pytest.mark.slow
 def test_expanded_layer_pattern_follows_the_rule():
     cfg = T.ModelConfig(num_layers=8, dlo_groups=2, dlo_add=1, dlo_base_layers=6)
     pat = dlo_layer_pattern(cfg, T.layer_pattern)
@@ -88,6 +89,7 @@ def test_expanded_layer_pattern_follows_the_rule():
     assert [b.attn is None for b in model.blocks] == [False, False, True, True, False, False, False, False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", GROUP_POLICIES)
 def test_expansion_policy_weights_match_definition(ckpt, policy):
     base = base_model(ckpt)
@@ -143,6 +145,7 @@ def test_expansion_policy_weights_match_definition(ckpt, policy):
         assert all(torch.equal(v, model.blocks[3].state_dict()[k]) for k, v in model.blocks[2].state_dict().items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("groups,add", [("2", "1"), ("3", "2")])
 def test_strict_identity_reproduces_the_checkpoint_loss_exactly(ckpt, groups, add):
     base = base_model(ckpt)
@@ -186,6 +189,7 @@ def test_labels_select_the_least_similar_at_the_requested_rate():
             assert sims[labels].max() < sims[~labels].min()
 
 
+@pytest.mark.slow
 def test_training_forward_labels_follow_the_skip_rate(ckpt):
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "identity")
     dlo_before_step(model, args, 0)
@@ -196,6 +200,7 @@ def test_training_forward_labels_follow_the_skip_rate(ckpt):
     assert model.study["dlo"].router_w.grad.abs().sum() > 0  # the skip loss reaches the routers
 
 
+@pytest.mark.slow
 def test_skip_loss_trains_a_router_toward_the_labels():
     cfg = T.ModelConfig(num_layers=1, model_dim=16, dlo_threshold=1.0, dlo_score_scale=1.0)
     routers = DLORouters(cfg)
@@ -232,6 +237,7 @@ def test_annealing_follows_its_schedule(ckpt):
 # ---------------------------------------------------------------------------------------------------------------
 # Skipping at validation, FLOPs
 
+@pytest.mark.slow
 def test_validation_skipping_matches_an_explicit_mask_reference(ckpt):
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "identity", "--dlo-skip-loss-weight", "0")
     routers = model.study["dlo"]
@@ -309,6 +315,7 @@ def test_layer_lr_multipliers_scale_each_layer_by_its_active_share(ckpt):
     assert math.isclose(opt.muon.lr_mul[model.blocks[0].attn.qkvo_w], 1 / 0.625, rel_tol=1e-6)
 
 
+@pytest.mark.slow
 def test_layer_lr_multipliers_stay_on_the_device_and_step_as_the_number_would(ckpt, monkeypatch):
     """No host sync in a step: the multipliers are never read on the host (no .tolist(), item() or bool()), and
     Muon's step with a tensor multiplier equals the step with the same number, to rounding."""
@@ -375,6 +382,7 @@ def test_init_from_problems_are_one_line_errors(shard_dir, tiny_data_args, tmp_p
 # ---------------------------------------------------------------------------------------------------------------
 # The baseline path is untouched
 
+@pytest.mark.slow
 def test_baseline_matches_the_unmodified_script(unmodified_medium):
     old = unmodified_medium
     losses = []

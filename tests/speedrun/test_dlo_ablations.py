@@ -48,6 +48,7 @@ def test_the_study_has_an_arm_per_table_row():
     assert "identity-s10-uniform-lr" not in DLO_ARMS  # it varied the learning rate: now identity-s10-no-layer-lr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", DLO_ARMS)
 def test_added_params_are_the_arms_extra_parameters(arm, ckpt, shard_dir):
     model, args = arm_model(arm, ckpt, shard_dir)
@@ -78,6 +79,7 @@ def added_entries(model):
     return entries
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", [a for a in DLO_ARMS if a != "continue"])
 def test_every_parameter_an_arm_adds_gets_a_gradient(arm, ckpt, shard_dir):
     """From the arm's real initialisation, over its first two optimiser steps (two, not one: where an init zeroes
@@ -100,6 +102,7 @@ def test_every_parameter_an_arm_adds_gets_a_gradient(arm, ckpt, shard_dir):
 # ---------------------------------------------------------------------------------------------------------------
 # Table 1: skipping on the unexpanded model
 
+@pytest.mark.slow
 def test_dlo_add_zero_routes_the_unexpanded_model(ckpt):
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-add", "0", "--dlo-sparsity", "0.2",
@@ -115,6 +118,7 @@ def test_dlo_add_zero_routes_the_unexpanded_model(ckpt):
 # ---------------------------------------------------------------------------------------------------------------
 # Table 3: without zero router initialisation, without score rescaling
 
+@pytest.mark.slow
 def test_uniform_router_init_is_a_default_linear_layer(ckpt):
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-router-init", "uniform")
     w = model.study["dlo"].router_w
@@ -126,6 +130,7 @@ def test_uniform_router_init_is_a_default_linear_layer(ckpt):
     assert 0.2 < sum(active) / len(active) < 0.8  # tokens are skipped before any training
 
 
+@pytest.mark.slow
 def test_sigmoid_score_halves_the_mlps_at_the_start(ckpt):
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-score", "sigmoid")
     routers = model.study["dlo"]
@@ -144,6 +149,7 @@ def test_sigmoid_score_halves_the_mlps_at_the_start(ckpt):
 # ---------------------------------------------------------------------------------------------------------------
 # Table 4: the expansion baselines
 
+@pytest.mark.slow
 def test_dus_repeats_the_middle_block_exactly(ckpt):
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-add", "1", "--dlo-init", "dus")
@@ -155,6 +161,7 @@ def test_dus_repeats_the_middle_block_exactly(ckpt):
     assert_exact_duplicates(model, base)
 
 
+@pytest.mark.slow
 def test_duplicate_repeats_each_groups_last_layers(ckpt):
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-add", "2", "--dlo-init", "duplicate")
@@ -188,6 +195,7 @@ def test_uniform_allocation_skips_the_same_share_of_every_layer():
         assert row[labels].max() < row[~labels].min()
 
 
+@pytest.mark.slow
 def test_uniform_allocation_in_training(ckpt):
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-skip-allocation", "uniform")
     dlo_before_step(model, args, 0)

@@ -198,6 +198,7 @@ def test_sites_see_the_stream_after_the_unet_skip_and_block_mix(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # Initialisation and parameter counts
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["both", "block"])
 @pytest.mark.parametrize("flags", VARIANT_FLAGS, ids=lambda f: " ".join(f[1:]))
 def test_variant_at_init_reproduces_the_baseline_loss_exactly(flags, where):
@@ -236,6 +237,7 @@ def paper_params(variant, form, pa_h, rank, k, dim, sites):
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE_FLAGS, ids=lambda f: " ".join(f) or "default")
 @pytest.mark.parametrize("flags", VARIANT_FLAGS, ids=lambda f: " ".join(f[1:]))
 def test_added_params_equal_the_paper_formulas(flags, where):
@@ -252,6 +254,7 @@ def test_added_params_equal_the_paper_formulas(flags, where):
     assert sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in baseline.parameters()) == want
 
 
+@pytest.mark.slow
 def test_default_rank_and_k_follow_the_small_llm_ablation():
     _, args = build(["--laurel", "rw+lr+pa"])
     assert (args.laurel_rank, args.laurel_k, args.laurel_pa_h, args.laurel_where) == (32, 3, "lowrank", "mlp")
@@ -259,6 +262,7 @@ def test_default_rank_and_k_follow_the_small_llm_ablation():
     assert args.laurel_pa_h == "identity"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_factor", ["up", "down"])
 def test_low_rank_live_factor_is_the_papers_column_orthogonal_init(zero_factor):
     model, args = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-zero-factor", zero_factor])
@@ -275,6 +279,7 @@ def test_low_rank_live_factor_is_the_papers_column_orthogonal_init(zero_factor):
     assert zero.abs().sum().item() == 0.0
 
 
+@pytest.mark.slow
 def test_xavier_factor_init_has_the_glorot_bound_and_spread():
     model, _ = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-factor-init", "xavier"], seed=1)
     down, up = model.study["laurel"].down, model.study["laurel"].up
@@ -289,6 +294,7 @@ def test_xavier_factor_init_has_the_glorot_bound_and_spread():
 # ---------------------------------------------------------------------------------------------------------------
 # PA memory: at most k activations alive
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["mlp", "attn"])
 def test_pa_keeps_at_most_k_activations_alive(monkeypatch, where):
     k = 2
@@ -334,6 +340,7 @@ def test_optimiser_assignment_muon_for_low_rank_adam_scalars_for_rw_and_gamma():
     assert b - a == sum(min(3, i + 1) for i in range(n))
 
 
+@pytest.mark.slow
 def test_muon_trains_zero_initialised_up_projection():
     """B = 0 gives A a zero gradient at step 0: NS5 of zero is zero (no NaN), so A only decays; B moves."""
     model, _ = build(["--laurel", "lr", "--laurel-rank", "4"])
@@ -359,6 +366,7 @@ def per_product_grad(tensor):
     return tensor.grad.flatten(start_dim=1).abs().sum(dim=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["--laurel", "rw+lr+pa"], ["--laurel", "pa", "--laurel-pa-h", "lowrank-shared"],
                                    ["--laurel", "rw+lr+pa", "--laurel-zero-factor", "down"]],
                          ids=lambda f: " ".join(f[1:]))
@@ -383,6 +391,7 @@ def test_low_rank_pa_trains_gamma_and_both_factors(flags):
     assert (model.scalars.grad[a:b] != 0).all()
 
 
+@pytest.mark.slow
 def test_pa_makes_one_gamma_per_input_the_history_holds():
     """The n-th LAuReL'd residual sees min(k, n + 1) inputs: no gamma (or product) that could never be used."""
     model, _ = build(["--laurel", "rw+lr+pa", "--laurel-rank", "4", "--laurel-k", "3"])
@@ -395,6 +404,7 @@ def test_pa_makes_one_gamma_per_input_the_history_holds():
     assert len(names) == sum(held)
 
 
+@pytest.mark.slow
 def test_whole_block_site_weighs_attention_plus_mlp():
     """--laurel-where block: the attention residual stays plain inside; the block's output is
     alpha (attn + mlp) + beta x_block, x_block the attention's input (the MLP's in the layer without attention)."""
@@ -471,6 +481,7 @@ def test_layer_patterns_are_sane_for_study_layer_counts(num_layers):
                            unet_pairs=[(6, 9), (4, 10), (2, 11)])
 
 
+@pytest.mark.slow
 def test_added_params_report_extra_layers_against_the_preset():
     args = tgm.resolve_args(["--num-layers", "18"])  # full size: counted on the meta device
     with torch.device("meta"):
@@ -489,6 +500,7 @@ def test_added_params_report_extra_layers_against_the_preset():
 # ---------------------------------------------------------------------------------------------------------------
 # The baseline stays bit-identical to the unmodified script
 
+@pytest.mark.slow
 def test_baseline_is_bit_identical_to_the_unmodified_script(unmodified_medium):
     old = unmodified_medium
     losses = []
@@ -512,6 +524,7 @@ def test_baseline_is_bit_identical_to_the_unmodified_script(unmodified_medium):
 # ---------------------------------------------------------------------------------------------------------------
 # The run log: added_params and the scalars line names
 
+@pytest.mark.slow
 def test_run_log_names_every_laurel_scalar(tmp_path, tiny_data_args):
     result = run_training(tiny_data_args + [
         "--laurel", "rw+pa", "--laurel-where", "both", "--laurel-layers", "1,2", "--laurel-k", "2",

@@ -171,6 +171,7 @@ def test_flex_block_mask_is_the_same_function_as_the_cpu_mask(window):
 
 # --- optimisers ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(64, 32), (32, 96), (3, 48, 48)])
 def test_ns5_is_near_orthogonal_and_matches_float64(shape):
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
@@ -210,6 +211,7 @@ def test_mantissa_buffer_update_equals_fp32_update():
     assert torch.equal(high.view(torch.int16), (reference.view(torch.int32) >> 16).to(torch.int16))
 
 
+@pytest.mark.slow
 def test_muon_step_matches_the_spec_formula():
     g = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(48, 16, generator=g))
@@ -255,6 +257,7 @@ def tiny_model_and_optimizers(seed=0, layers=None):
     return args, model, T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
 
 
+@pytest.mark.slow
 def test_every_parameter_has_exactly_one_optimizer():
     _, model, opt = tiny_model_and_optimizers()
     muon_ids = [id(p) for p in opt.muon.ordered]
@@ -265,6 +268,7 @@ def test_every_parameter_has_exactly_one_optimizer():
     assert all(p.ndim >= 2 for p in opt.muon.ordered)
 
 
+@pytest.mark.slow
 def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     args, model, opt = tiny_model_and_optimizers()
     args = replace(args, warmup_steps=3)
@@ -296,6 +300,7 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     assert all(torch.equal(a, b) for a, b in zip(snoo["old"], before_snoo["old"]))
 
 
+@pytest.mark.slow
 def test_loss_at_init_is_uniform_over_the_vocabulary():
     # zero-initialised lm head: every logit 0, loss = ln(vocab) over the padded head
     _, model, _ = tiny_model_and_optimizers()
@@ -304,6 +309,7 @@ def test_loss_at_init_is_uniform_over_the_vocabulary():
     assert loss.item() == pytest.approx(math.log(50304), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_named_scalars_cover_the_scalar_vector():
     _, model, _ = tiny_model_and_optimizers()
     names = model.named_scalars()
@@ -331,6 +337,7 @@ def snoo_trajectory(dtype, firings):
     return muon.master_value(p)
 
 
+@pytest.mark.slow
 def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
     # The bf16 parameter is the truncated top half of the fp32 master: comparing the outer copy with it would read
     # the truncation as a pseudo-gradient and shrink every matrix a little at every firing.
@@ -339,6 +346,7 @@ def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
     assert (bf16 - fp32).norm() / fp32.norm() < 5e-3
 
 
+@pytest.mark.slow
 def test_snoo_reads_the_full_precision_masters_of_bf16_muon_matrices():
     args, model, _ = tiny_model_and_optimizers()
     model.cast_low_precision(torch.bfloat16)

@@ -25,6 +25,7 @@ def trajectory(config, nproc):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(REFERENCE))
 def test_world_size_1_trajectory_is_bitwise_the_previous_one(config):
     assert trajectory(config, 1) == REFERENCE[config]["ws1"]
@@ -91,6 +92,7 @@ class RecordedWork:
         pass
 
 
+@pytest.mark.slow
 def test_muon_groups_are_reduce_scattered_to_their_owners_and_the_head_and_embeddings_sharded(
         one_rank_group, tiny_data_args, monkeypatch):
     """Only a matrix's Muon owner reads its gradient: one reduce-scatter per group of world_size equal-size
@@ -167,6 +169,7 @@ def test_small_track_muon_shares_bf16_directions_with_the_same_result_as_fp32_pa
     assert matrices and all(weights["directions"][k].dtype == torch.float32 for k in matrices)
 
 
+@pytest.mark.slow
 def test_only_fp32_matrices_without_smoothing_and_a_bf16_newton_schulz_share_directions(one_rank_group):
     import train_gpt
     import train_gpt_medium

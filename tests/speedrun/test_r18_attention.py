@@ -34,6 +34,7 @@ def qkv(seed):
     return [torch.randn(T, H, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bounds,window", CASES)
 def test_sdpa_equals_reference_forward_and_backward(bounds, window):
     q, k, v = qkv(len(bounds) + window)
@@ -48,6 +49,7 @@ def test_sdpa_equals_reference_forward_and_backward(bounds, window):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bounds,window", CASES)
 def test_flex_equals_reference_forward(bounds, window):
     # FlexAttention has no CPU backward (torch 2.13); its gradients are FlexAttention's own, checked on GPU.
@@ -110,6 +112,7 @@ def test_fa3_without_kernels_package_is_unavailable_not_an_import_error():
         assert va._fa3_interface() is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fa3", "varlen"])
 def test_gpu_kernels_get_flash_attention_window_arguments(name, monkeypatch):
     # The CUDA-only kernels cannot run here: a stand-in with their documented semantics (cumulative int32

@@ -1,6 +1,7 @@
 """speedrun.r18.model (record #18's model, not yet wired to a flag): the multi-token loss reduces to shifted
 single-token losses, and the model trains from its real init at a tiny size."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -35,6 +36,7 @@ def test_multi_token_loss_is_weighted_shifted_cross_entropy():
     torch.testing.assert_close(model.head_loss(x, targets, torch.tensor([1.0, 0.5])), next_token + 0.5 * second)
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_from_its_init():
     model, (inputs, targets, cu) = tiny_model(), batch()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -23,6 +23,7 @@ def build(argv, seed=0):
     return args, model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", COMBINATIONS, ids=lambda a: " ".join(a))
 def test_combined_variants_report_each_addition_and_train(argv):
     args, model = build(argv)
