@@ -77,6 +77,7 @@ def test_resume_accepts_the_same_files_named_another_way(checkpoint_of_a_4_step_
     assert T.main(resume_command(folder, relative, tmp_path / "logs")) == 0
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_of_a_4_step_run, tmp_path, capsys):
     folder, flags = checkpoint_of_a_4_step_run
     log_dir = tmp_path / "logs"

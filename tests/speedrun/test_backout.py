@@ -120,6 +120,7 @@ def source_layer_grad(model, layer):
     return model.blocks[layer].mlp.proj_w.grad.clone()
 
 
+@pytest.mark.slow
 def test_detach_stops_only_the_skip_path_gradient():
     layer, lam = 2, -0.3
     plain = build(["--backout-layers", str(layer), "--backout-skip-init", str(lam)])

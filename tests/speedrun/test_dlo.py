@@ -165,6 +165,7 @@ def test_strict_identity_reproduces_the_checkpoint_loss_exactly(ckpt, groups, ad
 # ---------------------------------------------------------------------------------------------------------------
 # Routing, labels, skip loss, annealing
 
+@pytest.mark.slow
 def test_routers_start_fully_active(ckpt):
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "copy")
     routers = model.study["dlo"]
@@ -275,6 +276,7 @@ def test_validation_skipping_matches_an_explicit_mask_reference(ckpt):
         assert not torch.allclose(model.eval()(inputs, targets, WINDOW), base_model(ckpt)(inputs, targets, WINDOW))
 
 
+@pytest.mark.slow
 def test_effective_flops_match_a_hand_count(ckpt):
     cfg = T.ModelConfig(num_layers=8, model_dim=64, num_heads=2, head_dim=32, block_size=16,
                         dlo_groups=2, dlo_add=1, dlo_base_layers=6)
@@ -367,6 +369,7 @@ def test_bad_dlo_values_are_one_line_errors(ckpt, tiny_data_args, capsys, flags,
     assert err.count("\n") == 1 and needle in err
 
 
+@pytest.mark.slow
 def test_init_from_problems_are_one_line_errors(shard_dir, tiny_data_args, tmp_path, capsys):
     assert T.main(tiny_data_args + ["--dlo-groups", "2"]) == 2
     assert "--dlo-groups needs --init-from" in capsys.readouterr().err
