@@ -39,7 +39,7 @@ setup_python() {
         fi
         .venv/bin/pip install --quiet -r requirements.txt
     fi
-    if [ "${1:-}" = need-test ] && ! .venv/bin/python -c 'import pytest' 2>/dev/null; then
+    if [ "${1:-}" = need-test ] && ! .venv/bin/python -c 'import pytest, statsmodels' 2>/dev/null; then
         .venv/bin/pip install --quiet -r requirements-test.txt
     fi
     PY=$(pwd)/.venv/bin/python
