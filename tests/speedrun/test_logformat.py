@@ -12,7 +12,7 @@ from ablations.runstate import LogFollower, log_config, log_is_complete
 from analysis.logs import parse_log
 from speedrun import logformat as lf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("step,total,loss,ms,decimals", [(0, 1750, 10.825812, 0.0, 6), (1750, 1750, 3.27861, 179527.4, 6),
