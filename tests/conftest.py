@@ -62,7 +62,7 @@ def tiny_data_args(shard_dir):
             "--val-files", str(shard_dir / "syn_val_*.bin")]
 
 
-def run_training(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
+def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
     """Runs the training script (under torchrun when nproc > 1); returns the CompletedProcess."""
     env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2"))
     if nproc > 1:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train_gpt_medium as T
-from conftest import MEDIUM_SCRIPT, ROOT, embedded_sources, run_training, write_token_shard
+from conftest import MEDIUM_SCRIPT, ROOT, embedded_sources, launch_script, write_token_shard
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{6}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
 TRAIN_LINE = re.compile(r"^step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
@@ -33,7 +33,7 @@ def parse_log(path):
 
 @pytest.mark.slow
 def test_two_process_gloo_run_writes_a_complete_run_log(tmp_path):
-    res = run_training(["--preset", "tiny", "--num-iterations", "12", "--val-every", "6", "--seed", "3",
+    res = launch_script(["--preset", "tiny", "--num-iterations", "12", "--val-every", "6", "--seed", "3",
                         "--log-dir", str(tmp_path), "--run-name", "two", "--variant", "demo-arm"], nproc=2)
     assert res.returncode == 0, res.stderr[-2000:]
     code, env, body = parse_log(tmp_path / "two.txt")
@@ -60,7 +60,7 @@ def val_lines(path):
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     common = ["--preset", "tiny", "--num-iterations", "8", "--val-every", "3", "--checkpoint-every", "3"]
-    full = run_training(common + ["--log-dir", str(tmp_path / "full"), "--run-name", "r"])
+    full = launch_script(common + ["--log-dir", str(tmp_path / "full"), "--run-name", "r"])
     assert full.returncode == 0, full.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"
@@ -77,7 +77,7 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     ckpt = torch.load(killed_dir / "r.pt", weights_only=False)
     assert ckpt["step"] in (3, 6)
 
-    resumed = run_training(common + ["--log-dir", str(killed_dir), "--run-name", "resumed",
+    resumed = launch_script(common + ["--log-dir", str(killed_dir), "--run-name", "resumed",
                                      "--resume", str(killed_dir / "r.pt")])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     got = [re.sub(r" train_time.*", "", l) for l in val_lines(killed_dir / "resumed.txt")]
@@ -160,7 +160,7 @@ def test_world_sizes_1_and_2_follow_the_same_trajectory_with_mixed_muon_shapes(t
              "--backout-transform", "relu-linear", "--laurel", "lr", "--laurel-rank", "4", "--log-dir", str(tmp_path)]
     losses = {}
     for nproc in (1, 2):
-        res = run_training(flags + ["--run-name", f"ws{nproc}"], nproc=nproc)
+        res = launch_script(flags + ["--run-name", f"ws{nproc}"], nproc=nproc)
         assert res.returncode == 0, res.stderr[-2000:]
         losses[nproc] = [float(m.group(3)) for m in map(VAL_LINE.match, (tmp_path / f"ws{nproc}.txt")
                                                          .read_text().splitlines()) if m]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train_gpt as S
-from conftest import ROOT, SMALL_SCRIPT, embedded_sources, run_training, script_from_history
+from conftest import ROOT, SMALL_SCRIPT, embedded_sources, launch_script, script_from_history
 from speedrun.muon import newton_schulz5
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{4}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
@@ -309,7 +309,7 @@ def test_world_sizes_1_and_2_follow_the_same_trajectory(tmp_path):
     flags = ["--preset", "tiny", "--num-iterations", "2", "--val-every", "1", "--log-dir", str(tmp_path)]
     losses = {}
     for nproc in (1, 2):
-        res = run_training(flags + ["--run-name", f"ws{nproc}"], nproc=nproc, script=SMALL_SCRIPT)
+        res = launch_script(flags + ["--run-name", f"ws{nproc}"], nproc=nproc, script=SMALL_SCRIPT)
         assert res.returncode == 0, res.stderr[-2000:]
         losses[nproc] = [float(v) for v in val_losses(tmp_path / f"ws{nproc}.txt")]
     assert len(losses[1]) == len(losses[2]) == 3
@@ -333,7 +333,7 @@ def test_world_sizes_1_and_2_follow_the_same_trajectory(tmp_path):
 def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     common = ["--preset", "tiny", "--num-iterations", "6", "--val-every", "2", "--checkpoint-every", "2",
               "--backout-layers", "8", "--backout-mode", "subtract"]
-    full = run_training(common + ["--log-dir", str(tmp_path / "full"), "--run-name", "r"], script=SMALL_SCRIPT)
+    full = launch_script(common + ["--log-dir", str(tmp_path / "full"), "--run-name", "r"], script=SMALL_SCRIPT)
     assert full.returncode == 0, full.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"
@@ -346,7 +346,7 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     proc.wait()
     assert torch.load(killed_dir / "r.pt", weights_only=False)["step"] in (2, 4)
 
-    resumed = run_training(common + ["--log-dir", str(killed_dir), "--run-name", "resumed",
+    resumed = launch_script(common + ["--log-dir", str(killed_dir), "--run-name", "resumed",
                                      "--resume", str(killed_dir / "r.pt")], script=SMALL_SCRIPT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert val_losses(killed_dir / "resumed.txt") == val_losses(tmp_path / "full" / "r.txt")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import speedrun.backout
 import train_gpt_medium as tgm
 from speedrun.data import BOS_TOKEN
-from conftest import run_training
+from conftest import launch_script
 
 SEQ_LEN = 64
 
@@ -294,7 +294,7 @@ def test_similarity_is_recorded_in_eval_only(monkeypatch):
 
 @pytest.mark.slow
 def test_real_log_names_values_and_added_params(tiny_data_args, tmp_path):
-    result = run_training(tiny_data_args + ["--backout-layers", "2,embed", "--backout-transform", "relu-linear",
+    result = launch_script(tiny_data_args + ["--backout-layers", "2,embed", "--backout-transform", "relu-linear",
                                             "--rolling-skip", "--stop-after", "2", "--val-every", "2",
                                             "--log-dir", str(tmp_path), "--run-name", "bo"])
     assert result.returncode == 0, result.stderr
@@ -357,7 +357,7 @@ def test_invalid_combination_is_a_usage_error(flags, message):
 
 @pytest.mark.slow
 def test_invalid_combination_exits_2_with_one_line(tiny_data_args, tmp_path):
-    result = run_training(tiny_data_args + ["--backout-layers", "2", "--backout-mode", "subtract",
+    result = launch_script(tiny_data_args + ["--backout-layers", "2", "--backout-mode", "subtract",
                                             "--backout-fixed-x", "--log-dir", str(tmp_path)])
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "--backout-fixed-x" in result.stderr

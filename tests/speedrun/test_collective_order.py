@@ -18,7 +18,7 @@ import torch
 
 import train_gpt as small
 import train_gpt_medium as medium
-from conftest import ROOT, run_training
+from conftest import ROOT, launch_script
 from ablations.study import available_studies, load_study
 
 DRIVER = ROOT / "tests" / "collective_order_driver.py"
@@ -88,7 +88,7 @@ def test_every_study_arm_issues_the_same_collectives_on_every_rank(shard_dir, tm
     for first in range(0, len(todo), CASES_PER_LAUNCH):
         case_file = tmp_path / f"cases{first}.json"
         case_file.write_text(json.dumps(todo[first:first + CASES_PER_LAUNCH]))
-        res = run_training([str(case_file)], nproc=2, script=DRIVER, timeout=1200)
+        res = launch_script([str(case_file)], nproc=2, script=DRIVER, timeout=1200)
         assert res.returncode == 0, res.stderr[-3000:]
         results += json.loads(res.stdout.strip().splitlines()[-1])
     assert [r["id"] for r in results] == [c["id"] for c in todo]

@@ -14,7 +14,7 @@ from speedrun.dlo import (GROUP_POLICIES, DLORouters, dlo_after_step, dlo_before
                           dlo_layer_pattern, dlo_skip_rate, forward_flops_per_token, similarity_labels, skip_loss)
 from speedrun.runlog import LogWriter
 from speedrun.training import validate
-from conftest import run_training
+from conftest import launch_script
 
 MAX_SEQ = 64
 WINDOW = torch.tensor(2)
@@ -419,7 +419,7 @@ def val_losses(log):
 def test_dlo_run_end_to_end(ckpt, tiny_data_args, tmp_path):
     common = tiny_data_args + ["--num-iterations", "2", "--train-seq-len", "32", "--val-seq-len", "64",
                                "--val-tokens", "512"]
-    run = run_training(common + ["--init-from", str(ckpt), "--log-dir", str(tmp_path), "--run-name", "dlo",
+    run = launch_script(common + ["--init-from", str(ckpt), "--log-dir", str(tmp_path), "--run-name", "dlo",
                                  "--dlo-groups", "3", "--dlo-init", "strict-identity", "--dlo-sparsity", "0.3",
                                  "--dlo-anneal-steps", "1", "--dlo-layer-lr", "--val-every", "2"])
     assert run.returncode == 0, run.stderr

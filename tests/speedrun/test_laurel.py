@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import ROOT, run_training
+from conftest import ROOT, launch_script
 
 sys.path.insert(0, str(ROOT))
 import train_gpt_medium as tgm  # noqa: E402
@@ -526,7 +526,7 @@ def test_baseline_is_bit_identical_to_the_unmodified_script(unmodified_medium):
 
 @pytest.mark.slow
 def test_run_log_names_every_laurel_scalar(tmp_path, tiny_data_args):
-    result = run_training(tiny_data_args + [
+    result = launch_script(tiny_data_args + [
         "--laurel", "rw+pa", "--laurel-where", "both", "--laurel-layers", "1,2", "--laurel-k", "2",
         "--num-iterations", "4", "--stop-after", "2", "--val-every", "2", "--log-dir", str(tmp_path),
         "--run-name", "laurel"], timeout=300)

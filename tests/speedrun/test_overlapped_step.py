@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import FIXTURES, ROOT, run_training
+from conftest import FIXTURES, ROOT, launch_script
 from speedrun.distributed import GradientReducer
 
 DRIVER = ROOT / "tests" / "trajectory_driver.py"
@@ -20,7 +20,7 @@ STEPS = 7
 
 
 def trajectory(config, nproc):
-    res = run_training([str(STEPS), *REFERENCE[config]["flags"]], nproc=nproc, script=DRIVER, timeout=300)
+    res = launch_script([str(STEPS), *REFERENCE[config]["flags"]], nproc=nproc, script=DRIVER, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -158,7 +158,7 @@ def test_small_track_muon_shares_bf16_directions_with_the_same_result_as_fp32_pa
     for mode in ("directions", "parameters"):
         if mode == "parameters":
             monkeypatch.setenv("MUON_SHARE_PARAMETERS", "1")
-        res = run_training([*tiny_data_args, "--low-precision", "bf16", "--num-iterations", "3", "--val-every", "0",
+        res = launch_script([*tiny_data_args, "--low-precision", "bf16", "--num-iterations", "3", "--val-every", "0",
                             "--save-final-checkpoint", "--log-dir", str(tmp_path), "--run-name", mode],
                            nproc=2, script=driver, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -196,7 +196,7 @@ def test_two_rank_checkpoint_with_sharded_adam_resumes_exactly_on_two_ranks_and_
         return list(dict.fromkeys(lines))  # a resumed log repeats the checkpoint's lines, its last validation too
 
     def run(name, nproc, *extra):
-        res = run_training([*common, "--log-dir", str(tmp_path), "--run-name", name, *extra], nproc=nproc)
+        res = launch_script([*common, "--log-dir", str(tmp_path), "--run-name", name, *extra], nproc=nproc)
         assert res.returncode == 0, res.stderr[-2000:]
     run("full", 2)
     run("half", 2, "--stop-after", "2", "--save-final-checkpoint")
