@@ -88,10 +88,11 @@ SAME_GRAPH_FIELDS = ("backout_x_init", "backout_skip_init", "laurel_factor_init"
 
 
 def graph_structure(cfg):
-    """The model configuration with the fields above left out and each backout source reduced to its kind (a layer
-    index or a named embedding)."""
+    """The model configuration with the fields above left out, each backout source reduced to its kind (a layer
+    index or a named embedding) and the gated skip's source layer to whether there is one."""
     fields = {k: v for k, v in vars(cfg).items() if k not in SAME_GRAPH_FIELDS}
     fields["backout_layers"] = tuple("layer" if isinstance(x, int) else x for x in cfg.backout_layers)
+    fields["gated_skip_layer"] = cfg.gated_skip_layer is not None
     return repr(sorted(fields.items()))
 
 
