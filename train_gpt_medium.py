@@ -140,12 +140,18 @@ def make_arg_parser():
                          backout_record_layer=11)
     run.add_argument("--coordinate-descent-tuning", choices=["on", "off"], default="on",
                      help="inductor coordinate-descent tuning (allowed on the medium track)")
+    run.add_argument("--base", choices=["r14", "r18"], default="r14",
+                     help="r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
+                          "(speedrun/r18: its model, optimisers, batches and schedules; study flags not yet)")
     return p
 
 
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
-    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern)
+    args = resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern)
+    if args.base == "r18" and args.preset == "full" and "--num-iterations" not in (argv or sys.argv):
+        args.num_iterations = R18_RECORD_STEPS
+    return args
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -175,8 +181,15 @@ MEDIUM = Track(name=TRACK, script=__file__, model_config=model_config, model_cla
                coordinate_descent_tuning=lambda args: args.coordinate_descent_tuning == "on")
 
 
+R18_RECORD_STEPS = 4740  # record #18: 4700 scheduled + 40 extension steps
+
+
 def run(args, ddp: Dist):
-    run_track(MEDIUM, args, ddp)
+    if args.base == "r18":
+        from speedrun.r18.train import run_r18  # only r18 runs import (and log) the r18 package
+        run_r18(args, ddp, __file__)
+    else:
+        run_track(MEDIUM, args, ddp)
 
 
 def main(argv=None):
