@@ -10,6 +10,7 @@ demo, `--preset tiny`). Importing this file runs nothing.
 """
 
 import sys
+from dataclasses import replace
 
 import speedrun  # noqa: F401  (first: it sets the CUDA allocator's config before torch starts)
 import torch
@@ -26,6 +27,7 @@ from speedrun.optimizers import TrackOptimizers
 from speedrun.study import Flag
 # check_data: the study runner's
 from speedrun.training import Track, check_data, run_training, train_step  # noqa: F401
+from speedrun.variants import given_study_flags
 
 TRACK = "medium"
 
@@ -137,7 +139,10 @@ class Optimizers(TrackOptimizers):
 # Command line
 
 TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track)",
-                    resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),)
+                    resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),
+               Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
+                              "(speedrun/r18: its model, optimisers, batches and schedules; study flags not yet)",
+                    resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")))
 
 
 def make_arg_parser():
@@ -148,7 +153,16 @@ def make_arg_parser():
 
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
-    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
+    parser = make_arg_parser()
+    config = resolve_track_args(parser, argv, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
+    given = sys.argv[1:] if argv is None else argv
+    study_flags = given_study_flags(vars(parser.parse_args(given)))
+    if config.base == "r18" and study_flags:
+        raise UsageError(f"{study_flags[0][1]}: the study flags do not run on --base r18 yet (its model has its own "
+                         f"layer-11 backout); use --base r14")
+    if config.base == "r18" and config.preset == "full" and "--num-iterations" not in given:
+        config = replace(config, num_iterations=R18_RECORD_STEPS)
+    return config
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -178,8 +192,15 @@ MEDIUM = Track(name=TRACK, script=__file__, model_config=model_config, model_cla
                coordinate_descent_tuning=lambda args: args.coordinate_descent_tuning == "on")
 
 
+R18_RECORD_STEPS = 4740  # record #18: 4700 scheduled + 40 extension steps
+
+
 def run(args, proc: Dist):
-    run_training(MEDIUM, args, proc)
+    if args.base == "r18":
+        from speedrun.r18.train import run_r18  # only r18 runs import (and log) the r18 package
+        run_r18(args, proc, __file__)
+    else:
+        run_training(MEDIUM, args, proc)
 
 
 def main(argv=None):

@@ -63,15 +63,16 @@ def environment_lines(proc: Dist):
 
 
 def package_sources():
-    """(path relative to the repository, text) of every module directly in a project package (EMBEDDED_PACKAGES)
-    that this process imported, in path order."""
+    """(path relative to the repository, text) of every module of a project package (EMBEDDED_PACKAGES) or of its
+    subpackages (speedrun/r18) that this process imported, in path order."""
     files = set()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if name.split(".")[0] in EMBEDDED_PACKAGES and path:
             files.add(Path(path).resolve())
     folders = {PROJECT_ROOT / package for package in EMBEDDED_PACKAGES}
-    return [(f.relative_to(PROJECT_ROOT).as_posix(), f.read_text()) for f in sorted(files) if f.parent in folders]
+    return [(f.relative_to(PROJECT_ROOT).as_posix(), f.read_text()) for f in sorted(files)
+            if any(folder in f.parents for folder in folders)]
 
 
 def write_sources(log: LogWriter, script_path):

@@ -113,6 +113,27 @@ def check_log_dir(log_dir):
         raise UsageError(f"--log-dir {log_dir}: cannot write there ({e.strerror or e})") from None
 
 
+def checkpoint_due(args, steps_done, last_step):
+    """Whether a checkpoint is written after steps_done steps (the run's end has its own save)."""
+    return bool(args.checkpoint_every) and steps_done % args.checkpoint_every == 0 and steps_done < last_step
+
+
+def restore_run_state(resume_state, opt, stream, log):
+    """A resumed run's optimiser state, stream position, RNG and earlier log lines; returns (step, train_ms) to
+    go on from ((0, 0.0) without a resume)."""
+    if resume_state is None:
+        return 0, 0.0
+    opt.load_state_dict(resume_state["optimizers"])
+    stream.restore(resume_state["stream"])
+    torch.set_rng_state(resume_state["rng"]["cpu"])
+    cuda_rng = resume_state["rng"]["cuda"]
+    if torch.cuda.is_available() and cuda_rng is not None and len(cuda_rng) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda_rng)
+    for line in resume_state["log_lines"]:
+        log.write(line, echo=False, keep=True)
+    return resume_state["step"], resume_state["train_ms"]
+
+
 @dataclass
 class Track:
     """What a training script hands to run_training: its names, model, optimisers, schedules and log details."""
@@ -198,17 +219,7 @@ def run_training(track: Track, config, proc: Dist):
     window_tensors = {}
 
     stream = TokenStream(train_files, config.train_seq_len, "--train-files", proc.device)
-    start_step, train_ms = 0, 0.0
-    if resume_state is not None:
-        opt.load_state_dict(resume_state["optimizers"])
-        stream.restore(resume_state["stream"])
-        start_step, train_ms = resume_state["step"], resume_state["train_ms"]
-        torch.set_rng_state(resume_state["rng"]["cpu"])
-        cuda_rng = resume_state["rng"]["cuda"]
-        if torch.cuda.is_available() and cuda_rng is not None and len(cuda_rng) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_rng)
-        for line in resume_state["log_lines"]:
-            log.write(line, echo=False, keep=True)
+    start_step, train_ms = restore_run_state(resume_state, opt, stream, log)
     ckpt_path = Path(config.log_dir) / f"{config.run_name}.pt"
 
     def sync():
@@ -251,7 +262,7 @@ def run_training(track: Track, config, proc: Dist):
             opt.step(*schedule_at(step))
         elapsed = train_ms + 1000 * (time.perf_counter() - t0)
         log_train_step(log, step + 1, N, elapsed)
-        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < last_step:
+        if checkpoint_due(config, step + 1, last_step):
             train_ms += 1000 * (time.perf_counter() - t0)
             save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, config, log, proc)
             t0 = time.perf_counter()

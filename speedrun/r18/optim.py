@@ -210,6 +210,13 @@ class OddStepAdam(torch.optim.Optimizer):
         update.addcmul_(p, agrees, value=lr * group["weight_decay"] * p.wd_mul * lr)
         p.add_(update, alpha=-1.0)
 
+    def load_state_dict(self, state_dict):
+        """torch casts loaded moments to each parameter's dtype; #18 keeps them in bf16 (exact: saved as bf16)."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = state[key].to(torch.bfloat16)
+
     def copy_state(self, source, target):
         self.state[target] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.state[source].items()}
 

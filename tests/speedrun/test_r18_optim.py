@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from speedrun.r18.model import R18Config, R18GPT
-from speedrun.r18.optim import (R18Optimizers, cautious_update_, muon_groups, normalise_variance, polar_express,
+from speedrun.r18.optim import (OddStepAdam, R18Optimizers, cautious_update_, muon_groups, normalise_variance, polar_express,
                                 shape_lr_factor)
 from speedrun.r18.schedule import R18Schedule
 
@@ -115,3 +115,25 @@ def test_unlabelled_parameter_refused():
     model.extra = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match="without an r18 optimiser label"):
         R18Optimizers(model, SCHEDULE)
+
+
+def test_adam_state_reloads_with_bf16_moments_and_steps_identically():
+    def scalar_param(values):
+        p = torch.nn.Parameter(values.clone())
+        p.label, p.lr_mul, p.wd_mul = "scalars", 1.0, 0.0
+        return p
+
+    g = torch.Generator().manual_seed(0)
+    p = scalar_param(torch.randn(7, generator=g))
+    opt = OddStepAdam([p], ("scalars",), lr=0.01, betas=(0.9, 0.99))
+    p.grad = torch.randn(7, generator=g)
+    opt.step()
+    q = scalar_param(p.detach())
+    resumed = OddStepAdam([q], ("scalars",), lr=0.01, betas=(0.9, 0.99))
+    resumed.load_state_dict(opt.state_dict())  # torch would cast the moments to the fp32 parameter's dtype
+    assert resumed.state[q]["exp_avg"].dtype == torch.bfloat16
+    p.grad = torch.randn(7, generator=g)
+    q.grad = p.grad.clone()
+    opt.step()
+    resumed.step()
+    assert torch.equal(p, q)

@@ -1,0 +1,188 @@
+"""`train_gpt_medium.py --base r18`: a training run of record #18 (its model, NorMuon + odd-step Adam, BOS-aligned
+batches and schedules) with the run log, checkpoints and resume of the #14 path (speedrun.training).
+
+Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
+sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
+8 x --train-seq-len tokens at the end of the batch ramp (131k/524k of that at the start, as the record).
+Not yet here: torch.compile and the kernel warm-up (the run is eager), the study flags on top of r18."""
+
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from speedrun.checkpoint import load_model_weights, load_resume_state, save_checkpoint
+from speedrun.data import VIRTUAL_RANKS, find_shards
+from speedrun.errors import UsageError
+from speedrun.r18.attention import resolve_attention
+from speedrun.r18.data import MAX_DOC_TOKENS, BosAlignedStream, ValidationStream
+from speedrun.r18.model import R18Config, R18GPT, scalar_layout
+from speedrun.r18.optim import R18Optimizers
+from speedrun.r18.schedule import R18Schedule
+from speedrun.runlog import LogWriter, write_preamble
+from speedrun.training import (check_data, checkpoint_due, check_log_dir, log_train_step, log_validation, peak_memory_line,
+                               restore_run_state)
+
+RECORD_STEPS = 4740
+RECORD_EXTENSION = 40
+RECORD_FINAL_STEP_TOKENS = 524288
+
+
+def r18_schedule(args):
+    """The record's schedule over --num-iterations steps (the last 40/4740 of them the extension)."""
+    N = args.num_iterations
+    extension = N * RECORD_EXTENSION // RECORD_STEPS
+    step_tokens = VIRTUAL_RANKS * args.train_seq_len if args.preset != "full" else RECORD_FINAL_STEP_TOKENS
+    record = R18Schedule()
+    scale = lambda tokens: tokens * step_tokens // RECORD_FINAL_STEP_TOKENS  # noqa: E731
+    return R18Schedule(num_scheduled_iterations=N - extension, num_extension_iterations=extension,
+                       batch_sizes=tuple(map(scale, record.batch_sizes)),
+                       extension_batch_size=scale(record.extension_batch_size))
+
+
+def r18_config(args):
+    if args.num_heads * args.head_dim != args.model_dim:
+        raise UsageError(f"--base r18 needs --num-heads x --head-dim == --model-dim "
+                         f"({args.num_heads} x {args.head_dim} != {args.model_dim})")
+    return R18Config(model_dim=args.model_dim, num_heads=args.num_heads, head_dim=args.head_dim,
+                     block_size=args.block_size, max_seq_len=max(args.val_seq_len, args.train_seq_len * 8))
+
+
+def named_scalars(model):
+    layout = scalar_layout(len(model.blocks))
+    s = model.scalars.detach().float().cpu()
+    return dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6),
+                smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
+                skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)])
+
+
+class Windows:
+    """The long/short windows and the YaRN re-scaling of the rotary tables as the long window grows (only up to
+    yarn_max_window_blocks, as the record)."""
+
+    def __init__(self, model, schedule):
+        self.model, self.schedule = model, schedule
+        model.yarn.reset()
+        self.short, self.long = schedule.windows(0)
+
+    def advance(self, step):
+        short, long = self.schedule.windows(step)
+        if long != self.long and long <= self.schedule.yarn_max_window_blocks:
+            self.model.yarn.apply(self.long, long)
+        self.short, self.long = short, long
+
+
+@torch.no_grad()
+def validate(model, args, proc, windows, long_window, attention):
+    model.eval()
+    stream = ValidationStream(find_shards(args.val_files, "--val-files"), "--val-files")
+    steps = args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len)
+    total = torch.zeros((), device=proc.device)
+    for _ in range(steps):
+        for inputs, targets, cu in stream.micro_batches(VIRTUAL_RANKS * args.val_seq_len, proc.rank, proc.world_size):
+            total += model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), None, windows.short,
+                           long_window, args.val_seq_len, attention).float()
+    if proc.world_size > 1:
+        dist.all_reduce(total)
+    model.train()
+    return (total / (steps * VIRTUAL_RANKS)).item()
+
+
+class R18OptimizerState:
+    """state_dict/load_state_dict over the three optimisers for speedrun.checkpoint: NorMuon's state lives on the
+    rank that steps each slice and is merged onto rank 0 by `merge`; each rank reloads its own slices."""
+
+    def __init__(self, opts: R18Optimizers):
+        self.opts = opts
+
+    def _muon_states(self):
+        """Index (in NorMuon's parameter order) of each parameter, by identity, and this rank's states by index."""
+        params = [p for g in self.opts.muon.param_groups for p in g["params"]]
+        index = {id(p): str(i) for i, p in enumerate(params)}
+        return index, {index[id(p)]: self.opts.muon.state[p] for p in params if p in self.opts.muon.state}
+
+    def state_dict(self, merge=lambda local: local):
+        _, local = self._muon_states()
+        return dict(adam=self.opts.adam.state_dict(), scalar_adam=self.opts.scalar_adam.state_dict(),
+                    muon=merge(local))
+
+    def load_state_dict(self, state):
+        self.opts.adam.load_state_dict(state["adam"])
+        self.opts.scalar_adam.load_state_dict(state["scalar_adam"])
+        index, _ = self._muon_states()
+        for group in self.opts.muon.param_groups:
+            _, mine = self.opts.muon._my_slice(group)
+            if mine and index[id(mine[0])] in state["muon"]:
+                saved = state["muon"][index[id(mine[0])]]
+                self.opts.muon.state[mine[0]] = {k: v.to(mine[0].device) for k, v in saved.items()}
+
+
+def run_r18(args, proc, script):
+    if args.checkpoint_every and args.checkpoint_every % 2:
+        raise UsageError(f"--checkpoint-every {args.checkpoint_every}: --base r18 checkpoints after odd steps only "
+                         f"(Adam's gradients are summed over two steps), so it must be even")
+    cfg, schedule = r18_config(args), r18_schedule(args)
+    problem = None
+    try:
+        train_files = check_data(args)
+        resume_state = load_resume_state(args)
+        attention = resolve_attention(getattr(args, "attention", "auto"), proc.device.type)
+        if proc.rank == 0:
+            check_log_dir(args.log_dir)
+    except UsageError as e:
+        problem = str(e)
+    proc.agree(problem)
+    torch.manual_seed(args.seed)
+    model = R18GPT(cfg).to(proc.device).cast_low_precision(torch.bfloat16)
+    if resume_state is not None:
+        load_model_weights(model, resume_state, args.resume)
+    for p in model.parameters():
+        if proc.world_size > 1:
+            dist.broadcast(p.data, 0)
+    opts = R18Optimizers(model, schedule)
+    opt_state = R18OptimizerState(opts)
+    log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
+    config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
+                  attention=attention, params=sum(p.numel() for p in model.parameters()))
+    write_preamble(log, script, proc, config, [f"r18 attention: {attention} (train_time comparable with the "
+                                              f"record's only on fa3)"])
+    N, last_step = args.num_iterations, args.stop_after or args.num_iterations
+    stream = BosAlignedStream(train_files, "--train-files")
+    windows = Windows(model, schedule)
+    start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log)
+    model.split_embed = start_step > schedule.split_step
+    for step in range(start_step):  # the rotary tables as the windows grew
+        windows.advance(step)
+    ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
+    grad_accum = VIRTUAL_RANKS // proc.world_size
+    proc.barrier()
+    t0 = time.perf_counter()
+    for step in range(start_step, last_step + 1):
+        is_last = step == last_step
+        windows.advance(step)
+        if is_last or (args.val_every and step % args.val_every == 0):
+            proc.barrier()
+            train_ms += 1000 * (time.perf_counter() - t0)
+            long_window = schedule.validation_window_blocks if step == N else windows.long
+            val_loss = validate(model, args, proc, windows, long_window, attention)
+            log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
+            proc.barrier()
+            t0 = time.perf_counter()
+        if is_last:
+            break
+        mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
+        for inputs, targets, cu in stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size):
+            loss = model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), mtp, windows.short,
+                         windows.long, min(MAX_DOC_TOKENS, inputs.numel()), attention)
+            (loss / grad_accum).backward()
+        opts.step(step)
+        log_train_step(log, step + 1, N, train_ms + 1000 * (time.perf_counter() - t0))
+        if checkpoint_due(args, step + 1, last_step):
+            train_ms += 1000 * (time.perf_counter() - t0)
+            save_checkpoint(ckpt_path, model, opt_state, stream, step + 1, train_ms, args, log, proc)
+            t0 = time.perf_counter()
+    if args.checkpoint_every or args.save_final_checkpoint:
+        save_checkpoint(ckpt_path, model, opt_state, stream, last_step, train_ms, args, log, proc)
+    log.write(peak_memory_line(proc))
+    log.close()
