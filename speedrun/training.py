@@ -201,13 +201,12 @@ def run_training(track: Track, config, proc: Dist):
     else:
         train_model = model
 
-    log = RunLog(Path(config.log_dir) / f"{config.run_name}.txt", proc.rank == 0)
+    log = LogWriter(Path(config.log_dir) / f"{config.run_name}.txt", proc.rank == 0)
     logged = dict(config.as_dict(), track=track.name, world_size=proc.world_size, device=proc.device.type,
                   low_precision=str(low).replace("torch.", ""),
                   params=sum(p.numel() for p in model.parameters()))
     added = model.added_params()
-    write_preamble(log, track.script, proc, logged, [f"added_params: {json.dumps(added)} total {sum(added.values())}"]
-                   + track_lines)
+    write_preamble(log, track.script, proc, logged, [added_params_line(added)] + track_lines)
 
     N = config.num_iterations
     last_step = config.stop_after or N
