@@ -10,8 +10,16 @@ the run flags that set no part of it (--num-iterations, --stop-after, checkpoint
 schedule flags) change no graph. A medium arm runs at the tiny preset's 6 layers, or at 16 where it names a layer
 the 6-layer model lacks; a DLO arm expands a tiny 6-layer checkpoint in 2 groups (its 4 do not divide 6).
 The multi-skip study's arms are generated from a finished sweep: they are backout sums of the kinds the sweep and
-the norms study already run. Each cell runs in a process of its own (own_process: inductor's compiled kernels
-stay loaded for the life of a process); its time is printed (pytest -s)."""
+the norms study already run.
+
+Backends: inductor on CPU costs ~90 s a cell here (its C++ codegen), so the CI-sized matrix runs every cell under
+dynamo with AOTAutograd and no codegen (`aot_eager`: the graph breaks, recompiles, functionalisation and the
+compiled backward with its gradient hooks are all there; only inductor's lowering is not), and the cells of
+INDUCTOR_ARMS, which between them hold every kind of operation the arms add, also under inductor. COMPILE_MATRIX=
+inductor runs every cell under inductor, COMPILE_MATRIX=full every model configuration. An inductor cell runs in
+a process of its own (own_process: inductor's compiled kernels stay loaded for the life of a process); the time of
+each compile-mode run is printed (pytest -s)."""
+import functools
 import importlib
 import os
 import time
@@ -96,10 +104,19 @@ def graph_structure(cfg):
     return repr(sorted(fields.items()))
 
 
+# Cells (named by their first arm) compiled by inductor in the default matrix: both baselines, the small record, all
+# three LAuReL forms at once, a linear backout transform, a concatenated skip of an MLP output, DLO's router.
+INDUCTOR_ARMS = {"train_gpt_medium:backout-concat:baseline", "train_gpt:small-backout-layer-sweep:baseline",
+                 "train_gpt:small-record:backout-L8-weighted", "train_gpt_medium:laurel:rw+lr+pa",
+                 "train_gpt_medium:backout-transforms:relu-linear", "train_gpt_medium:backout-concat:concat-mlp-L12",
+                 "train_gpt_medium:dlo:base-s10"}
+
+
 def distinct_models():
-    """One pytest param per distinct (track, model graphs) - per model configuration under COMPILE_MATRIX=full -
-    named after the arms it stands for."""
-    full = os.environ.get("COMPILE_MATRIX") == "full"
+    """One pytest param per distinct (track, model graphs) and backend - per model configuration under
+    COMPILE_MATRIX=full - named after the arms it stands for."""
+    matrix = os.environ.get("COMPILE_MATRIX", "")
+    full = matrix == "full"
     seen, params = {}, []
     for (script, flags, init_from), names in bundled_arms().items():
         track = importlib.import_module(script)
@@ -110,7 +127,12 @@ def distinct_models():
             seen[key].extend(names)
             continue
         seen[key] = names
-        params.append(pytest.param(script, list(flags), init_from, names, id=f"{script}:{names[0]}"))
+        cell = f"{script}:{names[0]}"
+        if not matrix:
+            params.append(pytest.param(script, list(flags), init_from, names, "aot_eager", id=cell))
+        if matrix or cell in INDUCTOR_ARMS:
+            params.append(pytest.param(script, list(flags), init_from, names, "inductor", id=f"inductor:{cell}",
+                                       marks=pytest.mark.own_process))
     return params
 
 
@@ -170,10 +192,12 @@ def run_arm(track, args, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process
-@pytest.mark.parametrize("script, flags, init_from, arms", distinct_models())
-def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, tiny_data_args,
-                                                                    dlo_checkpoint, one_rank_group):
+@pytest.mark.parametrize("script, flags, init_from, arms, backend", distinct_models())
+def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, backend,
+                                                                    tiny_data_args, dlo_checkpoint, one_rank_group,
+                                                                    monkeypatch):
+    if backend != "inductor":  # every torch.compile the model makes (nn.Module.compile calls it too)
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     track = importlib.import_module(script)
     args = resolve(track, flags, tiny_data_args + ["--val-tokens", "1024"], dlo_checkpoint if init_from else None)
     step_losses = {}
@@ -189,7 +213,7 @@ def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags
 
 
 def test_the_matrix_covers_every_arm_of_every_study():
-    covered = {name for *_, names in (p.values for p in distinct_models()) for name in names}
+    covered = {name for *_, names, _ in (p.values for p in distinct_models()) for name in names}
     expected = set()
     for path in available_studies():
         if "requires_results" in tomllib.loads(path.read_text()):
@@ -198,3 +222,6 @@ def test_the_matrix_covers_every_arm_of_every_study():
         expected |= {f"{study.name}:{arm}" for arm in study.arms}
     assert covered == expected
     assert {script for script, *_ in (p.values for p in distinct_models())} == {"train_gpt", "train_gpt_medium"}
+    inductor_cells = {p.id.removeprefix("inductor:") for p in distinct_models() if p.values[-1] == "inductor"}
+    if not os.environ.get("COMPILE_MATRIX"):  # a renamed arm would otherwise drop out of inductor's share silently
+        assert inductor_cells == INDUCTOR_ARMS
