@@ -17,13 +17,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 deps_check='import torch, numpy, tiktoken, huggingface_hub, scipy, matplotlib'
+test_deps_check='import pytest, xdist, statsmodels'
 
 # Picks the interpreter: an active environment that already has every dependency is used as it is;
 # otherwise a local .venv is created (CPU torch when there is no NVIDIA GPU).
 setup_python() {
     if [ -z "${FORCE_VENV:-}" ] && command -v python3 >/dev/null && python3 -c "$deps_check" 2>/dev/null; then
         PY=$(command -v python3)
-        if [ "${1:-}" != need-test ] || "$PY" -c 'import pytest' 2>/dev/null; then
+        if [ "${1:-}" != need-test ] || "$PY" -c "$test_deps_check" 2>/dev/null; then
             return
         fi
     fi
@@ -39,7 +40,7 @@ setup_python() {
         fi
         .venv/bin/pip install --quiet -r requirements.txt
     fi
-    if [ "${1:-}" = need-test ] && ! .venv/bin/python -c 'import pytest, statsmodels' 2>/dev/null; then
+    if [ "${1:-}" = need-test ] && ! .venv/bin/python -c "$test_deps_check" 2>/dev/null; then
         .venv/bin/pip install --quiet -r requirements-test.txt
     fi
     PY=$(pwd)/.venv/bin/python
@@ -149,7 +150,11 @@ case "${1:-}" in
             tier=(-m "not slow")
         fi
         setup_python need-test
-        exec "$PY" -m pytest -q "${tier[@]}" "$@"
+        # One test worker per core (at most 4: each e2e test starts 2-3 processes of its own); the slow tests are
+        # mostly single-threaded Python (tracing, process start-up), so 2 workers on 2 cores halve the wall time.
+        cores=$(nproc 2>/dev/null || echo 1)
+        workers=${TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
+        exec "$PY" -m pytest -q -n "$workers" --dist worksteal "${tier[@]}" "$@"
         ;;
     -h|--help|help)
         usage

@@ -154,12 +154,13 @@ def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, pytest_call", [
-    (["test"], "-m pytest -q"),
-    (["test", "-x"], "-m pytest -q -x"),
-    (["test", "--fast"], "-m pytest -q -m not slow"),
-    (["test", "--fast", "-x", "tests/data"], "-m pytest -q -m not slow -x tests/data"),
+    (["test"], "-m pytest -q -n {workers} --dist worksteal"),
+    (["test", "-x"], "-m pytest -q -n {workers} --dist worksteal -x"),
+    (["test", "--fast"], "-m pytest -q -n {workers} --dist worksteal -m not slow"),
+    (["test", "--fast", "-x", "tests/data"], "-m pytest -q -n {workers} --dist worksteal -m not slow -x tests/data"),
 ])
 def test_test_runs_everything_and_fast_only_the_tests_not_marked_slow(checkout, tmp_path, args, pytest_call):
     result, calls = run_sh(checkout, tmp_path, *args)
     assert result.returncode == 0, result.stderr
-    assert [c for c in calls if c.startswith("-m pytest")] == [pytest_call]
+    workers = min(int(subprocess.run(["nproc"], capture_output=True, text=True).stdout), 4)  # a worker per core
+    assert [c for c in calls if c.startswith("-m pytest")] == [pytest_call.format(workers=workers)]
