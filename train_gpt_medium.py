@@ -142,7 +142,13 @@ TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent 
                     resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),
                Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
                               "(speedrun/r18: its model, optimisers, batches and schedules; study flags not yet)",
-                    resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")))
+                    resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
+               # resume=False: another attention computes the same function, so a run may resume on another node
+               Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else "
+                                   "PyTorch varlen, else FlexAttention on CUDA; SDPA on CPU. The log says which ran; "
+                                   "train_time is comparable with the record's only on fa3",
+                    resume=False, kind=str, options=dict(choices=["auto", "fa3", "varlen", "flex", "sdpa"],
+                                                         default="auto")))
 
 
 def make_arg_parser():
@@ -160,6 +166,12 @@ def resolve_args(argv=None):
     if config.base == "r18" and study_flags:
         raise UsageError(f"{study_flags[0][1]}: the study flags do not run on --base r18 yet (its model has its own "
                          f"layer-11 backout); use --base r14")
+    if config.base == "r14" and config.attention != "auto":
+        raise UsageError(f"--attention {config.attention}: chooses --base r18's attention (the r14 path runs "
+                         f"FlexAttention on CUDA, SDPA on CPU)")
+    if config.base == "r18":
+        from speedrun.r18.attention import resolve_attention  # only r18 runs import (and log) the r18 package
+        resolve_attention(config.attention, "cuda" if torch.cuda.is_available() else "cpu")
     if config.base == "r18" and config.preset == "full" and "--num-iterations" not in given:
         config = replace(config, num_iterations=R18_RECORD_STEPS)
     return config

@@ -16,7 +16,7 @@ from speedrun.errors import OneLineErrorParser, UsageError
 
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
-from .logs import MixedTracks, duplicate_warnings, group_runs, load_runs, planned_steps_warnings
+from .logs import MixedTracks, arm_warnings, duplicate_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
 from .sequential import sequential_max_seeds
@@ -217,7 +217,7 @@ def cmd_compare(args):
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     result = compare_arms(groups, baseline, args.confidence, args.alternative)
-    result["warnings"] += planned_steps_warnings(groups) + duplicate_warnings(unreadable)
+    result["warnings"] += arm_warnings(groups) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
@@ -258,7 +258,7 @@ def cmd_record_check(args):
     result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
                           confidence=args.confidence, record=record)
-    result["warnings"] = planned_steps_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
+    result["warnings"] = arm_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:

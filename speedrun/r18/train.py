@@ -127,7 +127,7 @@ def run_r18(args, proc, script):
     try:
         train_files = check_data(args)
         resume_state = load_resume_state(args)
-        attention = resolve_attention(getattr(args, "attention", "auto"), proc.device.type)
+        attention = resolve_attention(args.attention, proc.device.type)
         if proc.rank == 0:
             check_log_dir(args.log_dir)
     except UsageError as e:
