@@ -4,7 +4,8 @@ batches and schedules) with the run log, checkpoints and resume of the #14 path 
 Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
 sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
 8 x --train-seq-len tokens at the end of the batch ramp (131k/524k of that at the start, as the record).
-Not yet here: torch.compile and the kernel warm-up (the run is eager), the study flags on top of r18."""
+The study flags that run on r18 add to its model by the rule of speedrun.r18.studies.
+Not yet here: torch.compile and the kernel warm-up (the run is eager)."""
 
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from speedrun.r18.data import MAX_DOC_TOKENS, BosAlignedStream, ValidationStream
 from speedrun.r18.model import R18Config, R18GPT, scalar_layout
 from speedrun.r18.optim import R18Optimizers
 from speedrun.r18.schedule import R18Schedule
+from speedrun.r18.studies import study_named_scalars
+from speedrun.logformat import added_params_line
 from speedrun.runlog import LogWriter, write_preamble
 from speedrun.training import (check_data, checkpoint_due, check_log_dir, log_train_step, log_validation, peak_memory_line,
                                restore_run_state)
@@ -52,9 +55,11 @@ def r18_config(args):
 def named_scalars(model):
     layout = scalar_layout(len(model.blocks))
     s = model.scalars.detach().float().cpu()
-    return dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6),
-                smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
-                skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)])
+    # A backout study replaces the record's: its lambdas are reported instead (under backout.*).
+    own_backout = {} if "backout" in model.study else dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6))
+    return dict(**own_backout, smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
+                skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)],
+                **{name: round(value, 6) for name, value in study_named_scalars(model).items()})
 
 
 class Windows:
@@ -134,7 +139,7 @@ def run_r18(args, proc, script):
         problem = str(e)
     proc.agree(problem)
     torch.manual_seed(args.seed)
-    model = R18GPT(cfg).to(proc.device).cast_low_precision(torch.bfloat16)
+    model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
     if resume_state is not None:
         load_model_weights(model, resume_state, args.resume)
     for p in model.parameters():
@@ -145,8 +150,9 @@ def run_r18(args, proc, script):
     log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
     config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
                   attention=attention, params=sum(p.numel() for p in model.parameters()))
-    write_preamble(log, script, proc, config, [f"r18 attention: {attention} (train_time comparable with the "
-                                              f"record's only on fa3)"])
+    write_preamble(log, script, proc, config, [added_params_line(model.added_params()),
+                                              f"r18 attention: {attention} (train_time comparable with the record's "
+                                              f"only on fa3)"])
     N, last_step = args.num_iterations, args.stop_after or args.num_iterations
     stream = BosAlignedStream(train_files, "--train-files")
     windows = Windows(model, schedule)
