@@ -24,7 +24,7 @@ from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
 from .textfmt import num, pval, table
-from .tracks import TARGETS, track_of
+from .tracks import TARGETS, base_record_of, track_of
 from .upstream_records import RECORDS_TABLE, RecordsTableError, find_record, load_records
 
 
@@ -250,7 +250,8 @@ def cmd_record_check(args):
     record = None
     if track is not None:
         try:
-            record = find_record(load_records(args.records), track, args.against)
+            against = args.against if args.against is not None else base_record_of(candidates)
+            record = find_record(load_records(args.records), track, against)
         except RecordsTableError as problem:
             raise UsageError(str(problem)) from None
     elif args.against is not None:
@@ -470,7 +471,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence", type=probability, default=0.99, help="confidence level of the time CI (0.99)")
     p.add_argument("--track", choices=("medium", "small"), help="the track (default: from the logs)")
     p.add_argument("--against", type=positive_int, metavar="N",
-                   help="the upstream record number to beat (default: the track's current record)")
+                   help="the upstream record number to beat (default: the record the runs' --base reproduces, "
+                        "#18 for --base r18; else the track's current record)")
     p.add_argument("--records", type=Path, default=RECORDS_TABLE,
                    help="the upstream record table (records/upstream_records.csv)")
     p.add_argument("--json", action="store_true", help="print JSON")
