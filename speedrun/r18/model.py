@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
 from speedrun.r18.studies import attach_r18_studies
+from speedrun.study import reserve_scalars
 
 NUM_LAYERS = 16
 VALUE_EMBED_LAYERS = (0, 1, 2, 3, 4, 11, 12, 13, 14, 15)  # ve[0..4] twice: layers 0-4 and 11-15
@@ -233,9 +234,7 @@ class R18GPT(nn.Module):
 
     def add_study_scalars(self, name, init):
         """Reserves a named slice of `study_scalars` (only during __init__)."""
-        start = sum(t.numel() for t in self._study_scalar_inits)
-        self._study_scalar_inits.append(init.float().flatten())
-        self.study_scalar_layout[name] = (start, start + init.numel())
+        reserve_scalars(self._study_scalar_inits, self.study_scalar_layout, name, init)
 
     def scalar_slice(self, name):
         a, b = self.study_scalar_layout[name]

@@ -7,7 +7,6 @@ sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with 
 The study flags that run on r18 add to its model by the rule of speedrun.r18.studies.
 Not yet here: torch.compile and the kernel warm-up (the run is eager)."""
 
-import time
 from pathlib import Path
 
 import torch
@@ -24,8 +23,8 @@ from speedrun.r18.schedule import R18Schedule
 from speedrun.r18.studies import study_named_scalars
 from speedrun.logformat import added_params_line
 from speedrun.runlog import LogWriter, write_preamble
-from speedrun.training import (check_data, checkpoint_due, check_log_dir, log_train_step, log_validation, peak_memory_line,
-                               restore_run_state)
+from speedrun.training import (check_data, check_log_dir, log_validation, peak_memory_line, restore_run_state,
+                               run_steps)
 
 RECORD_STEPS = 4740
 RECORD_EXTENSION = 40
@@ -153,7 +152,7 @@ def run_r18(args, proc, script):
     write_preamble(log, script, proc, config, [added_params_line(model.added_params()),
                                               f"r18 attention: {attention} (train_time comparable with the record's "
                                               f"only on fa3)"])
-    N, last_step = args.num_iterations, args.stop_after or args.num_iterations
+    N = args.num_iterations
     stream = BosAlignedStream(train_files, "--train-files")
     windows = Windows(model, schedule)
     start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log)
@@ -162,33 +161,23 @@ def run_r18(args, proc, script):
         windows.advance(step)
     ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
     grad_accum = VIRTUAL_RANKS // proc.world_size
-    proc.barrier()
-    t0 = time.perf_counter()
-    for step in range(start_step, last_step + 1):
-        is_last = step == last_step
-        windows.advance(step)
-        if is_last or (args.val_every and step % args.val_every == 0):
-            proc.barrier()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            long_window = schedule.validation_window_blocks if step == N else windows.long
-            val_loss = validate(model, args, proc, windows, long_window, attention)
-            log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
-            proc.barrier()
-            t0 = time.perf_counter()
-        if is_last:
-            break
+
+    def validate_and_log(step, _, train_ms):
+        long_window = schedule.validation_window_blocks if step == N else windows.long
+        val_loss = validate(model, args, proc, windows, long_window, attention)
+        log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
+
+    def train(step, _):
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
         for inputs, targets, cu in stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size):
             loss = model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), mtp, windows.short,
                          windows.long, min(MAX_DOC_TOKENS, inputs.numel()), attention)
             (loss / grad_accum).backward()
         opts.step(step)
-        log_train_step(log, step + 1, N, train_ms + 1000 * (time.perf_counter() - t0))
-        if checkpoint_due(args, step + 1, last_step):
-            train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_path, model, opt_state, stream, step + 1, train_ms, args, log, proc)
-            t0 = time.perf_counter()
-    if args.checkpoint_every or args.save_final_checkpoint:
-        save_checkpoint(ckpt_path, model, opt_state, stream, last_step, train_ms, args, log, proc)
+
+    def save(steps_done, train_ms):
+        save_checkpoint(ckpt_path, model, opt_state, stream, steps_done, train_ms, args, log, proc)
+
+    run_steps(args, proc, log, start_step, train_ms, proc.barrier, windows.advance, validate_and_log, train, save)
     log.write(peak_memory_line(proc))
     log.close()
