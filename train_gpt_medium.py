@@ -141,8 +141,15 @@ class Optimizers(TrackOptimizers):
 TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track)",
                     resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),
                Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
-                              "(speedrun/r18: its model, optimisers, batches and schedules; study flags not yet)",
-                    resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")))
+                              "(speedrun/r18: its model, optimisers, batches and schedules; the backout and LAuReL "
+                              "flags by the rule in speedrun/r18/studies.py)",
+                    resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
+               # resume=False: another attention computes the same function, so a run may resume on another node
+               Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else "
+                                   "PyTorch varlen, else FlexAttention on CUDA; SDPA on CPU. The log says which ran; "
+                                   "train_time is comparable with the record's only on fa3",
+                    resume=False, kind=str, options=dict(choices=["auto", "fa3", "varlen", "flex", "sdpa"],
+                                                         default="auto")))
 
 
 def make_arg_parser():
@@ -154,13 +161,32 @@ def make_arg_parser():
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
     parser = make_arg_parser()
-    config = resolve_track_args(parser, argv, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
     given = sys.argv[1:] if argv is None else argv
-    study_flags = given_study_flags(vars(parser.parse_args(given)))
-    if config.base == "r18" and study_flags:
-        raise UsageError(f"{study_flags[0][1]}: the study flags do not run on --base r18 yet (its model has its own "
-                         f"layer-11 backout); use --base r14")
-    if config.base == "r18" and config.preset == "full" and "--num-iterations" not in given:
+    parsed = vars(parser.parse_args(given))
+    if parsed["base"] == "r18":
+        return resolve_r18_args(parser, given, parsed)
+    config = resolve_track_args(parser, given, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
+    if config.attention != "auto":
+        raise UsageError(f"--attention {config.attention}: chooses --base r18's attention (the r14 path runs "
+                         f"FlexAttention on CUDA, SDPA on CPU)")
+    return config
+
+
+def resolve_r18_args(parser, given, parsed):
+    """--base r18: the presets at #18's depth, the study flags that run there (speedrun.r18.studies states the
+    rule), the attention checked on this machine."""
+    # Imported here: only r18 runs import (and log) the r18 package.
+    from speedrun.r18.attention import resolve_attention
+    from speedrun.r18.model import NUM_LAYERS
+    from speedrun.r18.studies import check_r18_backout_args, check_r18_studies, r18_layer_pattern
+    if parsed["num_layers"] not in (None, NUM_LAYERS):
+        raise UsageError(f"--num-layers {parsed['num_layers']}: --base r18 has the record's {NUM_LAYERS} layers")
+    check_r18_studies(given_study_flags(parsed))
+    presets = {name: dict(values, num_layers=NUM_LAYERS) for name, values in PRESETS.items()}
+    config = resolve_track_args(parser, given, presets, __file__, r18_layer_pattern, TRACK_FLAGS)
+    check_r18_backout_args(config)
+    resolve_attention(config.attention, "cuda" if torch.cuda.is_available() else "cpu")
+    if config.preset == "full" and "--num-iterations" not in given:
         config = replace(config, num_iterations=R18_RECORD_STEPS)
     return config
 

@@ -16,7 +16,7 @@ from speedrun.errors import OneLineErrorParser, UsageError
 
 from .atomic import write_text_atomically
 from .compare import compare_arms, render_compare
-from .logs import MixedTracks, duplicate_warnings, group_runs, load_runs, planned_steps_warnings
+from .logs import MixedTracks, arm_warnings, duplicate_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
 from .sequential import sequential_max_seeds
@@ -24,7 +24,7 @@ from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
 from .textfmt import num, pval, table
-from .tracks import TARGETS, track_of
+from .tracks import TARGETS, base_record_of, track_of
 from .upstream_records import RECORDS_TABLE, RecordsTableError, find_record, load_records
 
 
@@ -217,7 +217,7 @@ def cmd_compare(args):
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     result = compare_arms(groups, baseline, args.confidence, args.alternative)
-    result["warnings"] += planned_steps_warnings(groups) + duplicate_warnings(unreadable)
+    result["warnings"] += arm_warnings(groups) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
@@ -250,7 +250,8 @@ def cmd_record_check(args):
     record = None
     if track is not None:
         try:
-            record = find_record(load_records(args.records), track, args.against)
+            against = args.against if args.against is not None else base_record_of(candidates)
+            record = find_record(load_records(args.records), track, against)
         except RecordsTableError as problem:
             raise UsageError(str(problem)) from None
     elif args.against is not None:
@@ -258,7 +259,7 @@ def cmd_record_check(args):
     result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
                           confidence=args.confidence, record=record)
-    result["warnings"] = planned_steps_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
+    result["warnings"] = arm_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
     if args.json:
         _print_json(result)
     else:
@@ -470,7 +471,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence", type=probability, default=0.99, help="confidence level of the time CI (0.99)")
     p.add_argument("--track", choices=("medium", "small"), help="the track (default: from the logs)")
     p.add_argument("--against", type=positive_int, metavar="N",
-                   help="the upstream record number to beat (default: the track's current record)")
+                   help="the upstream record number to beat (default: the record the runs' --base reproduces, "
+                        "#18 for --base r18; else the track's current record)")
     p.add_argument("--records", type=Path, default=RECORDS_TABLE,
                    help="the upstream record table (records/upstream_records.csv)")
     p.add_argument("--json", action="store_true", help="print JSON")

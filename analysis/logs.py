@@ -398,3 +398,21 @@ def planned_steps_warnings(groups: dict) -> list[str]:
                         f"{len(runs)} planned {usual}; {others}); they are pooled as one arm: put runs of "
                         f"different step counts in separate folders or variants to compare like with like")
     return warnings
+
+
+def attention_warnings(groups: dict) -> list[str]:
+    """One warning per arm whose --base r18 runs ran another attention than FlashAttention-3, the kernel record #18
+    was timed with: their losses compare with the record's, their train_time does not."""
+    warnings = []
+    for name, runs in groups.items():
+        others = sorted({str(run.config.get("attention")) for run in runs
+                         if run.config.get("base") == "r18" and run.config.get("attention") != "fa3"})
+        if others:
+            warnings.append(f"arm '{name}' ran --base r18 with attention {', '.join(others)}, not fa3: its train_time "
+                            f"is comparable with upstream's only when fa3 ran (its losses are)")
+    return warnings
+
+
+def arm_warnings(groups: dict) -> list[str]:
+    """Everything an arm's figures need said beside them (pooling problems, timings not comparable)."""
+    return planned_steps_warnings(groups) + attention_warnings(groups)

@@ -66,7 +66,9 @@ def render_record_check(result: dict) -> str:
         beats = "beats" if result["record_ok"] else "misses"
         lines.append(
             f"faster than record #{record['number']} of the {record['track']} track ({record['record_time']} = "
-            f"{record['record_time_s']:g} s, {record['date'] or 'no date'}, {record['description']}): "
+            f"{record['record_time_s']:g} s, {record['date'] or 'no date'}, {record['description']}"
+            + (f"; its mean loss {record['mean_val_loss']:g} over {record['n']} runs"
+               if record["mean_val_loss"] is not None and record["n"] else "") + "): "
             f"{ok[result['record_ok']]} (mean time {beats} it by {abs(result['record_diff_s']):.2f} s)")
     if result["baseline"] is None:
         lines.append("faster than the baseline: not checked (no --baseline runs given)")

@@ -1,7 +1,7 @@
 """`summarize`: per-run facts and per-group statistics, as the JSON object analysis/README.md describes."""
 from __future__ import annotations
 
-from .logs import Duplicate, duplicate_warnings, group_runs, planned_steps_warnings
+from .logs import Duplicate, arm_warnings, duplicate_warnings, group_runs
 from .stats import crossing, loss_time_stats, mean_std
 
 
@@ -50,7 +50,7 @@ def summarize(runs, target: float, unreadable=(), by: str = "variant") -> dict:
         "target": target,
         "runs": records,
         "groups": groups,
-        "warnings": planned_steps_warnings(grouped) + duplicate_warnings(unreadable),
+        "warnings": arm_warnings(grouped) + duplicate_warnings(unreadable),
         "unreadable": [{"path": str(u.path), "problem": u.problem} for u in unreadable if not isinstance(u, Duplicate)],
         "duplicates": [{"path": str(u.path), "kept": str(u.kept)} for u in unreadable if isinstance(u, Duplicate)],
     }

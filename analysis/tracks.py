@@ -22,3 +22,14 @@ def track_of(runs) -> str | None:
     """The track the runs name (config line, else records folder in their path), when they all agree on one."""
     found = {track_of_run(run) for run in runs} - {None}
     return found.pop() if len(found) == 1 else None
+
+
+# train_gpt_medium.py --base NAME trains this medium record's model and schedule: a run on it is held to that
+# record by default (record-check), whatever record is current by then.
+BASE_RECORDS = {"r18": 18}
+
+
+def base_record_of(runs) -> int | None:
+    """The record number the runs' --base reproduces (BASE_RECORDS), when every run names the same one."""
+    found = {BASE_RECORDS.get(run.config.get("base")) for run in runs}
+    return found.pop() if len(found) == 1 else None

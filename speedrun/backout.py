@@ -201,9 +201,16 @@ def resolve_backout_args(args, pattern=None):
         if given:
             raise UsageError(f"{given[0]} needs --backout-layers (no backout source given)")
         return dict(backout_layers=())
+    items = [item.strip() for item in ",".join(args.backout_layers).split(",")]
+    if items == ["none"]:
+        # A base model with a backout of its own (--base r18) runs without it; elsewhere "none" is the default.
+        if getattr(args, "base", None) != "r18":
+            raise UsageError("--backout-layers none: only --base r18 has a backout of its own to turn off")
+        if given:
+            raise UsageError(f"{given[0]} has no backout to set with --backout-layers none")
+        return dict(backout_layers=("none",), backout_mode="sum", backout_transform="none", **backout_defaults("sum"))
     sources = []
-    for item in ",".join(args.backout_layers).split(","):
-        item = item.strip()
+    for item in items:
         if item in ("embed", "new-embed"):
             source = item
         else:

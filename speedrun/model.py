@@ -15,6 +15,7 @@ from speedrun.laurel import attach_laurel, laurel_named_scalars
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
 from speedrun.studies import STUDIES
+from speedrun.study import reserve_scalars
 
 
 def cast_model(model, dtype):
@@ -141,9 +142,7 @@ class StudyGPT(BackoutMethods, nn.Module):
 
     def add_scalars(self, name, init):
         """Reserves a named slice of the scalar vector (only during __init__)."""
-        start = sum(t.numel() for t in self._scalar_inits)
-        self._scalar_inits.append(init.float().flatten())
-        self.scalar_layout[name] = (start, start + init.numel())
+        reserve_scalars(self._scalar_inits, self.scalar_layout, name, init)
 
     def add_study_variants(self, cfg):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""

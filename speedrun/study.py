@@ -79,6 +79,14 @@ class Study:
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
 
 
+def reserve_scalars(inits, layout, name, init):
+    """Reserves the slice `name` of a scalar vector built from `inits` (a list of flat tensors, concatenated once
+    the model is built); layout maps names to (start, end)."""
+    start = sum(t.numel() for t in inits)
+    inits.append(init.float().flatten())
+    layout[name] = (start, start + init.numel())
+
+
 def is_set(value):
     """Whether a flag's value turns something on: not None, False or an empty tuple (0 is a value: layer 0)."""
     return value is not None and value is not False and value != ()

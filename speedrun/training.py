@@ -134,6 +134,36 @@ def restore_run_state(resume_state, opt, stream, log):
     return resume_state["step"], resume_state["train_ms"]
 
 
+def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, validate_and_log, train, save):
+    """The step loop both training paths share (run_training, and --base r18's): from start_step to the last step,
+    prepare(step) -> that step's state, validation when due (validate_and_log(step, state, train_ms), the clock
+    stopped between two sync() calls), train(step, state), the step's time line, a checkpoint when due
+    (save(steps_done, train_ms)); at the end the final checkpoint when one is asked for."""
+    N = config.num_iterations
+    last_step = config.stop_after or N
+    sync()
+    t0 = time.perf_counter()
+    for step in range(start_step, last_step + 1):
+        is_last = step == last_step
+        state = prepare(step)
+        if is_last or (config.val_every and step % config.val_every == 0):
+            sync()
+            train_ms += 1000 * (time.perf_counter() - t0)
+            validate_and_log(step, state, train_ms)
+            sync()
+            t0 = time.perf_counter()
+        if is_last:
+            break
+        train(step, state)
+        log_train_step(log, step + 1, N, train_ms + 1000 * (time.perf_counter() - t0))
+        if checkpoint_due(config, step + 1, last_step):
+            train_ms += 1000 * (time.perf_counter() - t0)
+            save(step + 1, train_ms)
+            t0 = time.perf_counter()
+    if config.checkpoint_every or config.save_final_checkpoint:
+        save(last_step, train_ms)
+
+
 @dataclass
 class Track:
     """What a training script hands to run_training: its names, model, optimisers, schedules and log details."""
@@ -229,25 +259,20 @@ def run_training(track: Track, config, proc: Dist):
 
     profiler = StepProfiler(max(start_step, last_step - config.profile_steps), proc.device) \
         if config.profile_steps else None
-    sync()
-    t0 = time.perf_counter()
-    for step in range(start_step, last_step + 1):
-        is_last = step == last_step
+
+    def window_at(step):
         # A tensor, so the compiled model is not specialised on (and recompiled for) each window size; one per
         # value, made once, so no step waits on a host-to-device copy.
         blocks = track.window_blocks_at(*schedule_at(step), cfg)
         if blocks not in window_tensors:
             window_tensors[blocks] = torch.tensor(blocks, device=proc.device)
-        window = window_tensors[blocks]
-        if is_last or (config.val_every and step % config.val_every == 0):
-            sync()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            val_loss = validate(train_model, config, proc, window, track.val_head_chunks)
-            log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
-            sync()
-            t0 = time.perf_counter()
-        if is_last:
-            break
+        return window_tensors[blocks]
+
+    def validate_and_log(step, window, train_ms):
+        val_loss = validate(train_model, config, proc, window, track.val_head_chunks)
+        log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
+
+    def train(step, window):
         if profiler is not None:
             profiler.begin_step(step)
         dlo_before_step(model, config, step)
@@ -259,14 +284,11 @@ def run_training(track: Track, config, proc: Dist):
             part.after_step(model, opt, config, proc)
         with profiler.optimizer() if profiler is not None else nullcontext():
             opt.step(*schedule_at(step))
-        elapsed = train_ms + 1000 * (time.perf_counter() - t0)
-        log_train_step(log, step + 1, N, elapsed)
-        if checkpoint_due(config, step + 1, last_step):
-            train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_path, model, opt, stream, step + 1, train_ms, config, log, proc)
-            t0 = time.perf_counter()
-    if config.checkpoint_every or config.save_final_checkpoint:
-        save_checkpoint(ckpt_path, model, opt, stream, last_step, train_ms, config, log, proc)
+
+    def save(steps_done, train_ms):
+        save_checkpoint(ckpt_path, model, opt, stream, steps_done, train_ms, config, log, proc)
+
+    run_steps(config, proc, log, start_step, train_ms, sync, window_at, validate_and_log, train, save)
     if profiler is not None:
         profiler.finish(Path(config.log_dir) / f"{config.run_name}.profile.json" if proc.rank == 0 else None)
     log.write(peak_memory_line(proc))

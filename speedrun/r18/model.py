@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
+from speedrun.r18.studies import attach_r18_studies
+from speedrun.study import reserve_scalars
 
 NUM_LAYERS = 16
 VALUE_EMBED_LAYERS = (0, 1, 2, 3, 4, 11, 12, 13, 14, 15)  # ve[0..4] twice: layers 0-4 and 11-15
@@ -168,9 +170,13 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.mlp = MLP(cfg.model_dim)
 
-    def forward(self, x, *attn_args):
-        x = x + self.attn(norm(x), *attn_args)
-        return x + self.mlp(norm(x))
+    def forward(self, x, *attn_args, laurel=None):
+        """laurel: LAuReL's residual function of this layer (speedrun.laurel), or None for the plain residuals."""
+        if laurel is None:
+            x = x + self.attn(norm(x), *attn_args)
+            return x + self.mlp(norm(x))
+        x = laurel(x, self.attn(norm(x), *attn_args), "attn")
+        return laurel(x, self.mlp(norm(x)), "mlp")
 
 
 def scalar_layout(num_layers):
@@ -186,9 +192,11 @@ def logit_map(logits):
 
 class R18GPT(nn.Module):
     """Parameters are created in the record's order with the same initialisers, so one seed gives the record's
-    initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`."""
+    initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`.
+    `studies`: a resolved run config whose study flags add their parts (speedrun.r18.studies), after the record's
+    parameters (so the record's initial weights stay those of the seed)."""
 
-    def __init__(self, cfg: R18Config):
+    def __init__(self, cfg: R18Config, studies=None):
         super().__init__()
         self.cfg = cfg
         L, dim, vocab = NUM_LAYERS, cfg.model_dim, padded_vocab(cfg.vocab_size)
@@ -215,6 +223,31 @@ class R18GPT(nn.Module):
             torch.ones(pad)]))
         self.split_embed = False
         self._label_parameters()
+        self.study = nn.ModuleDict()
+        self._study_scalar_inits, self.study_scalar_layout = [], {}
+        if studies is not None:
+            attach_r18_studies(self, studies)
+        if self._study_scalar_inits:
+            self.study_scalars = nn.Parameter(torch.cat(self._study_scalar_inits))
+            self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = "scalars", 5.0, 0.0
+        del self._study_scalar_inits
+
+    def add_study_scalars(self, name, init):
+        """Reserves a named slice of `study_scalars` (only during __init__)."""
+        reserve_scalars(self._study_scalar_inits, self.study_scalar_layout, name, init)
+
+    def scalar_slice(self, name):
+        a, b = self.study_scalar_layout[name]
+        return self.study_scalars[a:b]
+
+    def added_params(self):
+        """Parameters each study adds: its modules plus its slices of `study_scalars` (counted under the name's
+        first part), as the #14 model reports them."""
+        counts = {name: sum(p.numel() for p in module.parameters()) for name, module in self.study.items()}
+        for key, (a, b) in self.study_scalar_layout.items():
+            study = key.split(".")[0]
+            counts[study] = counts.get(study, 0) + (b - a)
+        return counts
 
     def _label_parameters(self):
         def mark(p, label, lr_mul=1.0, wd_mul=1.0):
@@ -271,7 +304,10 @@ class R18GPT(nn.Module):
 
         skip_from = {src: k for k, (src, _) in enumerate(SKIP_PAIRS)}
         skip_to = {dst: k for k, (_, dst) in enumerate(SKIP_PAIRS)}
-        stored, x_backout = {}, None
+        backout = self.study["backout"] if "backout" in self.study else None
+        backout_layers = (BACKOUT_LAYER,) if backout is None else backout.sources
+        laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
+        stored, outputs = {}, {}
         for i, block in enumerate(self.blocks):
             if i in skip_to:
                 k = skip_to[i]
@@ -282,12 +318,15 @@ class R18GPT(nn.Module):
             else:
                 x = resid_lambdas[i] * x + x0_lambdas[i, 0] * x0 + x0_lambdas[i, 1] * x02
             x = block(x, ve_at.get(i), sa_lambdas[i], cu_seqlens, max_len, windows[i], self.yarn, attention,
-                      i in LONG_WINDOW_LAYERS)
+                      i in LONG_WINDOW_LAYERS, laurel=laurel.for_layer(i) if laurel is not None else None)
             if i in skip_from:
                 stored[skip_from[i]] = x
-            if i == BACKOUT_LAYER:
-                x_backout = x
-        x = norm(x - backout_lambda * x_backout)
+            if i in backout_layers:
+                outputs[i] = x
+        if backout is None:
+            x = norm(x - backout_lambda * outputs[BACKOUT_LAYER])
+        else:
+            x = backout.head_input(self, x, outputs, x0)
         return self.head_loss(x, target_seq, mtp_weights)
 
     def head_loss(self, x, target_seq, mtp_weights):

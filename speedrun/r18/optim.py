@@ -15,6 +15,8 @@ ops, in the same order, so a CPU run follows the record's eager maths bit for bi
 import torch
 import torch.distributed as dist
 
+from speedrun.r18.studies import STUDY_MATRIX_LABEL
+
 from speedrun.r18.schedule import R18Schedule
 
 # Polar Express (Amsel et al. 2025) coefficients, 5 iterations, safety factor 2e-2, cushion 2.
@@ -28,7 +30,7 @@ POLAR_EXPRESS_COEFFS = (
 
 ADAM_LABELS = ("lm_head", "value_embed", "smear_gate", "skip_gate", "x0_lambdas", "embed2", "embed")
 SCALAR_LABELS = ("scalars",)
-MUON_LABELS = ("attn_gate", "value_embed_gate", "attn", "mlp")
+MUON_LABELS = ("attn_gate", "value_embed_gate", "attn", "mlp", STUDY_MATRIX_LABEL)
 # The record's 8-GPU grouping: (label, how many of that label's parameters, in model order). 16 MLP matrices
 # per group so a rank never holds both attention and MLP matrices.
 MUON_GROUPS = (("attn_gate", None), ("value_embed_gate", None), ("attn", None), ("mlp", 16), ("mlp", None))
@@ -99,7 +101,11 @@ def muon_groups(params):
         by_label[label] = by_label[label][len(members):]
         if members:
             groups.append(members)
-    return groups
+    # Matrices a study adds (speedrun.r18.studies): one group per shape, in model order, after the record's.
+    by_shape = {}
+    for p in by_label[STUDY_MATRIX_LABEL]:
+        by_shape.setdefault(tuple(p.shape), []).append(p)
+    return groups + list(by_shape.values())
 
 
 class NorMuon(torch.optim.Optimizer):
@@ -161,6 +167,8 @@ class NorMuon(torch.optim.Optimizer):
         v = grads.lerp_(state["momentum"], group["momentum"])
         if label == "attn":  # q, k, v, o as four square matrices
             v = v.view(4 * v.size(0), shape[-2] // 4, shape[-1])
+        elif v.ndim > 3:  # a study's stack of matrices (LAuReL's factors): each one orthogonalised
+            v = v.flatten(0, -3)
         rows_at_least_cols = shape[-2] >= shape[-1]
         reduce_dim = -1 if is_gate or rows_at_least_cols else -2
         if "second_moment" not in state:

@@ -4,9 +4,9 @@ batches and schedules) with the run log, checkpoints and resume of the #14 path 
 Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
 sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
 8 x --train-seq-len tokens at the end of the batch ramp (131k/524k of that at the start, as the record).
-Not yet here: torch.compile and the kernel warm-up (the run is eager), the study flags on top of r18."""
+The study flags that run on r18 add to its model by the rule of speedrun.r18.studies.
+Not yet here: torch.compile and the kernel warm-up (the run is eager)."""
 
-import time
 from pathlib import Path
 
 import torch
@@ -20,9 +20,11 @@ from speedrun.r18.data import MAX_DOC_TOKENS, BosAlignedStream, ValidationStream
 from speedrun.r18.model import R18Config, R18GPT, scalar_layout
 from speedrun.r18.optim import R18Optimizers
 from speedrun.r18.schedule import R18Schedule
+from speedrun.r18.studies import study_named_scalars
+from speedrun.logformat import added_params_line
 from speedrun.runlog import LogWriter, write_preamble
-from speedrun.training import (check_data, checkpoint_due, check_log_dir, log_train_step, log_validation, peak_memory_line,
-                               restore_run_state)
+from speedrun.training import (check_data, check_log_dir, log_validation, peak_memory_line, restore_run_state,
+                               run_steps)
 
 RECORD_STEPS = 4740
 RECORD_EXTENSION = 40
@@ -52,9 +54,11 @@ def r18_config(args):
 def named_scalars(model):
     layout = scalar_layout(len(model.blocks))
     s = model.scalars.detach().float().cpu()
-    return dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6),
-                smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
-                skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)])
+    # A backout study replaces the record's: its lambdas are reported instead (under backout.*).
+    own_backout = {} if "backout" in model.study else dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6))
+    return dict(**own_backout, smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
+                skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)],
+                **{name: round(value, 6) for name, value in study_named_scalars(model).items()})
 
 
 class Windows:
@@ -127,14 +131,14 @@ def run_r18(args, proc, script):
     try:
         train_files = check_data(args)
         resume_state = load_resume_state(args)
-        attention = resolve_attention(getattr(args, "attention", "auto"), proc.device.type)
+        attention = resolve_attention(args.attention, proc.device.type)
         if proc.rank == 0:
             check_log_dir(args.log_dir)
     except UsageError as e:
         problem = str(e)
     proc.agree(problem)
     torch.manual_seed(args.seed)
-    model = R18GPT(cfg).to(proc.device).cast_low_precision(torch.bfloat16)
+    model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
     if resume_state is not None:
         load_model_weights(model, resume_state, args.resume)
     for p in model.parameters():
@@ -145,9 +149,10 @@ def run_r18(args, proc, script):
     log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
     config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
                   attention=attention, params=sum(p.numel() for p in model.parameters()))
-    write_preamble(log, script, proc, config, [f"r18 attention: {attention} (train_time comparable with the "
-                                              f"record's only on fa3)"])
-    N, last_step = args.num_iterations, args.stop_after or args.num_iterations
+    write_preamble(log, script, proc, config, [added_params_line(model.added_params()),
+                                              f"r18 attention: {attention} (train_time comparable with the record's "
+                                              f"only on fa3)"])
+    N = args.num_iterations
     stream = BosAlignedStream(train_files, "--train-files")
     windows = Windows(model, schedule)
     start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log)
@@ -156,33 +161,23 @@ def run_r18(args, proc, script):
         windows.advance(step)
     ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
     grad_accum = VIRTUAL_RANKS // proc.world_size
-    proc.barrier()
-    t0 = time.perf_counter()
-    for step in range(start_step, last_step + 1):
-        is_last = step == last_step
-        windows.advance(step)
-        if is_last or (args.val_every and step % args.val_every == 0):
-            proc.barrier()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            long_window = schedule.validation_window_blocks if step == N else windows.long
-            val_loss = validate(model, args, proc, windows, long_window, attention)
-            log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
-            proc.barrier()
-            t0 = time.perf_counter()
-        if is_last:
-            break
+
+    def validate_and_log(step, _, train_ms):
+        long_window = schedule.validation_window_blocks if step == N else windows.long
+        val_loss = validate(model, args, proc, windows, long_window, attention)
+        log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
+
+    def train(step, _):
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
         for inputs, targets, cu in stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size):
             loss = model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), mtp, windows.short,
                          windows.long, min(MAX_DOC_TOKENS, inputs.numel()), attention)
             (loss / grad_accum).backward()
         opts.step(step)
-        log_train_step(log, step + 1, N, train_ms + 1000 * (time.perf_counter() - t0))
-        if checkpoint_due(args, step + 1, last_step):
-            train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_path, model, opt_state, stream, step + 1, train_ms, args, log, proc)
-            t0 = time.perf_counter()
-    if args.checkpoint_every or args.save_final_checkpoint:
-        save_checkpoint(ckpt_path, model, opt_state, stream, last_step, train_ms, args, log, proc)
+
+    def save(steps_done, train_ms):
+        save_checkpoint(ckpt_path, model, opt_state, stream, steps_done, train_ms, args, log, proc)
+
+    run_steps(args, proc, log, start_step, train_ms, proc.barrier, windows.advance, validate_and_log, train, save)
     log.write(peak_memory_line(proc))
     log.close()

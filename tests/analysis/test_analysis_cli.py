@@ -12,6 +12,7 @@ from scipy import stats as scipy_stats
 import analysis_logs as logs_for_tests
 from analysis_logs import run_cli
 from analysis.textfmt import pval
+from analysis.upstream_records import RECORDS_TABLE
 from test_analysis_stats import ARTICLE_LOSSES, ARTICLE_TIMES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -332,3 +333,19 @@ def test_record_packages_complete_runs_with_a_recomputable_readme(capsys, tmp_pa
     write_arm(tmp_path / "runs" / "small", "record", ARTICLE_LOSSES[:3], ARTICLE_TIMES[:3], track="small")
     status, out, _ = run_cli(capsys, "record", tmp_path / "runs" / "small", "--track", "small", *argv[4:])
     assert status == 0 and (tmp_path / "records" / "track_1_short" / "2025-10-05_Backout" / "train_gpt.py").exists()
+
+
+def test_record_check_holds_r18_runs_to_record_18_and_says_when_their_time_is_not_comparable(capsys, tmp_path):
+    r18 = {"base": "r18", "attention": "sdpa"}
+    write_arm(tmp_path / "r18", "baseline", [2.9161, 2.9163, 2.9160], [1040.0, 1041.0, 1039.5], config=r18)
+    # A later record in the table: runs on --base r18 are still held to #18 unless --against says otherwise.
+    table = tmp_path / "records.csv"
+    later = "medium,19,2026-02-01,16.0 minutes,960.0,A later record,,,,,,,"
+    table.write_text(RECORDS_TABLE.read_text() + later + "\n")
+    status, out, _ = run_cli(capsys, "record-check", tmp_path / "r18", "--records", table, "--resamples", "200")
+    assert "faster than record #18 of the medium track (17.35 minutes = 1041 s, 2025-12-31" in out
+    assert "its mean loss 2.9166 over 2 runs" in out
+    assert "ran --base r18 with attention sdpa, not fa3: its train_time is comparable with upstream's only" in out
+    status, out, _ = run_cli(capsys, "record-check", tmp_path / "r18", "--records", table, "--resamples", "200",
+                             "--against", "19", "--json")
+    assert json.loads(out)["record"]["number"] == 19

@@ -168,3 +168,16 @@ def test_load_runs_sorts_readable_from_unreadable_in_parallel_too(tmp_path):
     assert {k: len(v) for k, v in group_runs(serial[0], by="folder").items()} == {"a": 30, "b": 15}
     with pytest.raises(FileNotFoundError):
         load_runs([tmp_path / "missing"])
+
+
+def test_r18_runs_without_fa3_are_flagged_as_not_comparable_in_time():
+    from types import SimpleNamespace
+
+    from analysis.logs import attention_warnings
+    runs = lambda *configs: [SimpleNamespace(config=c) for c in configs]  # noqa: E731
+    groups = {"fa3": runs({"base": "r18", "attention": "fa3"}),
+              "r14": runs({"base": "r14", "attention": "auto"}, {}),
+              "mixed": runs({"base": "r18", "attention": "fa3"}, {"base": "r18", "attention": "sdpa"})}
+    assert attention_warnings(groups) == [
+        "arm 'mixed' ran --base r18 with attention sdpa, not fa3: its train_time is comparable with upstream's only "
+        "when fa3 ran (its losses are)"]

@@ -62,19 +62,30 @@ def model_flags(argv):
     return out, init_from
 
 
-def bundled_arms():
-    """(script module name, model flags, needs a checkpoint, [study:arm names]) per distinct arm."""
-    cells = {}
+def compiled_study_arms():
+    """(study, arm, argv) of every bundled study arm the matrix covers: all but those of studies generated from
+    another's results, and those on --base r18, which runs eager only (no torch.compile there yet: nothing to
+    compile)."""
     for path in available_studies():
         if "requires_results" in tomllib.loads(path.read_text()):
             continue
         study = load_study(str(path), {"base_checkpoint": "unused.pt"} if path.stem == "dlo" else None)
         for arm in study.arms:
-            flags, init_from = model_flags(study.argv(arm, study.seeds[0], Path("runs")))
-            if "--dlo-groups" in flags:
-                flags += ["--dlo-groups", "2"]
-            key = (study.script.stem, tuple(flags), init_from)
-            cells.setdefault(key, []).append(f"{study.name}:{arm}")
+            argv = study.argv(arm, study.seeds[0], Path("runs"))
+            if "--base" in argv and argv[argv.index("--base") + 1] == "r18":
+                continue
+            yield study, arm, argv
+
+
+def bundled_arms():
+    """(script module name, model flags, needs a checkpoint, [study:arm names]) per distinct arm."""
+    cells = {}
+    for study, arm, argv in compiled_study_arms():
+        flags, init_from = model_flags(argv)
+        if "--dlo-groups" in flags:
+            flags += ["--dlo-groups", "2"]
+        key = (study.script.stem, tuple(flags), init_from)
+        cells.setdefault(key, []).append(f"{study.name}:{arm}")
     return cells
 
 
@@ -214,13 +225,7 @@ def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags
 
 def test_the_matrix_covers_every_arm_of_every_study():
     covered = {name for *_, names, _ in (p.values for p in distinct_models()) for name in names}
-    expected = set()
-    for path in available_studies():
-        if "requires_results" in tomllib.loads(path.read_text()):
-            continue
-        study = load_study(str(path), {"base_checkpoint": "unused.pt"} if path.stem == "dlo" else None)
-        expected |= {f"{study.name}:{arm}" for arm in study.arms}
-    assert covered == expected
+    assert covered == {f"{study.name}:{arm}" for study, arm, _ in compiled_study_arms()}
     assert {script for script, *_ in (p.values for p in distinct_models())} == {"train_gpt", "train_gpt_medium"}
     inductor_cells = {p.id.removeprefix("inductor:") for p in distinct_models() if p.values[-1] == "inductor"}
     if not os.environ.get("COMPILE_MATRIX"):  # a renamed arm would otherwise drop out of inductor's share silently

@@ -48,7 +48,13 @@ def test_odd_checkpoint_interval_refused(tmp_path):
     assert res.returncode == 2 and "must be even" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_study_flags_refused_on_r18_until_they_run_there():
-    with pytest.raises(UsageError, match="--backout-layers: the study flags do not run on --base r18"):
-        T.resolve_args(["--preset", "tiny", "--base", "r18", "--backout-layers", "3"])
-    assert T.resolve_args(["--preset", "tiny", "--base", "r18"]).base == "r18"
+def test_attention_flag_is_declared_once_and_refuses_what_cannot_run_here(monkeypatch):
+    from speedrun.r18.attention import ATTENTION_CHOICES
+    flag = next(f for f in T.TRACK_FLAGS if f.name == "--attention")
+    assert tuple(flag.options["choices"]) == ATTENTION_CHOICES and not flag.resume
+    monkeypatch.setattr(T.torch.cuda, "is_available", lambda: False)
+    assert T.resolve_args(["--preset", "tiny", "--base", "r18", "--attention", "flex"]).attention == "flex"
+    with pytest.raises(UsageError, match="--attention fa3: fa3 needs a CUDA GPU"):
+        T.resolve_args(["--preset", "tiny", "--base", "r18", "--attention", "fa3"])
+    with pytest.raises(UsageError, match="--attention sdpa: chooses --base r18's attention"):
+        T.resolve_args(["--preset", "tiny", "--attention", "sdpa"])

@@ -1,0 +1,122 @@
+"""The study flags on --base r18. The rule, stated once:
+
+- backout: any `--backout-layers` replaces #18's own backout (x -= lambda*out[11], its lambda in `scalars`, then
+  unused); `--backout-layers none` removes it. The sum and subtract modes over layer outputs and `embed` (#18's
+  x0, the smeared and normed embedding) run here; the other modes and transforms and `new-embed` are refused.
+- LAuReL adds to #18's blocks at their attention and MLP residuals (every #18 layer has attention).
+- the other studies (rolling skip, gated skip, DLO) are refused in one line.
+- what a study adds trains by its shape: scalars and vectors join the Adam scalar group with the record's scalar
+  multipliers (one vector `study_scalars`, label "scalars": lr x5, no decay); matrices join NorMuon with the
+  hidden matrices' multipliers (lr x1 times the shape factor, decay x1), one group per shape after the record's
+  groups (label STUDY_MATRIX_LABEL).
+"""
+
+import torch
+import torch.nn as nn
+
+from speedrun.errors import UsageError
+from speedrun.laurel import LaurelResiduals, laurel_named_scalars
+from speedrun.layers import norm
+
+STUDY_MATRIX_LABEL = "study_matrix"
+RUNS_ON_R18 = ("backout", "laurel")
+BACKOUT_MODES_ON_R18 = ("sum", "subtract")
+
+
+def r18_layer_pattern(num_layers):
+    """What the studies read of a track's layer pattern, for #18's model: attention in every layer."""
+    return dict(no_attention_layer=None)
+
+
+def check_r18_studies(given):
+    """Raises UsageError on a study flag that does not run on r18 (given: [(study, flag, value)] as given)."""
+    for study, flag, _ in given:
+        if study not in RUNS_ON_R18:
+            raise UsageError(f"{flag}: this study does not run on --base r18 yet (there: backout and LAuReL)")
+
+
+def check_r18_backout_args(config):
+    """Raises UsageError on a resolved backout that does not run on r18."""
+    if not config.backout_layers or config.backout_layers == ("none",):
+        return
+    if config.backout_mode not in BACKOUT_MODES_ON_R18:
+        raise UsageError(f"--backout-mode {config.backout_mode}: on --base r18 only "
+                         f"{' and '.join(BACKOUT_MODES_ON_R18)} run")
+    if config.backout_transform != "none":
+        raise UsageError(f"--backout-transform {config.backout_transform}: on --base r18 the sources are mixed in "
+                         f"untransformed")
+    if "new-embed" in config.backout_layers:
+        raise UsageError("--backout-layers new-embed: not on --base r18 (its sources: layers and `embed`)")
+
+
+class R18Backout(nn.Module):
+    """A backout that replaces #18's own: its lambdas in the study scalars (or buffers when frozen)."""
+
+    def __init__(self, model, config):
+        super().__init__()
+        self.sources = () if config.backout_layers == ("none",) else tuple(config.backout_layers)
+        self.mode, self.norm_after_sum = config.backout_mode, config.backout_norm_after_sum
+        if not self.sources:
+            return
+        if self.mode == "sum":
+            x_init = torch.tensor([float(config.backout_x_init)])
+            if config.backout_freeze or config.backout_fixed_x:
+                self.register_buffer("x_lambda", x_init)
+            else:
+                model.add_study_scalars("backout.x", x_init)
+        skip_init = torch.full((len(self.sources),), float(config.backout_skip_init))
+        if config.backout_freeze:
+            self.register_buffer("skip_lambdas", skip_init)
+        else:
+            model.add_study_scalars("backout.skip", skip_init)
+
+    def lambdas(self, model):
+        """(x_lambda or None, [lambda per source]) as 0-dim tensors."""
+        x_lambda = None
+        if self.mode == "sum":
+            learned = "backout.x" in model.study_scalar_layout
+            x_lambda = (model.scalar_slice("backout.x") if learned else self.x_lambda)[0]
+        skips = model.scalar_slice("backout.skip") if "backout.skip" in model.study_scalar_layout else self.skip_lambdas
+        return x_lambda, list(skips.unbind(0))
+
+    def head_input(self, model, x, outputs, x0):
+        if not self.sources:
+            return norm(x)
+        sources = [x0 if s == "embed" else outputs[s] for s in self.sources]
+        x_lambda, skips = self.lambdas(model)
+        if self.mode == "subtract":
+            for lam, source in zip(skips, sources):
+                x = x - lam * source
+            return norm(x)
+        out = x_lambda * norm(x)
+        for lam, source in zip(skips, sources):
+            out = out + lam * norm(source)
+        return norm(out) if self.norm_after_sum else out
+
+    @torch.no_grad()
+    def named_scalars(self, model):
+        if not self.sources:
+            return {}
+        x_lambda, skips = self.lambdas(model)
+        out = {} if x_lambda is None else {"backout.x": x_lambda.item()}
+        for source, lam in zip(self.sources, skips):
+            out[f"backout.{source if isinstance(source, str) else f'L{source}'}"] = lam.item()
+        return out
+
+
+def attach_r18_studies(model, config):
+    """The study parts of a resolved run config (speedrun.cli) on an R18GPT, by the rule of this module."""
+    if config.backout_layers:
+        model.study["backout"] = R18Backout(model, config)
+    if config.laurel is not None:
+        laurel = LaurelResiduals(config, no_attention_layer=None)
+        model.study["laurel"] = laurel
+        for name, init in laurel.scalar_inits(model.cfg.model_dim).items():
+            model.add_study_scalars(f"laurel.{name}", init)
+        for p in laurel.parameters():
+            p.label, p.lr_mul, p.wd_mul = STUDY_MATRIX_LABEL, 1.0, 1.0
+
+
+def study_named_scalars(model):
+    out = model.study["backout"].named_scalars(model) if "backout" in model.study else {}
+    return out | laurel_named_scalars(model)
