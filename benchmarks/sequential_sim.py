@@ -13,7 +13,6 @@ at the first seed count with Welch p < alpha. Runs saved are counted against (a)
 the sequential rule reached and (b) the fixed-n design of power 0.8."""
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time

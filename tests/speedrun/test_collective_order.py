@@ -11,7 +11,6 @@ Run-only flags of an arm that cannot change the sequence are replaced: the sched
 reductions' order is fixed by the buckets, not by the compiled graph)."""
 import json
 import tomllib
-from pathlib import Path
 
 import pytest
 import torch
