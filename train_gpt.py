@@ -165,12 +165,13 @@ fp8_head_matmul.register_autograd(_fp8_head_backward, setup_context=_fp8_head_sa
 
 class GPT(StudyGPT):
     layer_pattern = staticmethod(layer_pattern)
+    block_lambdas = (1.0, 0.0)  # each layer's initial block lambdas
 
     def __init__(self, cfg: GPTConfig, max_seq_len):
         super().__init__(cfg, max_seq_len)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.add_layers_and_head(Block, max_seq_len)
-        self.finish_init(block_lambdas=[1.0, 0.0])
+        self.finish_init()
         self.fp8_head = False  # set by the run where FP8 matmuls exist (training forward only)
 
     def cast_low_precision(self, dtype):

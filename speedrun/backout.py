@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.errors import UsageError
-from speedrun.layers import MLP, norm, uniform_init_
+from speedrun.layers import MLP, norm, padded_vocab, uniform_init_
 from speedrun.study import Flag
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
@@ -262,6 +262,28 @@ def backout_config(model_cfg, args):
     if not args.backout_layers:
         return {}
     return {name: getattr(args, name) for name, _, _ in BACKOUT_MODEL_FIELDS}
+
+
+def backout_added_params(cfg, model_class=None):
+    """Parameters the backout adds (see BackoutParts and add_backout): its matrices and table, its learned lambdas
+    (none frozen), the lm head's new columns (concat-head) or the last MLP's growth (concat-mlp)."""
+    if not cfg.backout_layers:
+        return 0
+    D, k, mode = cfg.model_dim, len(cfg.backout_layers), cfg.backout_mode
+    count = k * D * D if cfg.backout_transform.endswith("-linear") else 0
+    if "new-embed" in cfg.backout_layers:
+        count += cfg.vocab_size * D
+    learned = not cfg.backout_freeze
+    if mode == "sum":
+        count += (learned and not cfg.backout_fixed_x) + learned * k
+    elif mode == "subtract":
+        count += learned * k
+    elif mode == "concat-head":
+        count += padded_vocab(cfg.vocab_size) * D * k
+    else:  # concat-mlp: the down-projections, and the last MLP widened (input) and resized (hidden)
+        concat, hidden = k * cfg.backout_concat_dim, backout_mlp_hidden(cfg)
+        count += concat * D + hidden * (D + concat) + D * hidden - 2 * cfg.mlp_ratio * D * D
+    return count
 
 
 # Name pieces of the settings that differ from their defaults, in the order they are checked.

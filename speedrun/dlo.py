@@ -277,6 +277,19 @@ def dlo_base_config(cfg):
     return replace(cfg, num_layers=cfg.dlo_base_layers, dlo_groups=0, dlo_add=0, dlo_base_layers=0)
 
 
+def dlo_added_params(cfg, model_class):
+    """A router (D weights) per layer of the expanded model, and each new layer: its attention (where its source
+    has one), its MLP, its block and value lambdas."""
+    if not cfg.dlo_groups:
+        return 0
+    D, hdim = cfg.model_dim, cfg.num_heads * cfg.head_dim
+    pattern = dlo_layer_pattern(cfg, model_class.layer_pattern)
+    new_layers = pattern["dlo_new_layers"]
+    with_attention = sum(q not in pattern["no_attention_layers"] for q in new_layers)
+    per_layer = 2 * cfg.mlp_ratio * D * D + len(model_class.block_lambdas) + 2
+    return cfg.num_layers * D + len(new_layers) * per_layer + with_attention * 4 * hdim * D
+
+
 def dlo_expand_from_checkpoint(model, state, args, max_seq_len):
     """Builds the unexpanded model, loads the checkpoint into it (strict shapes), then expands into `model`."""
     base = type(model)(dlo_base_config(model.cfg), max_seq_len).to(model.lm_head_w.device)

@@ -92,8 +92,9 @@ class StudyBlock(nn.Module):
 
 class StudyGPT(BackoutMethods, nn.Module):
     """Track-independent part of the GPT. A subclass's __init__ creates its token embedding(s), then calls
-    add_layers_and_head(its block class, max_seq_len) and finish_init(its block lambdas' initial values).
+    add_layers_and_head(its block class, max_seq_len) and finish_init().
     It also provides:
+      block_lambdas (class attribute): each layer's initial block lambdas;
       layer_pattern(num_layers) (staticmethod): ve_index, num_value_embeds, long_window_layers, no_attention_layer,
         unet_pairs;
       track_embedding_params(): its token and value embedding tables;
@@ -124,13 +125,13 @@ class StudyGPT(BackoutMethods, nn.Module):
                                     for i in range(cfg.num_layers))
         self.lm_head_w = nn.Parameter(torch.zeros(padded_vocab(cfg.vocab_size), cfg.model_dim))
 
-    def finish_init(self, block_lambdas):
+    def finish_init(self):
         """The baseline's scalars - one weight per U-net skip (1), the track's block lambdas for every layer, one
         (v_self, v_embed) pair per layer (0.5, 0.5; the no-attention layer's is unused, so the slice indexes by
         layer) - then the study variants, and the scalar vector."""
         L = self.cfg.num_layers
         self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
-        self.add_scalars("block", torch.tensor(block_lambdas).repeat(L))
+        self.add_scalars("block", torch.tensor(self.block_lambdas).repeat(L))
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules here (key = variant name) and their scalars in the shared vector,
         # so parameter counts, optimiser groups and logging find them without special cases.

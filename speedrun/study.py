@@ -45,6 +45,9 @@ class Study:
     resolve(config, pattern) -> {field: value}: validates this study's flags of the run config (the track's layer
       pattern at --num-layers given) and returns their resolved values (defaults filled in); raises UsageError.
     model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
+    added_params(model_cfg, model_class) -> int: the parameters the study adds to a model of this config, counted
+      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. The run log's
+      added_params line measures them on the built model; a test checks every bundled arm's two agree.
     model_fields: (name, type, default) of the model config fields; the defaults mean off.
     model_part: its ModelPart class (below), built into a model whose config has the study on.
     variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
@@ -55,6 +58,7 @@ class Study:
     flags: tuple[Flag, ...]  # the first one switches the study on
     resolve: Callable
     model_config: Callable
+    added_params: Callable
     model_fields: tuple = ()
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
