@@ -86,11 +86,11 @@ class Block(StudyBlock):
     def __init__(self, cfg: GPTConfig, has_attention, max_seq_len):
         super().__init__(cfg, has_attention, max_seq_len, norm_v=False)
 
-    def mix_and_attend(self, x, x0, ve, mask, lambdas, v_lambdas, laurel=None):
+    def mix_and_attend(self, x, x0, ve, mask, lambdas, v_lambdas, augment=None):
         """Everything before the MLP: the embedding re-injection and the attention residual (on norm(x))."""
         x = lambdas[0] * x + lambdas[1] * x0
         if self.attn is not None:
-            x = self.residual(x, self.attn(norm(x), ve, mask, v_lambdas[0], v_lambdas[1]), "attn", laurel)
+            x = self.residual(x, self.attn(norm(x), ve, mask, v_lambdas[0], v_lambdas[1]), "attn", augment)
         return x
 
 

@@ -11,7 +11,6 @@ import torch.nn as nn
 
 from speedrun.backout import BackoutMethods
 from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
-from speedrun.laurel import attach_laurel, laurel_named_scalars
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
 from speedrun.studies import STUDIES
@@ -64,10 +63,10 @@ TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline arch
 
 
 class StudyBlock(nn.Module):
-    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, laurel) (its
+    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, augment) (its
     input mix and attention residual), then the MLP residual on norm(x).
     mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
-    laurel: None (plain residuals) or a function (x, f(x), site) -> the augmented residual."""
+    augment: None (plain residuals) or a function (x, f(x), site) -> the augmented residual (ModelPart.residuals)."""
 
     def __init__(self, cfg, has_attention, max_seq_len, norm_v):
         super().__init__()
@@ -75,19 +74,19 @@ class StudyBlock(nn.Module):
         self.mlp = MLP(cfg.model_dim, cfg.mlp_ratio * cfg.model_dim)
 
     @staticmethod
-    def residual(x, fx, site, laurel):
-        return x + fx if laurel is None else laurel(x, fx, site)
+    def residual(x, fx, site, augment):
+        return x + fx if augment is None else augment(x, fx, site)
 
     @staticmethod
     def add_skip(x, skip):
         """The U-net skip into a block: skip = (weight, an earlier layer's output), or None."""
         return x if skip is None else x + skip[0] * skip[1]
 
-    def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, laurel=None):
+    def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, augment=None):
         # The skip is added here rather than before the call so that --compile regional fuses it into the mix.
-        x = self.mix_and_attend(self.add_skip(x, skip), *mix_inputs, laurel=laurel)
+        x = self.mix_and_attend(self.add_skip(x, skip), *mix_inputs, augment=augment)
         fx = self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
-        return self.residual(x, fx, "mlp", laurel)
+        return self.residual(x, fx, "mlp", augment)
 
 
 class StudyGPT(BackoutMethods, nn.Module):
@@ -150,13 +149,13 @@ class StudyGPT(BackoutMethods, nn.Module):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
         if cfg.backout_layers:
             self.add_backout(cfg)
-        # The studies written against the ModelPart interface (speedrun/study.py), in registry order.
+        # The studies written against the ModelPart interface (speedrun/study.py), in registry order (those
+        # built_last after the others: the parameter and scalar order of existing checkpoints).
         self.parts = []
-        for study in STUDIES:
-            if study.in_model(cfg):
-                self.study[study.name] = study.model_part(self, cfg)
-                self.parts.append(self.study[study.name])
-        attach_laurel(self, cfg)
+        studies = [study for study in STUDIES if study.in_model(cfg)]
+        for study in sorted(studies, key=lambda study: study.model_part.built_last):
+            self.study[study.name] = study.model_part(self, cfg)
+            self.parts.append(self.study[study.name])
         if cfg.dlo_groups:
             self.study["dlo"] = DLORouters(cfg)
 
@@ -234,7 +233,7 @@ class StudyGPT(BackoutMethods, nn.Module):
         dlo = self.study["dlo"] if "dlo" in self.study else None
         dlo_records = []
         outputs = []
-        laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
+        residuals = self.block_residuals()
         for i, block in enumerate(self.blocks):
             for part in self.parts:
                 x = part.block_input(self, i, x, outputs)
@@ -245,7 +244,7 @@ class StudyGPT(BackoutMethods, nn.Module):
                 extra = (self.backout_mlp_input(outputs, x_embed, input_seq)
                          if concat_mlp and i == len(self.blocks) - 1 else None)
                 x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
-                                   laurel=laurel and laurel.for_layer(i))
+                                   augment=None if residuals is None else residuals(i))
             else:
                 before_mlp = self.layer_before_mlp(i, block, StudyBlock.add_skip(x, skip), embeds, ve, mask, scalars)
                 x = dlo.routed_mlp(i, block, before_mlp, dlo_records)
@@ -270,10 +269,17 @@ class StudyGPT(BackoutMethods, nn.Module):
         L = self.cfg.num_layers
         return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
 
-    def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, laurel=None):
+    def block_residuals(self):
+        """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
+        that augments the residuals, or None: every residual plain."""
+        found = [f for f in (part.residuals(self) for part in self.parts) if f is not None]
+        assert len(found) <= 1, "two study parts augment the residuals"
+        return found[0] if found else None
+
+    def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, augment=None):
         lambdas, v_lambdas = scalars
         return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], skip=skip, mlp_extra=mlp_extra,
-                     laurel=laurel)
+                     augment=augment)
 
     def layer_before_mlp(self, i, block, x, embeds, ve, mask, scalars):
         """Everything before the MLP (DLO routes the MLP itself)."""
@@ -340,7 +346,6 @@ class StudyGPT(BackoutMethods, nn.Module):
             out[f"skip.L{src}->L{dst}"] = w
         out.update(self.block_named_scalars())
         out.update(self.backout_named_scalars())
-        out.update(laurel_named_scalars(self))
         if "dlo" in self.study:
             out.update(self.study["dlo"].named_scalars(self))
         for part in self.parts:

@@ -6,7 +6,7 @@ from speedrun.backout import (BACKOUT_FLAGS, BACKOUT_MODEL_FIELDS, backout_added
 from speedrun.dlo import (DLO_DESCRIPTION, DLO_EXCLUDES, DLO_FLAGS, DLO_MODEL_FIELDS, dlo_added_params,
                          dlo_model_config, resolve_dlo_args)
 from speedrun.gated_skip import GATED_SKIP
-from speedrun.laurel import (LAUREL_FLAGS, LAUREL_MODEL_FIELDS, laurel_added_params, laurel_config,
+from speedrun.laurel import (LAUREL_FLAGS, LAUREL_MODEL_FIELDS, LaurelResiduals, laurel_added_params, laurel_config,
                              laurel_variant_name, resolve_laurel_args)
 from speedrun.rolling_skip import (ROLLING_SKIP_FLAGS, ROLLING_SKIP_MODEL_FIELDS, RollingSkip,
                                    resolve_rolling_skip_args, rolling_skip_added_params, rolling_skip_config)
@@ -22,7 +22,8 @@ STUDIES = (
           variant_name=lambda config: "rolling-skip", model_part=RollingSkip),
     Study(name="laurel", title="laurel", description="LAuReL residuals (docs/laurel.md); every flag needs --laurel",
           flags=LAUREL_FLAGS, resolve=resolve_laurel_args, model_config=laurel_config,
-          added_params=laurel_added_params, model_fields=LAUREL_MODEL_FIELDS, variant_name=laurel_variant_name),
+          added_params=laurel_added_params, model_fields=LAUREL_MODEL_FIELDS, variant_name=laurel_variant_name,
+          model_part=LaurelResiduals),
     Study(name="dlo", title="dlo", description=DLO_DESCRIPTION, flags=DLO_FLAGS, resolve=resolve_dlo_args,
           model_config=dlo_model_config, added_params=dlo_added_params, model_fields=DLO_MODEL_FIELDS,
           excludes=DLO_EXCLUDES, excludes_why="DLO expands baseline checkpoints"),

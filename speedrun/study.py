@@ -97,6 +97,9 @@ class ModelPart(nn.Module):
       block_input(model, i, x, outputs): layer i's input, given the one it would get and the outputs so far
       block_output(model, i, x, outputs): layer i's output, given the one it computed
       head_input(model, head_in, outputs): the head's input, given the one it would read and every layer's output
+      residuals(model): at the start of each forward pass, None (plain residuals) or a function i -> None or
+        augment(x, fx, site): layer i's residuals x + f(x) at site "attn" or "mlp", inside the block (one part
+        per model at most)
       named_scalars(model): {name: float} for the validation lines' scalars
       before_step(model, config, step), after_step(model, opt, config, proc): around each training step"""
 
@@ -106,8 +109,13 @@ class ModelPart(nn.Module):
     def block_output(self, model, i, x, outputs):
         return x
 
+    built_last = False  # built after the parts without it: the parameter and scalar order of older checkpoints
+
     def head_input(self, model, head_in, outputs):
         return head_in
+
+    def residuals(self, model):
+        return None
 
     def named_scalars(self, model):
         return {}
