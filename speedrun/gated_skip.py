@@ -33,7 +33,7 @@ class GatedSkip(ModelPart):
     def gate(self, model):
         return torch.sigmoid(model.scalar_slice("gated_skip")[0])
 
-    def head_input(self, model, head_in, outputs):
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
         return head_in + self.gate(model).type_as(head_in) * outputs[self.layer]
 
     def named_scalars(self, model):

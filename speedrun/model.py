@@ -9,7 +9,6 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from speedrun.backout import BackoutMethods
 from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
@@ -89,7 +88,7 @@ class StudyBlock(nn.Module):
         return self.residual(x, fx, "mlp", augment)
 
 
-class StudyGPT(BackoutMethods, nn.Module):
+class StudyGPT(nn.Module):
     """Track-independent part of the GPT. A subclass's __init__ creates its token embedding(s), then calls
     add_layers_and_head(its block class, max_seq_len) and finish_init().
     It also provides:
@@ -147,8 +146,6 @@ class StudyGPT(BackoutMethods, nn.Module):
 
     def add_study_variants(self, cfg):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
-        if cfg.backout_layers:
-            self.add_backout(cfg)
         # The studies written against the ModelPart interface (speedrun/study.py), in registry order (those
         # built_last after the others: the parameter and scalar order of existing checkpoints).
         self.parts = []
@@ -229,7 +226,6 @@ class StudyGPT(BackoutMethods, nn.Module):
         skip_w = self.scalar_slice("unet")
         scalars = self.block_scalars()
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
-        concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
         dlo = self.study["dlo"] if "dlo" in self.study else None
         dlo_records = []
         outputs = []
@@ -241,8 +237,7 @@ class StudyGPT(BackoutMethods, nn.Module):
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
             if dlo is None:
-                extra = (self.backout_mlp_input(outputs, x_embed, input_seq)
-                         if concat_mlp and i == len(self.blocks) - 1 else None)
+                extra = self.mlp_extra(i, outputs, x_embed, input_seq)
                 x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
                                    augment=None if residuals is None else residuals(i))
             else:
@@ -255,13 +250,17 @@ class StudyGPT(BackoutMethods, nn.Module):
             dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
         return x, outputs, x_embed
 
+    def mlp_extra(self, i, outputs, x_embed, input_seq):
+        """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
+        found = [e for e in (part.mlp_extra(self, i, outputs, x_embed, input_seq) for part in self.parts)
+                 if e is not None]
+        assert len(found) <= 1, f"two study parts widen layer {i}'s MLP input"
+        return found[0] if found else None
+
     def head_input(self, x, outputs, x_embed, input_seq=None):
-        if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
-            head_in = self.backout_head(x, outputs, x_embed, input_seq)
-        else:
-            head_in = norm(x)
+        head_in = norm(x)
         for part in self.parts:
-            head_in = part.head_input(self, head_in, outputs)
+            head_in = part.head_input(self, head_in, outputs, x_embed, input_seq)
         return head_in
 
     def block_scalars(self):
@@ -345,7 +344,6 @@ class StudyGPT(BackoutMethods, nn.Module):
         for (src, dst), w in zip(self.pattern["unet_pairs"], self.scalar_slice("unet").tolist()):
             out[f"skip.L{src}->L{dst}"] = w
         out.update(self.block_named_scalars())
-        out.update(self.backout_named_scalars())
         if "dlo" in self.study:
             out.update(self.study["dlo"].named_scalars(self))
         for part in self.parts:

@@ -96,7 +96,11 @@ class ModelPart(nn.Module):
     counted under its name's first part). Every hook is optional; the defaults change nothing.
       block_input(model, i, x, outputs): layer i's input, given the one it would get and the outputs so far
       block_output(model, i, x, outputs): layer i's output, given the one it computed
-      head_input(model, head_in, outputs): the head's input, given the one it would read and every layer's output
+      head_input(model, head_in, outputs, x_embed, input_seq): the head's input, given the one it would read
+        (norm of the final residual outputs[-1]), every layer's output, the embedding the residual started from and
+        the tokens
+      mlp_extra(model, i, outputs, x_embed, input_seq): None, or features concatenated to layer i's MLP input (the
+        part widens that MLP in __init__; one part per layer at most)
       residuals(model): at the start of each forward pass, None (plain residuals) or a function i -> None or
         augment(x, fx, site): layer i's residuals x + f(x) at site "attn" or "mlp", inside the block (one part
         per model at most)
@@ -111,8 +115,11 @@ class ModelPart(nn.Module):
 
     built_last = False  # built after the parts without it: the parameter and scalar order of older checkpoints
 
-    def head_input(self, model, head_in, outputs):
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
         return head_in
+
+    def mlp_extra(self, model, i, outputs, x_embed, input_seq):
+        return None
 
     def residuals(self, model):
         return None
