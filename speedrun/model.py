@@ -9,7 +9,6 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
 from speedrun.studies import STUDIES
@@ -105,8 +104,10 @@ class StudyGPT(nn.Module):
     def __init__(self, cfg, max_seq_len):
         super().__init__()
         self.cfg = cfg
-        self.pattern = dlo_layer_pattern(cfg, self.layer_pattern) if cfg.dlo_groups else self.layer_pattern(
-            cfg.num_layers)
+        # A study part may change the depth and each layer's structure (ModelPart.layer_pattern).
+        own = [pattern for pattern in (study.model_part.layer_pattern(cfg, self.layer_pattern)
+                                       for study in STUDIES if study.in_model(cfg)) if pattern is not None]
+        self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
         # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
         self.extra_param_counts = {}
@@ -153,8 +154,6 @@ class StudyGPT(nn.Module):
         for study in sorted(studies, key=lambda study: study.model_part.built_last):
             self.study[study.name] = study.model_part(self, cfg)
             self.parts.append(self.study[study.name])
-        if cfg.dlo_groups:
-            self.study["dlo"] = DLORouters(cfg)
 
     def scalar_slice(self, name):
         a, b = self.scalar_layout[name]
@@ -169,11 +168,13 @@ class StudyGPT(nn.Module):
                 counts[variant] = counts.get(variant, 0) + (b - a)
         for variant, n in self.extra_param_counts.items():
             counts[variant] = counts.get(variant, 0) + n
-        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers \
-                and not self.cfg.dlo_groups:  # DLO counts its new layers itself
+        # A part that grows the model from a base config counts everything beyond it, its new layers included.
+        grown = {name: part.base_config(self.cfg) for name, part in self.study.items()
+                 if part.base_config(self.cfg) is not None}
+        for name, base in grown.items():
+            counts[name] = sum(p.numel() for p in self.parameters()) - self.param_count(base)
+        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers and not grown:
             counts["layers"] = self.extra_layer_params()
-        if "dlo" in self.study:  # routers, new layers and their per-layer scalars (DLO combines with no variant)
-            counts["dlo"] = sum(p.numel() for p in self.parameters()) - self.param_count(dlo_base_config(self.cfg))
         return counts
 
     def param_count(self, cfg):
@@ -226,8 +227,7 @@ class StudyGPT(nn.Module):
         skip_w = self.scalar_slice("unet")
         scalars = self.block_scalars()
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
-        dlo = self.study["dlo"] if "dlo" in self.study else None
-        dlo_records = []
+        router = self.mlp_router()
         outputs = []
         residuals = self.block_residuals()
         for i, block in enumerate(self.blocks):
@@ -236,18 +236,18 @@ class StudyGPT(nn.Module):
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
-            if dlo is None:
+            if router is None:
                 extra = self.mlp_extra(i, outputs, x_embed, input_seq)
                 x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
                                    augment=None if residuals is None else residuals(i))
             else:
                 before_mlp = self.layer_before_mlp(i, block, StudyBlock.add_skip(x, skip), embeds, ve, mask, scalars)
-                x = dlo.routed_mlp(i, block, before_mlp, dlo_records)
+                x = router(i, block, before_mlp)
             for part in self.parts:
                 x = part.block_output(self, i, x, outputs)
             outputs.append(x)
-        if dlo is not None:
-            dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
+        if router is not None:
+            router.finish(input_seq, window_blocks, aux_losses)
         return x, outputs, x_embed
 
     def mlp_extra(self, i, outputs, x_embed, input_seq):
@@ -268,6 +268,15 @@ class StudyGPT(nn.Module):
         L = self.cfg.num_layers
         return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
 
+    def mlp_router(self):
+        """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
+        found = [r for r in (part.mlp_router(self) for part in self.parts) if r is not None]
+        assert len(found) <= 1, "two study parts route the MLPs"
+        return found[0] if found else None
+
+    def routes_mlp(self):
+        return any(part.routes_mlp for part in self.parts)
+
     def block_residuals(self):
         """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
         that augments the residuals, or None: every residual plain."""
@@ -281,7 +290,7 @@ class StudyGPT(nn.Module):
                      augment=augment)
 
     def layer_before_mlp(self, i, block, x, embeds, ve, mask, scalars):
-        """Everything before the MLP (DLO routes the MLP itself)."""
+        """Everything before the MLP (for a part that routes the MLP itself)."""
         lambdas, v_lambdas = scalars
         return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
 
@@ -301,8 +310,8 @@ class StudyGPT(nn.Module):
 
     def compile_whole(self):
         """--compile on: the whole forward (and its backward) as one graph; returns the compiled module."""
-        if "dlo" in self.study:
-            # Validation routes a data-dependent number of tokens through each MLP (nonzero): traced into the
+        if self.routes_mlp():
+            # Validation may route a data-dependent number of tokens through each MLP (nonzero): traced into the
             # graph with a size symbol instead of a graph break at it.
             import torch._dynamo.config as dynamo_config
             dynamo_config.capture_dynamic_output_shape_ops = True
@@ -321,7 +330,7 @@ class StudyGPT(nn.Module):
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, kinds_bound)
         dynamo_config.fail_on_recompile_limit_hit = True  # not a silent fall-back to eager blocks
         for block in self.blocks:
-            if "dlo" in self.study:  # DLO routes each MLP itself, so a block's forward never runs
+            if self.routes_mlp():  # a part routes each MLP itself, so a block's forward never runs
                 block.mix_and_attend = torch.compile(block.mix_and_attend, dynamic=False)
                 block.mlp.compile(dynamic=False)
             else:
@@ -344,8 +353,6 @@ class StudyGPT(nn.Module):
         for (src, dst), w in zip(self.pattern["unet_pairs"], self.scalar_slice("unet").tolist()):
             out[f"skip.L{src}->L{dst}"] = w
         out.update(self.block_named_scalars())
-        if "dlo" in self.study:
-            out.update(self.study["dlo"].named_scalars(self))
         for part in self.parts:
             out.update(part.named_scalars(self))
         return out

@@ -104,8 +104,18 @@ class ModelPart(nn.Module):
       residuals(model): at the start of each forward pass, None (plain residuals) or a function i -> None or
         augment(x, fx, site): layer i's residuals x + f(x) at site "attn" or "mlp", inside the block (one part
         per model at most)
+      mlp_router(model): at the start of each forward pass, None, or a router that computes every layer's MLP
+        itself: router(i, block, h) -> layer i's output from h (its stream after attention), and
+        router.finish(input_seq, window_blocks, aux_losses) at the pass's end (it may append a loss). Such a part
+        sets routes_mlp: the model then compiles each block's attention and MLP as regions of their own and lets
+        data-dependent sizes into the whole-model graph.
       named_scalars(model): {name: float} for the validation lines' scalars
-      before_step(model, config, step), after_step(model, opt, config, proc): around each training step"""
+      before_step(model, config, step), after_step(model, opt, config, proc): around each training step
+      init_from(model, state, config): loads an --init-from checkpoint's state into the model and returns True, or
+        returns False (the default: the run loads it as it is)
+    A part that changes the model's depth says so before any is built, as staticmethod layer_pattern(cfg,
+    track_layer_pattern) -> the model's per-layer structure (None: the track's at cfg.num_layers), and reports
+    what it adds against base_config(cfg) (the model it grows from; None: counted from its own parameters)."""
 
     def block_input(self, model, i, x, outputs):
         return x
@@ -114,6 +124,15 @@ class ModelPart(nn.Module):
         return x
 
     built_last = False  # built after the parts without it: the parameter and scalar order of older checkpoints
+    routes_mlp = False  # its mlp_router computes the MLPs (see above)
+
+    @staticmethod
+    def layer_pattern(cfg, track_layer_pattern):
+        return None
+
+    @staticmethod
+    def base_config(cfg):
+        return None
 
     def head_input(self, model, head_in, outputs, x_embed, input_seq):
         return head_in
@@ -132,3 +151,9 @@ class ModelPart(nn.Module):
 
     def after_step(self, model, opt, config, proc):
         pass
+
+    def mlp_router(self, model):
+        return None
+
+    def init_from(self, model, state, config):
+        return False
