@@ -1,6 +1,6 @@
-"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout, LAuReL,
-DLO; the other studies through the ModelPart hooks of speedrun/study.py), parameter counts and groups, and the
-generic layer loop (U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
+"""The study model machinery both tracks share: the named scalar vector, the calls of the study parts' hooks
+(ModelPart, speedrun/study.py; the model names no study), parameter counts and groups, and the generic layer loop
+(U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
 blocks, per-layer scalars and head."""
 
 from dataclasses import dataclass, field, fields, make_dataclass, replace
@@ -63,7 +63,7 @@ TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline arch
 class StudyBlock(nn.Module):
     """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, augment) (its
     input mix and attention residual), then the MLP residual on norm(x).
-    mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
+    mlp_extra: features concatenated to the MLP input (ModelPart.mlp_extra); None for every baseline block.
     augment: None (plain residuals) or a function (x, f(x), site) -> the augmented residual (ModelPart.residuals)."""
 
     def __init__(self, cfg, has_attention, max_seq_len, norm_v):
@@ -305,7 +305,7 @@ class StudyGPT(nn.Module):
         return loss
 
     def head(self, x, outputs, x_embed, input_seq, target_seq, **head_kwargs):
-        """The last region: the backout mix (when on), the final norm, the lm head and its loss."""
+        """The last region: the final norm, the parts' head_input hooks, the lm head and its loss."""
         return self.head_loss(self.head_input(x, outputs, x_embed, input_seq), target_seq, **head_kwargs)
 
     def compile_whole(self):
@@ -318,8 +318,8 @@ class StudyGPT(nn.Module):
         return torch.compile(self, dynamic=False)
 
     def compile_regions(self):
-        """--compile regional: each block (with the U-net skip it receives) and the head (backout mix, norm, lm
-        head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward
+        """--compile regional: each block (with the U-net skip it receives) and the head (norm, head_input hooks,
+        lm head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward
         is then its own autograd node, so a parameter's gradient is final, and its hook launches its average, as
         soon as its region's backward has run: the reductions overlap the backward of the regions below (a
         whole-model graph has one backward node and launches them all at its end). The blocks share one compiled
