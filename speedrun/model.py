@@ -96,7 +96,7 @@ class StudyGPT(nn.Module):
         unet_pairs;
       track_embedding_params(): its token and value embedding tables;
       block_matrix_params(block): [(matrix, weight-decay multiplier)] in Muon's order;
-      embed_inputs(input_seq): the embedding streams, the first starts the residual (the backout's "embed");
+      embed_inputs(input_seq): the embedding streams, the first starts the residual (x_embed in the hooks);
       blocks whose forward / mix_and_attend take (x, *embeds, ve, mask, block lambdas, value lambdas).
     The "block" scalars hold the same number of lambdas per layer (named a, b, c, ...), "value" two per layer.
     """
