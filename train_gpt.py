@@ -86,11 +86,11 @@ class Block(StudyBlock):
     def __init__(self, cfg: GPTConfig, has_attention, max_seq_len):
         super().__init__(cfg, has_attention, max_seq_len, norm_v=False)
 
-    def mix_and_attend(self, x, x0, ve, mask, lambdas, v_lambdas, laurel=None):
+    def mix_and_attend(self, x, x0, ve, mask, lambdas, v_lambdas, augment=None):
         """Everything before the MLP: the embedding re-injection and the attention residual (on norm(x))."""
         x = lambdas[0] * x + lambdas[1] * x0
         if self.attn is not None:
-            x = self.residual(x, self.attn(norm(x), ve, mask, v_lambdas[0], v_lambdas[1]), "attn", laurel)
+            x = self.residual(x, self.attn(norm(x), ve, mask, v_lambdas[0], v_lambdas[1]), "attn", augment)
         return x
 
 
@@ -165,12 +165,13 @@ fp8_head_matmul.register_autograd(_fp8_head_backward, setup_context=_fp8_head_sa
 
 class GPT(StudyGPT):
     layer_pattern = staticmethod(layer_pattern)
+    block_lambdas = (1.0, 0.0)  # each layer's initial block lambdas
 
     def __init__(self, cfg: GPTConfig, max_seq_len):
         super().__init__(cfg, max_seq_len)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.add_layers_and_head(Block, max_seq_len)
-        self.finish_init(block_lambdas=[1.0, 0.0])
+        self.finish_init()
         self.fp8_head = False  # set by the run where FP8 matmuls exist (training forward only)
 
     def cast_low_precision(self, dtype):

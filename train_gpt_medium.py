@@ -82,11 +82,11 @@ class Block(StudyBlock):
     def __init__(self, cfg: GPTConfig, has_attention, max_seq_len):
         super().__init__(cfg, has_attention, max_seq_len, norm_v=True)
 
-    def mix_and_attend(self, x, x_embed, x_embed2, ve, mask, lambdas, v_lambdas, laurel=None):
+    def mix_and_attend(self, x, x_embed, x_embed2, ve, mask, lambdas, v_lambdas, augment=None):
         """Everything before the MLP: the embedding re-injection and the attention residual (on the raw x)."""
         x = lambdas[0] * x + lambdas[1] * x_embed + lambdas[2] * x_embed2
         if self.attn is not None:
-            x = self.residual(x, self.attn(x, ve, mask, v_lambdas[0], v_lambdas[1]), "attn", laurel)
+            x = self.residual(x, self.attn(x, ve, mask, v_lambdas[0], v_lambdas[1]), "attn", augment)
         return x
 
 
@@ -97,13 +97,14 @@ def window_blocks_at(step, num_iterations, cfg: GPTConfig):
 
 class GPT(StudyGPT):
     layer_pattern = staticmethod(layer_pattern)
+    block_lambdas = (1.0, 0.0, 0.0)  # each layer's initial block lambdas
 
     def __init__(self, cfg: GPTConfig, max_seq_len):
         super().__init__(cfg, max_seq_len)
         self.embed1 = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.embed2 = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.add_layers_and_head(Block, max_seq_len)
-        self.finish_init(block_lambdas=[1.0, 0.0, 0.0])
+        self.finish_init()
 
     def track_embedding_params(self):
         return [self.embed1.weight, self.embed2.weight] + [e.weight for e in self.value_embeds]

@@ -1,7 +1,7 @@
 """The backout skip (docs/backout.md): earlier layers' outputs mixed into the final latents before the head.
 
-Its tensors live in `BackoutParts` (under model.study["backout"]), its learned lambdas in the model's scalar vector;
-`BackoutMethods` is the part of the model that builds and applies it."""
+Its tensors and hooks are the ModelPart `Backout` (model.study["backout"]), its learned lambdas in the model's scalar
+vector."""
 
 import math
 
@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.errors import UsageError
-from speedrun.layers import MLP, norm, uniform_init_
-from speedrun.study import Flag
+from speedrun.layers import MLP, norm, padded_vocab, uniform_init_
+from speedrun.study import Flag, ModelPart
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
 BACKOUT_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh}
@@ -21,13 +21,15 @@ def backout_mlp_hidden(cfg):
     return max(1, round(cfg.backout_mlp_ratio * cfg.model_dim))
 
 
-class BackoutParts(nn.Module):
-    """The backout's own tensors: transform matrices, down-projections, a fresh embedding, frozen lambdas and the
-    similarity record. Its learned lambdas live in GPT.scalars like every other scalar."""
+class Backout(ModelPart):
+    """The backout's own tensors (transform matrices, down-projections, a fresh embedding, frozen lambdas and the
+    similarity record) and its hooks: the head's input (sum, subtract, concat-head) or the last MLP's extra input
+    (concat-mlp). Its learned lambdas live in the model's scalar vector ("backout.x", "backout.skip")."""
 
-    def __init__(self, cfg):
+    def __init__(self, model, cfg):
         super().__init__()
         D, k = cfg.model_dim, len(cfg.backout_layers)
+        self.cfg = cfg
         if cfg.backout_transform.endswith("-linear"):
             self.transform_w = nn.Parameter(uniform_init_(torch.empty(k, D, D)))
         if cfg.backout_mode == "concat-mlp":
@@ -37,70 +39,60 @@ class BackoutParts(nn.Module):
         if cfg.backout_transform != "none":
             # (cos, relative L2) per source, overwritten by each eval forward: the last validation batch's values.
             self.register_buffer("similarity", torch.zeros(k, 2))
-
-
-class BackoutMethods:
-    """Backout methods of the study model (mixed into speedrun.model.StudyGPT)."""
-
-    def add_backout(self, cfg):
-        D, k = cfg.model_dim, len(cfg.backout_layers)
-        backout = BackoutParts(cfg)
-        self.study["backout"] = backout
         frozen = cfg.backout_freeze
         if cfg.backout_mode == "sum":
             x_init = torch.tensor(cfg.backout_x_init)
             if frozen or cfg.backout_fixed_x:
-                backout.register_buffer("x_lambda", x_init)
+                self.register_buffer("x_lambda", x_init)
             else:
-                self.add_scalars("backout.x", x_init)
+                model.add_scalars("backout.x", x_init)
         if cfg.backout_mode in ("sum", "subtract"):
             skip_init = torch.full((k,), float(cfg.backout_skip_init))
             if frozen:
-                backout.register_buffer("skip_lambdas", skip_init)
+                self.register_buffer("skip_lambdas", skip_init)
             else:
-                self.add_scalars("backout.skip", skip_init)
+                model.add_scalars("backout.skip", skip_init)
         elif cfg.backout_mode == "concat-head":
             # The head reads [norm(x), source 1, ...]: widen the (all-zero) lm head, so the new columns start at
             # zero and train exactly like the old ones (same Adam group, fp32).
-            rows = self.lm_head_w.size(0)
-            self.lm_head_w = nn.Parameter(torch.zeros(rows, D * (1 + k)))
-            self.extra_param_counts["backout"] = rows * D * k
+            rows = model.lm_head_w.size(0)
+            model.lm_head_w = nn.Parameter(torch.zeros(rows, D * (1 + k)))
+            model.extra_param_counts["backout"] = rows * D * k
         elif cfg.backout_mode == "concat-mlp":
-            old = self.blocks[-1].mlp
+            old = model.blocks[-1].mlp
             new = MLP(D, backout_mlp_hidden(cfg), in_dim=D + k * cfg.backout_concat_dim)
-            self.blocks[-1].mlp = new
-            self.extra_param_counts["backout"] = (sum(p.numel() for p in new.parameters())
-                                                  - sum(p.numel() for p in old.parameters()))
+            model.blocks[-1].mlp = new
+            model.extra_param_counts["backout"] = (sum(p.numel() for p in new.parameters())
+                                                   - sum(p.numel() for p in old.parameters()))
 
-    def backout_lambdas(self):
+    def lambdas(self, model):
         """(x_lambda or None, [skip lambda per source]) as 0-dim tensors (0-dim: they keep the activation dtype)."""
-        backout = self.study["backout"]
-        if "backout.x" in self.scalar_layout:
-            x_lambda = self.scalar_slice("backout.x")[0]
+        if "backout.x" in model.scalar_layout:
+            x_lambda = model.scalar_slice("backout.x")[0]
         else:
-            x_lambda = getattr(backout, "x_lambda", None)
-        skips = self.scalar_slice("backout.skip") if "backout.skip" in self.scalar_layout else backout.skip_lambdas
+            x_lambda = getattr(self, "x_lambda", None)
+        skips = model.scalar_slice("backout.skip") if "backout.skip" in model.scalar_layout else self.skip_lambdas
         return x_lambda, list(skips.unbind(0))
 
-    def backout_mixed(self, outputs, x_embed, input_seq, normed=True):
+    def mixed(self, outputs, x_embed, input_seq, normed=True):
         """The vectors the backout mixes in, one per source: norm(T(source)) (normed) or T(source).
 
         In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source)) on the
         first SIMILARITY_TOKENS tokens."""
-        cfg, backout = self.cfg, self.study["backout"]
+        cfg = self.cfg
         mixed = []
         for j, name in enumerate(cfg.backout_layers):
             if name == "embed":
                 source = x_embed
             elif name == "new-embed":
-                source = backout.new_embed(input_seq)[None]
+                source = self.new_embed(input_seq)[None]
             else:
                 source = outputs[name]
             t = cfg.backout_transform
             activation, _, linear = t.partition("-")
             moved = source.detach() if t == "detach" else BACKOUT_ACTIVATIONS.get(activation, lambda v: v)(source)
             if linear:  # relu-linear, tanh-linear: the activation, then a learned D x D matrix per source
-                moved = F.linear(moved, backout.transform_w[j].type_as(source))
+                moved = F.linear(moved, self.transform_w[j].type_as(source))
             moved_normed = norm(moved)
             if t != "none" and not self.training:
                 # The first tokens suffice and keep the fp32 copies small (a val sequence is 262144 tokens).
@@ -108,44 +100,48 @@ class BackoutMethods:
                 b = moved_normed[:, :SIMILARITY_TOKENS].float()
                 cos = F.cosine_similarity(a, b, dim=-1).mean()
                 rel_l2 = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(a).clamp_min(1e-12)
-                backout.similarity[j].copy_(torch.stack([cos, rel_l2]).detach())
+                self.similarity[j].copy_(torch.stack([cos, rel_l2]).detach())
             mixed.append(moved_normed if normed else moved)
         return mixed
 
-    def backout_head(self, x, outputs, x_embed, input_seq):
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
+        """head_in is norm(x), x = outputs[-1] the final residual."""
         cfg = self.cfg
+        if cfg.backout_mode == "concat-mlp":
+            return head_in
         if cfg.backout_mode == "concat-head":
-            return torch.cat([norm(x)] + self.backout_mixed(outputs, x_embed, input_seq), dim=-1)
-        x_lambda, skip_lambdas = self.backout_lambdas()
+            return torch.cat([head_in] + self.mixed(outputs, x_embed, input_seq), dim=-1)
+        x_lambda, skip_lambdas = self.lambdas(model)
         if cfg.backout_mode == "subtract":
-            for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x_embed, input_seq, normed=False)):
+            x = outputs[-1]
+            for lam, v in zip(skip_lambdas, self.mixed(outputs, x_embed, input_seq, normed=False)):
                 x = x - lam * v
             return norm(x)
-        out = x_lambda * norm(x)
-        for lam, v in zip(skip_lambdas, self.backout_mixed(outputs, x_embed, input_seq)):
+        out = x_lambda * head_in
+        for lam, v in zip(skip_lambdas, self.mixed(outputs, x_embed, input_seq)):
             out = out + lam * v
         return norm(out) if cfg.backout_norm_after_sum else out
 
-    def backout_mlp_input(self, outputs, x_embed, input_seq):
-        """concat-mlp: each source's norm(T(source)) projected down to backout_concat_dim, concatenated."""
-        down = self.study["backout"].down_w
-        mixed = self.backout_mixed(outputs, x_embed, input_seq)
-        return torch.cat([F.linear(v, down[j].type_as(v)) for j, v in enumerate(mixed)], dim=-1)
+    def mlp_extra(self, model, i, outputs, x_embed, input_seq):
+        """concat-mlp, last layer: each source's norm(T(source)) projected down to backout_concat_dim,
+        concatenated."""
+        if self.cfg.backout_mode != "concat-mlp" or i != model.cfg.num_layers - 1:
+            return None
+        mixed = self.mixed(outputs, x_embed, input_seq)
+        return torch.cat([F.linear(v, self.down_w[j].type_as(v)) for j, v in enumerate(mixed)], dim=-1)
 
-    def backout_named_scalars(self):
+    def named_scalars(self, model):
         cfg, out = self.cfg, {}
-        if "backout" in self.study:
-            backout = self.study["backout"]
-            labels = [name if isinstance(name, str) else f"L{name}" for name in cfg.backout_layers]
-            if cfg.backout_mode in ("sum", "subtract"):
-                x_lambda, skip_lambdas = self.backout_lambdas()
-                if x_lambda is not None:
-                    out["backout.x"] = x_lambda.item()
-                for label, lam in zip(labels, skip_lambdas):
-                    out[f"backout.{label}"] = lam.item()
-            if cfg.backout_transform != "none":
-                for label, (cos, rel_l2) in zip(labels, backout.similarity.tolist()):
-                    out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
+        labels = [name if isinstance(name, str) else f"L{name}" for name in cfg.backout_layers]
+        if cfg.backout_mode in ("sum", "subtract"):
+            x_lambda, skip_lambdas = self.lambdas(model)
+            if x_lambda is not None:
+                out["backout.x"] = x_lambda.item()
+            for label, lam in zip(labels, skip_lambdas):
+                out[f"backout.{label}"] = lam.item()
+        if cfg.backout_transform != "none":
+            for label, (cos, rel_l2) in zip(labels, self.similarity.tolist()):
+                out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
         return out
 
 
@@ -269,6 +265,28 @@ def backout_config(model_cfg, args):
     if not args.backout_layers:
         return {}
     return {name: getattr(args, name) for name, _, _ in BACKOUT_MODEL_FIELDS}
+
+
+def backout_added_params(cfg, model_class=None):
+    """Parameters the backout adds (see BackoutParts and add_backout): its matrices and table, its learned lambdas
+    (none frozen), the lm head's new columns (concat-head) or the last MLP's growth (concat-mlp)."""
+    if not cfg.backout_layers:
+        return 0
+    D, k, mode = cfg.model_dim, len(cfg.backout_layers), cfg.backout_mode
+    count = k * D * D if cfg.backout_transform.endswith("-linear") else 0
+    if "new-embed" in cfg.backout_layers:
+        count += cfg.vocab_size * D
+    learned = not cfg.backout_freeze
+    if mode == "sum":
+        count += (learned and not cfg.backout_fixed_x) + learned * k
+    elif mode == "subtract":
+        count += learned * k
+    elif mode == "concat-head":
+        count += padded_vocab(cfg.vocab_size) * D * k
+    else:  # concat-mlp: the down-projections, and the last MLP widened (input) and resized (hidden)
+        concat, hidden = k * cfg.backout_concat_dim, backout_mlp_hidden(cfg)
+        count += concat * D + hidden * (D + concat) + D * hidden - 2 * cfg.mlp_ratio * D * D
+    return count
 
 
 # Name pieces of the settings that differ from their defaults, in the order they are checked.

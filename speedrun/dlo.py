@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from speedrun.checkpoint import load_model_weights
 from speedrun.errors import UsageError
 from speedrun.layers import norm, padded_vocab
-from speedrun.study import Flag
+from speedrun.study import Flag, ModelPart
 
 # The paper's policies: new layers appended to each group, built from the group's layers (block scalars reset).
 GROUP_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
@@ -106,7 +106,7 @@ def gate_range(score, scale):
     return (1 - scale / 2, 1.0) if score == "rescaled" else (0.0, 0.5)
 
 
-class DLORouters(nn.Module):
+class DLORouters(ModelPart):
     """One linear router (D -> 1, no bias) per layer of the expanded model, gating its MLP.
 
     gate = 1 + scale * (sigmoid(w . norm(h) / sqrt(D)) - 0.5) ("rescaled"): exactly 1 at zero weights, in
@@ -116,7 +116,9 @@ class DLORouters(nn.Module):
     Evaluation: only tokens with gate >= threshold go through the MLP (gathered, scattered back).
     """
 
-    def __init__(self, cfg):
+    routes_mlp = True
+
+    def __init__(self, model, cfg):
         super().__init__()
         L, D = cfg.num_layers, cfg.model_dim
         self.num_layers, self.dim = L, D
@@ -178,6 +180,27 @@ class DLORouters(nn.Module):
         if aux_losses is not None and self.skip_loss_weight:
             aux_losses.append(self.skip_loss_weight * skip_loss(logits, labels))
 
+    def mlp_router(self, model):
+        return RoutedPass(self)
+
+    @staticmethod
+    def layer_pattern(cfg, track_layer_pattern):
+        return dlo_layer_pattern(cfg, track_layer_pattern)
+
+    @staticmethod
+    def base_config(cfg):
+        return dlo_base_config(cfg)
+
+    def before_step(self, model, config, step):
+        dlo_before_step(model, config, step)
+
+    def after_step(self, model, opt, config, proc):
+        dlo_after_step(model, opt, config, proc)
+
+    def init_from(self, model, state, config):
+        dlo_expand_from_checkpoint(model, state, config, max(config.train_seq_len, config.val_seq_len))
+        return True
+
     def label_active_fractions(self):
         return self.label_active_sum / self.label_count.clamp_min(1)
 
@@ -202,6 +225,19 @@ class DLORouters(nn.Module):
         self.val_active.zero_()
         self.val_tokens.zero_()
         return out
+
+
+class RoutedPass:
+    """One forward pass's routed MLPs: each layer's (logits, similarity) record for the labels and the skip loss."""
+
+    def __init__(self, routers):
+        self.routers, self.records = routers, []
+
+    def __call__(self, layer, block, h):
+        return self.routers.routed_mlp(layer, block, h, self.records)
+
+    def finish(self, input_seq, window_blocks, aux_losses):
+        self.routers.finish_forward(self.records, input_seq, window_blocks, aux_losses)
 
 
 def slerp(a, b, t, eps=1e-8):
@@ -275,6 +311,19 @@ def expand_model(base, model, policy, slerp_t):
 
 def dlo_base_config(cfg):
     return replace(cfg, num_layers=cfg.dlo_base_layers, dlo_groups=0, dlo_add=0, dlo_base_layers=0)
+
+
+def dlo_added_params(cfg, model_class):
+    """A router (D weights) per layer of the expanded model, and each new layer: its attention (where its source
+    has one), its MLP, its block and value lambdas."""
+    if not cfg.dlo_groups:
+        return 0
+    D, hdim = cfg.model_dim, cfg.num_heads * cfg.head_dim
+    pattern = dlo_layer_pattern(cfg, model_class.layer_pattern)
+    new_layers = pattern["dlo_new_layers"]
+    with_attention = sum(q not in pattern["no_attention_layers"] for q in new_layers)
+    per_layer = 2 * cfg.mlp_ratio * D * D + len(model_class.block_lambdas) + 2
+    return cfg.num_layers * D + len(new_layers) * per_layer + with_attention * 4 * hdim * D
 
 
 def dlo_expand_from_checkpoint(model, state, args, max_seq_len):

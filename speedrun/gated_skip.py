@@ -33,7 +33,7 @@ class GatedSkip(ModelPart):
     def gate(self, model):
         return torch.sigmoid(model.scalar_slice("gated_skip")[0])
 
-    def head_input(self, model, head_in, outputs):
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
         return head_in + self.gate(model).type_as(head_in) * outputs[self.layer]
 
     def named_scalars(self, model):
@@ -48,6 +48,7 @@ GATED_SKIP = Study(
     model_fields=(("gated_skip_layer", int, None),),
     model_config=lambda model_cfg, config: (dict(gated_skip_layer=config.gated_skip_layer)
                                             if config.gated_skip_layer is not None else {}),
+    added_params=lambda model_cfg, model_class: int(model_cfg.gated_skip_layer is not None),  # the gate's scalar
     variant_name=lambda config: f"gated-skip-L{config.gated_skip_layer}",
     model_part=GatedSkip,
     excludes=("--dlo-groups",), excludes_why="layer indices of a DLO-expanded model are not the checkpoint's",

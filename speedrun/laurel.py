@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.errors import UsageError, parse_int_flag
-from speedrun.study import Flag
+from speedrun.study import Flag, ModelPart
 
 # A LAuReL'd residual replaces x + f(x) by  alpha*f(x) + g(x, history). Sites are the attention and MLP residuals
 # of a block, or the whole block (f = attention + MLP); x is the stream entering that residual (after the U-net
@@ -77,12 +77,15 @@ def laurel_rw_weights(raw, form, scale):
     return w[:, 0], w[:, 1]
 
 
-class LaurelResiduals(nn.Module):
+class LaurelResiduals(ModelPart):
     """Parameters of every LAuReL'd residual: low-rank products stacked in two tensors (one Muon batch each);
-    the RW and PA scalars live in the model's scalar vector ("laurel.rw", "laurel.gamma")."""
+    the RW and PA scalars live in the model's scalar vector ("laurel.rw", "laurel.gamma"). Its residuals hook
+    hands the blocks one LaurelPass per forward."""
+    built_last = True  # LAuReL was built after the other parts before it was one
 
-    def __init__(self, cfg, no_attention_layer):
+    def __init__(self, model, cfg):
         super().__init__()
+        no_attention_layer = model.pattern["no_attention_layer"]
         self.rw, self.lr, self.pa, self.pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
         self.k, self.rw_form, self.rw_scale = cfg.laurel_k, cfg.laurel_rw_form, cfg.laurel_rw_scale
         self.whole_block = cfg.laurel_where == "block"
@@ -102,6 +105,8 @@ class LaurelResiduals(nn.Module):
             down, up = laurel_factors(sum(counts), cfg.laurel_rank, cfg.model_dim, cfg.laurel_factor_init,
                                       cfg.laurel_zero_factor)
             self.down, self.up = nn.Parameter(down), nn.Parameter(up)
+        for name, init in self.scalar_inits(cfg.model_dim).items():
+            model.add_scalars(f"laurel.{name}", init)
 
     def scalar_inits(self, dim):
         n, out = len(self.sites), {}
@@ -129,13 +134,32 @@ class LaurelResiduals(nn.Module):
             gamma = model.scalar_slice("laurel.gamma")
         return alpha, beta, gamma
 
-    def begin(self, model):
-        return LaurelPass(self, *self.weights(model))
+    def residuals(self, model):
+        return LaurelPass(self, *self.weights(model)).for_layer
 
     def product(self, site, j, x):
         """B A x for the product of site `site` that reads its j-th history entry (LR and shared h: the one)."""
         index = self.product_start[site] + (j if self.product_per_input else 0)
         return F.linear(F.linear(x, self.down[index].type_as(x)), self.up[index].type_as(x))
+
+    @torch.no_grad()
+    def named_scalars(self, model):
+        """alpha, beta (bounded values; the mean for the vector form) and gamma_j per LAuReL'd residual."""
+        out = {}
+        alpha, beta, gamma = self.weights(model)
+        if alpha is not None and alpha.ndim > 1:
+            alpha, beta = alpha.mean(dim=-1), beta.mean(dim=-1)
+        suffix = ".mean" if self.rw_form == "vector" else ""
+        alpha, beta = (None, None) if alpha is None else (alpha.tolist(), beta.tolist())
+        gamma = None if gamma is None else gamma.tolist()
+        for n, (layer, site) in enumerate(self.sites):
+            key = f"laurel.L{layer}.{site}"
+            if alpha is not None:
+                out[f"{key}.alpha{suffix}"], out[f"{key}.beta{suffix}"] = alpha[n], beta[n]
+            if gamma is not None:
+                for j, value in enumerate(gamma[self.gamma_start[n]:self.gamma_start[n + 1]]):
+                    out[f"{key}.gamma{j}"] = value
+        return out
 
 
 class LaurelPass:
@@ -205,37 +229,6 @@ class LayerResidual:
             return self.laurel_pass.residual(self.layer, "block", x, (fx,))
         x_block, attn = self.attention
         return self.laurel_pass.residual(self.layer, "block", x_block, (attn, fx))
-
-
-def attach_laurel(model, cfg):
-    if cfg.laurel is None:
-        return
-    module = LaurelResiduals(cfg, model.pattern["no_attention_layer"])
-    model.study["laurel"] = module
-    for name, init in module.scalar_inits(cfg.model_dim).items():
-        model.add_scalars(f"laurel.{name}", init)
-
-
-@torch.no_grad()
-def laurel_named_scalars(model):
-    """alpha, beta (bounded values; the mean for the vector form) and gamma_j per LAuReL'd residual."""
-    if "laurel" not in model.study:
-        return {}
-    m, out = model.study["laurel"], {}
-    alpha, beta, gamma = m.weights(model)
-    if alpha is not None and alpha.ndim > 1:
-        alpha, beta = alpha.mean(dim=-1), beta.mean(dim=-1)
-    suffix = ".mean" if m.rw_form == "vector" else ""
-    alpha, beta = (None, None) if alpha is None else (alpha.tolist(), beta.tolist())
-    gamma = None if gamma is None else gamma.tolist()
-    for n, (layer, site) in enumerate(m.sites):
-        key = f"laurel.L{layer}.{site}"
-        if alpha is not None:
-            out[f"{key}.alpha{suffix}"], out[f"{key}.beta{suffix}"] = alpha[n], beta[n]
-        if gamma is not None:
-            for j, value in enumerate(gamma[m.gamma_start[n]:m.gamma_start[n + 1]]):
-                out[f"{key}.gamma{j}"] = value
-    return out
 
 
 LAUREL_FLAGS = (
@@ -335,6 +328,20 @@ def resolve_laurel_args(args, pattern):
 # The model config fields (their defaults: off, and the command line's defaults).
 LAUREL_MODEL_FIELDS = (("laurel", str, None), *((n, type(v), v) for n, v in LAUREL_DEFAULTS.items()),
                        ("laurel_pa_h", str, "identity"), ("laurel_layers", tuple, None))
+
+
+def laurel_added_params(cfg, model_class):
+    """Per LAuReL'd residual: its RW scalars, its PA gammas (one per history entry) and its low-rank products (one,
+    or one per history entry), each 2 r D."""
+    if cfg.laurel is None:
+        return 0
+    rw, lr, pa, pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
+    no_attention = model_class.layer_pattern(cfg.num_layers)["no_attention_layer"]
+    n = len(laurel_sites(cfg.num_layers, no_attention, cfg.laurel_where, cfg.laurel_layers))
+    history = sum(min(cfg.laurel_k, i + 1) for i in range(n)) if pa else 0
+    rw_per_site = {"single": 1, "vector": 2 * cfg.model_dim}.get(cfg.laurel_rw_form, 2) if rw else 0
+    products = history if pa_lowrank and cfg.laurel_pa_h == "lowrank" else n if lr or pa_lowrank else 0
+    return n * rw_per_site + history + products * 2 * cfg.laurel_rank * cfg.model_dim
 
 
 def laurel_config(model_cfg, args):

@@ -1,6 +1,6 @@
-"""The study model machinery both tracks share: the named scalar vector, the study-variant hooks (backout, LAuReL,
-DLO; the other studies through the ModelPart hooks of speedrun/study.py), parameter counts and groups, and the
-generic layer loop (U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
+"""The study model machinery both tracks share: the named scalar vector, the calls of the study parts' hooks
+(ModelPart, speedrun/study.py; the model names no study), parameter counts and groups, and the generic layer loop
+(U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
 blocks, per-layer scalars and head."""
 
 from dataclasses import dataclass, field, fields, make_dataclass, replace
@@ -9,9 +9,6 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from speedrun.backout import BackoutMethods
-from speedrun.dlo import DLORouters, dlo_base_config, dlo_layer_pattern
-from speedrun.laurel import attach_laurel, laurel_named_scalars
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
 from speedrun.studies import STUDIES
@@ -65,10 +62,10 @@ TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline arch
 
 
 class StudyBlock(nn.Module):
-    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, laurel) (its
+    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, augment) (its
     input mix and attention residual), then the MLP residual on norm(x).
-    mlp_extra: features concatenated to the MLP input (backout concat-mlp); None for every baseline block.
-    laurel: None (plain residuals) or a function (x, f(x), site) -> the augmented residual."""
+    mlp_extra: features concatenated to the MLP input (ModelPart.mlp_extra); None for every baseline block.
+    augment: None (plain residuals) or a function (x, f(x), site) -> the augmented residual (ModelPart.residuals)."""
 
     def __init__(self, cfg, has_attention, max_seq_len, norm_v):
         super().__init__()
@@ -76,30 +73,31 @@ class StudyBlock(nn.Module):
         self.mlp = MLP(cfg.model_dim, cfg.mlp_ratio * cfg.model_dim)
 
     @staticmethod
-    def residual(x, fx, site, laurel):
-        return x + fx if laurel is None else laurel(x, fx, site)
+    def residual(x, fx, site, augment):
+        return x + fx if augment is None else augment(x, fx, site)
 
     @staticmethod
     def add_skip(x, skip):
         """The U-net skip into a block: skip = (weight, an earlier layer's output), or None."""
         return x if skip is None else x + skip[0] * skip[1]
 
-    def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, laurel=None):
+    def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, augment=None):
         # The skip is added here rather than before the call so that --compile regional fuses it into the mix.
-        x = self.mix_and_attend(self.add_skip(x, skip), *mix_inputs, laurel=laurel)
+        x = self.mix_and_attend(self.add_skip(x, skip), *mix_inputs, augment=augment)
         fx = self.mlp(norm(x) if mlp_extra is None else torch.cat([norm(x), mlp_extra.type_as(x)], dim=-1))
-        return self.residual(x, fx, "mlp", laurel)
+        return self.residual(x, fx, "mlp", augment)
 
 
-class StudyGPT(BackoutMethods, nn.Module):
+class StudyGPT(nn.Module):
     """Track-independent part of the GPT. A subclass's __init__ creates its token embedding(s), then calls
-    add_layers_and_head(its block class, max_seq_len) and finish_init(its block lambdas' initial values).
+    add_layers_and_head(its block class, max_seq_len) and finish_init().
     It also provides:
+      block_lambdas (class attribute): each layer's initial block lambdas;
       layer_pattern(num_layers) (staticmethod): ve_index, num_value_embeds, long_window_layers, no_attention_layer,
         unet_pairs;
       track_embedding_params(): its token and value embedding tables;
       block_matrix_params(block): [(matrix, weight-decay multiplier)] in Muon's order;
-      embed_inputs(input_seq): the embedding streams, the first starts the residual (the backout's "embed");
+      embed_inputs(input_seq): the embedding streams, the first starts the residual (x_embed in the hooks);
       blocks whose forward / mix_and_attend take (x, *embeds, ve, mask, block lambdas, value lambdas).
     The "block" scalars hold the same number of lambdas per layer (named a, b, c, ...), "value" two per layer.
     """
@@ -107,8 +105,10 @@ class StudyGPT(BackoutMethods, nn.Module):
     def __init__(self, cfg, max_seq_len):
         super().__init__()
         self.cfg = cfg
-        self.pattern = dlo_layer_pattern(cfg, self.layer_pattern) if cfg.dlo_groups else self.layer_pattern(
-            cfg.num_layers)
+        # A study part may change the depth and each layer's structure (ModelPart.layer_pattern).
+        own = [pattern for pattern in (study.model_part.layer_pattern(cfg, self.layer_pattern)
+                                       for study in STUDIES if study.in_model(cfg)) if pattern is not None]
+        self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
         # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
         self.extra_param_counts = {}
@@ -125,13 +125,13 @@ class StudyGPT(BackoutMethods, nn.Module):
                                     for i in range(cfg.num_layers))
         self.lm_head_w = nn.Parameter(torch.zeros(padded_vocab(cfg.vocab_size), cfg.model_dim))
 
-    def finish_init(self, block_lambdas):
+    def finish_init(self):
         """The baseline's scalars - one weight per U-net skip (1), the track's block lambdas for every layer, one
         (v_self, v_embed) pair per layer (0.5, 0.5; the no-attention layer's is unused, so the slice indexes by
         layer) - then the study variants, and the scalar vector."""
         L = self.cfg.num_layers
         self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
-        self.add_scalars("block", torch.tensor(block_lambdas).repeat(L))
+        self.add_scalars("block", torch.tensor(self.block_lambdas).repeat(L))
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules here (key = variant name) and their scalars in the shared vector,
         # so parameter counts, optimiser groups and logging find them without special cases.
@@ -146,17 +146,13 @@ class StudyGPT(BackoutMethods, nn.Module):
 
     def add_study_variants(self, cfg):
         """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
-        if cfg.backout_layers:
-            self.add_backout(cfg)
-        # The studies written against the ModelPart interface (speedrun/study.py), in registry order.
+        # The studies written against the ModelPart interface (speedrun/study.py), in registry order (those
+        # built_last after the others: the parameter and scalar order of existing checkpoints).
         self.parts = []
-        for study in STUDIES:
-            if study.in_model(cfg):
-                self.study[study.name] = study.model_part(self, cfg)
-                self.parts.append(self.study[study.name])
-        attach_laurel(self, cfg)
-        if cfg.dlo_groups:
-            self.study["dlo"] = DLORouters(cfg)
+        studies = [study for study in STUDIES if study.in_model(cfg)]
+        for study in sorted(studies, key=lambda study: study.model_part.built_last):
+            self.study[study.name] = study.model_part(self, cfg)
+            self.parts.append(self.study[study.name])
 
     def scalar_slice(self, name):
         a, b = self.scalar_layout[name]
@@ -171,11 +167,13 @@ class StudyGPT(BackoutMethods, nn.Module):
                 counts[variant] = counts.get(variant, 0) + (b - a)
         for variant, n in self.extra_param_counts.items():
             counts[variant] = counts.get(variant, 0) + n
-        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers \
-                and not self.cfg.dlo_groups:  # DLO counts its new layers itself
+        # A part that grows the model from a base config counts everything beyond it, its new layers included.
+        grown = {name: part.base_config(self.cfg) for name, part in self.study.items()
+                 if part.base_config(self.cfg) is not None}
+        for name, base in grown.items():
+            counts[name] = sum(p.numel() for p in self.parameters()) - self.param_count(base)
+        if self.cfg.baseline_layers and self.cfg.num_layers != self.cfg.baseline_layers and not grown:
             counts["layers"] = self.extra_layer_params()
-        if "dlo" in self.study:  # routers, new layers and their per-layer scalars (DLO combines with no variant)
-            counts["dlo"] = sum(p.numel() for p in self.parameters()) - self.param_count(dlo_base_config(self.cfg))
         return counts
 
     def param_count(self, cfg):
@@ -228,39 +226,40 @@ class StudyGPT(BackoutMethods, nn.Module):
         skip_w = self.scalar_slice("unet")
         scalars = self.block_scalars()
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
-        concat_mlp = "backout" in self.study and self.cfg.backout_mode == "concat-mlp"
-        dlo = self.study["dlo"] if "dlo" in self.study else None
-        dlo_records = []
+        router = self.mlp_router()
         outputs = []
-        laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
+        residuals = self.block_residuals()
         for i, block in enumerate(self.blocks):
             for part in self.parts:
                 x = part.block_input(self, i, x, outputs)
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
-            if dlo is None:
-                extra = (self.backout_mlp_input(outputs, x_embed, input_seq)
-                         if concat_mlp and i == len(self.blocks) - 1 else None)
+            if router is None:
+                extra = self.mlp_extra(i, outputs, x_embed, input_seq)
                 x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
-                                   laurel=laurel and laurel.for_layer(i))
+                                   augment=None if residuals is None else residuals(i))
             else:
                 before_mlp = self.layer_before_mlp(i, block, StudyBlock.add_skip(x, skip), embeds, ve, mask, scalars)
-                x = dlo.routed_mlp(i, block, before_mlp, dlo_records)
+                x = router(i, block, before_mlp)
             for part in self.parts:
                 x = part.block_output(self, i, x, outputs)
             outputs.append(x)
-        if dlo is not None:
-            dlo.finish_forward(dlo_records, input_seq, window_blocks, aux_losses)
+        if router is not None:
+            router.finish(input_seq, window_blocks, aux_losses)
         return x, outputs, x_embed
 
+    def mlp_extra(self, i, outputs, x_embed, input_seq):
+        """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
+        found = [e for e in (part.mlp_extra(self, i, outputs, x_embed, input_seq) for part in self.parts)
+                 if e is not None]
+        assert len(found) <= 1, f"two study parts widen layer {i}'s MLP input"
+        return found[0] if found else None
+
     def head_input(self, x, outputs, x_embed, input_seq=None):
-        if "backout" in self.study and self.cfg.backout_mode != "concat-mlp":
-            head_in = self.backout_head(x, outputs, x_embed, input_seq)
-        else:
-            head_in = norm(x)
+        head_in = norm(x)
         for part in self.parts:
-            head_in = part.head_input(self, head_in, outputs)
+            head_in = part.head_input(self, head_in, outputs, x_embed, input_seq)
         return head_in
 
     def block_scalars(self):
@@ -268,13 +267,29 @@ class StudyGPT(BackoutMethods, nn.Module):
         L = self.cfg.num_layers
         return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
 
-    def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, laurel=None):
+    def mlp_router(self):
+        """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
+        found = [r for r in (part.mlp_router(self) for part in self.parts) if r is not None]
+        assert len(found) <= 1, "two study parts route the MLPs"
+        return found[0] if found else None
+
+    def routes_mlp(self):
+        return any(part.routes_mlp for part in self.parts)
+
+    def block_residuals(self):
+        """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
+        that augments the residuals, or None: every residual plain."""
+        found = [f for f in (part.residuals(self) for part in self.parts) if f is not None]
+        assert len(found) <= 1, "two study parts augment the residuals"
+        return found[0] if found else None
+
+    def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, augment=None):
         lambdas, v_lambdas = scalars
         return block(x, *embeds, ve, mask, lambdas[i], v_lambdas[i], skip=skip, mlp_extra=mlp_extra,
-                     laurel=laurel)
+                     augment=augment)
 
     def layer_before_mlp(self, i, block, x, embeds, ve, mask, scalars):
-        """Everything before the MLP (DLO routes the MLP itself)."""
+        """Everything before the MLP (for a part that routes the MLP itself)."""
         lambdas, v_lambdas = scalars
         return block.mix_and_attend(x, *embeds, ve, mask, lambdas[i], v_lambdas[i])
 
@@ -289,21 +304,21 @@ class StudyGPT(BackoutMethods, nn.Module):
         return loss
 
     def head(self, x, outputs, x_embed, input_seq, target_seq, **head_kwargs):
-        """The last region: the backout mix (when on), the final norm, the lm head and its loss."""
+        """The last region: the final norm, the parts' head_input hooks, the lm head and its loss."""
         return self.head_loss(self.head_input(x, outputs, x_embed, input_seq), target_seq, **head_kwargs)
 
     def compile_whole(self):
         """--compile on: the whole forward (and its backward) as one graph; returns the compiled module."""
-        if "dlo" in self.study:
-            # Validation routes a data-dependent number of tokens through each MLP (nonzero): traced into the
+        if self.routes_mlp():
+            # Validation may route a data-dependent number of tokens through each MLP (nonzero): traced into the
             # graph with a size symbol instead of a graph break at it.
             import torch._dynamo.config as dynamo_config
             dynamo_config.capture_dynamic_output_shape_ops = True
         return torch.compile(self, dynamic=False)
 
     def compile_regions(self):
-        """--compile regional: each block (with the U-net skip it receives) and the head (backout mix, norm, lm
-        head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward
+        """--compile regional: each block (with the U-net skip it receives) and the head (norm, head_input hooks,
+        lm head, loss) compiled on their own, the glue between them (embeddings, masks) eager. Each region's backward
         is then its own autograd node, so a parameter's gradient is final, and its hook launches its average, as
         soon as its region's backward has run: the reductions overlap the backward of the regions below (a
         whole-model graph has one backward node and launches them all at its end). The blocks share one compiled
@@ -314,7 +329,7 @@ class StudyGPT(BackoutMethods, nn.Module):
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, kinds_bound)
         dynamo_config.fail_on_recompile_limit_hit = True  # not a silent fall-back to eager blocks
         for block in self.blocks:
-            if "dlo" in self.study:  # DLO routes each MLP itself, so a block's forward never runs
+            if self.routes_mlp():  # a part routes each MLP itself, so a block's forward never runs
                 block.mix_and_attend = torch.compile(block.mix_and_attend, dynamic=False)
                 block.mlp.compile(dynamic=False)
             else:
@@ -337,10 +352,6 @@ class StudyGPT(BackoutMethods, nn.Module):
         for (src, dst), w in zip(self.pattern["unet_pairs"], self.scalar_slice("unet").tolist()):
             out[f"skip.L{src}->L{dst}"] = w
         out.update(self.block_named_scalars())
-        out.update(self.backout_named_scalars())
-        out.update(laurel_named_scalars(self))
-        if "dlo" in self.study:
-            out.update(self.study["dlo"].named_scalars(self))
         for part in self.parts:
             out.update(part.named_scalars(self))
         return out

@@ -23,6 +23,11 @@ def rolling_skip_config(model_cfg, config):
     return dict(rolling_skip=True) if config.rolling_skip else {}
 
 
+def rolling_skip_added_params(cfg, model_class=None):
+    """Two scalars per layer from layer 3 on."""
+    return 2 * (cfg.num_layers - 3) if cfg.rolling_skip else 0
+
+
 class RollingSkip(ModelPart):
     """Per layer i >= 3 the scalars (a, b) of `a*out[i-3] + b*out[i-1]`, (0, 1) at init: the baseline's input."""
 

@@ -45,6 +45,9 @@ class Study:
     resolve(config, pattern) -> {field: value}: validates this study's flags of the run config (the track's layer
       pattern at --num-layers given) and returns their resolved values (defaults filled in); raises UsageError.
     model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
+    added_params(model_cfg, model_class) -> int: the parameters the study adds to a model of this config, counted
+      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. The run log's
+      added_params line measures them on the built model; a test checks every bundled arm's two agree.
     model_fields: (name, type, default) of the model config fields; the defaults mean off.
     model_part: its ModelPart class (below), built into a model whose config has the study on.
     variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
@@ -55,6 +58,7 @@ class Study:
     flags: tuple[Flag, ...]  # the first one switches the study on
     resolve: Callable
     model_config: Callable
+    added_params: Callable
     model_fields: tuple = ()
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
@@ -94,15 +98,34 @@ def is_set(value):
 
 class ModelPart(nn.Module):
     """What a study adds to the model (Study.model_part), built as model_part(model, model_cfg) in the model's
-    __init__ when the study's first model field is not its default, and kept in model.study[study name]: its
+    __init__ when the study's first model field is not its default (in registry order, built_last parts after the
+    others), and kept in model.study[study name]; the model and the training loop reach it only through the hooks
+    below. Backout, rolling skip, LAuReL, DLO and the gated skip are all written this way. Its
     parameters are then counted in added_params and trained (matrices by Muon, the rest by Adam). A scalar goes
     into the model's scalar vector instead, with model.add_scalars(name, init) during __init__ (Adam's scalar group,
     counted under its name's first part). Every hook is optional; the defaults change nothing.
       block_input(model, i, x, outputs): layer i's input, given the one it would get and the outputs so far
       block_output(model, i, x, outputs): layer i's output, given the one it computed
-      head_input(model, head_in, outputs): the head's input, given the one it would read and every layer's output
+      head_input(model, head_in, outputs, x_embed, input_seq): the head's input, given the one it would read
+        (norm of the final residual outputs[-1]), every layer's output, the embedding the residual started from and
+        the tokens
+      mlp_extra(model, i, outputs, x_embed, input_seq): None, or features concatenated to layer i's MLP input (the
+        part widens that MLP in __init__; one part per layer at most)
+      residuals(model): at the start of each forward pass, None (plain residuals) or a function i -> None or
+        augment(x, fx, site): layer i's residuals x + f(x) at site "attn" or "mlp", inside the block (one part
+        per model at most)
+      mlp_router(model): at the start of each forward pass, None, or a router that computes every layer's MLP
+        itself: router(i, block, h) -> layer i's output from h (its stream after attention), and
+        router.finish(input_seq, window_blocks, aux_losses) at the pass's end (it may append a loss). Such a part
+        sets routes_mlp: the model then compiles each block's attention and MLP as regions of their own and lets
+        data-dependent sizes into the whole-model graph.
       named_scalars(model): {name: float} for the validation lines' scalars
-      before_step(model, config, step), after_step(model, opt, config, proc): around each training step"""
+      before_step(model, config, step), after_step(model, opt, config, proc): around each training step
+      init_from(model, state, config): loads an --init-from checkpoint's state into the model and returns True, or
+        returns False (the default: the run loads it as it is)
+    A part that changes the model's depth says so before any is built, as staticmethod layer_pattern(cfg,
+    track_layer_pattern) -> the model's per-layer structure (None: the track's at cfg.num_layers), and reports
+    what it adds against base_config(cfg) (the model it grows from; None: counted from its own parameters)."""
 
     def block_input(self, model, i, x, outputs):
         return x
@@ -110,8 +133,25 @@ class ModelPart(nn.Module):
     def block_output(self, model, i, x, outputs):
         return x
 
-    def head_input(self, model, head_in, outputs):
+    built_last = False  # built after the parts without it: the parameter and scalar order of older checkpoints
+    routes_mlp = False  # its mlp_router computes the MLPs (see above)
+
+    @staticmethod
+    def layer_pattern(cfg, track_layer_pattern):
+        return None
+
+    @staticmethod
+    def base_config(cfg):
+        return None
+
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
         return head_in
+
+    def mlp_extra(self, model, i, outputs, x_embed, input_seq):
+        return None
+
+    def residuals(self, model):
+        return None
 
     def named_scalars(self, model):
         return {}
@@ -121,3 +161,9 @@ class ModelPart(nn.Module):
 
     def after_step(self, model, opt, config, proc):
         pass
+
+    def mlp_router(self, model):
+        return None
+
+    def init_from(self, model, state, config):
+        return False

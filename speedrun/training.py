@@ -16,7 +16,6 @@ from speedrun.checkpoint import load_checkpoint, load_model_weights, load_resume
 from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
 from speedrun.errors import UsageError
-from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint
 from speedrun.layers import val_head_chunks
 from speedrun.logformat import added_params_line, peak_line, scalars_line, train_step_line, validation_line
 from speedrun.profiling import StepProfiler
@@ -206,9 +205,8 @@ def run_training(track: Track, config, proc: Dist):
     torch.manual_seed(config.seed)
     model = track.model_class(cfg, max_seq_len=max(config.train_seq_len, config.val_seq_len)).to(proc.device)
     model.cast_low_precision(low)
-    if init_state is not None and cfg.dlo_groups:
-        dlo_expand_from_checkpoint(model, init_state, config, max(config.train_seq_len, config.val_seq_len))
-    elif init_state is not None:
+    # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
+    if init_state is not None and not any(part.init_from(model, init_state, config) for part in model.parts):
         load_model_weights(model, init_state, config.init_from)
     if resume_state is not None:
         load_model_weights(model, resume_state, config.resume)
@@ -275,11 +273,9 @@ def run_training(track: Track, config, proc: Dist):
     def train(step, window):
         if profiler is not None:
             profiler.begin_step(step)
-        dlo_before_step(model, config, step)
         for part in model.parts:
             part.before_step(model, config, step)
         train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
-        dlo_after_step(model, opt, config, proc)
         for part in model.parts:
             part.after_step(model, opt, config, proc)
         with profiler.optimizer() if profiler is not None else nullcontext():

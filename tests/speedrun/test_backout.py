@@ -158,12 +158,12 @@ def test_frozen_lambdas_do_not_move_and_fixed_x_keeps_only_x():
     assert frozen.added_params() == {"backout": 0} and fixed_x.added_params() == {"backout": 1}
     for model in (frozen, fixed_x, learned):
         train_steps(model, 2)
-    x, (skip,) = frozen.backout_lambdas()
+    x, (skip,) = frozen.study["backout"].lambdas(frozen)
     assert (x.item(), skip.item()) == (torch.tensor(0.8).item(), torch.tensor(-0.28).item())
     assert frozen.named_scalars()["backout.x"] == pytest.approx(0.8)
-    x, (skip,) = fixed_x.backout_lambdas()
+    x, (skip,) = fixed_x.study["backout"].lambdas(fixed_x)
     assert x.item() == 1.0 and skip.item() != 0.0
-    x, (skip,) = learned.backout_lambdas()
+    x, (skip,) = learned.study["backout"].lambdas(learned)
     assert x.item() != 1.0 and skip.item() != 0.0
 
 

@@ -204,7 +204,7 @@ def test_training_forward_labels_follow_the_skip_rate(ckpt):
 @pytest.mark.slow
 def test_skip_loss_trains_a_router_toward_the_labels():
     cfg = T.ModelConfig(num_layers=1, model_dim=16, dlo_threshold=1.0, dlo_score_scale=1.0)
-    routers = DLORouters(cfg)
+    routers = DLORouters(None, cfg)
     g = torch.Generator().manual_seed(0)
     z = F.rms_norm(torch.randn(1, 400, 16, generator=g), (16,))
     labels = (z @ torch.randn(16, generator=g)) > 0.3

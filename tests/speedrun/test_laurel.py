@@ -3,6 +3,7 @@ import gc
 import json
 import math
 import sys
+import types
 import weakref
 
 import pytest
@@ -122,7 +123,8 @@ def test_each_variant_matches_the_reference_equation(flags):
     args = tgm.resolve_args(TINY + flags + ["--laurel-where", "both", "--num-layers", str(num_layers)])
     cfg = tgm.ModelConfig(num_layers=num_layers, model_dim=dim, **dict(laurel_config(None, args), laurel_rank=3))
     no_attention = tgm.layer_pattern(num_layers)["no_attention_layer"]
-    module = LaurelResiduals(cfg, no_attention)
+    model = types.SimpleNamespace(pattern={"no_attention_layer": no_attention}, add_scalars=lambda name, init: None)
+    module = LaurelResiduals(model, cfg)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in module.parameters():

@@ -1,0 +1,67 @@
+"""Every study declares the parameters it adds (Study.added_params, by formula from the model config): for every
+bundled study arm at tiny size, as the compile matrix resolves it, the declared count is what the built model has
+beyond the flagless model of the same depth (the checkpoint's depth for DLO), and what the run log's added_params
+line reports (model.added_params(), measured, less the extra layers it reports against the preset)."""
+import importlib
+from dataclasses import replace
+
+import pytest
+import torch
+
+from speedrun.model import STUDY_OFF
+from speedrun.studies import STUDIES
+from test_compile_matrix import bundled_arms, graph_structure, resolve
+
+
+def build(model_class, cfg):
+    with torch.device("meta"):  # no memory, no init cost
+        return model_class(cfg, max_seq_len=1)
+
+
+BASELINES = {}  # (class, repr(config)) -> parameters: many arms share a baseline
+
+
+def params(model_class, cfg):
+    key = (model_class, repr(cfg))
+    if key not in BASELINES:
+        BASELINES[key] = sum(p.numel() for p in build(model_class, cfg).parameters())
+    return BASELINES[key]
+
+
+def arm_cases():
+    cases = {}
+    for (script, flags, init_from), names in bundled_arms().items():
+        track = importlib.import_module(script)
+        cfg = track.model_config(resolve(track, list(flags), ["--preset", "tiny"], __file__ if init_from else None))
+        # Initial values and which layer a skip reads change no count: one arm per structure and depth.
+        cases.setdefault((script, graph_structure(cfg), cfg.num_layers), (track.GPT, cfg, names[0]))
+    return list(cases.values())
+
+
+def test_every_bundled_study_declares_its_added_parameters():
+    assert all(callable(study.added_params) for study in STUDIES)
+    seen = set()
+    for model_class, cfg, arm in arm_cases():
+        declared = {study.name: study.added_params(cfg, model_class) for study in STUDIES}
+        seen |= {name for name, n in declared.items() if n}
+        baseline = replace(cfg, **STUDY_OFF, num_layers=cfg.dlo_base_layers or cfg.num_layers)
+        model = build(model_class, cfg)
+        built = sum(p.numel() for p in model.parameters()) - params(model_class, baseline)
+        assert sum(declared.values()) == built, (arm, declared)
+        logged = model.added_params()
+        logged.pop("layers", None)
+        assert sum(logged.values()) == sum(declared.values()), (arm, declared, logged)
+        assert {k.replace("_", "-"): v for k, v in logged.items() if v} == {k: v for k, v in declared.items() if v}
+    assert seen == {study.name for study in STUDIES}  # the arms exercise every study's formula
+
+
+@pytest.mark.parametrize("flags", [["--backout-layers", "3,embed,new-embed", "--backout-mode", "subtract",
+                                    "--backout-transform", "tanh-linear", "--backout-freeze"],
+                                   ["--backout-layers", "2", "--backout-fixed-x"],
+                                   ["--laurel", "rw+pa", "--laurel-rw-form", "vector", "--laurel-where", "both"],
+                                   ["--laurel", "rw+lr", "--laurel-rw-form", "single", "--laurel-where", "attn"]])
+def test_declared_count_of_flag_sets_beyond_the_arms(flags):
+    track = importlib.import_module("train_gpt_medium")
+    cfg = track.model_config(track.resolve_args(["--preset", "tiny"] + flags))
+    declared = sum(study.added_params(cfg, track.GPT) for study in STUDIES)
+    assert declared == params(track.GPT, cfg) - params(track.GPT, replace(cfg, **STUDY_OFF))
