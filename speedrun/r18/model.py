@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
-from speedrun.r18.studies import attach_r18_studies
+from speedrun.r18.studies import attach_r18_studies, r18_layer_pattern
 from speedrun.study import reserve_scalars
 
 NUM_LAYERS = 16
@@ -225,6 +225,7 @@ class R18GPT(nn.Module):
         self._label_parameters()
         self.study = nn.ModuleDict()
         self._study_scalar_inits, self.study_scalar_layout = [], {}
+        self.pattern = r18_layer_pattern(L)  # what a study part reads of the layer pattern
         if studies is not None:
             attach_r18_studies(self, studies)
         if self._study_scalar_inits:
@@ -232,8 +233,9 @@ class R18GPT(nn.Module):
             self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = "scalars", 5.0, 0.0
         del self._study_scalar_inits
 
-    def add_study_scalars(self, name, init):
-        """Reserves a named slice of `study_scalars` (only during __init__)."""
+    def add_scalars(self, name, init):
+        """Reserves a named slice of `study_scalars` (only during __init__): the ModelPart contract's call, as on
+        the #14 model."""
         reserve_scalars(self._study_scalar_inits, self.study_scalar_layout, name, init)
 
     def scalar_slice(self, name):
@@ -306,7 +308,7 @@ class R18GPT(nn.Module):
         skip_to = {dst: k for k, (_, dst) in enumerate(SKIP_PAIRS)}
         backout = self.study["backout"] if "backout" in self.study else None
         backout_layers = (BACKOUT_LAYER,) if backout is None else backout.sources
-        laurel = self.study["laurel"].begin(self) if "laurel" in self.study else None
+        laurel = self.study["laurel"].residuals(self) if "laurel" in self.study else None
         stored, outputs = {}, {}
         for i, block in enumerate(self.blocks):
             if i in skip_to:
@@ -318,7 +320,7 @@ class R18GPT(nn.Module):
             else:
                 x = resid_lambdas[i] * x + x0_lambdas[i, 0] * x0 + x0_lambdas[i, 1] * x02
             x = block(x, ve_at.get(i), sa_lambdas[i], cu_seqlens, max_len, windows[i], self.yarn, attention,
-                      i in LONG_WINDOW_LAYERS, laurel=laurel.for_layer(i) if laurel is not None else None)
+                      i in LONG_WINDOW_LAYERS, laurel=laurel(i) if laurel is not None else None)
             if i in skip_from:
                 stored[skip_from[i]] = x
             if i in backout_layers:

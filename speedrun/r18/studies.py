@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from speedrun.errors import UsageError
-from speedrun.laurel import LaurelResiduals, laurel_named_scalars
+from speedrun.laurel import LaurelResiduals
 from speedrun.layers import norm
 
 STUDY_MATRIX_LABEL = "study_matrix"
@@ -63,12 +63,12 @@ class R18Backout(nn.Module):
             if config.backout_freeze or config.backout_fixed_x:
                 self.register_buffer("x_lambda", x_init)
             else:
-                model.add_study_scalars("backout.x", x_init)
+                model.add_scalars("backout.x", x_init)
         skip_init = torch.full((len(self.sources),), float(config.backout_skip_init))
         if config.backout_freeze:
             self.register_buffer("skip_lambdas", skip_init)
         else:
-            model.add_study_scalars("backout.skip", skip_init)
+            model.add_scalars("backout.skip", skip_init)
 
     def lambdas(self, model):
         """(x_lambda or None, [lambda per source]) as 0-dim tensors."""
@@ -109,14 +109,12 @@ def attach_r18_studies(model, config):
     if config.backout_layers:
         model.study["backout"] = R18Backout(model, config)
     if config.laurel is not None:
-        laurel = LaurelResiduals(config, no_attention_layer=None)
+        laurel = LaurelResiduals(model, config)  # its scalars go into study_scalars through model.add_scalars
         model.study["laurel"] = laurel
-        for name, init in laurel.scalar_inits(model.cfg.model_dim).items():
-            model.add_study_scalars(f"laurel.{name}", init)
         for p in laurel.parameters():
             p.label, p.lr_mul, p.wd_mul = STUDY_MATRIX_LABEL, 1.0, 1.0
 
 
 def study_named_scalars(model):
     out = model.study["backout"].named_scalars(model) if "backout" in model.study else {}
-    return out | laurel_named_scalars(model)
+    return out | (model.study["laurel"].named_scalars(model) if "laurel" in model.study else {})
