@@ -190,6 +190,10 @@ def pytest_runtest_protocol(item, nextitem):
     report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, outcome, longrepr,
                                "call", duration=time.time() - start)
     item.ihook.pytest_runtest_logreport(report=report)
+    # What pytest's own protocol does after an item: tear down the fixtures (a module's, a session's) that the next
+    # item does not share. Skipping it left an earlier test's module set up, and under pytest-xdist the next item
+    # can come from another module: "previous item was not torn down properly".
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
