@@ -9,7 +9,8 @@ ops, in the same order, so a CPU run follows the record's eager maths bit for bi
   r steps the r-th slice of each group after one reduce-scatter and shares it by one all-gather.
 - Adam (bf16 moments, cautious weight decay scaled by lr^2 as the record does) on the head, embeddings, gates of
   the smear/skips and the scalars; it steps on odd steps only, on the sum of the two steps' gradients (they are not
-  cleared after even steps).
+  cleared after even steps). Sharded as the record: rank r steps (and keeps the moments of) the r-th 1/world_size
+  of each large parameter's rows, then shares them by an all-gather (see OddStepAdam).
 """
 
 import torch
@@ -89,6 +90,22 @@ def average_across_ranks(tensors):
             t.div_(world_size)
 
 
+def average_rows_across_ranks(full, world_size):
+    """Reduce-scatter average of `full` (its first dim a multiple of world_size): this rank's 1/world_size of its
+    rows, averaged over the ranks (gloo has no AVG: summed, then divided)."""
+    mine = full.new_empty((full.size(0) // world_size, *full.shape[1:]))
+    nccl = dist.get_backend() == "nccl"
+    dist.reduce_scatter_tensor(mine, full.contiguous(), op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
+    return mine if nccl else mine.div_(world_size)
+
+
+def gather_rows_from_ranks(mine, world_size):
+    """All-gather: every rank's `mine`, stacked along the first dim in rank order."""
+    full = mine.new_empty((mine.size(0) * world_size, *mine.shape[1:]))
+    dist.all_gather_into_tensor(full, mine.contiguous())
+    return full
+
+
 def muon_groups(params):
     """MUON_GROUPS applied to `params` (each carries .label), in model order within a label."""
     by_label = {label: [p for p in params if p.label == label] for label in MUON_LABELS}
@@ -137,23 +154,15 @@ class NorMuon(torch.optim.Optimizer):
                               device=params[0].device)
         for i, p in enumerate(params):
             stacked[i].copy_(p.grad)
-        if self.world_size == 1:
-            return stacked
-        out = torch.empty_like(stacked[:chunk])
-        nccl = dist.get_backend() == "nccl"
-        dist.reduce_scatter_tensor(out, stacked, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
-        return out if nccl else out.div_(self.world_size)
+        return stacked if self.world_size == 1 else average_rows_across_ranks(stacked, self.world_size)
 
     def _all_gather(self, params, chunk):
         if self.world_size == 1:
             return
-        stacked = torch.zeros((chunk * self.world_size, *params[0].shape), dtype=params[0].dtype,
-                              device=params[0].device)
-        mine = stacked[self.rank * chunk:(self.rank + 1) * chunk]
+        mine = torch.zeros((chunk, *params[0].shape), dtype=params[0].dtype, device=params[0].device)
         for i, p in enumerate(params[self.rank * chunk:(self.rank + 1) * chunk]):
             mine[i].copy_(p)
-        gathered = torch.empty_like(stacked)
-        dist.all_gather_into_tensor(gathered, mine.contiguous())
+        gathered = gather_rows_from_ranks(mine, self.world_size)
         for i, p in enumerate(params):
             p.copy_(gathered[i])
 
@@ -182,30 +191,64 @@ class NorMuon(torch.optim.Optimizer):
             cautious_update_(p, v[i], wds[i], lrs[i])
 
 
+# As the record: a parameter below this many elements is all-reduced and stepped whole on every rank (its state
+# is tiny; a reduce-scatter per vector would cost more launches than it saves).
+SHARD_MIN_NUMEL = 1024
+
+
 class OddStepAdam(torch.optim.Optimizer):
     """#18's Adam: bf16 moments, bias correction, cautious weight decay lr^2 * wd * wd_mul on coordinates whose
     update agrees in sign with the parameter (> 0). Parameters without a gradient are skipped (their step count
-    stays). Gradients are averaged across ranks here, on the step the optimiser steps."""
+    stays).
+
+    Sharded over ranks (#18's DistAdam): a parameter with at least SHARD_MIN_NUMEL elements whose first dim divides
+    by the world size is reduce-scattered (gradient averaged), rank r steps rows [r*n/w, (r+1)*n/w) with the
+    moments of those rows only, and the rows are all-gathered; any other parameter is all-reduced and stepped
+    whole on every rank, with full moments. The collectives run at step time, one parameter after another: a
+    reduce-scatter plus an all-gather moves the bytes of the all-reduce it replaces; the record launches its
+    reduce-scatters from backward hooks to overlap them with the last backward, which matters only on GPUs."""
 
     def __init__(self, params, labels, lr, betas, eps=1e-8, weight_decay=0.005):
         params = list(params)
         groups = [dict(params=[p for p in params if p.label == label]) for label in labels]
         super().__init__([g for g in groups if g["params"]], dict(lr=lr, betas=betas, eps=eps,
                                                                   weight_decay=weight_decay))
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.sharded = {p for p in params if self.world_size > 1 and p.numel() >= SHARD_MIN_NUMEL
+                        and p.size(0) % self.world_size == 0}
         for p in params:
-            self.state[p] = dict(step=0, exp_avg=torch.zeros_like(p, dtype=torch.bfloat16),
-                                 exp_avg_sq=torch.zeros_like(p, dtype=torch.bfloat16))
+            mine = self.my_rows(p)
+            self.state[p] = dict(step=0, exp_avg=torch.zeros_like(mine, dtype=torch.bfloat16),
+                                 exp_avg_sq=torch.zeros_like(mine, dtype=torch.bfloat16))
+
+    def my_rows(self, p, full=None):
+        """This rank's rows of `full` (a tensor shaped like p; p itself by default): all of them when p is not
+        sharded. A view: writing to it writes to `full`."""
+        full = p if full is None else full
+        if p not in self.sharded:
+            return full
+        rows = p.size(0) // self.world_size
+        return full[self.rank * rows:(self.rank + 1) * rows]
 
     @torch.no_grad()
     def step(self):
-        average_across_ranks([p.grad for g in self.param_groups for p in g["params"] if p.grad is not None])
+        stepped = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        average_across_ranks([p.grad for p in stepped if p not in self.sharded])
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, p.grad, group["lr"] * p.lr_mul, beta1, beta2, group)
+                if p.grad is None:
+                    continue
+                if p in self.sharded:
+                    grad = average_rows_across_ranks(p.grad, self.world_size)
+                    self._update(p, self.my_rows(p), grad, group["lr"] * p.lr_mul, beta1, beta2, group)
+                    p.copy_(gather_rows_from_ranks(self.my_rows(p), self.world_size))
+                else:
+                    self._update(p, p, p.grad, group["lr"] * p.lr_mul, beta1, beta2, group)
 
-    def _update(self, p, g, lr, beta1, beta2, group):
+    def _update(self, p, rows, g, lr, beta1, beta2, group):
+        """Steps `rows` (p or this rank's rows of it, a view) by g, its gradient, with p's state."""
         state = self.state[p]
         state["step"] += 1
         t = state["step"]
@@ -214,16 +257,38 @@ class OddStepAdam(torch.optim.Optimizer):
         exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         step_size = lr * ((1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t))
         update = exp_avg.div(exp_avg_sq.sqrt().add_(group["eps"])).mul_(step_size)
-        agrees = (update * p) > 0
-        update.addcmul_(p, agrees, value=lr * group["weight_decay"] * p.wd_mul * lr)
-        p.add_(update, alpha=-1.0)
+        agrees = (update * rows) > 0
+        update.addcmul_(rows, agrees, value=lr * group["weight_decay"] * p.wd_mul * lr)
+        rows.add_(update, alpha=-1.0)
+
+    def merged_state_dict(self):
+        """state_dict() with every moment whole (a sharded parameter's rows gathered from all ranks), so it loads
+        at any world size. Every rank must call it; only rank 0's copy is whole (the others keep their rows)."""
+        saved = self.state_dict()
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            if p in self.sharded:
+                state = dict(saved["state"][i])  # a new dict: state_dict() hands out the live ones
+                for key in ("exp_avg", "exp_avg_sq"):
+                    full = gather_rows_from_ranks(state[key], self.world_size)
+                    state[key] = full if self.rank == 0 else state[key]
+                saved["state"][i] = state
+        return saved
 
     def load_state_dict(self, state_dict):
-        """torch casts loaded moments to each parameter's dtype; #18 keeps them in bf16 (exact: saved as bf16)."""
+        """Loads whole moments (merged_state_dict's, or a replicated run's from before the sharding) and keeps this
+        rank's rows. torch casts loaded moments to each parameter's dtype; #18 keeps them in bf16 (exact: saved as
+        bf16)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            saved = state_dict["state"].get(i)
+            if saved is not None and saved["exp_avg"].shape != p.shape:
+                raise ValueError(f"Adam state of parameter {i} ({p.label}) has shape {tuple(saved['exp_avg'].shape)}, "
+                                 f"the parameter {tuple(p.shape)}: not a whole-moment state")
         super().load_state_dict(state_dict)
-        for state in self.state.values():
+        for p, state in self.state.items():
             for key in ("exp_avg", "exp_avg_sq"):
-                state[key] = state[key].to(torch.bfloat16)
+                state[key] = self.my_rows(p, state[key]).to(torch.bfloat16).clone()
 
     def copy_state(self, source, target):
         self.state[target] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.state[source].items()}

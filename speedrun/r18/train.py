@@ -95,7 +95,8 @@ def validate(model, args, proc, windows, long_window, attention):
 
 class R18OptimizerState:
     """state_dict/load_state_dict over the three optimisers for speedrun.checkpoint: NorMuon's state lives on the
-    rank that steps each slice and is merged onto rank 0 by `merge`; each rank reloads its own slices."""
+    rank that steps each slice and is merged onto rank 0 by `merge`, the Adams' row shards are gathered onto rank 0
+    (whole moments, as a replicated run saved them); each rank reloads its own slices and rows."""
 
     def __init__(self, opts: R18Optimizers):
         self.opts = opts
@@ -108,7 +109,7 @@ class R18OptimizerState:
 
     def state_dict(self, merge=lambda local: local):
         _, local = self._muon_states()
-        return dict(adam=self.opts.adam.state_dict(), scalar_adam=self.opts.scalar_adam.state_dict(),
+        return dict(adam=self.opts.adam.merged_state_dict(), scalar_adam=self.opts.scalar_adam.merged_state_dict(),
                     muon=merge(local))
 
     def load_state_dict(self, state):

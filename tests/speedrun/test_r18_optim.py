@@ -1,9 +1,12 @@
 """speedrun.r18.optim: record #18's NorMuon and odd-step Adam. Equality with upstream's maths is shown by the
 harness (benchmarks/results/2026-11-25_cpu_r18-optimizer-fidelity.txt); these tests pin the behaviours."""
 
+import json
+
 import pytest
 import torch
 
+from conftest import ROOT, launch_script
 from speedrun.r18.model import R18Config, R18GPT
 from speedrun.r18.optim import (OddStepAdam, R18Optimizers, cautious_update_, muon_groups, normalise_variance, polar_express,
                                 shape_lr_factor)
@@ -137,3 +140,22 @@ def test_adam_state_reloads_with_bf16_moments_and_steps_identically():
     opt.step()
     resumed.step()
     assert torch.equal(p, q)
+
+
+@pytest.mark.slow
+def test_sharded_adam_on_two_ranks_steps_and_resumes_bitwise_as_the_replicated_adam():
+    """tests/r18_adam_driver.py: a 2-rank SUM is a+b whichever collective carries it and Adam is element-wise, so
+    slicing the rows changes no bit."""
+    res = launch_script([], nproc=2, script=ROOT / "tests" / "r18_adam_driver.py", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    losses = out["losses"]
+    assert len(set(losses["sharded"])) > 1  # it trains: the comparison is not of untouched weights
+    assert losses["sharded"] == losses["replicated"]
+    # resumed after step 3 from each one's checkpoint (the replicated one: a checkpoint from before the sharding)
+    assert losses["sharded resumed from sharded"] == losses["sharded resumed from replicated"] == losses["sharded"][4:]
+    assert all(out["params_equal"].values())
+    elements = out["adam_state_elements"]
+    # the head and embeddings hold half their moments per rank; the small vectors and gates whole ones
+    assert elements["replicated"] // 2 < elements["sharded"] < elements["replicated"] * 0.6
+    assert elements["sharded resumed from replicated"] == elements["sharded"]
