@@ -21,7 +21,65 @@ def backout_mlp_hidden(cfg):
     return max(1, round(cfg.backout_mlp_ratio * cfg.model_dim))
 
 
-class Backout(ModelPart):
+def source_label(source):
+    """A source's name in the logged scalars: L<index> for a layer, else its name (embed, new-embed)."""
+    return source if isinstance(source, str) else f"L{source}"
+
+
+def mixed_head_input(mode, x, head_in, sources, x_lambda, skip_lambdas, norm_after_sum):
+    """The head input of the sum and subtract backouts, x the final residual:
+    subtract: norm(x - sum_L lambda_L*source_L);
+    sum: x_lambda*head_in + sum_L lambda_L*source_L, head_in = norm(x) and the sources already normed by the
+    caller (the #14 part norms them once for its similarity record too), normed again when norm_after_sum."""
+    if mode == "subtract":
+        for lam, source in zip(skip_lambdas, sources):
+            x = x - lam * source
+        return norm(x)
+    out = x_lambda * head_in
+    for lam, source in zip(skip_lambdas, sources):
+        out = out + lam * source
+    return norm(out) if norm_after_sum else out
+
+
+class BackoutLambdas:
+    """The sum and subtract backouts' lambdas, for the module parts of both models (#14's Backout, r18's
+    R18Backout): x_lambda (sum mode) and one lambda per source, learned in the model's scalar vector
+    ("backout.x", "backout.skip", reserved with model.add_scalars) or buffers of the part when frozen (x_lambda
+    also with a fixed x)."""
+
+    def reserve_lambdas(self, model, mode, num_sources, x_init, skip_init, fixed_x, frozen):
+        self.mode = mode
+        if mode == "sum":
+            x_lambda = torch.tensor(float(x_init))
+            if frozen or fixed_x:
+                self.register_buffer("x_lambda", x_lambda)
+            else:
+                model.add_scalars("backout.x", x_lambda)
+        skip_lambdas = torch.full((num_sources,), float(skip_init))
+        if frozen:
+            self.register_buffer("skip_lambdas", skip_lambdas)
+        else:
+            model.add_scalars("backout.skip", skip_lambdas)
+
+    def lambdas(self, model):
+        """(x_lambda or None, [skip lambda per source]) as 0-dim tensors (0-dim: they keep the activation dtype)."""
+        x_lambda = None
+        if self.mode == "sum":
+            x_lambda = self.x_lambda if hasattr(self, "x_lambda") else model.scalar_slice("backout.x")[0]
+        skips = self.skip_lambdas if hasattr(self, "skip_lambdas") else model.scalar_slice("backout.skip")
+        return x_lambda, list(skips.unbind(0))
+
+    @torch.no_grad()
+    def lambda_scalars(self, model, sources):
+        """The lambdas as logged scalars: backout.x and backout.<source label>."""
+        x_lambda, skip_lambdas = self.lambdas(model)
+        out = {} if x_lambda is None else {"backout.x": x_lambda.item()}
+        for source, lam in zip(sources, skip_lambdas):
+            out[f"backout.{source_label(source)}"] = lam.item()
+        return out
+
+
+class Backout(BackoutLambdas, ModelPart):
     """The backout's own tensors (transform matrices, down-projections, a fresh embedding, frozen lambdas and the
     similarity record) and its hooks: the head's input (sum, subtract, concat-head) or the last MLP's extra input
     (concat-mlp). Its learned lambdas live in the model's scalar vector ("backout.x", "backout.skip")."""
@@ -39,19 +97,9 @@ class Backout(ModelPart):
         if cfg.backout_transform != "none":
             # (cos, relative L2) per source, overwritten by each eval forward: the last validation batch's values.
             self.register_buffer("similarity", torch.zeros(k, 2))
-        frozen = cfg.backout_freeze
-        if cfg.backout_mode == "sum":
-            x_init = torch.tensor(cfg.backout_x_init)
-            if frozen or cfg.backout_fixed_x:
-                self.register_buffer("x_lambda", x_init)
-            else:
-                model.add_scalars("backout.x", x_init)
         if cfg.backout_mode in ("sum", "subtract"):
-            skip_init = torch.full((k,), float(cfg.backout_skip_init))
-            if frozen:
-                self.register_buffer("skip_lambdas", skip_init)
-            else:
-                model.add_scalars("backout.skip", skip_init)
+            self.reserve_lambdas(model, cfg.backout_mode, k, cfg.backout_x_init, cfg.backout_skip_init,
+                                 cfg.backout_fixed_x, cfg.backout_freeze)
         elif cfg.backout_mode == "concat-head":
             # The head reads [norm(x), source 1, ...]: widen the (all-zero) lm head, so the new columns start at
             # zero and train exactly like the old ones (same Adam group, fp32).
@@ -64,15 +112,6 @@ class Backout(ModelPart):
             model.blocks[-1].mlp = new
             model.extra_param_counts["backout"] = (sum(p.numel() for p in new.parameters())
                                                    - sum(p.numel() for p in old.parameters()))
-
-    def lambdas(self, model):
-        """(x_lambda or None, [skip lambda per source]) as 0-dim tensors (0-dim: they keep the activation dtype)."""
-        if "backout.x" in model.scalar_layout:
-            x_lambda = model.scalar_slice("backout.x")[0]
-        else:
-            x_lambda = getattr(self, "x_lambda", None)
-        skips = model.scalar_slice("backout.skip") if "backout.skip" in model.scalar_layout else self.skip_lambdas
-        return x_lambda, list(skips.unbind(0))
 
     def mixed(self, outputs, x_embed, input_seq, normed=True):
         """The vectors the backout mixes in, one per source: norm(T(source)) (normed) or T(source).
@@ -112,15 +151,9 @@ class Backout(ModelPart):
         if cfg.backout_mode == "concat-head":
             return torch.cat([head_in] + self.mixed(outputs, x_embed, input_seq), dim=-1)
         x_lambda, skip_lambdas = self.lambdas(model)
-        if cfg.backout_mode == "subtract":
-            x = outputs[-1]
-            for lam, v in zip(skip_lambdas, self.mixed(outputs, x_embed, input_seq, normed=False)):
-                x = x - lam * v
-            return norm(x)
-        out = x_lambda * head_in
-        for lam, v in zip(skip_lambdas, self.mixed(outputs, x_embed, input_seq)):
-            out = out + lam * v
-        return norm(out) if cfg.backout_norm_after_sum else out
+        sources = self.mixed(outputs, x_embed, input_seq, normed=cfg.backout_mode == "sum")
+        return mixed_head_input(cfg.backout_mode, outputs[-1], head_in, sources, x_lambda, skip_lambdas,
+                                cfg.backout_norm_after_sum)
 
     def mlp_extra(self, model, i, outputs, x_embed, input_seq):
         """concat-mlp, last layer: each source's norm(T(source)) projected down to backout_concat_dim,
@@ -131,14 +164,9 @@ class Backout(ModelPart):
         return torch.cat([F.linear(v, self.down_w[j].type_as(v)) for j, v in enumerate(mixed)], dim=-1)
 
     def named_scalars(self, model):
-        cfg, out = self.cfg, {}
-        labels = [name if isinstance(name, str) else f"L{name}" for name in cfg.backout_layers]
-        if cfg.backout_mode in ("sum", "subtract"):
-            x_lambda, skip_lambdas = self.lambdas(model)
-            if x_lambda is not None:
-                out["backout.x"] = x_lambda.item()
-            for label, lam in zip(labels, skip_lambdas):
-                out[f"backout.{label}"] = lam.item()
+        cfg = self.cfg
+        labels = [source_label(source) for source in cfg.backout_layers]
+        out = self.lambda_scalars(model, cfg.backout_layers) if cfg.backout_mode in ("sum", "subtract") else {}
         if cfg.backout_transform != "none":
             for label, (cos, rel_l2) in zip(labels, self.similarity.tolist()):
                 out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2

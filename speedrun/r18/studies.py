@@ -11,9 +11,9 @@
   groups (label STUDY_MATRIX_LABEL).
 """
 
-import torch
 import torch.nn as nn
 
+from speedrun.backout import BackoutLambdas, mixed_head_input
 from speedrun.errors import UsageError
 from speedrun.laurel import LaurelResiduals
 from speedrun.layers import norm
@@ -49,59 +49,31 @@ def check_r18_backout_args(config):
         raise UsageError("--backout-layers new-embed: not on --base r18 (its sources: layers and `embed`)")
 
 
-class R18Backout(nn.Module):
-    """A backout that replaces #18's own: its lambdas in the study scalars (or buffers when frozen)."""
+class R18Backout(BackoutLambdas, nn.Module):
+    """A backout that replaces #18's own: the sum and subtract mixes of speedrun.backout over untransformed
+    sources, its lambdas in the study scalars (or buffers when frozen)."""
 
     def __init__(self, model, config):
         super().__init__()
         self.sources = () if config.backout_layers == ("none",) else tuple(config.backout_layers)
-        self.mode, self.norm_after_sum = config.backout_mode, config.backout_norm_after_sum
-        if not self.sources:
-            return
-        if self.mode == "sum":
-            x_init = torch.tensor([float(config.backout_x_init)])
-            if config.backout_freeze or config.backout_fixed_x:
-                self.register_buffer("x_lambda", x_init)
-            else:
-                model.add_scalars("backout.x", x_init)
-        skip_init = torch.full((len(self.sources),), float(config.backout_skip_init))
-        if config.backout_freeze:
-            self.register_buffer("skip_lambdas", skip_init)
-        else:
-            model.add_scalars("backout.skip", skip_init)
-
-    def lambdas(self, model):
-        """(x_lambda or None, [lambda per source]) as 0-dim tensors."""
-        x_lambda = None
-        if self.mode == "sum":
-            learned = "backout.x" in model.study_scalar_layout
-            x_lambda = (model.scalar_slice("backout.x") if learned else self.x_lambda)[0]
-        skips = model.scalar_slice("backout.skip") if "backout.skip" in model.study_scalar_layout else self.skip_lambdas
-        return x_lambda, list(skips.unbind(0))
+        self.norm_after_sum = config.backout_norm_after_sum
+        if self.sources:
+            self.reserve_lambdas(model, config.backout_mode, len(self.sources), config.backout_x_init,
+                                 config.backout_skip_init, config.backout_fixed_x, config.backout_freeze)
 
     def head_input(self, model, x, outputs, x0):
         if not self.sources:
             return norm(x)
         sources = [x0 if s == "embed" else outputs[s] for s in self.sources]
         x_lambda, skips = self.lambdas(model)
-        if self.mode == "subtract":
-            for lam, source in zip(skips, sources):
-                x = x - lam * source
-            return norm(x)
-        out = x_lambda * norm(x)
-        for lam, source in zip(skips, sources):
-            out = out + lam * norm(source)
-        return norm(out) if self.norm_after_sum else out
+        if self.mode == "sum":  # the sum mixes normed vectors
+            x_normed, sources = norm(x), [norm(s) for s in sources]
+        else:
+            x_normed = None
+        return mixed_head_input(self.mode, x, x_normed, sources, x_lambda, skips, self.norm_after_sum)
 
-    @torch.no_grad()
     def named_scalars(self, model):
-        if not self.sources:
-            return {}
-        x_lambda, skips = self.lambdas(model)
-        out = {} if x_lambda is None else {"backout.x": x_lambda.item()}
-        for source, lam in zip(self.sources, skips):
-            out[f"backout.{source if isinstance(source, str) else f'L{source}'}"] = lam.item()
-        return out
+        return self.lambda_scalars(model, self.sources) if self.sources else {}
 
 
 def attach_r18_studies(model, config):
