@@ -196,6 +196,11 @@ class NorMuon(torch.optim.Optimizer):
 SHARD_MIN_NUMEL = 1024
 
 
+def adam_shards_rows(p, world_size):
+    """Whether OddStepAdam splits p's rows over the ranks (else p is all-reduced and stepped whole on each)."""
+    return world_size > 1 and p.numel() >= SHARD_MIN_NUMEL and p.size(0) % world_size == 0
+
+
 class OddStepAdam(torch.optim.Optimizer):
     """#18's Adam: bf16 moments, bias correction, cautious weight decay lr^2 * wd * wd_mul on coordinates whose
     update agrees in sign with the parameter (> 0). Parameters without a gradient are skipped (their step count
@@ -215,8 +220,7 @@ class OddStepAdam(torch.optim.Optimizer):
                                                                   weight_decay=weight_decay))
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.sharded = {p for p in params if self.world_size > 1 and p.numel() >= SHARD_MIN_NUMEL
-                        and p.size(0) % self.world_size == 0}
+        self.sharded = {p for p in params if adam_shards_rows(p, self.world_size)}
         for p in params:
             mine = self.my_rows(p)
             self.state[p] = dict(step=0, exp_avg=torch.zeros_like(mine, dtype=torch.bfloat16),
