@@ -94,33 +94,64 @@ def validate(model, args, proc, windows, long_window, attention):
 
 
 class R18OptimizerState:
-    """state_dict/load_state_dict over the three optimisers for speedrun.checkpoint: NorMuon's state lives on the
-    rank that steps each slice and is merged onto rank 0 by `merge`, the Adams' row shards are gathered onto rank 0
-    (whole moments, as a replicated run saved them); each rank reloads its own slices and rows."""
+    """state_dict/load_state_dict over the three optimisers for speedrun.checkpoint, whole per parameter so a
+    checkpoint loads at any world size: NorMuon's state lives on the rank that steps each slice (stacked over the
+    slice's parameters), is split per parameter and merged onto rank 0 by `merge`; the Adams' row shards are
+    gathered onto rank 0 (whole moments, as a replicated run saved them). Each rank reloads its own slices and rows.
+    A checkpoint from before the per-parameter split ("muon": stacked slices) loads at its own world size."""
 
     def __init__(self, opts: R18Optimizers):
         self.opts = opts
+        self.muon_index = {id(p): str(i) for i, p in enumerate(p for g in opts.muon.param_groups for p in g["params"])}
 
-    def _muon_states(self):
-        """Index (in NorMuon's parameter order) of each parameter, by identity, and this rank's states by index."""
-        params = [p for g in self.opts.muon.param_groups for p in g["params"]]
-        index = {id(p): str(i) for i, p in enumerate(params)}
-        return index, {index[id(p)]: self.opts.muon.state[p] for p in params if p in self.opts.muon.state}
+    def _muon_by_param(self):
+        """This rank's NorMuon state, {parameter index: {key: that parameter's rows of the slice's state}}. A slice's
+        state has the same number of rows per parameter (its padding past the group's end dropped here)."""
+        local = {}
+        for group in self.opts.muon.param_groups:
+            chunk, mine = self.opts.muon._my_slice(group)
+            for key, stacked in (self.opts.muon.state[mine[0]].items() if mine else ()):
+                for p, rows in zip(mine, stacked.view(chunk, -1, *stacked.shape[1:])):
+                    local.setdefault(self.muon_index[id(p)], {})[key] = rows.clone()  # not a view of the stack
+        return local
 
     def state_dict(self, merge=lambda local: local):
-        _, local = self._muon_states()
         return dict(adam=self.opts.adam.merged_state_dict(), scalar_adam=self.opts.scalar_adam.merged_state_dict(),
-                    muon=merge(local))
+                    muon_by_param=merge(self._muon_by_param()))
 
     def load_state_dict(self, state):
         self.opts.adam.load_state_dict(state["adam"])
         self.opts.scalar_adam.load_state_dict(state["scalar_adam"])
-        index, _ = self._muon_states()
-        for group in self.opts.muon.param_groups:
-            _, mine = self.opts.muon._my_slice(group)
-            if mine and index[id(mine[0])] in state["muon"]:
-                saved = state["muon"][index[id(mine[0])]]
-                self.opts.muon.state[mine[0]] = {k: v.to(mine[0].device) for k, v in saved.items()}
+        muon = self.opts.muon
+        if "muon_by_param" not in state:
+            self._check_stacked_slices_fit(state["muon"])
+        for group in muon.param_groups:
+            chunk, mine = muon._my_slice(group)
+            if not mine:
+                continue
+            if "muon_by_param" not in state:
+                saved = state["muon"].get(self.muon_index[id(mine[0])])
+            elif self.muon_index[id(mine[0])] in state["muon_by_param"]:
+                pieces = [state["muon_by_param"][self.muon_index[id(p)]] for p in mine]
+                # the padded slots of the last slice hold zeros, as in a run: their gradient is zero
+                saved = {key: torch.cat([piece[key] for piece in pieces]
+                                        + [torch.zeros_like(pieces[0][key])] * (chunk - len(mine)))
+                         for key in pieces[0]}
+            else:
+                saved = None  # not stepped before the checkpoint
+            if saved is not None:
+                muon.state[mine[0]] = {k: v.to(mine[0].device) for k, v in saved.items()}
+
+    def _check_stacked_slices_fit(self, stacked_slices):
+        """Raises UsageError unless the stacked slices of an older checkpoint are this world size's."""
+        muon = self.opts.muon
+        chunks = [(group, -(-len(group["params"]) // muon.world_size)) for group in muon.param_groups]
+        firsts = {self.muon_index[id(group["params"][start])] for group, chunk in chunks
+                  for start in range(0, len(group["params"]), chunk)}
+        if stacked_slices and set(stacked_slices) != firsts:
+            raise UsageError("--resume: the checkpoint's NorMuon state is stacked per rank (saved before it was "
+                             "saved per parameter) at another world size; resume it with the number of processes "
+                             "that saved it")
 
 
 def run_r18(args, proc, script):
