@@ -178,8 +178,8 @@ def resolve_r18_args(parser, given, parsed):
     rule), the attention checked on this machine."""
     # Imported here: only r18 runs import (and log) the r18 package.
     from speedrun.r18.attention import resolve_attention
-    from speedrun.r18.model import NUM_LAYERS
-    from speedrun.r18.studies import check_r18_backout_args, check_r18_studies, r18_layer_pattern
+    from speedrun.r18.model import NUM_LAYERS, layer_pattern as r18_layer_pattern
+    from speedrun.r18.studies import check_r18_backout_args, check_r18_studies
     if parsed["num_layers"] not in (None, NUM_LAYERS):
         raise UsageError(f"--num-layers {parsed['num_layers']}: --base r18 has the record's {NUM_LAYERS} layers")
     check_r18_studies(given_study_flags(parsed))
