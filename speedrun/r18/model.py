@@ -284,6 +284,10 @@ class R18GPT(nn.Module):
             ("source", self.scalars[layout["sa"]].view(L, 2), None),
             ("shared", self.scalars[layout["sa"].stop:layout["used"]], None)]
 
+    def block_matrix_params(self, block):
+        """A block's hidden matrices with their weight-decay multipliers (DLO's layer-wise rates scale them)."""
+        return [(p, p.wd_mul) for p in (block.attn.qkvo_w, block.mlp.c_fc, block.mlp.c_proj)]
+
     def unexpanded_model(self, max_seq_len=None):
         """The record's model DLO expands into this one, on its device and dtype (max_seq_len: the config's)."""
         base = R18GPT(self.cfg).to(self.lm_head.weight.device)

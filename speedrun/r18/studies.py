@@ -5,9 +5,9 @@
   x0, the smeared and normed embedding) run here; the other modes and transforms and `new-embed` are refused.
 - LAuReL adds to #18's blocks at their attention and MLP residuals (every #18 layer has attention).
 - DLO (speedrun.dlo, docs/dlo.md "On --base r18") expands an r18 checkpoint as on #14 and routes the MLPs of the
-  expanded model; it runs alone (as on #14); --dlo-layer-lr is refused (NorMuon here takes each parameter's lr
-  factor once, from its shape and lr_mul). The routers' weights (one vector) join the Adam scalar group as below;
-  the new layers' matrices join their record groups by label (attention, MLP, gates).
+  expanded model; it runs alone (as on #14). The routers' weights (one vector) join the Adam scalar group as
+  below; the new layers' matrices join their record groups by label (attention, MLP, gates); --dlo-layer-lr scales
+  NorMuon's lr and decay per layer as on #14 (NorMuon.lr_mul).
 - the other studies (rolling skip, gated skip) are refused in one line.
 - what a study adds trains by its shape: scalars and vectors join the Adam scalar group with the record's scalar
   multipliers (one vector `study_scalars`, label "scalars": lr x5, no decay); matrices join NorMuon with the
@@ -35,9 +35,6 @@ def check_r18_studies(given):
     for study, flag, _ in given:
         if study not in RUNS_ON_R18:
             raise UsageError(f"{flag}: this study does not run on --base r18 yet (there: backout, LAuReL and DLO)")
-        if flag == "--dlo-layer-lr":
-            raise UsageError("--dlo-layer-lr: not on --base r18 (its NorMuon fixes each parameter's lr factor from "
-                             "its shape and lr_mul)")
 
 
 def check_r18_backout_args(config):

@@ -128,6 +128,39 @@ def test_routers_train_in_the_scalar_group_and_new_layers_in_their_record_groups
     assert not torch.equal(before, routers.router_w)
 
 
+def test_layer_lr_scales_each_layers_normuon_step(checkpoint):
+    """--dlo-layer-lr as on #14: layer l's matrices step as with NorMuon's lr x a_l / mean(a), a_l its label active
+    share (decay included); a layer without active labels stays; the gates keep their rate."""
+    flags = ("--init-from", str(checkpoint), "--dlo-groups", "2", "--dlo-layer-lr")
+    args = run_config(*flags)
+    active = torch.ones(18)
+    active[3] = 0.0
+    steps = []
+    for layer_lr in (True, False):
+        model = expanded_model(checkpoint, *flags[2:])
+        opts = R18Optimizers(model, r18_schedule(args))
+        before = [p.detach().clone() for p in model.parameters()]
+        loss_of(model).backward()
+        routers = model.study["dlo"]
+        routers.label_active_sum.copy_(active)
+        routers.label_count.fill_(1)
+        if layer_lr:
+            routers.after_step(model, opts, args, T.Dist())
+            assert {id(p) for p in opts.muon.lr_mul} == {id(p) for b in model.blocks for p in (
+                b.attn.qkvo_w, b.mlp.c_fc, b.mlp.c_proj)}  # the gates keep their rate
+        else:  # the reference: every parameter at the rate of the layers whose labels are all active
+            for group in opts.muon.param_groups:
+                group["initial_lr"] *= 18 / 17
+        opts.step(0)  # NorMuon only
+        steps.append({name: p.detach() - b for (name, p), b in zip(model.named_parameters(), before)})
+    scaled, faster = steps
+    assert not scaled["blocks.3.mlp.c_fc"].any() and not scaled["blocks.3.attn.qkvo_w"].any()
+    assert faster["blocks.3.mlp.c_fc"].any()
+    for name in ("blocks.5.mlp.c_fc", "blocks.17.mlp.c_proj", "blocks.0.attn.qkvo_w"):
+        assert torch.allclose(scaled[name], faster[name], rtol=1e-5, atol=1e-7), name
+
+
+
 def test_bad_checkpoint_is_one_line(checkpoint, tiny_data_args, tmp_path, capsys):
     state = load_checkpoint(checkpoint)
     state["model"]["x0_lambdas"] = torch.zeros(4)
