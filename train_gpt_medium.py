@@ -142,8 +142,8 @@ class Optimizers(TrackOptimizers):
 TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track)",
                     resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),
                Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
-                              "(speedrun/r18: its model, optimisers, batches and schedules; the backout and LAuReL "
-                              "flags by the rule in speedrun/r18/studies.py)",
+                              "(speedrun/r18: its model, optimisers, batches and schedules; the backout, LAuReL and "
+                              "DLO flags by the rule in speedrun/r18/studies.py)",
                     resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
                # resume=False: another attention computes the same function, so a run may resume on another node
                Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else "
