@@ -182,7 +182,7 @@ def scalars_lines(lines):
 def test_dlo_run_logs_its_fields_and_resumes(checkpoint, tiny_data_args, tmp_path):
     flags = tiny_data_args + ["--base", "r18", "--num-iterations", "4", "--train-seq-len", "32", "--val-seq-len",
                               "64", "--val-tokens", "512", "--val-every", "2", "--log-dir", str(tmp_path),
-                              "--dlo-groups", "2", "--dlo-sparsity", "0.3", "--dlo-anneal-steps", "2"]
+                              "--dlo-groups", "2", "--dlo-sparsity", "0.3", "--dlo-anneal-steps", "2", "--dlo-layer-lr"]
     first = launch_script(flags + ["--init-from", str(checkpoint), "--run-name", "first", "--stop-after", "2",
                                    "--checkpoint-every", "2"])
     assert first.returncode == 0, first.stderr[-2000:]
