@@ -142,8 +142,8 @@ class Optimizers(TrackOptimizers):
 TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track)",
                     resume=False, kind=str, options=dict(choices=["on", "off"], default="on")),
                Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
-                              "(speedrun/r18: its model, optimisers, batches and schedules; the backout and LAuReL "
-                              "flags by the rule in speedrun/r18/studies.py)",
+                              "(speedrun/r18: its model, optimisers, batches and schedules; the backout, LAuReL and "
+                              "DLO flags by the rule in speedrun/r18/studies.py)",
                     resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
                # resume=False: another attention computes the same function, so a run may resume on another node
                Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else "
@@ -178,8 +178,8 @@ def resolve_r18_args(parser, given, parsed):
     rule), the attention checked on this machine."""
     # Imported here: only r18 runs import (and log) the r18 package.
     from speedrun.r18.attention import resolve_attention
-    from speedrun.r18.model import NUM_LAYERS
-    from speedrun.r18.studies import check_r18_backout_args, check_r18_studies, r18_layer_pattern
+    from speedrun.r18.model import NUM_LAYERS, layer_pattern as r18_layer_pattern
+    from speedrun.r18.studies import check_r18_backout_args, check_r18_studies
     if parsed["num_layers"] not in (None, NUM_LAYERS):
         raise UsageError(f"--num-layers {parsed['num_layers']}: --base r18 has the record's {NUM_LAYERS} layers")
     check_r18_studies(given_study_flags(parsed))

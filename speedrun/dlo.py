@@ -41,17 +41,20 @@ def dlo_layer_pattern(cfg, layer_pattern):
     """Per-layer structure of the expanded model (layout: dlo_expansion_layout). Every layer of the expanded model
     has a source layer of the checkpoint (itself, or the layer a new one is built from) and inherits the source's
     value embedding, window length and attention presence; U-net pairs connect the expanded positions of the
-    original pairs. layer_pattern: the track's function num_layers -> pattern."""
+    original pairs, and a track's backout layer (backout_layer, #18's) moves to its expanded position.
+    layer_pattern: the track's function num_layers -> pattern (no_attention_layer None: attention everywhere)."""
     L = cfg.dlo_base_layers
     base = layer_pattern(L)
     position, new_layers, members = dlo_expansion_layout(L, cfg.dlo_groups, cfg.dlo_add, cfg.dlo_init)
     source = {position[i]: i for i in range(L)} | new_layers
     total = len(source)
-    return dict(num_value_embeds=base["num_value_embeds"],
+    no_attention = base["no_attention_layer"]
+    moved = {key: position[base[key]] for key in ("backout_layer",) if key in base}
+    return dict(**moved, num_value_embeds=base["num_value_embeds"],
                 ve_index=[base["ve_index"][source[j]] for j in range(total)],
                 long_window_layers=[j for j in range(total) if source[j] in base["long_window_layers"]],
-                no_attention_layer=position[base["no_attention_layer"]],
-                no_attention_layers=[j for j in range(total) if source[j] == base["no_attention_layer"]],
+                no_attention_layer=None if no_attention is None else position[no_attention],
+                no_attention_layers=[j for j in range(total) if source[j] == no_attention],
                 unet_pairs=[(position[s], position[d]) for s, d in base["unet_pairs"]],
                 dlo_position=position, dlo_new_layers=new_layers, dlo_group_members=members)
 
@@ -253,17 +256,18 @@ def slerp(a, b, t, eps=1e-8):
 
 
 def init_expanded_block(block, source, members, policy, slerp_t):
-    """Initialises a new layer from its source layer and its group's original layers `members`."""
+    """Initialises a new layer from its source layer and its group's original layers `members`. The blocks say
+    which are their matrices (weight_matrices) and output projections (output_projections)."""
     if policy == "random":  # Xavier uniform on every matrix (each of q, k, v, o on its own)
-        for p in block.parameters():
-            for matrix in (p if p.ndim == 3 else [p]):
-                nn.init.xavier_uniform_(matrix)
+        for matrix in block.weight_matrices():
+            nn.init.xavier_uniform_(matrix)
     elif policy in ("copy", "identity", "strict-identity") + EXPANSION_BASELINES:
         block.load_state_dict(source.state_dict())
-        if policy in ("identity", "strict-identity") and block.attn is not None:
-            block.attn.qkvo_w[3].zero_()
+        attention_out, mlp_out = block.output_projections()
+        if policy in ("identity", "strict-identity") and attention_out is not None:
+            attention_out.zero_()
         if policy == "strict-identity":
-            block.mlp.proj_w.zero_()
+            mlp_out.zero_()
     elif policy == "merge":  # uniform mean over the group's original layers that have the parameter
         for name, p in block.named_parameters():
             parts = [dict(m.named_parameters())[name].float() for m in members
@@ -283,30 +287,35 @@ def init_expanded_block(block, source, members, policy, slerp_t):
 @torch.no_grad()
 def expand_model(base, model, policy, slerp_t):
     """Writes the unexpanded model `base` into the expanded `model`: shared weights copied, original layers at
-    their expanded positions with their scalars, new layers by `policy` with block scalars (1, 0, ...) (the
-    residual passes unchanged) and, except for random, the source's value scalars; the expansion baselines
-    (exact duplicates) take all the source's scalars. Routers keep their initialisation."""
+    their expanded positions with their scalars, new layers by `policy` with the residual scalars that pass the
+    residual unchanged (#14's block lambdas (1, 0, ...)) and, except for random, the source's own scalars (#14's
+    value lambdas); the expansion baselines (exact duplicates) take all the source's scalars. Routers keep their
+    initialisation. Each model says where its per-layer scalars are: expansion_scalars() -> (the state keys that
+    hold them, [(rule, tensor, pass_through)]), rule "shared" (copied whole), "residual" (a [layers, k] view; new
+    layers start at pass_through) or "source" (a [layers, k] view; new layers take their source's)."""
     pat = model.pattern
     own = model.state_dict()
+    scalar_keys, parts = model.expansion_scalars()
+    _, base_parts = base.expansion_scalars()
     for key, value in base.state_dict().items():
-        if not key.startswith("blocks.") and key != "scalars":
+        if not key.startswith("blocks.") and key not in scalar_keys:
             own[key].copy_(value)
-    model.scalar_slice("unet").copy_(base.scalar_slice("unet"))
-    lam = model.scalar_slice("block").view(model.cfg.num_layers, -1)
-    base_lam = base.scalar_slice("block").view(base.cfg.num_layers, -1)
-    vlam, base_vlam = model.scalar_slice("value").view(-1, 2), base.scalar_slice("value").view(-1, 2)
-    lam.zero_()
-    lam[:, 0] = 1.0  # the block's own mix passes the residual unchanged
+    for (rule, mine, pass_through), (_, theirs, _) in zip(parts, base_parts):
+        if rule == "shared":
+            mine.copy_(theirs)
+            continue
+        for i, p in enumerate(pat["dlo_position"]):
+            mine[p] = theirs[i]
+        for q, src in pat["dlo_new_layers"].items():
+            if policy in EXPANSION_BASELINES or (rule == "source" and policy != "random"):
+                mine[q] = theirs[src]
+            elif rule == "residual":
+                mine[q] = pass_through
     for i, p in enumerate(pat["dlo_position"]):
         model.blocks[p].load_state_dict(base.blocks[i].state_dict())
-        lam[p], vlam[p] = base_lam[i], base_vlam[i]
     for q, src in pat["dlo_new_layers"].items():
         init_expanded_block(model.blocks[q], base.blocks[src], [base.blocks[j] for j in pat["dlo_group_members"][q]],
                             policy, slerp_t)
-        if policy != "random":
-            vlam[q] = base_vlam[src]
-        if policy in EXPANSION_BASELINES:
-            lam[q] = base_lam[src]
 
 
 def dlo_base_config(cfg):
@@ -327,9 +336,9 @@ def dlo_added_params(cfg, model_class):
 
 
 def dlo_expand_from_checkpoint(model, state, args, max_seq_len):
-    """Builds the unexpanded model, loads the checkpoint into it (strict shapes), then expands into `model`."""
-    base = type(model)(dlo_base_config(model.cfg), max_seq_len).to(model.lm_head_w.device)
-    base.cast_low_precision(model.embedding_params()[0].dtype)
+    """Builds the unexpanded model (the model's unexpanded_model), loads the checkpoint into it (strict shapes),
+    then expands into `model`."""
+    base = model.unexpanded_model(max_seq_len)
     load_model_weights(base, state, args.init_from)
     expand_model(base, model, args.dlo_init, args.dlo_slerp_t)
 

@@ -81,6 +81,14 @@ class StudyBlock(nn.Module):
         """The U-net skip into a block: skip = (weight, an earlier layer's output), or None."""
         return x if skip is None else x + skip[0] * skip[1]
 
+    def output_projections(self):
+        """(attention's output matrix or None, the MLP's): zeroed, they make the block the identity (DLO)."""
+        return (None if self.attn is None else self.attn.qkvo_w[3]), self.mlp.proj_w
+
+    def weight_matrices(self):
+        """Every weight matrix on its own, q, k, v and o apart (DLO's random init)."""
+        return [m for p in self.parameters() for m in (p if p.ndim == 3 else [p])]
+
     def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, augment=None):
         # The skip is added here rather than before the call so that --compile regional fuses it into the mix.
         x = self.mix_and_attend(self.add_skip(x, skip), *mix_inputs, augment=augment)
@@ -157,6 +165,23 @@ class StudyGPT(nn.Module):
     def scalar_slice(self, name):
         a, b = self.scalar_layout[name]
         return self.scalars[a:b]
+
+    def expansion_scalars(self):
+        """The per-layer scalars as DLO's expansion reads them (speedrun.dlo.expand_model): the block lambdas pass
+        the residual at (1, 0, ...), the value lambdas are the layer's own."""
+        L = self.cfg.num_layers
+        block = self.scalar_slice("block").view(L, -1)
+        pass_through = torch.zeros(block.shape[1])
+        pass_through[0] = 1.0
+        return ("scalars",), [("shared", self.scalar_slice("unet"), None), ("residual", block, pass_through),
+                              ("source", self.scalar_slice("value").view(L, 2), None)]
+
+    def unexpanded_model(self, max_seq_len):
+        """The model a part that grows this one (ModelPart.base_config) grows from, on its device and dtype."""
+        (cfg,) = [c for c in (part.base_config(self.cfg) for part in self.parts) if c is not None]
+        base = type(self)(cfg, max_seq_len).to(self.lm_head_w.device)
+        base.cast_low_precision(self.embedding_params()[0].dtype)
+        return base
 
     def added_params(self):
         """Parameters added by each study variant: its modules plus its scalar slices ("name" or "name.*")."""

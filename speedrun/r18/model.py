@@ -12,11 +12,13 @@ What differs from the #14 model (speedrun.model / train_gpt_medium.py):
 - 3 gated U-net skips (2->11, 4->10, 6->9), backout `x -= lambda * out[11]` (lambda init 0.5);
 - logits `23*sigmoid((z+5)/7.5)`; training loss summed (not averaged), multi-token in the first part of training.
 
-The structure is the record's 16-layer one; the tiny preset shrinks widths, not depth.
+The structure is the record's 16-layer one (layer_pattern); the tiny preset shrinks widths, not depth. DLO
+(speedrun.dlo) expands it: the model then follows DLO's pattern of the record's (R18GPT.pattern).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -24,7 +26,8 @@ import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
-from speedrun.r18.studies import attach_r18_studies, r18_layer_pattern
+from speedrun.dlo import DLORouters
+from speedrun.r18.studies import attach_r18_studies, r18_dlo_config
 from speedrun.study import reserve_scalars
 
 NUM_LAYERS = 16
@@ -45,6 +48,26 @@ class R18Config:
     vocab_size: int = 50257
     block_size: int = 128  # window sizes are counted in blocks of this many tokens
     max_seq_len: int = 4 * 64 * 1024  # rotary table length: the longest sequence a rank sees (validation)
+    num_layers: int = NUM_LAYERS  # set by the model from its layer pattern (DLO's expansion: more)
+    mlp_ratio: int = 4
+
+
+def layer_pattern(num_layers):
+    """The record's per-layer structure, as speedrun.dlo and the studies read a track's pattern."""
+    if num_layers != NUM_LAYERS:
+        raise ValueError(f"#18's layer pattern has {NUM_LAYERS} layers, not {num_layers}")
+    ve_index = [None] * num_layers
+    for j, layer in enumerate(VALUE_EMBED_LAYERS):
+        ve_index[layer] = j % NUM_VALUE_EMBEDS
+    return dict(num_value_embeds=NUM_VALUE_EMBEDS, ve_index=ve_index, long_window_layers=list(LONG_WINDOW_LAYERS),
+                no_attention_layer=None, unet_pairs=list(SKIP_PAIRS), backout_layer=BACKOUT_LAYER)
+
+
+def model_layer_pattern(studies):
+    """The pattern of the model a run config builds: the record's, or with --dlo-groups DLO's expansion of it."""
+    if studies is None or not studies.dlo_groups:
+        return layer_pattern(NUM_LAYERS)
+    return DLORouters.layer_pattern(r18_dlo_config(studies), layer_pattern)
 
 
 class Yarn(nn.Module):
@@ -108,7 +131,7 @@ class Gate(ZeroLinear):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: R18Config, layer):
+    def __init__(self, cfg: R18Config, has_value_embed):
         super().__init__()
         self.num_heads, self.head_dim, self.dim = cfg.num_heads, cfg.head_dim, cfg.model_dim
         if cfg.num_heads * cfg.head_dim != cfg.model_dim:
@@ -120,7 +143,7 @@ class Attention(nn.Module):
             self.qkvo_w[:3 * self.dim].uniform_(-bound, bound)
             self.qkvo_w[3 * self.dim:].zero_()
         self.attn_gate = Gate(cfg.num_heads)
-        self.value_embed_gate = Gate(cfg.num_heads) if layer in VALUE_EMBED_LAYERS else None
+        self.value_embed_gate = Gate(cfg.num_heads) if has_value_embed else None
 
     def forward(self, x, ve, sa_lambdas, cu_seqlens, max_len, window, rotary: Yarn, implementation, key_offset):
         B, T = x.shape[:2]
@@ -165,16 +188,26 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, layer):
+    def __init__(self, cfg, has_value_embed):
         super().__init__()
-        self.attn = Attention(cfg, layer)
+        self.attn = Attention(cfg, has_value_embed)
         self.mlp = MLP(cfg.model_dim)
 
-    def forward(self, x, *attn_args, laurel=None):
-        """laurel: LAuReL's residual function of this layer (speedrun.laurel), or None for the plain residuals."""
+    def output_projections(self):
+        """(attention's output matrix, the MLP's): zeroed, they make the block the identity (DLO)."""
+        return self.attn.qkvo_w[3 * self.attn.dim:], self.mlp.c_proj
+
+    def weight_matrices(self):
+        """Every weight matrix on its own, q, k, v and o apart (DLO's random init)."""
+        dim = self.attn.dim
+        return list(self.attn.qkvo_w.view(4, dim, dim)) + [p for p in self.parameters() if p is not self.attn.qkvo_w]
+
+    def forward(self, x, *attn_args, laurel=None, routed_mlp=None):
+        """laurel: LAuReL's residual function of this layer (speedrun.laurel), or None for the plain residuals.
+        routed_mlp: h -> the MLP residual computed by DLO's routers (ModelPart.mlp_router), or None."""
         if laurel is None:
             x = x + self.attn(norm(x), *attn_args)
-            return x + self.mlp(norm(x))
+            return x + self.mlp(norm(x)) if routed_mlp is None else routed_mlp(x)
         x = laurel(x, self.attn(norm(x), *attn_args), "attn")
         return laurel(x, self.mlp(norm(x)), "mlp")
 
@@ -194,18 +227,21 @@ class R18GPT(nn.Module):
     """Parameters are created in the record's order with the same initialisers, so one seed gives the record's
     initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`.
     `studies`: a resolved run config whose study flags add their parts (speedrun.r18.studies), after the record's
-    parameters (so the record's initial weights stay those of the seed)."""
+    parameters (so the record's initial weights stay those of the seed). The layers follow `pattern`
+    (model_layer_pattern: the record's unless DLO expands it)."""
 
     def __init__(self, cfg: R18Config, studies=None):
         super().__init__()
-        self.cfg = cfg
-        L, dim, vocab = NUM_LAYERS, cfg.model_dim, padded_vocab(cfg.vocab_size)
+        # What a study part reads of the layer pattern, and the layers' value embeddings, windows, skips, backout.
+        self.pattern = model_layer_pattern(studies)
+        self.cfg = cfg = replace(cfg, num_layers=len(self.pattern["ve_index"]))
+        L, dim, vocab = cfg.num_layers, cfg.model_dim, padded_vocab(cfg.vocab_size)
         self.smear_gate = Gate(1)
-        self.skip_gates = nn.ModuleList([Gate(1) for _ in SKIP_PAIRS])
-        self.value_embeds = nn.ModuleList([nn.Embedding(vocab, dim) for _ in range(NUM_VALUE_EMBEDS)])
+        self.skip_gates = nn.ModuleList([Gate(1) for _ in self.pattern["unet_pairs"]])
+        self.value_embeds = nn.ModuleList([nn.Embedding(vocab, dim) for _ in range(self.pattern["num_value_embeds"])])
         for embed in self.value_embeds:
             nn.init.zeros_(embed.weight)
-        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(L)])
+        self.blocks = nn.ModuleList([Block(cfg, k is not None) for k in self.pattern["ve_index"]])
         self.yarn = Yarn(cfg.head_dim, cfg.max_seq_len, cfg.block_size)
         self.lm_head = ZeroLinear(dim, vocab, bias=False)
         nn.init.normal_(self.lm_head.weight, mean=0, std=0.005)
@@ -219,13 +255,12 @@ class R18GPT(nn.Module):
             torch.tensor([0.5, 1.0]).repeat(L),  # sa_lambdas (QKV, O)
             torch.zeros(1),  # smear
             0.5 * torch.ones(1),  # backout
-            -1.5 * torch.ones(len(SKIP_PAIRS)),  # skip weights, sigmoid(-1.5) ~ 0.18
+            -1.5 * torch.ones(len(self.pattern["unet_pairs"])),  # skip weights, sigmoid(-1.5) ~ 0.18
             torch.ones(pad)]))
         self.split_embed = False
         self._label_parameters()
         self.study = nn.ModuleDict()
         self._study_scalar_inits, self.study_scalar_layout = [], {}
-        self.pattern = r18_layer_pattern(L)  # what a study part reads of the layer pattern
         if studies is not None:
             attach_r18_studies(self, studies)
         if self._study_scalar_inits:
@@ -238,6 +273,26 @@ class R18GPT(nn.Module):
         the #14 model."""
         reserve_scalars(self._study_scalar_inits, self.study_scalar_layout, name, init)
 
+    def expansion_scalars(self):
+        """The per-layer scalars as DLO's expansion reads them (speedrun.dlo.expand_model): the residual decay
+        passes the residual at 1 and the re-injection at 0, the sa_lambdas are the layer's own; the smear, backout
+        and skip weights are shared (the padding keeps its init)."""
+        L, layout = self.cfg.num_layers, scalar_layout(self.cfg.num_layers)
+        return ("scalars", "x0_lambdas"), [
+            ("residual", self.scalars[layout["resid"]].view(L, 1), torch.ones(1)),
+            ("residual", self.x0_lambdas.view(L, 2), torch.zeros(2)),
+            ("source", self.scalars[layout["sa"]].view(L, 2), None),
+            ("shared", self.scalars[layout["sa"].stop:layout["used"]], None)]
+
+    def block_matrix_params(self, block):
+        """A block's hidden matrices with their weight-decay multipliers (DLO's layer-wise rates scale them)."""
+        return [(p, p.wd_mul) for p in (block.attn.qkvo_w, block.mlp.c_fc, block.mlp.c_proj)]
+
+    def unexpanded_model(self, max_seq_len=None):
+        """The record's model DLO expands into this one, on its device and dtype (max_seq_len: the config's)."""
+        base = R18GPT(self.cfg).to(self.lm_head.weight.device)
+        return base.cast_low_precision(self.embed.weight.dtype)
+
     def scalar_slice(self, name):
         a, b = self.study_scalar_layout[name]
         return self.study_scalars[a:b]
@@ -249,6 +304,10 @@ class R18GPT(nn.Module):
         for key, (a, b) in self.study_scalar_layout.items():
             study = key.split(".")[0]
             counts[study] = counts.get(study, 0) + (b - a)
+        if "dlo" in self.study:  # its routers and everything the expansion adds to the record's model
+            with torch.device("meta"):
+                record = sum(p.numel() for p in R18GPT(self.cfg).parameters())
+            counts["dlo"] = sum(p.numel() for p in self.parameters()) - record
         return counts
 
     def _label_parameters(self):
@@ -283,14 +342,14 @@ class R18GPT(nn.Module):
 
     def window_tokens(self, ws_short, ws_long):
         short, long = ws_short * self.cfg.block_size, ws_long * self.cfg.block_size
-        return [long if i in LONG_WINDOW_LAYERS else short for i in range(NUM_LAYERS)]
+        return [long if i in self.pattern["long_window_layers"] else short for i in range(self.cfg.num_layers)]
 
     def forward(self, input_seq, target_seq, cu_seqlens, mtp_weights, ws_short, ws_long, max_len,
                 attention="sdpa"):
         """Summed training loss (multi-token when mtp_weights has more than one weight), or the mean validation
         loss in eval mode. input_seq/target_seq: [T]; cu_seqlens: the documents' boundaries."""
-        L = NUM_LAYERS
-        layout = scalar_layout(L)
+        pattern = self.pattern
+        layout = scalar_layout(self.cfg.num_layers)
         resid_lambdas, sa_lambdas = self.scalars[layout["resid"]], self.scalars[layout["sa"]].view(-1, 2)
         smear_lambda, backout_lambda = self.scalars[layout["smear"]], self.scalars[layout["backout"]]
         skip_lambdas, x0_lambdas = self.scalars[layout["skip"]], self.x0_lambdas.view(-1, 2)
@@ -298,17 +357,18 @@ class R18GPT(nn.Module):
 
         x = self.embed(input_seq) if self.split_embed else F.embedding(input_seq, self.lm_head.weight)
         ve = [e(input_seq) for e in self.value_embeds]
-        ve_at = {layer: ve[j % NUM_VALUE_EMBEDS] for j, layer in enumerate(VALUE_EMBED_LAYERS)}
+        ve_at = {layer: ve[k] for layer, k in enumerate(pattern["ve_index"]) if k is not None}
         smear = smear_lambda * torch.sigmoid(gate(self.smear_gate, x[1:]))
         x = torch.cat([x[:1], x[1:] + smear * x[:-1]])
         x = x0 = norm(x[None])
         x02 = norm(self.embed2(input_seq)[None])
 
-        skip_from = {src: k for k, (src, _) in enumerate(SKIP_PAIRS)}
-        skip_to = {dst: k for k, (_, dst) in enumerate(SKIP_PAIRS)}
+        skip_from = {src: k for k, (src, _) in enumerate(pattern["unet_pairs"])}
+        skip_to = {dst: k for k, (_, dst) in enumerate(pattern["unet_pairs"])}
         backout = self.study["backout"] if "backout" in self.study else None
-        backout_layers = (BACKOUT_LAYER,) if backout is None else backout.sources
+        backout_layers = (pattern["backout_layer"],) if backout is None else backout.sources
         laurel = self.study["laurel"].residuals(self) if "laurel" in self.study else None
+        router = self.study["dlo"].mlp_router(self) if "dlo" in self.study else None
         stored, outputs = {}, {}
         for i, block in enumerate(self.blocks):
             if i in skip_to:
@@ -320,16 +380,23 @@ class R18GPT(nn.Module):
             else:
                 x = resid_lambdas[i] * x + x0_lambdas[i, 0] * x0 + x0_lambdas[i, 1] * x02
             x = block(x, ve_at.get(i), sa_lambdas[i], cu_seqlens, max_len, windows[i], self.yarn, attention,
-                      i in LONG_WINDOW_LAYERS, laurel=laurel(i) if laurel is not None else None)
+                      i in pattern["long_window_layers"], laurel=laurel(i) if laurel is not None else None,
+                      routed_mlp=None if router is None else partial(router, i, block))
             if i in skip_from:
                 stored[skip_from[i]] = x
             if i in backout_layers:
                 outputs[i] = x
         if backout is None:
-            x = norm(x - backout_lambda * outputs[BACKOUT_LAYER])
+            x = norm(x - backout_lambda * outputs[pattern["backout_layer"]])
         else:
             x = backout.head_input(self, x, outputs, x0)
-        return self.head_loss(x, target_seq, mtp_weights)
+        loss = self.head_loss(x, target_seq, mtp_weights)
+        if router is None:
+            return loss
+        skip_losses = []
+        router.finish(input_seq, ws_long, skip_losses)  # none in eval mode
+        # The training loss is summed over tokens, the skip loss a mean: per token it weighs as on #14.
+        return loss + input_seq.numel() * sum(skip_losses) if skip_losses else loss
 
     def head_loss(self, x, target_seq, mtp_weights):
         if not self.training:  # mean over 4 chunks (memory), logits in fp32

@@ -134,6 +134,7 @@ class NorMuon(torch.optim.Optimizer):
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         groups = [dict(params=members) for members in muon_groups(params)]
         super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, beta2=beta2))
+        self.lr_mul = {}  # per-parameter lr (and decay) multipliers, 0-d tensors: DLO's layer-wise rates; absent = 1
 
     def _my_slice(self, group):
         chunk = -(-len(group["params"]) // self.world_size)
@@ -188,7 +189,9 @@ class NorMuon(torch.optim.Optimizer):
         wd_factors = torch.tensor([p.wd_mul for p in params], dtype=torch.float32)
         lrs, wds = lr_factors * group["lr"], wd_factors * group["weight_decay"] * group["lr"]
         for i, p in enumerate(params):
-            cautious_update_(p, v[i], wds[i], lrs[i])
+            scale = self.lr_mul.get(p)
+            cautious_update_(p, v[i], wds[i] if scale is None else wds[i] * scale,
+                             lrs[i] if scale is None else lrs[i] * scale)
 
 
 # As the record: a parameter below this many elements is all-reduced and stepped whole on every rank (its state

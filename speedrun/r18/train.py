@@ -4,7 +4,8 @@ batches and schedules) with the run log, checkpoints and resume of the #14 path 
 Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
 sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
 8 x --train-seq-len tokens at the end of the batch ramp (131k/524k of that at the start, as the record).
-The study flags that run on r18 add to its model by the rule of speedrun.r18.studies.
+The study flags that run on r18 add to its model by the rule of speedrun.r18.studies. --init-from loads a
+checkpoint's model weights (DLO's routers expand it instead, speedrun.dlo).
 Not yet here: torch.compile and the kernel warm-up (the run is eager)."""
 
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from speedrun.checkpoint import load_model_weights, load_resume_state, save_checkpoint
+from speedrun.checkpoint import load_checkpoint, load_model_weights, load_resume_state, save_checkpoint
 from speedrun.data import VIRTUAL_RANKS, find_shards
 from speedrun.errors import UsageError
 from speedrun.r18.attention import resolve_attention
@@ -163,6 +164,7 @@ def run_r18(args, proc, script):
     try:
         train_files = check_data(args)
         resume_state = load_resume_state(args)
+        init_state = load_checkpoint(args.init_from) if args.init_from else None
         attention = resolve_attention(args.attention, proc.device.type)
         if proc.rank == 0:
             check_log_dir(args.log_dir)
@@ -171,6 +173,9 @@ def run_r18(args, proc, script):
     proc.agree(problem)
     torch.manual_seed(args.seed)
     model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
+    routers = model.study["dlo"] if "dlo" in model.study else None
+    if init_state is not None and not (routers is not None and routers.init_from(model, init_state, args)):
+        load_model_weights(model, init_state, args.init_from)
     if resume_state is not None:
         load_model_weights(model, resume_state, args.resume)
     for p in model.parameters():
@@ -201,10 +206,14 @@ def run_r18(args, proc, script):
 
     def train(step, _):
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
+        if routers is not None:
+            routers.before_step(model, args, step)
         for inputs, targets, cu in stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size):
             loss = model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), mtp, windows.short,
                          windows.long, min(MAX_DOC_TOKENS, inputs.numel()), attention)
             (loss / grad_accum).backward()
+        if routers is not None:
+            routers.after_step(model, opts, args, proc)
         opts.step(step)
 
     def save(steps_done, train_ms):

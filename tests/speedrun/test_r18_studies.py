@@ -106,7 +106,10 @@ def test_added_parameters_join_the_groups_the_rule_states():
 
 @pytest.mark.parametrize("flags,message", [
     (["--gated-skip-layer", "3"], "--gated-skip-layer: this study does not run on --base r18 yet"),
-    (["--dlo-groups", "2"], "--dlo-groups: this study does not run on --base r18 yet"),
+    (["--rolling-skip"], "--rolling-skip: this study does not run on --base r18 yet"),
+    (["--dlo-groups", "2"], "--dlo-groups needs --init-from CHECKPOINT"),  # DLO runs on r18 (test_r18_dlo.py)
+    (["--dlo-groups", "2", "--laurel", "rw"], "--dlo-groups cannot be combined with --laurel"),
+    (["--dlo-groups", "2", "--backout-layers", "10"], "--dlo-groups cannot be combined with --backout-layers"),
     (["--backout-layers", "11", "--backout-mode", "concat-head"], "--backout-mode concat-head: on --base r18 only"),
     (["--backout-layers", "11", "--backout-transform", "tanh"], "--backout-transform tanh: on --base r18"),
     (["--backout-layers", "new-embed"], "--backout-layers new-embed: not on --base r18"),

@@ -57,9 +57,10 @@ def test_groups_without_a_namer_are_named_generically_from_their_flags(tmp_path)
 @pytest.mark.parametrize("study", bundled_medium_studies(), ids=lambda s: s.name)
 def test_hand_started_arms_of_a_bundled_study_do_not_pool(study, tmp_path):
     """Every arm, started by hand without --variant, gets a name no other arm of its study has."""
-    (tmp_path / "record" / "baseline").mkdir(parents=True)
-    for seed in study.seeds:  # the DLO study's checkpoints, so its arms resolve
-        (tmp_path / "record" / "baseline" / f"seed{seed}.pt").write_bytes(b"")
+    for base in ("record", "r18-record"):  # the DLO studies' checkpoints, so their arms resolve
+        (tmp_path / base / "baseline").mkdir(parents=True)
+        for seed in study.seeds:
+            (tmp_path / base / "baseline" / f"seed{seed}.pt").write_bytes(b"")
     names = {}
     for arm in study.arms:
         argv = study.argv(arm, study.seeds[0], tmp_path)
