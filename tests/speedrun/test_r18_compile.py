@@ -7,6 +7,8 @@ AOTAutograd; here dynamo's own `eager` backend stands in for inductor (AOTAutogr
 import copy
 import functools
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from torch._dynamo.utils import counters
 
 import train_gpt_medium as T
 import speedrun.r18.train as r18_train
+from speedrun.distributed import Dist
 from speedrun.errors import UsageError
 from speedrun.r18.model import R18Config, R18GPT
 from speedrun.r18.optim import R18Optimizers
@@ -54,14 +57,12 @@ def test_the_record_schedule_compiles_every_step_it_meets_and_few_graphs():
 
 
 def test_compile_allows_exactly_the_run_s_graphs_and_fails_past_them(monkeypatch):
-    for name in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
-        monkeypatch.setattr(dynamo_config, name, getattr(dynamo_config, name))
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: (model, kwargs))
     model = object()
-    assert r18_train.compile_r18(model, dict.fromkeys(range(23)), False) == (
-        model, dict(dynamic=False, fullgraph=True))
-    assert dynamo_config.recompile_limit == 23 and dynamo_config.fail_on_recompile_limit_hit
+    with dynamo_limits_kept(), dynamo_config.patch(recompile_limit=1, fail_on_recompile_limit_hit=False):
+        assert r18_train.compile_r18(model, dict.fromkeys(range(23)), False) == (
+            model, dict(dynamic=False, fullgraph=True))
+        assert dynamo_config.recompile_limit == 23 and dynamo_config.fail_on_recompile_limit_hit
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -88,35 +89,44 @@ def test_optimizer_state_load_drops_muon_state_made_after_the_save():
     assert len(opts.muon.state) == 0 and all(s["step"] == 0 for s in opts.adam.state.values())
 
 
-def val_losses(tmp_path, name, *flags):
-    assert T.main(["--base", "r18", "--preset", "tiny", "--num-iterations", "4", "--stop-after", "2",
-                   "--val-every", "0", "--log-dir", str(tmp_path), "--run-name", name, *flags]) == 0
-    lines = (tmp_path / f"{name}.txt").read_text().splitlines()
+def dynamo_limits_kept():
+    """A context after which the recompile limits a compiled run raises are what they were before."""
+    return dynamo_config.patch({name: getattr(dynamo_config, name) for name in
+                                ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit")})
+
+
+def r18_run(args, monkeypatch):
+    """`train_gpt_medium.py --base r18` with `args` in this process (run_r18, one rank); returns its validation
+    losses by step, its config line, and how many graphs dynamo had compiled after the kernel warm-up (a list:
+    empty when there was none) and at the end."""
+    graphs_after_warmup, kernel_warmup = [], r18_train.kernel_warmup
+
+    def counting_warmup(*warmup_args):
+        kernel_warmup(*warmup_args)
+        graphs_after_warmup.append(counters["stats"]["unique_graphs"])
+
+    monkeypatch.setattr(r18_train, "kernel_warmup", counting_warmup)
+    torch._dynamo.reset()
+    counters.clear()
+    with dynamo_limits_kept():
+        r18_train.run_r18(args, Dist(), T.__file__)
+    lines = (Path(args.log_dir) / f"{args.run_name}.txt").read_text().splitlines()
     config = next(line for line in lines if line.startswith("config: "))
-    return {int(m.group(1)): float(m.group(2)) for m in map(VAL.match, lines) if m}, config
+    losses = {int(m.group(1)): float(m.group(2)) for m in map(VAL.match, lines) if m}
+    return losses, config, graphs_after_warmup, counters["stats"]["unique_graphs"]
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_compiled_run_warms_every_graph_up_then_equals_the_eager_run(tmp_path, monkeypatch):
-    for name in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
-        monkeypatch.setattr(dynamo_config, name, getattr(dynamo_config, name))
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    graphs_after_warmup, kernel_warmup = [], r18_train.kernel_warmup
-
-    def counting_warmup(*args):
-        kernel_warmup(*args)
-        graphs_after_warmup.append(counters["stats"]["unique_graphs"])
-
-    eager, eager_config = val_losses(tmp_path, "eager", "--compile", "off")
-    torch._dynamo.reset()
-    counters.clear()
-    monkeypatch.setattr(r18_train, "kernel_warmup", counting_warmup)
-    compiled, config = val_losses(tmp_path, "compiled", "--compile", "on")
+    args = run_config("--num-iterations", "4", "--stop-after", "2", "--val-every", "0", "--log-dir", str(tmp_path))
+    eager, eager_config, _, _ = r18_run(replace(args, compile="off", run_name="eager"), monkeypatch)
+    compiled, config, graphs_after_warmup, graphs = r18_run(replace(args, compile="on", run_name="on"), monkeypatch)
     assert '"warmup_steps": 0' in eager_config and '"warmup_steps": 3' in config
     # steps 0 and 1 train at different batch sizes, windows and MTP counts (YaRN applied at step 1); the
     # validation at 2 runs with the embedding untied: three graphs, all compiled by the warm-up
-    assert graphs_after_warmup == [3] and counters["stats"]["unique_graphs"] == 3
+    assert graphs_after_warmup == [3] and graphs == 3
     assert dict(counters["graph_break"]) == {}
     assert sorted(compiled) == [2]
     assert compiled == pytest.approx(eager, rel=1e-6)  # the warm-up's steps left no trace in the run
