@@ -12,6 +12,11 @@ iff both lie in the same document and 0 <= q - k <= window: FlashAttention's `wi
 - sdpa:   SDPA on the dense boolean mask of the same function (CPU runs and tests).
 
 auto = the first available of fa3, varlen, flex on CUDA; sdpa on CPU. Tensors are [T, H, D] (no batch dim).
+
+Under `--compile on` each is traced into the model's one graph: sdpa and flex as torch ops (flex's block mask
+built inside the graph), varlen as torch's own custom op, fa3 through its interface's autograd.Function over the
+kernel hub's registered ops (as the record compiles it). The kernels are loaded before anything is compiled
+(resolve_attention); a trace only looks them up.
 """
 
 import functools

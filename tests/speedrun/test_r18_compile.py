@@ -19,6 +19,7 @@ import train_gpt_medium as T
 import speedrun.r18.train as r18_train
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
+from speedrun.r18.attention import varlen_attend
 from speedrun.r18.model import R18Config, R18GPT
 from speedrun.r18.optim import R18Optimizers
 from speedrun.r18.train import R18OptimizerState, compiled_graphs, r18_schedule, training_graph, validation_graph
@@ -118,9 +119,11 @@ def r18_run(args, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_compiled_run_warms_every_graph_up_then_equals_the_eager_run(tmp_path, monkeypatch):
+def test_compiled_study_run_warms_every_graph_up_then_equals_the_eager_run(tmp_path, monkeypatch):
+    # Both studies' parts in the graph (the matrix compiles the baseline and the LAuReL arms alone, no backout)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    args = run_config("--num-iterations", "4", "--stop-after", "2", "--val-every", "0", "--log-dir", str(tmp_path))
+    args = run_config("--laurel", "rw+lr+pa", "--backout-layers", "10,embed", "--num-iterations", "4",
+                      "--stop-after", "2", "--val-every", "0", "--log-dir", str(tmp_path))
     eager, eager_config, _, _ = r18_run(replace(args, compile="off", run_name="eager"), monkeypatch)
     compiled, config, graphs_after_warmup, graphs = r18_run(replace(args, compile="on", run_name="on"), monkeypatch)
     assert '"warmup_steps": 0' in eager_config and '"warmup_steps": 3' in config
@@ -130,3 +133,19 @@ def test_compiled_run_warms_every_graph_up_then_equals_the_eager_run(tmp_path, m
     assert dict(counters["graph_break"]) == {}
     assert sorted(compiled) == [2]
     assert compiled == pytest.approx(eager, rel=1e-6)  # the warm-up's steps left no trace in the run
+
+
+@pytest.mark.slow
+def test_flex_attention_traces_into_one_graph_and_equals_sdpa():
+    # The GPU's fallback attention, block mask and all, in a full graph (forward only: CPU flex has no backward)
+    q, k, v = torch.randn(3, 64, 2, 16, generator=torch.Generator().manual_seed(0))
+    cu_seqlens = torch.tensor([0, 10, 40, 64, 64], dtype=torch.int32)
+
+    def attend(name):
+        return varlen_attend(name, q, k, v, cu_seqlens, 64, 12, 0.3)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(attend, fullgraph=True, dynamic=False, backend="eager")("flex")
+    assert counters["stats"]["unique_graphs"] == 1
+    torch.testing.assert_close(compiled, attend("sdpa"))
