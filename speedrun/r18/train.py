@@ -165,7 +165,7 @@ def compile_r18(model, graphs, coordinate_descent_tuning):
     return torch.compile(model, dynamic=False, fullgraph=True)
 
 
-def warmup_steps(train_model, model, opts, schedule, graphs, train_files, args, proc, attention):
+def warmup_step_per_graph(train_model, model, opts, schedule, graphs, train_files, args, proc, attention):
     """kernel_warmup's take_step(i) for the i-th graph of `graphs`: the windows (and YaRN tables) advanced to its
     step, then one validation micro-batch or one training step with its optimiser step, on batches of a stream of
     the warm-up's own (the run's stream does not move). The first step of each graph is its step in the run, so
@@ -266,8 +266,9 @@ def run_r18(args, proc, script):
                                               f"r18 attention: {attention} (train_time comparable with the record's "
                                               f"only on fa3)"])
     if warm_up:
-        kernel_warmup(len(graphs), model, opt_state,
-                      warmup_steps(train_model, model, opts, schedule, graphs, train_files, args, proc, attention))
+        take_step = warmup_step_per_graph(train_model, model, opts, schedule, graphs, train_files, args, proc,
+                                          attention)
+        kernel_warmup(len(graphs), model, opt_state, take_step)
     if proc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
     stream = BosAlignedStream(train_files, "--train-files")
