@@ -154,8 +154,8 @@ def compiled_graphs(schedule, args, start_step, last_step):
 
 
 def compile_r18(model, graphs, coordinate_descent_tuning):
-    """The whole model compiled as the record compiles it, allowed exactly as many graphs as the run meets; one
-    more fails the run (fail_on_recompile_limit_hit) rather than running that step eager."""
+    """The whole model compiled as the record compiles it, allowed as many graphs as the run meets (or dynamo's
+    limit, if larger); one more fails the run (fail_on_recompile_limit_hit) rather than running that step eager."""
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(graphs))
