@@ -186,6 +186,12 @@ def resolve_r18_args(parser, given, parsed):
     presets = {name: dict(values, num_layers=NUM_LAYERS) for name, values in PRESETS.items()}
     config = resolve_track_args(parser, given, presets, __file__, r18_layer_pattern, TRACK_FLAGS)
     check_r18_backout_args(config)
+    if config.compile == "regional":
+        raise UsageError("--compile regional: not on --base r18, whose optimisers average the gradients after the "
+                         "backward (nothing for regions to overlap); --compile on compiles the whole model")
+    if config.warmup_steps:
+        raise UsageError(f"--warmup-steps {config.warmup_steps}: --base r18 warms up one step per graph its "
+                         f"schedule compiles, as many as that needs; only 0 (no warm-up) can be given")
     resolve_attention(config.attention, "cuda" if torch.cuda.is_available() else "cpu")
     if config.preset == "full" and "--num-iterations" not in given:
         config = replace(config, num_iterations=R18_RECORD_STEPS)

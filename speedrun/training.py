@@ -63,6 +63,7 @@ def kernel_warmup(steps, model, opt, take_step):
     saved_opt = copy.deepcopy(opt.state_dict())
     for i in range(steps):
         take_step(i)
+    model.zero_grad(set_to_none=True)  # a warm-up step may leave gradients for a later optimiser step (r18's Adam)
     model.load_state_dict(saved_model)
     opt.load_state_dict(saved_opt)
 
@@ -133,6 +134,16 @@ def restore_run_state(resume_state, opt, stream, log):
     return resume_state["step"], resume_state["train_ms"]
 
 
+def compiles_model(config, device_type):
+    """Whether the run torch.compiles its model: --compile on or regional, or auto on CUDA."""
+    return config.compile in ("on", "regional") or (config.compile == "auto" and device_type == "cuda")
+
+
+def validates_at(config, step, last_step):
+    """Whether run_steps validates before `step`: every --val-every steps and at the last step."""
+    return step == last_step or bool(config.val_every and step % config.val_every == 0)
+
+
 def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, validate_and_log, train, save):
     """The step loop both training paths share (run_training, and --base r18's): from start_step to the last step,
     prepare(step) -> that step's state, validation when due (validate_and_log(step, state, train_ms), the clock
@@ -145,7 +156,7 @@ def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, vali
     for step in range(start_step, last_step + 1):
         is_last = step == last_step
         state = prepare(step)
-        if is_last or (config.val_every and step % config.val_every == 0):
+        if validates_at(config, step, last_step):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
             validate_and_log(step, state, train_ms)
@@ -198,7 +209,7 @@ def run_training(track: Track, config, proc: Dist):
     proc.agree(problem)
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         config.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
-    compiled = config.compile in ("on", "regional") or (config.compile == "auto" and proc.device.type == "cuda")
+    compiled = compiles_model(config, proc.device.type)
     config = at_run_start(config, compiled, run_schedule_origin(config, init_state, resume_state))
     schedule_at = schedule_clock(config.init_schedule_origin, config.num_iterations)
 

@@ -12,6 +12,11 @@ iff both lie in the same document and 0 <= q - k <= window: FlashAttention's `wi
 - sdpa:   SDPA on the dense boolean mask of the same function (CPU runs and tests).
 
 auto = the first available of fa3, varlen, flex on CUDA; sdpa on CPU. Tensors are [T, H, D] (no batch dim).
+
+Under `--compile on` each is traced into the model's one graph: sdpa and flex as torch ops (flex's block mask
+built inside the graph), varlen as torch's own custom op, fa3 through its interface's autograd.Function over the
+kernel hub's registered ops (as the record compiles it). The kernels are loaded before anything is compiled
+(resolve_attention); a trace only looks them up.
 """
 
 import functools
@@ -83,8 +88,19 @@ def _flex(q, k, v, cu_seqlens, max_len, window, scale):
     return y[0].transpose(0, 1)
 
 
-def _torch_varlen_function():
-    """torch's varlen attention when this build has one taking a window, else None."""
+_LOADED_KERNELS = {}
+
+
+def _loaded_once(name, load):
+    """load() on the first call, its result after: a dict look-up, which a compiled graph traces as a constant
+    (torch.compile would trace through a functools.cache wrapper into the imports and checks of load, and fail).
+    resolve_attention loads the run's kernel before anything is compiled."""
+    if name not in _LOADED_KERNELS:
+        _LOADED_KERNELS[name] = load()
+    return _LOADED_KERNELS[name]
+
+
+def _load_torch_varlen_function():
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -93,20 +109,30 @@ def _torch_varlen_function():
     return varlen_attn if "window_size" in inspect.signature(varlen_attn).parameters else None
 
 
+def _torch_varlen_function():
+    """torch's varlen attention (a torch custom op, so compiled graphs hold it whole) when this build has one
+    taking a window, else None."""
+    return _loaded_once("varlen", _load_torch_varlen_function)
+
+
 def _varlen(q, k, v, cu_seqlens, max_len, window, scale):
     cu = cu_seqlens.to(torch.int32)
     return _torch_varlen_function()(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(window, 0))
 
 
-@functools.cache
-def _fa3_interface():
-    """FlashAttention-3's interface from the kernel hub, or None (no `kernels` package, offline, no kernel for
-    this GPU: any failure only makes fa3 unavailable)."""
+def _load_fa3_interface():
     try:
         from kernels import get_kernel
         return get_kernel(FA3_KERNEL_REPO).flash_attn_interface
     except Exception:  # noqa: BLE001 - an optional accelerator; every failure means "not here"
         return None
+
+
+def _fa3_interface():
+    """FlashAttention-3's interface from the kernel hub, or None (no `kernels` package, offline, no kernel for
+    this GPU: any failure only makes fa3 unavailable). Its varlen function is an autograd.Function over the hub
+    build's registered torch ops, which torch.compile traces into a full graph (as record #18 compiles it)."""
+    return _loaded_once("fa3", _load_fa3_interface)
 
 
 def _fa3(q, k, v, cu_seqlens, max_len, window, scale):

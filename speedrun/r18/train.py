@@ -6,8 +6,15 @@ sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with 
 8 x --train-seq-len tokens at the end of the batch ramp (131k/524k of that at the start, as the record).
 The study flags that run on r18 add to its model by the rule of speedrun.r18.studies. --init-from loads a
 checkpoint's model weights (DLO's routers expand it instead, speedrun.dlo).
-Not yet here: torch.compile and the kernel warm-up (the run is eager)."""
 
+--compile on (auto: on CUDA) compiles the whole model as the record does (fullgraph, dynamic=False) for training
+and validation; --compile off runs it eager. The compiled model is specialised on the batch size, both windows,
+the number of MTP weights and whether the embedding is untied: the schedule says which of these the run meets
+(compiled_graphs), the kernel warm-up compiles each of them before the clock starts and the state is restored
+after it, and one more compile fails the run instead of falling back to eager. --compile regional is refused:
+r18 averages its gradients in the optimisers, so compiling by region buys nothing here."""
+
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,8 +31,8 @@ from speedrun.r18.schedule import R18Schedule
 from speedrun.r18.studies import study_named_scalars
 from speedrun.logformat import added_params_line
 from speedrun.runlog import LogWriter, write_preamble
-from speedrun.training import (check_data, check_log_dir, log_validation, peak_memory_line, restore_run_state,
-                               run_steps)
+from speedrun.training import (check_data, check_log_dir, compiles_model, kernel_warmup, log_validation,
+                               peak_memory_line, restore_run_state, run_steps, validates_at)
 
 RECORD_STEPS = 4740
 RECORD_EXTENSION = 40
@@ -78,20 +85,115 @@ class Windows:
         self.short, self.long = short, long
 
 
+def validation_windows(schedule, step, num_iterations):
+    """(short, long) windows of the validation before `step`: the last one's long window is the record's wider
+    one."""
+    short, long = schedule.windows(step)
+    return short, schedule.validation_window_blocks if step == num_iterations else long
+
+
+def training_loss(model, batch, mtp, windows, attention, proc):
+    inputs, targets, cu = batch
+    return model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), mtp, *windows,
+                 min(MAX_DOC_TOKENS, inputs.numel()), attention)
+
+
+def validation_loss(model, batch, windows, attention, args, proc):
+    inputs, targets, cu = batch
+    return model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), None, *windows,
+                 args.val_seq_len, attention)
+
+
+def validation_stream(args):
+    return ValidationStream(find_shards(args.val_files, "--val-files"), "--val-files")
+
+
+def forward_backward(model, batches, mtp, windows, attention, proc):
+    """Gradients of this rank's micro-batches of a step (their losses summed, scaled by the accumulation)."""
+    for batch in batches:
+        (training_loss(model, batch, mtp, windows, attention, proc) / proc.grad_accum).backward()
+
+
 @torch.no_grad()
-def validate(model, args, proc, windows, long_window, attention):
+def validate(model, args, proc, windows, attention):
     model.eval()
-    stream = ValidationStream(find_shards(args.val_files, "--val-files"), "--val-files")
+    stream = validation_stream(args)
     steps = args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len)
     total = torch.zeros((), device=proc.device)
     for _ in range(steps):
-        for inputs, targets, cu in stream.micro_batches(VIRTUAL_RANKS * args.val_seq_len, proc.rank, proc.world_size):
-            total += model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), None, windows.short,
-                           long_window, args.val_seq_len, attention).float()
+        for batch in stream.micro_batches(VIRTUAL_RANKS * args.val_seq_len, proc.rank, proc.world_size):
+            total += validation_loss(model, batch, windows, attention, args, proc).float()
     if proc.world_size > 1:
         dist.all_reduce(total)
     model.train()
     return (total / (steps * VIRTUAL_RANKS)).item()
+
+
+def training_graph(schedule, step):
+    """What the compiled graph of training step `step` is specialised on: the batch size (input and cu_seqlens
+    shapes, max_len), both windows (the rotary tables' YaRN scale follows the long one), the number of MTP
+    weights, and whether the embedding is untied from the head yet."""
+    return ("train", schedule.batch_size(step), schedule.windows(step), len(schedule.mtp_weights(step)),
+            step > schedule.split_step)
+
+
+def validation_graph(schedule, step, num_iterations):
+    """The same for the validation before `step` (its batch is the same at every step)."""
+    return "val", validation_windows(schedule, step, num_iterations), step > schedule.split_step
+
+
+def compiled_graphs(schedule, args, start_step, last_step):
+    """{graph: the first step that meets it} over the steps this run takes (start_step to last_step) and the
+    validations it runs among them, in step order."""
+    graphs = {}
+    for step in range(start_step, last_step + 1):
+        if validates_at(args, step, last_step):
+            graphs.setdefault(validation_graph(schedule, step, args.num_iterations), step)
+        if step < last_step:
+            graphs.setdefault(training_graph(schedule, step), step)
+    return graphs
+
+
+def compile_r18(model, graphs, coordinate_descent_tuning):
+    """The whole model compiled as the record compiles it, allowed as many graphs as the run meets (or dynamo's
+    limit, if larger); one more fails the run (fail_on_recompile_limit_hit) rather than running that step eager."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(graphs))
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, len(graphs))
+    dynamo_config.fail_on_recompile_limit_hit = True
+    inductor_config.coordinate_descent_tuning = coordinate_descent_tuning
+    return torch.compile(model, dynamic=False, fullgraph=True)
+
+
+def warmup_step_per_graph(train_model, model, opts, schedule, graphs, train_files, args, proc, attention):
+    """kernel_warmup's take_step(i) for the i-th graph of `graphs`: the windows (and YaRN tables) advanced to its
+    step, then one validation micro-batch or one training step with its optimiser step, on batches of a stream of
+    the warm-up's own (the run's stream does not move). The first step of each graph is its step in the run, so
+    every graph is compiled with the state that step has; the YaRN tables are reset by the run's Windows."""
+    windows = Windows(model, schedule)
+    stream = BosAlignedStream(train_files, "--train-files")
+    val_stream = validation_stream(args)
+    plan = list(graphs.items())
+
+    def take_step(i):
+        graph, step = plan[i]
+        for s in range(plan[i - 1][1] + 1 if i else 0, step + 1):
+            windows.advance(s)
+        model.split_embed = step > schedule.split_step
+        if graph[0] == "val":
+            model.eval()
+            with torch.no_grad():
+                batch = val_stream.micro_batches(VIRTUAL_RANKS * args.val_seq_len, proc.rank, proc.world_size)[0]
+                validation_loss(train_model, batch, validation_windows(schedule, step, args.num_iterations),
+                                attention, args, proc)
+            model.train()
+            return
+        mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
+        forward_backward(train_model, stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size),
+                         mtp, schedule.windows(step), attention, proc)
+        opts.step(step)
+    return take_step
 
 
 class R18OptimizerState:
@@ -140,7 +242,9 @@ class R18OptimizerState:
                          for key in pieces[0]}
             else:
                 saved = None  # not stepped before the checkpoint
-            if saved is not None:
+            if saved is None:  # no state when saved: the kernel warm-up's must not outlive the restore
+                muon.state.pop(mine[0], None)
+            else:
                 muon.state[mine[0]] = {k: v.to(mine[0].device) for k, v in saved.items()}
 
     def _check_stacked_slices_fit(self, stacked_slices):
@@ -171,6 +275,12 @@ def run_r18(args, proc, script):
     except UsageError as e:
         problem = str(e)
     proc.agree(problem)
+    N = args.num_iterations
+    start_step = resume_state["step"] if resume_state is not None else 0
+    compiled = compiles_model(args, proc.device.type)
+    graphs = compiled_graphs(schedule, args, start_step, args.stop_after or N) if compiled else {}
+    warm_up = compiled and args.warmup_steps != 0
+    args = replace(args, warmup_steps=len(graphs) if warm_up else 0)  # the config line says what ran
     torch.manual_seed(args.seed)
     model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
     routers = model.study["dlo"] if "dlo" in model.study else None
@@ -183,13 +293,19 @@ def run_r18(args, proc, script):
             dist.broadcast(p.data, 0)
     opts = R18Optimizers(model, schedule)
     opt_state = R18OptimizerState(opts)
+    train_model = compile_r18(model, graphs, args.coordinate_descent_tuning == "on") if compiled else model
     log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
     config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
                   attention=attention, params=sum(p.numel() for p in model.parameters()))
     write_preamble(log, script, proc, config, [added_params_line(model.added_params()),
                                               f"r18 attention: {attention} (train_time comparable with the record's "
                                               f"only on fa3)"])
-    N = args.num_iterations
+    if warm_up:
+        take_step = warmup_step_per_graph(train_model, model, opts, schedule, graphs, train_files, args, proc,
+                                          attention)
+        kernel_warmup(len(graphs), model, opt_state, take_step)
+    if proc.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
     stream = BosAlignedStream(train_files, "--train-files")
     windows = Windows(model, schedule)
     start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log)
@@ -197,21 +313,17 @@ def run_r18(args, proc, script):
     for step in range(start_step):  # the rotary tables as the windows grew
         windows.advance(step)
     ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
-    grad_accum = VIRTUAL_RANKS // proc.world_size
 
     def validate_and_log(step, _, train_ms):
-        long_window = schedule.validation_window_blocks if step == N else windows.long
-        val_loss = validate(model, args, proc, windows, long_window, attention)
+        val_loss = validate(train_model, args, proc, validation_windows(schedule, step, N), attention)
         log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
 
     def train(step, _):
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
         if routers is not None:
             routers.before_step(model, args, step)
-        for inputs, targets, cu in stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size):
-            loss = model(inputs.to(proc.device), targets.to(proc.device), cu.to(proc.device), mtp, windows.short,
-                         windows.long, min(MAX_DOC_TOKENS, inputs.numel()), attention)
-            (loss / grad_accum).backward()
+        forward_backward(train_model, stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size),
+                         mtp, (windows.short, windows.long), attention, proc)
         if routers is not None:
             routers.after_step(model, opts, args, proc)
         opts.step(step)

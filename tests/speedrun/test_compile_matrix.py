@@ -3,7 +3,8 @@ two real optimiser steps (hooks launching the gradient averages as on 2 ranks, t
 hooks) each followed by a validation, as run_training runs them. Per arm: the losses of both steps (the second
 after one optimiser update; at the real init the first is ln(50257) in every mode) under each compile mode equal
 eager's to compile rounding, and a compiled mode has no graph break and compiles nothing after the first step and
-validation.
+validation. An arm on --base r18 runs as train_gpt_medium.py runs it (check_r18_arm: its kernel warm-up, two
+steps, validations), under --compile off and on.
 
 Arms that build the same model are one cell: the compiled graphs are a function of the model configuration, and
 the run flags that set no part of it (--num-iterations, --stop-after, checkpoints, --compile itself, DLO's
@@ -24,6 +25,7 @@ import importlib
 import os
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,17 +66,13 @@ def model_flags(argv):
 
 def compiled_study_arms():
     """(study, arm, argv) of every bundled study arm the matrix covers: all but those of studies generated from
-    another's results, and those on --base r18, which runs eager only (no torch.compile there yet: nothing to
-    compile)."""
+    another's results."""
     for path in available_studies():
         if "requires_results" in tomllib.loads(path.read_text()):
             continue
         study = load_study(str(path), {"base_checkpoint": "unused.pt"} if path.stem == "dlo" else None)
         for arm in study.arms:
-            argv = study.argv(arm, study.seeds[0], Path("runs"))
-            if "--base" in argv and argv[argv.index("--base") + 1] == "r18":
-                continue
-            yield study, arm, argv
+            yield study, arm, study.argv(arm, study.seeds[0], Path("runs"))
 
 
 def bundled_arms():
@@ -123,6 +121,11 @@ INDUCTOR_ARMS = {"train_gpt_medium:backout-concat:baseline", "train_gpt:small-ba
                  "train_gpt_medium:dlo:base-s10"}
 
 
+def on_r18(args):
+    """Whether the arm trains record #18's model (train_gpt_medium.py --base r18): a model of its own."""
+    return getattr(args, "base", None) == "r18"
+
+
 def distinct_models():
     """One pytest param per distinct (track, model graphs) and backend - per model configuration under
     COMPILE_MATRIX=full - named after the arms it stands for."""
@@ -133,7 +136,7 @@ def distinct_models():
         track = importlib.import_module(script)
         args = resolve(track, list(flags), ["--preset", "tiny"], __file__ if init_from else None)  # only its existence is checked
         cfg = track.model_config(args)
-        key = (script, repr(cfg) if full else graph_structure(cfg))
+        key = (script, on_r18(args), repr(cfg) if full else graph_structure(cfg))
         if key in seen:
             seen[key].extend(names)
             continue
@@ -202,15 +205,35 @@ def run_arm(track, args, mode):
     return [losses[step * MICRO_BATCHES].item() for step in range(STEPS)], frames
 
 
+def check_r18_arm(args, arms, log_dir, monkeypatch):
+    """An r18 arm (--compile off and on; regional is refused there) as train_gpt_medium.py runs it: the kernel
+    warm-up, two steps and a validation before each and after the last, at 120 iterations so that both steps
+    share their graphs. The compiled run has no graph break, compiles nothing after its warm-up, and validates
+    as the eager one."""
+    from test_r18_compile import r18_run
+    args = replace(args, num_iterations=120, stop_after=2, val_every=1, log_dir=str(log_dir))
+    val_losses = {}
+    for mode in ("off", "on"):
+        start = time.perf_counter()
+        val_losses[mode], _, graphs_after_warmup, graphs = r18_run(replace(args, compile=mode, run_name=mode),
+                                                                   monkeypatch)
+        SECONDS.append(time.perf_counter() - start)
+    assert dict(counters["graph_break"]) == {}, arms
+    assert graphs_after_warmup == [graphs] == [2], (graphs_after_warmup, graphs, arms)  # training, validation
+    assert val_losses["on"] == pytest.approx(val_losses["off"], rel=1e-5), (val_losses, arms)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script, flags, init_from, arms, backend", distinct_models())
 def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, backend,
                                                                     tiny_data_args, dlo_checkpoint, one_rank_group,
-                                                                    monkeypatch):
+                                                                    monkeypatch, tmp_path):
     if backend != "inductor":  # every torch.compile the model makes (nn.Module.compile calls it too)
         monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     track = importlib.import_module(script)
     args = resolve(track, flags, tiny_data_args + ["--val-tokens", "1024"], dlo_checkpoint if init_from else None)
+    if on_r18(args):
+        return check_r18_arm(args, arms, tmp_path, monkeypatch)
     step_losses = {}
     for mode in MODES:
         start = time.perf_counter()
