@@ -164,6 +164,12 @@ def dlo_checkpoint(shard_dir, tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("matrix") / "base6.pt", CHECKPOINT_LAYERS, shard_dir)
 
 
+@pytest.fixture(scope="module")
+def r18_checkpoint(shard_dir, tmp_path_factory):
+    from test_r18_dlo import write_r18_checkpoint
+    return write_r18_checkpoint(tmp_path_factory.mktemp("matrix") / "r18.pt", shard_dir)
+
+
 def run_arm(track, args, mode):
     """Two steps and two validations of the arm as run_training runs them under --compile `mode`; returns each
     step's first micro-batch loss and the frame-compile count after each step and its validation."""
@@ -226,12 +232,16 @@ def check_r18_arm(args, arms, log_dir, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("script, flags, init_from, arms, backend", distinct_models())
 def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, backend,
-                                                                    tiny_data_args, dlo_checkpoint, one_rank_group,
+                                                                    tiny_data_args, request, one_rank_group,
                                                                     monkeypatch, tmp_path):
     if backend != "inductor":  # every torch.compile the model makes (nn.Module.compile calls it too)
         monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     track = importlib.import_module(script)
-    args = resolve(track, flags, tiny_data_args + ["--val-tokens", "1024"], dlo_checkpoint if init_from else None)
+    checkpoint = None
+    if init_from:  # the checkpoint of the arm's base (only when it needs one: writing it takes steps)
+        on_r18_base = "--base" in flags and flags[flags.index("--base") + 1] == "r18"
+        checkpoint = request.getfixturevalue("r18_checkpoint" if on_r18_base else "dlo_checkpoint")
+    args = resolve(track, flags, tiny_data_args + ["--val-tokens", "1024"], checkpoint)
     if on_r18(args):
         return check_r18_arm(args, arms, tmp_path, monkeypatch)
     step_losses = {}

@@ -34,11 +34,9 @@ def loss_of(model, seed=0, training=True):
     return model(tokens[:-1], tokens[1:], cu, torch.tensor([1.0]), 1, 3, SEQ)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, shard_dir):
+def write_r18_checkpoint(path, shard_dir):
     """The tiny r18 model at its real init after two optimiser steps (NorMuon twice, the Adams once: every
     projection non-zero), saved as the script saves it."""
-    path = tmp_path_factory.mktemp("r18dlo") / "base.pt"
     args = run_config("--train-files", str(shard_dir / "syn_train_*.bin"))
     torch.manual_seed(args.seed)
     model = R18GPT(r18_config(args), studies=args)
@@ -50,6 +48,11 @@ def checkpoint(tmp_path_factory, shard_dir):
     save_checkpoint(path, model, R18OptimizerState(opts), stream, 2, 0.0, args,
                     LogWriter(path.with_suffix(".txt"), False), T.Dist())
     return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, shard_dir):
+    return write_r18_checkpoint(tmp_path_factory.mktemp("r18dlo") / "base.pt", shard_dir)
 
 
 def checkpoint_model(path):
