@@ -149,3 +149,23 @@ def test_flex_attention_traces_into_one_graph_and_equals_sdpa():
     compiled = torch.compile(attend, fullgraph=True, dynamic=False, backend="eager")("flex")
     assert counters["stats"]["unique_graphs"] == 1
     torch.testing.assert_close(compiled, attend("sdpa"))
+
+
+@pytest.mark.parametrize("base, given, expected", [("r14", [], "on"), ("r18", [], "off"),
+                                                   ("r18", ["--coordinate-descent-tuning", "on"], "on"),
+                                                   ("r14", ["--coordinate-descent-tuning", "off"], "off")])
+def test_coordinate_descent_tuning_defaults_to_each_base_s_record(base, given, expected, monkeypatch):
+    """#14 was timed with it; #18 without (upstream banned it for new records: compiling takes ~30 min)."""
+    import torch._inductor.config as inductor_config
+    config = T.resolve_args(["--preset", "tiny", "--base", base, *given])
+    assert config.coordinate_descent_tuning == expected
+    if base == "r18":  # and compile_r18 sets inductor's flag from it
+        monkeypatch.setattr(r18_train.torch, "compile", lambda model, **kw: model)
+        before = inductor_config.coordinate_descent_tuning
+        try:
+            with dynamo_config.patch(fail_on_recompile_limit_hit=dynamo_config.fail_on_recompile_limit_hit):
+                inductor_config.coordinate_descent_tuning = expected != "on"
+                r18_train.compile_r18(torch.nn.Linear(1, 1), {}, config.coordinate_descent_tuning == "on")
+                assert inductor_config.coordinate_descent_tuning is (expected == "on")
+        finally:
+            inductor_config.coordinate_descent_tuning = before
