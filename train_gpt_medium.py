@@ -190,6 +190,9 @@ def resolve_r18_args(parser, given, parsed):
     check_r18_backout_args(config)
     # #18 was timed without it (upstream banned it for new records: it makes compiling take ~30 min)
     config = replace(config, coordinate_descent_tuning=config.coordinate_descent_tuning or "off")
+    if config.init_schedule == "continue":
+        raise UsageError("--init-schedule continue: not on --base r18 yet (an r18 run from --init-from restarts "
+                         "its schedules at step 0)")
     if config.compile == "regional":
         raise UsageError("--compile regional: not on --base r18, whose optimisers average the gradients after the "
                          "backward (nothing for regions to overlap); --compile on compiles the whole model")

@@ -176,6 +176,15 @@ def test_bad_checkpoint_is_one_line(checkpoint, tiny_data_args, tmp_path, capsys
     assert not list(tmp_path.glob("*.txt"))  # no log was started
 
 
+def test_continued_schedule_is_refused_on_r18_in_one_line(checkpoint, tiny_data_args, tmp_path, capsys):
+    """r18 restarts its schedules from --init-from; a flag asking otherwise must not be silently ignored."""
+    flags = tiny_data_args + ["--base", "r18", "--init-from", str(checkpoint), "--log-dir", str(tmp_path)]
+    assert T.main(flags + ["--init-schedule", "continue"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--init-schedule continue" in err
+    assert not list(tmp_path.glob("*.txt"))
+
+
 def scalars_lines(lines):
     return {int(l.split("/")[0].removeprefix("step:")): json.loads(l.split("scalars: ", 1)[1]) for l in lines
             if l.startswith("step:") and " scalars: " in l}
