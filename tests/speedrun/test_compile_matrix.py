@@ -70,7 +70,8 @@ def compiled_study_arms():
     for path in available_studies():
         if "requires_results" in tomllib.loads(path.read_text()):
             continue
-        study = load_study(str(path), {"base_checkpoint": "unused.pt"} if path.stem == "dlo" else None)
+        needs_checkpoint = "base_checkpoint" in tomllib.loads(path.read_text()).get("vars", {})
+        study = load_study(str(path), {"base_checkpoint": "unused.pt"} if needs_checkpoint else None)
         for arm in study.arms:
             yield study, arm, study.argv(arm, study.seeds[0], Path("runs"))
 
