@@ -19,7 +19,8 @@ compiled backward with its gradient hooks are all there; only inductor's lowerin
 INDUCTOR_ARMS, which between them hold every kind of operation the arms add, also under inductor. COMPILE_MATRIX=
 inductor runs every cell under inductor, COMPILE_MATRIX=full every model configuration. An inductor cell runs in
 a process of its own (own_process: inductor's compiled kernels stay loaded for the life of a process); the time of
-each compile-mode run is printed (pytest -s)."""
+each compile-mode run is printed (pytest -s). Every cell under inductor, run once: benchmarks/results/
+2026-11-25_cpu_compile-matrix-inductor-all.txt (all pass, 68 CPU-minutes)."""
 import functools
 import importlib
 import os
