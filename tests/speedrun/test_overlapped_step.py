@@ -25,17 +25,24 @@ def trajectory(config, nproc):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def assert_matches_a_reference(got, by_machine):
+    """Bitwise equal to the previous implementation's trajectory on one of the CPU kinds it was recorded on (the
+    AVX2 pin leaves the last bits CPU-dependent); a CPU kind not yet recorded fails, and its result is added to the
+    reference only when produced by the reference commit's code."""
+    assert got in by_machine.values(), {"got": got, **by_machine}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(REFERENCE))
 def test_world_size_1_trajectory_is_bitwise_the_previous_one(config):
-    assert trajectory(config, 1) == REFERENCE[config]["ws1"]
+    assert_matches_a_reference(trajectory(config, 1), REFERENCE[config]["ws1"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(REFERENCE))
 def test_world_size_2_trajectory_is_bitwise_the_previous_one(config):
     # bf16-mixed-muon: Muon groups of mixed sizes (broadcasts) and bf16 masters (Snoo gathers the low bits).
-    assert trajectory(config, 2) == REFERENCE[config]["ws2"]
+    assert_matches_a_reference(trajectory(config, 2), REFERENCE[config]["ws2"])
 
 
 @pytest.fixture
