@@ -10,6 +10,7 @@ import pytest
 from conftest import OWN_PROCESS_ENV, ROOT
 
 CHILD_TESTS = '''
+import logging
 import os
 import pytest
 
@@ -22,6 +23,14 @@ def test_passes_in_a_child():
 @pytest.mark.own_process
 def test_fails_in_a_child():
     assert False, "child failure text"
+
+@pytest.mark.own_process
+def test_fails_after_many_debug_records_in_a_child():  # as a compile's trace logger writes them
+    chatty = logging.getLogger("chatty")
+    chatty.setLevel(logging.DEBUG)
+    for i in range(5000):
+        chatty.debug("trace record %d", i)
+    assert False, "failure after the records"
 
 @pytest.mark.own_process
 def test_skips_in_a_child():
@@ -52,6 +61,7 @@ def test_marked_tests_run_in_a_child_and_report_pass_fail_and_skip(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     out = res.stdout
     assert res.returncode == 1, out + res.stderr
-    assert "1 failed, 2 passed, 1 skipped" in out, out
+    assert "2 failed, 2 passed, 1 skipped" in out, out
     assert "FAILED test_child.py::test_fails_in_a_child" in out and "child failure text" in out
+    assert "failure after the records" in out  # the error, not only the records, reaches the report
     assert "child skip reason" in out
