@@ -139,6 +139,19 @@ def compiles_model(config, device_type):
     return config.compile in ("on", "regional") or (config.compile == "auto" and device_type == "cuda")
 
 
+CPU_INDUCTOR_VECTOR_BITS = 256
+
+
+def configure_inductor(device_type, coordinate_descent_tuning):
+    """inductor's options for a compiled run. On CPU its C++ vector code is held to 256 bits: on an AVX-512
+    machine torch 2.13's 512-bit code gave non-finite MLP-projection gradients in r18's bf16 model (tiny preset)
+    where 256-bit, scalar, eager and AOTAutograd code agree (test_r18_compile). CUDA code is Triton's, unaffected."""
+    import torch._inductor.config as inductor_config
+    inductor_config.coordinate_descent_tuning = coordinate_descent_tuning
+    if device_type == "cpu":
+        inductor_config.cpp.simdlen = CPU_INDUCTOR_VECTOR_BITS
+
+
 def validates_at(config, step, last_step):
     """Whether run_steps validates before `step`: every --val-every steps and at the last step."""
     return step == last_step or bool(config.val_every and step % config.val_every == 0)
@@ -230,8 +243,7 @@ def run_training(track: Track, config, proc: Dist):
     opt = track.optimizers(model, proc.rank, proc.world_size, fused_adam=proc.device.type == "cuda", ns_dtype=low,
                            compile_muon=compiled and proc.device.type == "cuda")
     if compiled:
-        import torch._inductor.config as inductor_config
-        inductor_config.coordinate_descent_tuning = track.coordinate_descent_tuning(config)
+        configure_inductor(proc.device.type, track.coordinate_descent_tuning(config))
         if config.compile == "regional":
             model.compile_regions()
             train_model = model

@@ -31,8 +31,8 @@ from speedrun.r18.schedule import R18Schedule
 from speedrun.r18.studies import study_named_scalars
 from speedrun.logformat import added_params_line
 from speedrun.runlog import LogWriter, write_preamble
-from speedrun.training import (check_data, check_log_dir, compiles_model, kernel_warmup, log_validation,
-                               peak_memory_line, restore_run_state, run_steps, validates_at)
+from speedrun.training import (check_data, check_log_dir, compiles_model, configure_inductor, kernel_warmup,
+                               log_validation, peak_memory_line, restore_run_state, run_steps, validates_at)
 
 RECORD_STEPS = 4740
 RECORD_EXTENSION = 40
@@ -154,15 +154,14 @@ def compiled_graphs(schedule, args, start_step, last_step):
     return graphs
 
 
-def compile_r18(model, graphs, coordinate_descent_tuning):
+def compile_r18(model, graphs, coordinate_descent_tuning, device_type):
     """The whole model compiled as the record compiles it, allowed as many graphs as the run meets (or dynamo's
     limit, if larger); one more fails the run (fail_on_recompile_limit_hit) rather than running that step eager."""
     import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(graphs))
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, len(graphs))
     dynamo_config.fail_on_recompile_limit_hit = True
-    inductor_config.coordinate_descent_tuning = coordinate_descent_tuning
+    configure_inductor(device_type, coordinate_descent_tuning)
     return torch.compile(model, dynamic=False, fullgraph=True)
 
 
@@ -293,7 +292,8 @@ def run_r18(args, proc, script):
             dist.broadcast(p.data, 0)
     opts = R18Optimizers(model, schedule)
     opt_state = R18OptimizerState(opts)
-    train_model = compile_r18(model, graphs, args.coordinate_descent_tuning == "on") if compiled else model
+    train_model = (compile_r18(model, graphs, args.coordinate_descent_tuning == "on", proc.device.type) if compiled
+                   else model)
     log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
     config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
                   attention=attention, params=sum(p.numel() for p in model.parameters()))
