@@ -13,16 +13,14 @@ the 6-layer model lacks; a DLO arm expands a tiny 6-layer checkpoint in 2 groups
 The multi-skip study's arms are generated from a finished sweep: they are backout sums of the kinds the sweep and
 the norms study already run.
 
-Backends: every cell compiles through CPU inductor (its C++ codegen stands in for CUDA's Triton), in a process of
-its own (own_process: inductor's compiled kernels stay loaded for the life of a process), except the r18 cells:
-in the default matrix they compile through dynamo with AOTAutograd and no codegen (`aot_eager`: graph breaks,
-recompiles, functionalisation and the compiled backward are all there; only inductor's lowering is not), as
-under inductor they cost ~6 CPU-minutes each (37 for the 6, measured), more than CI's 90 minutes has room for.
-test_r18_compile checks r18's training gradients under CPU inductor; COMPILE_MATRIX=inductor runs the r18 cells
-through inductor too, COMPILE_MATRIX=full every model configuration. The time of each compile-mode run is printed
-(pytest -s). Every r14 and small-track cell under inductor, run once: benchmarks/results/
-2026-11-25_cpu_compile-matrix-inductor-all.txt (all pass, 68 CPU-minutes); the r18 cells: benchmarks/results/
-2026-11-26_cpu_compile-matrix-r18-inductor.txt."""
+Backends: inductor on CPU costs ~90 s a cell here (its C++ codegen), so the CI-sized matrix runs every cell under
+dynamo with AOTAutograd and no codegen (`aot_eager`: the graph breaks, recompiles, functionalisation and the
+compiled backward with its gradient hooks are all there; only inductor's lowering is not), and the cells of
+INDUCTOR_ARMS, which between them hold every kind of operation the arms add, also under inductor. COMPILE_MATRIX=
+inductor runs every cell under inductor, COMPILE_MATRIX=full every model configuration. An inductor cell runs in
+a process of its own (own_process: inductor's compiled kernels stay loaded for the life of a process); the time of
+each compile-mode run is printed (pytest -s). Every cell under inductor, run once: benchmarks/results/
+2026-11-25_cpu_compile-matrix-inductor-all.txt (all pass, 68 CPU-minutes)."""
 import functools
 import importlib
 import os
@@ -117,23 +115,22 @@ def graph_structure(cfg):
     return repr(sorted(fields.items()))
 
 
+# Cells (named by their first arm) compiled by inductor in the default matrix: both baselines, the small record, all
+# three LAuReL forms at once, a linear backout transform, a concatenated skip of an MLP output, DLO's router.
+INDUCTOR_ARMS = {"train_gpt_medium:backout-concat:baseline", "train_gpt:small-backout-layer-sweep:baseline",
+                 "train_gpt:small-record:backout-L8-weighted", "train_gpt_medium:laurel:rw+lr+pa",
+                 "train_gpt_medium:backout-transforms:relu-linear", "train_gpt_medium:backout-concat:concat-mlp-L12",
+                 "train_gpt_medium:dlo:base-s10"}
+
+
 def on_r18(args):
     """Whether the arm trains record #18's model (train_gpt_medium.py --base r18): a model of its own."""
     return getattr(args, "base", None) == "r18"
 
 
-R18_BACKEND = "aot_eager"  # the r18 cells' backend in the default matrix (see above)
-
-
-def names_base_r18(flags):
-    """Whether an arm's flags choose record #18's model (before they are parsed)."""
-    return "--base" in flags and flags[flags.index("--base") + 1] == "r18"
-
-
 def distinct_models():
-    """One pytest param per distinct (track, model graphs) - per model configuration under COMPILE_MATRIX=full -
-    named after the arms it stands for, with the backend that compiles it: inductor for every cell (in a process
-    of its own), but R18_BACKEND for the r18 cells unless COMPILE_MATRIX is set."""
+    """One pytest param per distinct (track, model graphs) and backend - per model configuration under
+    COMPILE_MATRIX=full - named after the arms it stands for."""
     matrix = os.environ.get("COMPILE_MATRIX", "")
     full = matrix == "full"
     seen, params = {}, []
@@ -146,10 +143,12 @@ def distinct_models():
             seen[key].extend(names)
             continue
         seen[key] = names
-        backend = R18_BACKEND if on_r18(args) and not matrix else "inductor"
-        marks = [pytest.mark.own_process] if backend == "inductor" else []
-        params.append(pytest.param(script, list(flags), init_from, names, backend,
-                                   id=f"{backend}:{script}:{names[0]}", marks=marks))
+        cell = f"{script}:{names[0]}"
+        if not matrix:
+            params.append(pytest.param(script, list(flags), init_from, names, "aot_eager", id=cell))
+        if matrix or cell in INDUCTOR_ARMS:
+            params.append(pytest.param(script, list(flags), init_from, names, "inductor", id=f"inductor:{cell}",
+                                       marks=pytest.mark.own_process))
     return params
 
 
@@ -244,7 +243,8 @@ def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags
     track = importlib.import_module(script)
     checkpoint = None
     if init_from:  # the checkpoint of the arm's base (only when it needs one: writing it takes steps)
-        checkpoint = request.getfixturevalue("r18_checkpoint" if names_base_r18(flags) else "dlo_checkpoint")
+        on_r18_base = "--base" in flags and flags[flags.index("--base") + 1] == "r18"
+        checkpoint = request.getfixturevalue("r18_checkpoint" if on_r18_base else "dlo_checkpoint")
     args = resolve(track, flags, tiny_data_args + ["--val-tokens", "1024"], checkpoint)
     if on_r18(args):
         return check_r18_arm(args, arms, tmp_path, monkeypatch)
@@ -264,8 +264,6 @@ def test_the_matrix_covers_every_arm_of_every_study():
     covered = {name for *_, names, _ in (p.values for p in distinct_models()) for name in names}
     assert covered == {f"{study.name}:{arm}" for study, arm, _ in compiled_study_arms()}
     assert {script for script, *_ in (p.values for p in distinct_models())} == {"train_gpt", "train_gpt_medium"}
-    params = distinct_models()
-    assert all((p.values[-1] == "inductor") == any(m.name == "own_process" for m in p.marks) for p in params)
-    if not os.environ.get("COMPILE_MATRIX"):  # inductor for every cell but r18's
-        assert {(names_base_r18(p.values[1]), p.values[-1]) for p in params} == {(False, "inductor"),
-                                                                                  (True, R18_BACKEND)}
+    inductor_cells = {p.id.removeprefix("inductor:") for p in distinct_models() if p.values[-1] == "inductor"}
+    if not os.environ.get("COMPILE_MATRIX"):  # a renamed arm would otherwise drop out of inductor's share silently
+        assert inductor_cells == INDUCTOR_ARMS
