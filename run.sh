@@ -154,7 +154,8 @@ case "${1:-}" in
         # mostly single-threaded Python (tracing, process start-up), so 2 workers on 2 cores halve the wall time.
         cores=$(nproc 2>/dev/null || echo 1)
         workers=${TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
-        exec "$PY" -m pytest -q -n "$workers" --dist worksteal "${tier[@]}" "$@"
+        # --durations=15: the slowest tests at the end, so a test that grew is seen where it is run.
+        exec "$PY" -m pytest -q -n "$workers" --dist worksteal --durations=15 "${tier[@]}" "$@"
         ;;
     -h|--help|help)
         usage
