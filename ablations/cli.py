@@ -210,8 +210,16 @@ def cmd_run(args) -> int:
     runs = study.runs(args.runs_dir, select_arms(study, args.arms))
     module = check_flags(study, runs, args.runs_dir, data=True)
     options = _options(args, study)
+    check = ConfigCheck(module, study, args.runs_dir)
+    if sequential:  # a record of another design, a damaged one or stale looks: refused before anything is written
+        sequential_state = sequential_study.load_state(args.runs_dir / study.name / sequential_study.STATE_FILE,
+                                                       design)
+        stale_looks = sequential_study.stale_looks(sequential_state, study, args.runs_dir, check)
     if args.dry_run:
-        check = ConfigCheck(module, study, args.runs_dir)
+        if sequential:  # what the recorded looks leave to run
+            for line in sequential_study.describe_state(sequential_state, stale_looks):
+                print(f"sequential {line}")
+            runs = sequential_study.runs_still_open(sequential_state, stale_looks, runs)
         for run in runs:
             paths = run_paths(args.runs_dir, run.study, run.arm, run.seed)
             state = run_state(paths)
@@ -221,10 +229,12 @@ def cmd_run(args) -> int:
             print(f"{state:<8} {' '.join(launch_command(study, run, options, resume))}")
         return 0
     options.config_check = _config_check(study, runs, module, args)
+    if sequential:
+        sequential_study.check_stale_looks(stale_looks, args.redo_stale)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
     reporter.line("begin", f"{study.path} - {study.description}")
     if sequential:
-        code = sequential_study.run_until_decided(study, options, reporter, design)
+        code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state, stale_looks)
     else:
         code = run_study(study, runs, options, reporter)
     if args.report and code < 128:
@@ -295,11 +305,16 @@ def study_status(study: Study, runs_dir: Path, check: ConfigCheck | None = None)
 
 def cmd_status(args) -> int:
     study = _load(args)
-    status = study_status(study, args.runs_dir, ConfigCheck(load_script(study.script), study, args.runs_dir))
+    check = ConfigCheck(load_script(study.script), study, args.runs_dir)
+    status = study_status(study, args.runs_dir, check)
     record = args.runs_dir / study.name / sequential_study.STATE_FILE
     try:
         status["sequential"] = sequential_study.read_state(record)
-        sequential_lines = sequential_study.describe_state(status["sequential"]) if status["sequential"] else []
+        sequential_lines = []
+        if status["sequential"]:
+            stale = sequential_study.stale_looks(status["sequential"], study, args.runs_dir, check)
+            status["sequential"]["stale"] = stale
+            sequential_lines = sequential_study.describe_state(status["sequential"], stale)
     except StudyError as problem:  # status still shows the runs
         status["sequential"] = {"problem": str(problem)}
         sequential_lines = [f"cannot be shown: {problem}"]
