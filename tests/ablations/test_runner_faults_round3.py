@@ -1,9 +1,15 @@
 """The study runner under the faults of issue 36: a flag left at `auto` and logged as what it resolved to is not
-an edit."""
+an edit; checkpoints that are not checkpoints set aside like a truncated zip."""
+
+import pytest
 
 import train_gpt_medium as T
 from ablations.staleness import ConfigCheck
 from ablations.study import load_study
+from runner_support import ablations, is_complete, read_events, runner_env, write_study
+from test_runner_faults import run_dir
+
+FLAGS = {"num-iterations": 6, "val-every": 3}
 
 
 def test_an_auto_attention_logged_as_its_kernel_is_not_stale(tmp_path):
@@ -17,3 +23,21 @@ def test_an_auto_attention_logged_as_its_kernel_is_not_stale(tmp_path):
     asking_sdpa = study.runs(tmp_path)[0]  # a kernel the study names is still compared
     asking_sdpa.flags = [*asking_sdpa.flags, "--attention", "sdpa"]
     assert "--attention fa3, the study now asks sdpa" in check.difference(asking_sdpa, dict(expected, attention="fa3"))
+
+
+@pytest.mark.slow
+def test_empty_and_non_zip_checkpoints_are_set_aside_and_their_runs_restarted(tmp_path):
+    starts = tmp_path / "starts.jsonl"
+    study = write_study(tmp_path, "s", {"empty": {}, "garbage": {"backout-layers": 4}}, seeds=[0], flags=FLAGS)
+    written = {"empty": b"", "garbage": b"\x00\x01 not a checkpoint at all"}
+    for arm, data in written.items():
+        run_dir(tmp_path, arm).mkdir(parents=True)
+        (run_dir(tmp_path, arm) / "seed0.pt").write_bytes(data)
+    result = ablations(["run", study], tmp_path, runner_env(starts))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "checkpoint damaged (empty: 0 bytes)" in result.stdout
+    assert "checkpoint damaged (not a zip file: it starts with b'\\x00\\x01'" in result.stdout
+    for arm, data in written.items():
+        (kept,) = run_dir(tmp_path, arm).glob("seed0.damaged-*.pt")
+        assert kept.read_bytes() == data and is_complete(run_dir(tmp_path, arm) / "seed0.txt")
+    assert [event["resume"] for event in read_events(starts) if event["event"] == "start"] == [None, None]
