@@ -152,6 +152,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "own_process: runs in a fresh python process of its own (memory; and slow)")
 
 
+def pytest_sessionstart(session):
+    """A compile killed while writing a kernel (a timed-out test, a killed run) leaves a truncated .so in inductor's
+    shared cache, failing every later compile that needs it: such files are removed before any test compiles."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from speedrun.compile_cache import sweep_truncated_kernels
+
+    for removed in sweep_truncated_kernels(cache_dir()):
+        print(f"conftest: {removed}", file=sys.stderr)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """An own_process test starts a python and pytest of its own: slow by construction, so it is marked here (before

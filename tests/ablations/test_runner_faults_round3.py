@@ -6,7 +6,7 @@ import pytest
 import train_gpt_medium as T
 from ablations.staleness import ConfigCheck
 from ablations.study import load_study
-from runner_support import ablations, is_complete, read_events, runner_env, write_study
+from runner_support import ablations, is_complete, read_events, runner_env, starts_per_run, write_study
 from test_runner_faults import run_dir
 
 FLAGS = {"num-iterations": 6, "val-every": 3}
@@ -41,3 +41,21 @@ def test_empty_and_non_zip_checkpoints_are_set_aside_and_their_runs_restarted(tm
         (kept,) = run_dir(tmp_path, arm).glob("seed0.damaged-*.pt")
         assert kept.read_bytes() == data and is_complete(run_dir(tmp_path, arm) / "seed0.txt")
     assert [event["resume"] for event in read_events(starts) if event["event"] == "start"] == [None, None]
+
+
+@pytest.mark.slow
+def test_a_truncated_kernel_in_the_compile_cache_is_removed_and_the_run_retried_once(tmp_path):
+    """The runner's retry on the stand-in script (tests/scripts/test_faults_training_round3.py checks torch's real
+    error message)."""
+    starts = tmp_path / "starts.jsonl"
+    cache = tmp_path / "torchinductor_someone"
+    kernel = cache / "7q" / "c7qua.main.so"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"")
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
+    result = ablations(["run", study], tmp_path, runner_env(starts, FAKE_TRAIN_KERNEL=kernel))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (retry,) = [line for line in result.stdout.splitlines() if " retry " in line]
+    assert f"baseline/seed0: {kernel}: a truncated compiled kernel in inductor's cache {cache}" in retry
+    assert not kernel.exists()
+    assert starts_per_run(starts) == {("baseline", 0): 2, ("baseline", 1): 1}
