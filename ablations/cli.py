@@ -187,6 +187,11 @@ def _config_check(study: Study, runs, module, args) -> ConfigCheck:
 def _options(args, study: Study, nnodes: int = 1) -> Options:
     if getattr(args, "parallel", None) is not None and args.parallel < 1:
         raise StudyError("--parallel must be at least 1")
+    if not getattr(args, "grace", 0.0) >= 0:  # also refuses nan
+        raise StudyError(f"--grace {args.grace:g}: seconds runs get to exit when stopped, 0 or more")
+    if not getattr(args, "progress_every", 0.0) >= 0:
+        raise StudyError(f"--progress-every {args.progress_every:g}: seconds between progress lines, 0 or more (0: "
+                         f"every step)")
     launcher = args.launcher
     if launcher == "python" and study.nproc != 1:
         raise StudyError(f"--launcher python runs one process; study {study.name} needs {study.nproc}")
@@ -248,8 +253,14 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
     if importlib.util.find_spec("analysis") is None:
         reporter.line("report", "skipped: the analysis package is not available here (python -m analysis)")
         return 0
-    # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it.
-    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", ",".join(study.arms)]
+    # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it;
+    # and of those, the arms with a log (the report refuses an arm it has no log of).
+    arms = ",".join(arm for arm in study.arms
+                    if any(run_paths(runs_dir, study.name, arm, seed).log.exists() for seed in study.seeds))
+    if not arms:
+        reporter.line("report", "skipped: no arm of the study has a log yet")
+        return 0
+    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", arms]
     reporter.line("report", f"python -m {' '.join(command)}")
     result = subprocess.run([sys.executable, "-m", *command], check=False)
     if result.returncode != 0:
@@ -257,7 +268,7 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
         return 1
     # The study's result in a few lines on the terminal (analysis/terminal.py), below the report's path.
     subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target),
-                    "--arms", ",".join(study.arms)], check=False)
+                    "--arms", arms], check=False)
     return 0
 
 

@@ -369,10 +369,10 @@ class StudyRunner:
         reason = _likely_reason(lines)
         marker = {"time": time.time(), "why": why, "reason": reason, "output": str(paths.output),
                   "last_output": lines[-5:]}
-        tmp = paths.failed_marker.with_suffix(".failed.tmp")
-        paths.log_dir.mkdir(parents=True, exist_ok=True)  # the study folder may have been deleted meanwhile
-        tmp.write_text(json.dumps(marker) + "\n")
-        os.replace(tmp, paths.failed_marker)
+        from analysis.atomic import write_text_atomically  # noqa: PLC0415 (as sequential_study: the package beside)
+
+        # the study folder may have been deleted meanwhile (made again); a full disk names the marker, leaves no temp
+        write_text_atomically(paths.failed_marker, json.dumps(marker) + "\n")
         self.outcome[key] = "failed"
         self.failures[key] = f"{why}" + (f": {reason}" if reason else "") + f" (see {paths.output})"
         last = f": {reason}" if reason else ""

@@ -141,6 +141,19 @@ def mounted_tmpfs(where, size="1m"):
     subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def full_tmpfs(where):
+    """mounted_tmpfs, filled up to its last block: every write there fails with ENOSPC."""
+    for mount in mounted_tmpfs(where, size="64k"):
+        filler = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(filler, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        os.close(filler)
+        yield mount
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Tests marked `own_process` run in a fresh interpreter each: inductor keeps every kernel it has compiled loaded for
 # the life of the process (~0.2-0.3 GB per compile test, measured), so in one pytest process the compile tests

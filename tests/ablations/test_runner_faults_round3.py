@@ -1,13 +1,23 @@
 """The study runner under the faults of issue 36: a flag left at `auto` and logged as what it resolved to is not
-an edit; checkpoints that are not checkpoints set aside like a truncated zip."""
+an edit; checkpoints that are not checkpoints set aside like a truncated zip; a truncated kernel in inductor's
+compile cache removed and its run retried once; bad --seeds, --grace, --progress-every refused as such; a full
+disk named with the file it could not write."""
+import os
 
 import pytest
 
 import train_gpt_medium as T
+from ablations import sequential_study
+from ablations.cli import os_problem
+from ablations.progress import Reporter
+from ablations.runner import Options, StudyRunner
+from ablations.runstate import run_paths
 from ablations.staleness import ConfigCheck
 from ablations.study import load_study
+from conftest import full_tmpfs
 from runner_support import ablations, is_complete, read_events, runner_env, starts_per_run, write_study
 from test_runner_faults import run_dir
+from test_runner_sequential import refused  # noqa: F401 (a fixture)
 
 FLAGS = {"num-iterations": 6, "val-every": 3}
 
@@ -59,3 +69,33 @@ def test_a_truncated_kernel_in_the_compile_cache_is_removed_and_the_run_retried_
     assert f"baseline/seed0: {kernel}: a truncated compiled kernel in inductor's cache {cache}" in retry
     assert not kernel.exists()
     assert starts_per_run(starts) == {("baseline", 0): 2, ("baseline", 1): 1}
+
+
+def test_bad_seeds_grace_and_progress_are_refused_as_such(tmp_path, refused):
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
+    assert refused(study, "--seeds", "0,0") == "error: --seeds 0,0: seed 0 given twice; each seed runs once"
+    assert "--seeds 0-3,2: seed 2 given twice" in refused(study, "--seeds", "0-3,2")
+    assert refused(study, "--grace", "-1").startswith("error: --grace -1: seconds runs get to exit")
+    assert refused(study, "--grace", "nan").startswith("error: --grace nan")
+    assert refused(study, "--progress-every", "-5").startswith("error: --progress-every -5: seconds between")
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    yield from full_tmpfs(tmp_path / "full")
+
+
+def test_a_full_disk_names_the_failure_marker_and_the_sequential_record_and_leaves_no_temp(tmp_path, full_disk):
+    study = load_study(str(write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)))
+    runner = StudyRunner(study, study.runs(full_disk), Options(runs_dir=full_disk),
+                         Reporter("s", tmp_path / "runner.log"))
+    paths = run_paths(full_disk, "s", "baseline", 0)
+    paths.log_dir.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(OSError) as failed:
+        runner._record_failure(study.runs(full_disk)[0], paths, "exit status 1", 1.0)
+    assert os_problem(failed.value) == f"{paths.failed_marker}: No space left on device"
+    with pytest.raises(OSError) as record:
+        sequential_study._save_state(full_disk / "sequential.json", {"design": {}, "looks": {}})
+    assert os_problem(record.value) == f"{full_disk / 'sequential.json'}: No space left on device"
+    leftovers = [path.name for path in full_disk.rglob("*") if path.is_file() and path.name != "filler"]
+    assert leftovers == [], leftovers
