@@ -34,10 +34,11 @@ def cache_holding(path):
 
 
 def remove_truncated_kernel(path):
-    """Removes a truncated kernel file (inductor compiles it again); returns one phrase naming it and its cache."""
+    """Removes a truncated kernel file (inductor compiles it again); returns one phrase naming it and its cache, in
+    torch's own words too (`<path>: file too short`), so the study runner knows a training script's line of it."""
     Path(path).unlink(missing_ok=True)
-    return (f"{path}: a truncated compiled kernel in inductor's cache {cache_holding(path)} (a compile killed while "
-            f"writing it); removed it")
+    return (f"{path}: file too short (a compile killed while writing it left it truncated in inductor's cache "
+            f"{cache_holding(path)}); removed it")
 
 
 def truncated_kernel_problem(error):

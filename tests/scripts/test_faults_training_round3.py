@@ -9,7 +9,7 @@ import pytest
 
 import train_gpt_medium as T
 from conftest import ROOT
-from speedrun.compile_cache import is_truncated_elf, sweep_truncated_kernels
+from speedrun.compile_cache import is_truncated_elf, sweep_truncated_kernels, truncated_kernel
 from test_faults_training import TINY, data_flags, one_error_line
 
 
@@ -52,7 +52,7 @@ def test_a_truncated_kernel_in_the_compile_cache_is_one_line_and_removed(tmp_pat
     half = kernel.with_name("chalf.so")
     half.write_bytes(kernel.read_bytes()[:kernel.stat().st_size // 2])
     assert sweep_truncated_kernels(cache, settled_s=0) == [
-        f"{half}: a truncated compiled kernel in inductor's cache {cache} (a compile killed while writing it); "
+        f"{half}: file too short (a compile killed while writing it left it truncated in inductor's cache {cache}); "
         f"removed it"]
     assert sorted(cache.glob("*/*.so")) == sorted(intact)
 
@@ -60,6 +60,7 @@ def test_a_truncated_kernel_in_the_compile_cache_is_one_line_and_removed(tmp_pat
     poisoned = compiled()
     assert poisoned.returncode == 1
     assert poisoned.stderr.strip().splitlines()[-1] == (
-        f"error: {kernel}: a truncated compiled kernel in inductor's cache {cache} (a compile killed while writing "
-        f"it); removed it: run again")
+        f"error: {kernel}: file too short (a compile killed while writing it left it truncated in inductor's cache "
+        f"{cache}); removed it: run again")
     assert "Traceback" not in poisoned.stderr and not kernel.exists()
+    assert truncated_kernel(poisoned.stderr) == kernel  # the study runner starts such a run again
