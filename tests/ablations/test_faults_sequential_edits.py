@@ -15,7 +15,8 @@ SEQUENTIAL = ["--until-decided", "--max-seeds", "4"]
 
 @pytest.mark.slow
 def test_an_edited_arms_looks_are_stale_until_redone_and_looked_at_afresh(tmp_path):
-    """One decided study, edited twice: status, --dry-run, run, --redo-stale, and a fixed-n redo behind its back."""
+    """The runner end to end (runs redone, looks retaken): one study edited twice, through status, --dry-run, run,
+    --redo-stale and a fixed-n redo behind the record's back."""
     starts = tmp_path / "starts.jsonl"
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     first = ablations(["run", study, *SEQUENTIAL], tmp_path, runner_env(starts))
@@ -56,6 +57,12 @@ def test_an_edited_arms_looks_are_stale_until_redone_and_looked_at_afresh(tmp_pa
     assert "sequential looks of 1 arm(s) are stale" in stale.stderr and "--backout-layers 2" in stale.stderr
 
 
+@pytest.fixture
+def no_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPUs, and no nvidia-smi process in the fast tier
+
+
+@pytest.mark.usefixtures("no_gpus")
 def test_a_damaged_sequential_record_is_refused_in_one_line(tmp_path, refused):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     record = tmp_path / "runs" / "s" / "sequential.json"
@@ -70,6 +77,7 @@ def test_a_damaged_sequential_record_is_refused_in_one_line(tmp_path, refused):
     assert not (tmp_path / "runs" / "s" / "runner.log").exists()
 
 
+@pytest.mark.usefixtures("no_gpus")
 def test_a_record_of_another_design_is_refused_before_the_begin_line(tmp_path, refused):
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     record = tmp_path / "runs" / "s" / "sequential.json"

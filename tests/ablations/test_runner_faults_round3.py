@@ -37,6 +37,7 @@ def test_an_auto_attention_logged_as_its_kernel_is_not_stale(tmp_path):
 
 @pytest.mark.slow
 def test_empty_and_non_zip_checkpoints_are_set_aside_and_their_runs_restarted(tmp_path):
+    """The runner end to end on the stand-in script: the checkpoint set aside and the run started without --resume."""
     starts = tmp_path / "starts.jsonl"
     study = write_study(tmp_path, "s", {"empty": {}, "garbage": {"backout-layers": 4}}, seeds=[0], flags=FLAGS)
     written = {"empty": b"", "garbage": b"\x00\x01 not a checkpoint at all"}
@@ -72,7 +73,8 @@ def test_a_truncated_kernel_in_the_compile_cache_is_removed_and_the_run_retried_
     assert starts_per_run(starts) == {("baseline", 0): 2, ("baseline", 1): 1}
 
 
-def test_bad_seeds_grace_and_progress_are_refused_as_such(tmp_path, refused):
+def test_bad_seeds_grace_and_progress_are_refused_as_such(tmp_path, refused, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no nvidia-smi process in the fast tier
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
     assert refused(study, "--seeds", "0,0") == "error: --seeds 0,0: seed 0 given twice; each seed runs once"
     assert "--seeds 0-3,2: seed 2 given twice" in refused(study, "--seeds", "0-3,2")
@@ -86,7 +88,9 @@ def full_disk(tmp_path):
     yield from full_tmpfs(tmp_path / "full")
 
 
+@pytest.mark.slow
 def test_a_full_disk_names_the_failure_marker_and_the_sequential_record_and_leaves_no_temp(tmp_path, full_disk):
+    """Mounts a full tmpfs (the `mount` command): no faster way to get ENOSPC from a write."""
     study = load_study(str(write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)))
     runner = StudyRunner(study, study.runs(full_disk), Options(runs_dir=full_disk),
                          Reporter("s", tmp_path / "runner.log"))

@@ -62,6 +62,7 @@ def full_mount(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_during_a_report_names_the_file(capsys, study, full_mount):
+    """Mounts a full tmpfs (the `mount` command): no faster way to get ENOSPC from a write."""
     status, _, err = run_cli(capsys, "report", study, "--target", "2.92", "--out", full_mount / "report.md")
     assert status == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: {full_mount}/report") and err.rstrip().endswith(": No space left on device")
