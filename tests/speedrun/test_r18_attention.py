@@ -153,3 +153,12 @@ def test_a_resume_on_another_kernel_is_labelled_with_both():
     assert va.kernel_history("flex to step 400, then fa3", "varlen", 800) == \
         "flex to step 400, then fa3 to step 800, then varlen"
     assert va.kernel_history(None, "fa3", 400) == "unrecorded to step 400, then fa3"  # a checkpoint without a label
+
+
+def test_a_run_timed_on_two_kernels_is_warned_about_even_when_it_ends_on_fa3():
+    from types import SimpleNamespace
+
+    from analysis.logs import attention_warnings
+    label = va.kernel_history("flex", "fa3", 400)
+    (warning,) = attention_warnings({"resumed": [SimpleNamespace(config={"base": "r18", "attention": label})]})
+    assert "attention flex to step 400, then fa3, not fa3" in warning
