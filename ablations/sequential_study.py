@@ -137,13 +137,10 @@ def _runs_difference(check: ConfigCheck, study: Study, runs_dir: Path, arm: str,
                      seeds: int) -> str | None:
     """How the runs a look of `arm` saw differ from what the study asks now: the config recorded with the look,
     then the complete logs of its seeds (records written before looks held a config); None when they agree."""
-    difference = check.difference(_run(study, runs_dir, arm, 0), recorded)
-    for seed in range(seeds):
-        if difference is not None:
-            break
-        log = run_paths(runs_dir, study.name, arm, seed).log
-        if log_is_complete(log):
-            difference = check.difference(_run(study, runs_dir, arm, seed), log_config(log))
+    logs = {seed: run_paths(runs_dir, study.name, arm, seed).log for seed in range(seeds)}
+    logged = (check.difference(_run(study, runs_dir, arm, seed), log_config(log)) for seed, log in logs.items()
+              if log_is_complete(log))
+    difference = check.difference(_run(study, runs_dir, arm, 0), recorded) or next(filter(None, logged), None)
     return None if difference is None else f"{arm}'s runs were made with {difference}"
 
 

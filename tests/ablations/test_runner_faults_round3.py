@@ -2,7 +2,6 @@
 an edit; checkpoints that are not checkpoints set aside like a truncated zip; a truncated kernel in inductor's
 compile cache removed and its run retried once; bad --seeds, --grace, --progress-every refused as such; a full
 disk named with the file it could not write."""
-import os
 
 import pytest
 
