@@ -146,7 +146,8 @@ TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent 
                               "(speedrun/r18: its model, optimisers, batches and schedules; the backout, LAuReL and "
                               "DLO flags by the rule in speedrun/r18/studies.py)",
                     resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
-               # resume=False: another attention computes the same function, so a run may resume on another node
+               # resume=False: another attention computes the same function, so a run may resume on another node;
+               # its log then names both kernels and the step between (speedrun.r18.attention.kernel_history)
                Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else "
                                    "PyTorch varlen, else FlexAttention on CUDA; SDPA on CPU. The log says which ran; "
                                    "train_time is comparable with the record's only on fa3",

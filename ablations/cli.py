@@ -187,6 +187,11 @@ def _config_check(study: Study, runs, module, args) -> ConfigCheck:
 def _options(args, study: Study, nnodes: int = 1) -> Options:
     if getattr(args, "parallel", None) is not None and args.parallel < 1:
         raise StudyError("--parallel must be at least 1")
+    if not getattr(args, "grace", 0.0) >= 0:  # also refuses nan
+        raise StudyError(f"--grace {args.grace:g}: seconds runs get to exit when stopped, 0 or more")
+    if not getattr(args, "progress_every", 0.0) >= 0:
+        raise StudyError(f"--progress-every {args.progress_every:g}: seconds between progress lines, 0 or more (0: "
+                         f"every step)")
     launcher = args.launcher
     if launcher == "python" and study.nproc != 1:
         raise StudyError(f"--launcher python runs one process; study {study.name} needs {study.nproc}")
@@ -210,8 +215,16 @@ def cmd_run(args) -> int:
     runs = study.runs(args.runs_dir, select_arms(study, args.arms))
     module = check_flags(study, runs, args.runs_dir, data=True)
     options = _options(args, study)
+    check = ConfigCheck(module, study, args.runs_dir)
+    if sequential:  # a record of another design, a damaged one or stale looks: refused before anything is written
+        sequential_state = sequential_study.load_state(args.runs_dir / study.name / sequential_study.STATE_FILE,
+                                                       design)
+        stale_looks = sequential_study.stale_looks(sequential_state, study, args.runs_dir, check)
     if args.dry_run:
-        check = ConfigCheck(module, study, args.runs_dir)
+        if sequential:  # what the recorded looks leave to run
+            for line in sequential_study.describe_state(sequential_state, stale_looks):
+                print(f"sequential {line}")
+            runs = sequential_study.runs_still_open(sequential_state, stale_looks, runs)
         for run in runs:
             paths = run_paths(args.runs_dir, run.study, run.arm, run.seed)
             state = run_state(paths)
@@ -221,10 +234,12 @@ def cmd_run(args) -> int:
             print(f"{state:<8} {' '.join(launch_command(study, run, options, resume))}")
         return 0
     options.config_check = _config_check(study, runs, module, args)
+    if sequential:
+        sequential_study.check_stale_looks(stale_looks, args.redo_stale)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
     reporter.line("begin", f"{study.path} - {study.description}")
     if sequential:
-        code = sequential_study.run_until_decided(study, options, reporter, design)
+        code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state, stale_looks)
     else:
         code = run_study(study, runs, options, reporter)
     if args.report and code < 128:
@@ -238,8 +253,14 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
     if importlib.util.find_spec("analysis") is None:
         reporter.line("report", "skipped: the analysis package is not available here (python -m analysis)")
         return 0
-    # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it.
-    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", ",".join(study.arms)]
+    # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it;
+    # and of those, the arms with a log (the report refuses an arm it has no log of).
+    arms = ",".join(arm for arm in study.arms
+                    if any(run_paths(runs_dir, study.name, arm, seed).log.exists() for seed in study.seeds))
+    if not arms:
+        reporter.line("report", "skipped: no arm of the study has a log yet")
+        return 0
+    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", arms]
     reporter.line("report", f"python -m {' '.join(command)}")
     result = subprocess.run([sys.executable, "-m", *command], check=False)
     if result.returncode != 0:
@@ -247,7 +268,7 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
         return 1
     # The study's result in a few lines on the terminal (analysis/terminal.py), below the report's path.
     subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target),
-                    "--arms", ",".join(study.arms)], check=False)
+                    "--arms", arms], check=False)
     return 0
 
 
@@ -295,11 +316,16 @@ def study_status(study: Study, runs_dir: Path, check: ConfigCheck | None = None)
 
 def cmd_status(args) -> int:
     study = _load(args)
-    status = study_status(study, args.runs_dir, ConfigCheck(load_script(study.script), study, args.runs_dir))
+    check = ConfigCheck(load_script(study.script), study, args.runs_dir)
+    status = study_status(study, args.runs_dir, check)
     record = args.runs_dir / study.name / sequential_study.STATE_FILE
     try:
         status["sequential"] = sequential_study.read_state(record)
-        sequential_lines = sequential_study.describe_state(status["sequential"]) if status["sequential"] else []
+        sequential_lines = []
+        if status["sequential"]:
+            stale = sequential_study.stale_looks(status["sequential"], study, args.runs_dir, check)
+            status["sequential"]["stale"] = stale
+            sequential_lines = sequential_study.describe_state(status["sequential"], stale)
     except StudyError as problem:  # status still shows the runs
         status["sequential"] = {"problem": str(problem)}
         sequential_lines = [f"cannot be shown: {problem}"]

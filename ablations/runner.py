@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from speedrun.compile_cache import remove_truncated_kernel, truncated_kernel
+
 from .progress import Reporter, StepClock, duration
 from .runstate import (LogFollower, RunLock, RunPaths, checkpoint_config, checkpoint_damage, end_processes, is_running,
                        keep_aside, launch_environment, log_config, log_is_complete, new_run_token, run_paths,
@@ -127,6 +129,8 @@ class StudyRunner:
         self.free_gpus = list(options.gpu_ids)
         self.outcome: dict[str, str] = {}  # run -> done-before, done, done-elsewhere, failed, failed-elsewhere, ...
         self.failures: dict[str, str] = {}
+        self.requeued: list[Run] = []  # runs to start again (a truncated compiled kernel removed)
+        self.kernel_retries: set[str] = set()  # runs already retried so: at most once each
         self.durations: list[float] = []
         self.stop_signal: int | None = None
         self.started = time.time()
@@ -159,6 +163,8 @@ class StudyRunner:
                     raise Stop
                 self._start_what_fits(pending)
                 self._follow_active()
+                pending += self.requeued
+                self.requeued.clear()
                 self._follow_watched(pending)
                 if pending or self.active:
                     time.sleep(self.options.poll_s)
@@ -335,7 +341,7 @@ class StudyRunner:
             loss = f" val_loss {progress.val_loss:.4f}" if progress.val_loss is not None else ""
             warning = f" (exit status {code} after a complete log)" if code != 0 else ""
             self.reporter.line("done", f"{key} in {duration(elapsed)}{loss}{warning}; {self._tally()}")
-        elif self.stop_signal is None:
+        elif self.stop_signal is None and not self._retry_after_truncated_kernel(active):
             why = f"exit status {code}" if code != 0 else "exited without finishing its log"
             if leftovers:
                 why += f"; killed {len(leftovers)} of its processes left running"
@@ -345,16 +351,28 @@ class StudyRunner:
             self._record_failure(active.run, active.paths, why, elapsed)
         active.lock.release()
 
+    def _retry_after_truncated_kernel(self, active: Active) -> bool:
+        """A run that failed loading a truncated kernel from inductor's shared compile cache (a compile killed
+        while writing it, here or in another run) is started again once, with that file removed."""
+        key = describe_run(active.run)
+        kernel = truncated_kernel("\n".join(_last_attempt(active.paths.output)))
+        if kernel is None or key in self.kernel_retries:
+            return False
+        self.kernel_retries.add(key)
+        self.requeued.append(active.run)
+        self.reporter.line("retry", f"{key}: {remove_truncated_kernel(kernel)}; starting it again (once)")
+        return True
+
     def _record_failure(self, run: Run, paths: RunPaths, why: str, elapsed: float | None) -> None:
         key = describe_run(run)
         lines = _last_attempt(paths.output)
         reason = _likely_reason(lines)
         marker = {"time": time.time(), "why": why, "reason": reason, "output": str(paths.output),
                   "last_output": lines[-5:]}
-        tmp = paths.failed_marker.with_suffix(".failed.tmp")
-        paths.log_dir.mkdir(parents=True, exist_ok=True)  # the study folder may have been deleted meanwhile
-        tmp.write_text(json.dumps(marker) + "\n")
-        os.replace(tmp, paths.failed_marker)
+        from analysis.atomic import write_text_atomically  # noqa: PLC0415 (as sequential_study: the package beside)
+
+        # the study folder may have been deleted meanwhile (made again); a full disk names the marker, leaves no temp
+        write_text_atomically(paths.failed_marker, json.dumps(marker) + "\n")
         self.outcome[key] = "failed"
         self.failures[key] = f"{why}" + (f": {reason}" if reason else "") + f" (see {paths.output})"
         last = f": {reason}" if reason else ""

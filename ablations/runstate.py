@@ -7,7 +7,7 @@ on one machine or on the nodes of a cluster sharing the folder) can pick up wher
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
     <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
-    <runs>/<study>/<arm>/seed<k>.damaged-<time>.pt        a checkpoint whose bytes fail their CRC: never resumed from
+    <runs>/<study>/<arm>/seed<k>.damaged-<time>.pt        a checkpoint that is empty, no zip, or fails its CRC: never resumed from
     <runs>/<study>/<arm>/seed<k>.out                      the process output of every attempt (for failures)
     <runs>/<study>/<arm>/seed<k>.failed                   written when an attempt exited with an error
     <runs>/<study>/<arm>/seed<k>.lock                     flock()ed while a process of the run is alive
@@ -133,12 +133,17 @@ def checkpoint_config(path: Path) -> dict | None:
 
 
 def checkpoint_damage(path: Path) -> str | None:
-    """Why a torch checkpoint (a zip) cannot be trusted: a member whose bytes fail their CRC, or a broken zip; None
-    when it is intact or no zip at all (the stand-in's JSON: the training script judges what it cannot read)."""
+    """Why a checkpoint cannot be trusted: empty, not a zip (torch.save writes zips), a broken zip or a member whose
+    bytes fail their CRC; None when it is intact (or the stand-in script's JSON, which that script judges)."""
     try:
         with open(path, "rb") as f:
-            if f.read(2) != b"PK":
-                return None
+            head = f.read(2)
+        if not head:
+            return "empty: 0 bytes"
+        if head[:1] == b"{":
+            return None
+        if head != b"PK":
+            return f"not a zip file: it starts with {head!r}, torch.save's start with b'PK'"
         from speedrun.checkpoint import damaged_member  # noqa: PLC0415 (torch loads only when a zip is to be resumed)
 
         member = damaged_member(path)

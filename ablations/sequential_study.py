@@ -5,7 +5,10 @@ max(1, slots // arms) seeds per arm. After each batch every undecided arm is tes
 against the baseline (two-sided Welch, claim "vs-baseline") or its mean against the study's target (one-sided,
 claim "below-target"). A decided arm (efficacy or futility) gets no more seeds. The looks are recorded in
 runs/<study>/sequential.json, written atomically after each one; a resumed study replays the recorded looks and
-never takes a look again, so its decisions never depend on a different history."""
+never takes a look again, so its decisions never depend on a different history. Each look also records what the
+study asked of the arm's (and the baseline's) runs then: after an edit, the looks of an arm whose runs are no longer
+those the study asks for are stale; `run --redo-stale` moves them to the record's "dropped" entry and the arm is
+looked at afresh on its redone runs."""
 from __future__ import annotations
 
 import json
@@ -13,9 +16,10 @@ import math
 from pathlib import Path
 
 from .errors import StudyError
-from .runstate import run_paths
+from .runstate import log_config, log_is_complete, run_paths
 from .runner import Options, run_study
-from .study import Study
+from .staleness import ConfigCheck
+from .study import Run, Study
 
 STATE_FILE = "sequential.json"
 
@@ -93,13 +97,79 @@ def read_state(path: Path) -> dict | None:
         state = json.loads(path.read_text(encoding="utf-8"))
         state["design"].setdefault("max_factor", 1.0)  # records written before the key existed: the factor was 1
         for arm in state["design"]["arms"]:
-            state["looks"][arm]
+            for index, look in enumerate(state["looks"][arm], start=1):
+                problem = _look_problem(look)
+                if problem is not None:
+                    raise ValueError(f"look {index} of {arm}: {problem}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as problem:
-        raise StudyError(f"{path}: not a sequential record this runner wrote ({problem!r})") from None
+        shown = str(problem) if type(problem) is ValueError else repr(problem)
+        raise StudyError(f"{path}: not a sequential record this runner wrote ({shown}); move it aside to start the "
+                         f"sequential study afresh") from None
     return state
 
 
-def _load_state(path: Path, design: dict) -> dict:
+def _look_problem(look) -> str | None:
+    """What makes a recorded look one this runner never writes (a hand-edited or damaged record), or None."""
+    from analysis.sequential import DECISIONS
+
+    if not isinstance(look, dict):
+        return "not a table"
+    if look.get("decision") not in DECISIONS:
+        return f"decision {look.get('decision')!r} is not one of {', '.join(DECISIONS)}"
+    for key in ("n", "fraction", "boundary", "z", "p", "estimate"):
+        if isinstance(look.get(key), bool) or not isinstance(look.get(key), (int, float)):
+            return f"{key} {look.get(key)!r} is not a number"
+    return None
+
+
+def arm_config(check: ConfigCheck, study: Study, runs_dir: Path, arm: str) -> dict:
+    """What the study asks of an arm's runs (the script's parsed flags, seed aside, and its track): recorded with
+    each look, so that a look at runs of an arm since edited is known as stale."""
+    expected = {dest: value for dest, value in check.expected(_run(study, runs_dir, arm, 0)).items() if dest != "seed"}
+    return expected | ({"track": check.track} if check.track is not None else {})
+
+
+def _run(study: Study, runs_dir: Path, arm: str, seed: int) -> Run:
+    return Run(study.name, arm, seed, study.argv(arm, seed, runs_dir))
+
+
+def _runs_difference(check: ConfigCheck, study: Study, runs_dir: Path, arm: str, recorded: dict | None,
+                     seeds: int) -> str | None:
+    """How the runs a look of `arm` saw differ from what the study asks now: the config recorded with the look,
+    then the complete logs of its seeds (records written before looks held a config); None when they agree."""
+    logs = {seed: run_paths(runs_dir, study.name, arm, seed).log for seed in range(seeds)}
+    logged = (check.difference(_run(study, runs_dir, arm, seed), log_config(log)) for seed, log in logs.items()
+              if log_is_complete(log))
+    difference = check.difference(_run(study, runs_dir, arm, 0), recorded) or next(filter(None, logged), None)
+    return None if difference is None else f"{arm}'s runs were made with {difference}"
+
+
+def stale_looks(state: dict, study: Study, runs_dir: Path, check: ConfigCheck) -> dict[str, str]:
+    """arm -> why its recorded looks are of runs the study no longer asks for (the arm or the baseline edited)."""
+    design = state["design"]
+    stale = {}
+    for arm in design["arms"]:
+        if not state["looks"][arm]:
+            continue
+        last = state["looks"][arm][-1]
+        reason = _runs_difference(check, study, runs_dir, arm, last.get("config"), last["n"])
+        if reason is None and design["baseline"] and last.get("n_baseline"):
+            reason = _runs_difference(check, study, runs_dir, design["baseline"], last.get("baseline_config"),
+                                      last["n_baseline"])
+        if reason is not None:
+            stale[arm] = reason
+    return stale
+
+
+def check_stale_looks(stale: dict[str, str], redo_stale: bool) -> None:
+    """Refuses (one line) to replay looks of runs the study no longer asks for, unless --redo-stale drops them."""
+    if stale and not redo_stale:
+        arm, reason = next(iter(stale.items()))
+        raise StudyError(f"the sequential looks of {len(stale)} arm(s) are stale ({arm}: {reason}); pass "
+                         f"--redo-stale to drop them, redo the runs and look again, or undo the edit")
+
+
+def load_state(path: Path, design: dict) -> dict:
     state = read_state(path)
     if state is None:
         return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
@@ -132,29 +202,52 @@ def describe_design(design: dict) -> str:
             f"{rule.futility_power:g}")
 
 
-def describe_state(state: dict) -> list[str]:
+def describe_state(state: dict, stale: dict[str, str] | None = None) -> list[str]:
     """What `status` shows of a sequential study: its design, and each arm's last look (its decision, p-value and,
-    once decided, adjusted p) or that it has none yet."""
+    once decided, adjusted p) or that it has none yet; a stale look says so and why."""
     from analysis.sequential import describe_look
 
     design = state["design"]
     lines = [describe_design(design)]
     for arm in design["arms"]:
         looks = state["looks"][arm]
-        lines.append(describe_look(arm, looks[-1], design) if looks else f"{arm}: no look yet")
+        line = describe_look(arm, looks[-1], design) if looks else f"{arm}: no look yet"
+        if arm in (stale or {}):
+            line = (f"STALE {line} ({stale[arm]}; `run --until-decided --redo-stale` drops this look and redoes the "
+                    f"runs)")
+        lines.append(line)
     return lines
 
 
-def run_until_decided(study: Study, options: Options, reporter, design: dict) -> int:
+def runs_still_open(state: dict, stale: dict[str, str], runs: list[Run]) -> list[Run]:
+    """The runs a sequential study may still start or count: an arm decided by a look that is not stale needs no
+    seed beyond that look's."""
+    from analysis.sequential import decided
+
+    last = {arm: looks[-1] for arm, looks in state["looks"].items() if looks and arm not in stale}
+    return [run for run in runs if not (decided(last.get(run.arm)) and run.seed >= last[run.arm]["n"])]
+
+
+def run_until_decided(study: Study, options: Options, reporter, design: dict, state: dict,
+                      stale: dict[str, str]) -> int:
+    """Runs the batches and takes the looks; `state` is the record read by load_state, `stale` its arms whose looks
+    are of runs the study no longer asks for (check_stale_looks let them through: they are dropped here)."""
     from analysis.sequential import decided, describe_look, look_counts, take_look
 
-    folder = options.runs_dir / study.name
-    state_path = folder / STATE_FILE
-    state = _load_state(state_path, design)
+    state_path = options.runs_dir / study.name / STATE_FILE
+    check = options.config_check
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()
     schedule = look_counts(design["max_seeds"], design["batch"])
     reporter.line("design", describe_design(design))
+    for arm, reason in stale.items():
+        dropped = state["looks"][arm]
+        state.setdefault("dropped", {}).setdefault(arm, []).extend(dict(look, dropped_because=reason)
+                                                                    for look in dropped)
+        state["looks"][arm] = []
+        _save_state(state_path, state)
+        reporter.line("dropped", f"{arm}: {len(dropped)} stale look(s) ({reason}) moved to the record's "
+                                 f"\"dropped\"; its runs are redone and looked at afresh")
     for arm, looks in state["looks"].items():
         for look in looks:
             reporter.line("replayed", describe_look(arm, look, design))
@@ -177,6 +270,10 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict) ->
                              baseline_losses, design["target"], final_boundary)
             if look is None:
                 continue
+            if check is not None:
+                look["config"] = arm_config(check, study, options.runs_dir, arm)
+                if design["baseline"]:
+                    look["baseline_config"] = arm_config(check, study, options.runs_dir, design["baseline"])
             state["looks"][arm].append(look)
             _save_state(state_path, state)
             reporter.line("look", describe_look(arm, look, design))

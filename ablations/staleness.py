@@ -67,8 +67,8 @@ class ConfigCheck:
             if dest not in recorded:
                 continue
             seen = _comparable(recorded[dest])
-            if dest in self.choices and seen not in self.choices[dest]:
-                continue  # what the flag resolved to at run time
+            if dest in self.choices and (seen not in self.choices[dest] or value == "auto"):
+                continue  # what the flag resolved to at run time (`--attention auto` logged as the kernel it ran)
             if seen != value:
                 return f"{self.compared[dest]} {_shown(recorded[dest])}, the study now asks {_shown(value)}"
         return None

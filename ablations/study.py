@@ -390,6 +390,9 @@ def parse_seeds(text: str) -> list[int]:
             raise StudyError(f"--seeds {text}: range {part.strip()} runs backwards")
         if len(seeds) + high - low + 1 > MAX_SEEDS:
             raise StudyError(f"--seeds {text}: more than {MAX_SEEDS} seeds")
+        repeated = sorted(set(seeds) & set(range(low, high + 1)))
+        if repeated:
+            raise StudyError(f"--seeds {text}: seed {repeated[0]} given twice; each seed runs once")
         seeds.extend(range(low, high + 1))
     return seeds
 

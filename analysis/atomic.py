@@ -17,8 +17,10 @@ def write_atomically(path, write) -> Path:
             write(stream)
         os.chmod(temporary, 0o644)  # mkstemp makes it private; these are reports meant to be read
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:  # a failed write (a full disk) names no file
+            error.filename = str(path)
         raise
     return path
 

@@ -385,6 +385,10 @@ def cmd_report(args):
     if args.out is not None:
         _existing_folder_for(args.out, "--out")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
+    missing = [arm for arm in args.arms or [] if arm not in {run.variant for run in runs}]
+    if missing:
+        raise UsageError(f"--arms: no run logs of {', '.join(missing)} in {args.dir} (arms with logs: "
+                         f"{', '.join(dict.fromkeys(run.variant for run in runs))})")
     out = args.out or args.dir / "report.md"
     print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars, args.arms))
     return 0
@@ -570,5 +574,6 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as problem:  # an output file or folder that cannot be written
-        print(f"error: {problem}", file=sys.stderr)
+        where = f"{problem.filename}: " if problem.filename is not None else ""
+        print(f"error: {where}{problem.strerror or problem}", file=sys.stderr)
         return 2

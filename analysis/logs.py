@@ -16,6 +16,7 @@ from pathlib import Path
 from speedrun.logformat import (ENV_LINE, LLMC_LINE, STEP_LINE, VAL_OR_SCALARS_LINE, code_section,  # noqa: F401
                                 parse_json_object, parse_peak_line, split_sections, step_from_match)
 
+from .textfmt import one_line
 from .tracks import track_of_run
 
 # Logs the study runner set aside (`seed0.unfinished-<time>.txt`, `seed0.stale-<time>.txt`) never count.
@@ -252,10 +253,10 @@ def find_logs(paths) -> list[tuple[Path, str]]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            # A dangling symlink is kept, to be named as unreadable rather than passed over without a word.
+            # Whatever bears a log's name (a dangling symlink, a folder, a FIFO) is kept, to be named as unreadable
+            # rather than passed over without a word.
             logs = (p for pattern in LOG_PATTERNS for p in path.rglob(pattern)
-                    if (p.is_file() or p.is_symlink() and not p.exists())
-                    and not _SET_ASIDE.search(p.name) and p.name != RUNNER_LOG)
+                    if not _SET_ASIDE.search(p.name) and p.name != RUNNER_LOG)
             candidates = [(log, path) for log in sorted(set(logs), key=lambda p: natural_key(str(p)))]
         elif path.exists() or path.is_symlink():
             candidates = [(path, None)]
@@ -281,6 +282,9 @@ def find_log_files(paths) -> list[Path]:
 def _parse_or_unreadable(path: Path):
     if path.is_symlink() and not path.exists():
         return Unreadable(path, f"dangling symlink: its target {os.readlink(path)} does not exist")
+    if not path.is_file():  # never opened: reading a FIFO would wait for a writer
+        kind = "a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "not a regular file"
+        return Unreadable(path, f"{kind}, not a log file")
     try:
         return parse_log(path)
     except LogUnreadable as error:
@@ -345,6 +349,7 @@ def load_runs(paths, jobs: int | None = None):
         if isinstance(result, ParsedLog):
             if result.config.get("variant") in (None, ""):  # no config variant: the arm is the folder
                 result.variant = key
+            result.variant = one_line(result.variant)  # a line break in it would break tables and reports
             result.folder = key
     runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)])
     unreadable = [r for r in results if isinstance(r, Unreadable)]

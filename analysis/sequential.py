@@ -288,6 +288,10 @@ def render_markdown(state: dict) -> str:
     return "\n".join(lines)
 
 
+# Every decision take_look writes: "continue" leaves the arm open, the others end it.
+DECISIONS = ("continue", "better", "worse", "below target", "not shown", "futile")
+
+
 def decided(look: dict | None) -> bool:
     return look is not None and look["decision"] != "continue"
 

@@ -46,9 +46,16 @@ def integer_like(value) -> str:
     return f"{number:.4g}"
 
 
+def one_line(text: str) -> str:
+    """Text with its line breaks and other control characters shown as escapes (a variant name read from a log may
+    hold any): a table row or a report line stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def table(headers, rows, markdown: bool = False) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    if markdown:
+    cells = [[one_line(h) for h in headers]] + [[one_line(c) for c in row] for row in rows]
+    if markdown:  # a | inside a cell would end it
+        cells = [[c.replace("|", "\\|") for c in row] for row in cells]
         lines = ["| " + " | ".join(cells[0]) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
         return "\n".join(lines)

@@ -45,7 +45,9 @@ GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 DEFAULT_SHARD_TOKENS = 100_000_000
-DEFAULT_VAL_TOKENS = 10_485_760  # what the speedrun's validation reads
+# What the speedrun's validation reads (10,485,760), and the 2 tokens more its stream needs in the shard: the target
+# of the last step and one to spare (upstream's stream moves to the next shard while a step would reach its end).
+DEFAULT_VAL_TOKENS = 10_485_760 + 2
 BATCH_CHARS = 1 << 20  # work handed to a worker at a time
 
 
@@ -362,7 +364,8 @@ def make_arg_parser() -> ArgumentParser:
                         help=f"tokens per train shard (default {DEFAULT_SHARD_TOKENS:,}, as upstream)")
     parser.add_argument("--val-tokens", type=int, default=DEFAULT_VAL_TOKENS,
                         help=f"tokens in the val shard, taken from the start of the stream (default "
-                             f"{DEFAULT_VAL_TOKENS:,}, what the speedrun validates on; 0: no val shard)")
+                             f"{DEFAULT_VAL_TOKENS:,}: the speedrun validates on 2 fewer; a run with --val-tokens N "
+                             f"needs N + 2 here; 0: no val shard)")
     parser.add_argument("--workers", type=int, default=_default_workers(),
                         help="tokeniser processes (default: every core this process may use)")
     parser.add_argument("--overwrite", action="store_true",

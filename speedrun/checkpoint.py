@@ -20,8 +20,9 @@ def merged_muon_state(local, proc):
     return merged
 
 
-def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, proc):
-    state = dict(model={k: v.cpu() for k, v in model.state_dict().items()},
+def save_checkpoint(path, model, opt, stream, step, train_ms, args, log, proc, extra=None):
+    """extra: further entries of a track's own (--base r18: the attention kernels its steps ran on)."""
+    state = dict(extra or {}, model={k: v.cpu() for k, v in model.state_dict().items()},
                  optimizers=opt.state_dict(lambda local: merged_muon_state(local, proc)),
                  stream=stream.state(), step=step, train_ms=train_ms, config=vars(args),
                  rng=dict(cpu=torch.get_rng_state(),

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
+from speedrun.compile_cache import truncated_kernel_problem
 from speedrun.schedule import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import setup_distributed
@@ -195,6 +196,12 @@ def run_main(resolve_args, run, argv=None):
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 (only a poisoned compile cache is turned into one line)
+        problem = truncated_kernel_problem(e)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

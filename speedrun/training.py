@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from speedrun.checkpoint import load_checkpoint, load_model_weights, load_resume_state, save_checkpoint
+from data.shard_format import validate_shard
 from speedrun.data import VIRTUAL_RANKS, TokenStream, check_stream_length, find_shards, read_shard
 from speedrun.distributed import Dist, sync_gradients
 from speedrun.errors import UsageError
@@ -97,9 +98,15 @@ def check_data(args):
     try:
         check_stream_length(val_files, args.val_seq_len, args.val_tokens // (VIRTUAL_RANKS * args.val_seq_len),
                             "--val-files")
-    except UsageError as e:
-        raise UsageError(f"{e} (one validation reads --val-tokens {args.val_tokens} tokens of --val-files "
-                         f"{args.val_files} in steps of {VIRTUAL_RANKS} x --val-seq-len {args.val_seq_len})") from None
+    except UsageError:
+        # The stream (as upstream's) serves a step only from a shard holding the step, the target past its end and
+        # one token more: a validation of N tokens needs N + 2 in one shard.
+        total = sum(validate_shard(path) for path in val_files)
+        raise UsageError(f"--val-files {args.val_files}: {total:,} tokens in {len(val_files)} shard(s), too few "
+                         f"for one validation: --val-tokens {args.val_tokens} in steps of {VIRTUAL_RANKS} x "
+                         f"--val-seq-len {args.val_seq_len} needs {args.val_tokens + 2:,} in one shard; lower "
+                         f"--val-tokens, or write a longer val shard (data.tokenize_text --val-tokens "
+                         f"{args.val_tokens + 2})") from None
     return train_files
 
 

@@ -141,6 +141,19 @@ def mounted_tmpfs(where, size="1m"):
     subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def full_tmpfs(where):
+    """mounted_tmpfs, filled up to its last block: every write there fails with ENOSPC."""
+    for mount in mounted_tmpfs(where, size="64k"):
+        filler = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(filler, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        os.close(filler)
+        yield mount
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Tests marked `own_process` run in a fresh interpreter each: inductor keeps every kernel it has compiled loaded for
 # the life of the process (~0.2-0.3 GB per compile test, measured), so in one pytest process the compile tests
@@ -158,6 +171,17 @@ def pytest_configure(config):
     runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
     if os.environ.get(COSTS_ENV) and runs_tests:
         config.pluginmanager.register(CostPlugin(os.environ.pop(COSTS_ENV)), "cost_meter")
+
+
+def pytest_sessionstart(session):
+    """A compile killed while writing a kernel (a timed-out test, a killed run) leaves a truncated .so in inductor's
+    shared cache, failing every later compile that needs it: such files are removed before any test compiles."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from speedrun.compile_cache import sweep_truncated_kernels
+
+    for removed in sweep_truncated_kernels(cache_dir()):
+        print(f"conftest: {removed}", file=sys.stderr)
 
 
 @pytest.hookimpl(tryfirst=True)

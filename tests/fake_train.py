@@ -8,6 +8,8 @@ lines, the final peak-memory line) and a checkpoint when asked. Environment knob
   FAKE_TRAIN_FAIL_AT        ... at this step (default 1)
   FAKE_TRAIN_IGNORE_SIGTERM ignore SIGTERM (a process that outlives its runner)
   FAKE_TRAIN_STARTS         append a JSON line per start and per finish of a run to this file
+  FAKE_TRAIN_KERNEL         a compiled kernel's path: while it is an empty file, fail as inductor loading a
+                            truncated one does (`ImportError: <path>: file too short`)
 """
 
 import argparse
@@ -111,6 +113,10 @@ def main():
     for line in state["lines"]:
         emit(line, keep=False)
 
+    kernel = os.environ.get("FAKE_TRAIN_KERNEL")
+    if kernel and os.path.exists(kernel) and os.path.getsize(kernel) == 0:
+        print(f"ImportError: {kernel}: file too short", file=sys.stderr)
+        sys.exit(1)
     start = time.time()
     for step in range(state["step"], last + 1):
         ms = (time.time() - start) * 1000

@@ -11,7 +11,12 @@ iff both lie in the same document and 0 <= q - k <= window: FlashAttention's `wi
 - flex:   FlexAttention with a token-level mask_mod (compiled on CUDA; eager on CPU, where it is exact but dense);
 - sdpa:   SDPA on the dense boolean mask of the same function (CPU runs and tests).
 
-auto = the first available of fa3, varlen, flex on CUDA; sdpa on CPU. Tensors are [T, H, D] (no batch dim).
+auto = the first available of fa3, varlen, flex on CUDA; sdpa on CPU (the only one that trains there: flex has no
+CPU backward). Tensors are [T, H, D] (no batch dim).
+
+A resumed run may go on under another kernel than its checkpoint's (another node): kernel_history names both, with
+the step where the kernel changed, in the log's config line and in the checkpoints after it, so a run timed on two
+kernels is never labelled with one.
 
 Under `--compile on` each is traced into the model's one graph: sdpa and flex as torch ops (flex's block mask
 built inside the graph), varlen as torch's own custom op, fa3 through its interface's autograd.Function over the
@@ -146,9 +151,11 @@ IMPLEMENTATIONS = {"fa3": _fa3, "varlen": _varlen, "flex": _flex, "sdpa": _sdpa}
 
 
 def unavailable_reason(name, device_type):
-    """Why `name` cannot run on this device, or None when it can."""
+    """Why `name` cannot train on this device, or None when it can."""
     if name in ("fa3", "varlen") and device_type != "cuda":
         return f"{name} needs a CUDA GPU"
+    if name == "flex" and device_type != "cuda":  # its forward runs (eager), its first backward raises
+        return "FlexAttention has no backward on CPU (training needs one); use sdpa, the same function on CPU"
     if name == "varlen" and _torch_varlen_function() is None:
         return f"this torch ({torch.__version__}) has no varlen_attn with a window"
     if name == "fa3" and _fa3_interface() is None:
@@ -169,6 +176,18 @@ def resolve_attention(choice, device_type):
     if reason is not None:
         raise UsageError(f"--attention {choice}: {reason}")
     return choice
+
+
+def kernel_history(previous, attention, step):
+    """The attention label of a run going on at `step` under `attention` from a checkpoint whose steps ran on
+    `previous` (its own label; None for a checkpoint from before labels were saved, or no checkpoint)."""
+    if step == 0:
+        return attention
+    if previous is None:
+        previous = "unrecorded"
+    if previous.rsplit(", then ", 1)[-1] == attention:
+        return previous
+    return f"{previous} to step {step}, then {attention}"
 
 
 def varlen_attend(name, q, k, v, cu_seqlens, max_len, window, scale):

@@ -115,13 +115,17 @@ def test_out_of_range_numbers_are_one_line(tmp_path, capsys, flag, value):
     assert not (tmp_path / "logs").exists()
 
 
-def test_val_shard_too_small_for_one_validation_is_refused_before_the_log(tmp_path, capsys):
-    # the tiny preset validates 2048 tokens in steps of 8 x 128 (+1): a 1500-token shard holds one step, not two
-    flags = data_flags(tmp_path / "data", val=synthetic_tokens(1_500, 0))
+@pytest.mark.parametrize("tokens", [1_500, 2_049])
+def test_val_shard_too_small_for_one_validation_is_refused_before_the_log(tmp_path, capsys, tokens):
+    # the tiny preset validates 2048 tokens in steps of 8 x 128, and its stream needs the last step's target and one
+    # token more in the shard: 1,500 tokens hold one step, 2,049 (what a val shard of --val-tokens 2048 + 1 holds) two
+    # steps but not that one token (issue 36)
+    flags = data_flags(tmp_path / "data", val=synthetic_tokens(tokens, 0))
     rc = T.main([*TINY, *flags, "--num-iterations", "2", "--log-dir", str(tmp_path / "logs")])
     assert rc == 2
     line = one_error_line(capsys)
-    assert "--val-files" in line and "--val-tokens 2048" in line
+    assert f"--val-files {tmp_path / 'data' / 'd_val_*.bin'}: {tokens:,} tokens in 1 shard(s), too few" in line
+    assert "--val-tokens 2048" in line and "needs 2,050 in one shard" in line and "fewer steps" not in line
     assert not (tmp_path / "logs").exists()
 
 

@@ -81,7 +81,8 @@ def test_check_cu_seqlens_refuses_bad_boundaries():
 
 def test_auto_on_cpu_is_sdpa_and_gpu_only_choices_are_refused():
     assert va.resolve_attention("auto", "cpu") == "sdpa"
-    assert va.resolve_attention("flex", "cpu") == "flex"
+    with pytest.raises(UsageError, match="--attention flex: FlexAttention has no backward on CPU"):
+        va.resolve_attention("flex", "cpu")
     for name in ("fa3", "varlen"):
         with pytest.raises(UsageError, match=f"--attention {name}: {name} needs a CUDA GPU"):
             va.resolve_attention(name, "cpu")
@@ -142,3 +143,22 @@ def test_gpu_kernels_get_flash_attention_window_arguments(name, monkeypatch):
     got = va.varlen_attend(name, q, k, v, cu, 16, window, 0.3)
     torch.testing.assert_close(got, va.varlen_attend("sdpa", q, k, v, cu, 16, window, 0.3))
     assert calls == [16]
+
+
+def test_a_resume_on_another_kernel_is_labelled_with_both():
+    assert va.kernel_history(None, "sdpa", 0) == "sdpa"  # a fresh run
+    assert va.kernel_history("fa3", "fa3", 400) == "fa3"
+    assert va.kernel_history("flex", "fa3", 400) == "flex to step 400, then fa3"
+    assert va.kernel_history("flex to step 400, then fa3", "fa3", 800) == "flex to step 400, then fa3"
+    assert va.kernel_history("flex to step 400, then fa3", "varlen", 800) == \
+        "flex to step 400, then fa3 to step 800, then varlen"
+    assert va.kernel_history(None, "fa3", 400) == "unrecorded to step 400, then fa3"  # a checkpoint without a label
+
+
+def test_a_run_timed_on_two_kernels_is_warned_about_even_when_it_ends_on_fa3():
+    from types import SimpleNamespace
+
+    from analysis.logs import attention_warnings
+    label = va.kernel_history("flex", "fa3", 400)
+    (warning,) = attention_warnings({"resumed": [SimpleNamespace(config={"base": "r18", "attention": label})]})
+    assert "attention flex to step 400, then fa3, not fa3" in warning

@@ -34,8 +34,17 @@ def test_r18_trains_validates_checkpoints_and_resumes_on_one_and_two_ranks(tmp_p
 
     first, first_val = run(tmp_path, "half", "--stop-after", "2", "--checkpoint-every", "2")
     assert first_val == {0: full_val[0], 2: full_val[2]}
-    resumed, resumed_val = run(tmp_path, "resumed", "--resume", str(tmp_path / "half.pt"), "--checkpoint-every", "2")
+    checkpoint = torch.load(tmp_path / "half.pt", weights_only=False)
+    assert checkpoint["attention"] == "sdpa"
+    checkpoint["attention"] = "flex"  # as if its steps ran on a GPU node under flex
+    torch.save(checkpoint, tmp_path / "half_on_flex.pt")
+    resumed, resumed_val = run(tmp_path, "resumed", "--resume", str(tmp_path / "half_on_flex.pt"),
+                               "--checkpoint-every", "2")
     assert resumed_val == full_val  # the saved lines, then steps 2-3 exactly as the uninterrupted run
+    # a run timed on two kernels is labelled with both, in its log and its next checkpoint
+    assert '"attention": "flex to step 2, then sdpa"' in next(l for l in resumed if l.startswith("config: "))
+    assert any(l.startswith("r18 attention: flex to step 2, then sdpa") for l in resumed)
+    assert torch.load(tmp_path / "resumed.pt", weights_only=False)["attention"] == "flex to step 2, then sdpa"
 
     _, two_val = run(tmp_path, "two", nproc=2)
     # same tokens per step; the averages are summed in another order (gloo), so equal to rounding only
@@ -64,7 +73,8 @@ def test_attention_flag_is_declared_once_and_refuses_what_cannot_run_here(monkey
     flag = next(f for f in T.TRACK_FLAGS if f.name == "--attention")
     assert tuple(flag.options["choices"]) == ATTENTION_CHOICES and not flag.resume
     monkeypatch.setattr(T.torch.cuda, "is_available", lambda: False)
-    assert T.resolve_args(["--preset", "tiny", "--base", "r18", "--attention", "flex"]).attention == "flex"
+    with pytest.raises(UsageError, match="--attention flex: FlexAttention has no backward on CPU"):
+        T.resolve_args(["--preset", "tiny", "--base", "r18", "--attention", "flex"])
     with pytest.raises(UsageError, match="--attention fa3: fa3 needs a CUDA GPU"):
         T.resolve_args(["--preset", "tiny", "--base", "r18", "--attention", "fa3"])
     with pytest.raises(UsageError, match="--attention sdpa: chooses --base r18's attention"):
