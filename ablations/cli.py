@@ -52,8 +52,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="afterwards write the study report with `python -m analysis report`")
     run.add_argument("--until-decided", action="store_true",
                      help="group-sequential: add seeds in batches (what the node runs at once) until every arm is "
-                          "decided against the baseline (or its target: study key claim), Lan-DeMets "
-                          "O'Brien-Fleming alpha spending; study key until_decided = true")
+                          "decided against the baseline (or its target: study key claim), family-wise alpha over the "
+                          "arms (Holm; study key family = false: exploratory), t-calibrated alpha t^3 spending; study "
+                          "key until_decided = true")
     run.add_argument("--max-seeds", type=int, metavar="N",
                      help="--until-decided: the most seeds per arm (default: study key max_seeds, else its seeds)")
     run.add_argument("--max-factor", type=float, metavar="F",
@@ -239,7 +240,9 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
         reporter.line("report", "skipped: the analysis package is not available here (python -m analysis)")
         return 0
     # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it.
-    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", ",".join(study.arms)]
+    exploratory = [] if study.family else ["--exploratory"]  # family = false: claims not family-controlled
+    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", ",".join(study.arms),
+               *exploratory]
     reporter.line("report", f"python -m {' '.join(command)}")
     result = subprocess.run([sys.executable, "-m", *command], check=False)
     if result.returncode != 0:
@@ -247,7 +250,7 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
         return 1
     # The study's result in a few lines on the terminal (analysis/terminal.py), below the report's path.
     subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target),
-                    "--arms", ",".join(study.arms)], check=False)
+                    "--arms", ",".join(study.arms), *exploratory], check=False)
     return 0
 
 

@@ -316,14 +316,15 @@ def run_identity(run: ParsedLog):
     return ("run", str(run.config.get("track")), run.variant, str(run.seed), json.dumps(config, sort_keys=True))
 
 
-def drop_duplicates(runs) -> tuple[list, list]:
+def drop_duplicates(runs, by: str = "variant") -> tuple[list, list]:
     """(runs with each run once, in file order; a Duplicate for each other log of a run). Logs of one run
     (run_identity: a copy, a resumed copy, a rerun of the seed with the same config in another runs folder or on
     other hardware) are one sample: the newest finished log counts (by modification time, then path), else the
-    newest log; the others are named."""
+    newest log; the others are named. by="folder": arms are folders (one config run on two machines, say), so
+    logs in different folders are different runs."""
     same_run: dict = {}
     for run in runs:
-        same_run.setdefault(run_identity(run), []).append(run)
+        same_run.setdefault((run_identity(run), run.folder if by == "folder" else None), []).append(run)
     kept, duplicates = set(), []
     for logs in same_run.values():
         keep = max(logs, key=lambda run: (run.complete, run.mtime_ns, natural_key(str(run.path))))
@@ -344,7 +345,7 @@ def duplicate_warnings(unreadable) -> list[str]:
 _PARALLEL_MIN_FILES = 48
 
 
-def load_runs(paths, jobs: int | None = None):
+def load_runs(paths, jobs: int | None = None, by: str = "variant"):
     """Parse every log under `paths`. Returns (runs, unreadable), both in file order; `unreadable` ends with a
     Duplicate for each log of a run another log holds (each run counts once). Large sets are parsed by a process
     pool (`jobs` workers, default: the CPUs this process may use)."""
@@ -362,7 +363,7 @@ def load_runs(paths, jobs: int | None = None):
             if result.config.get("variant") in (None, ""):  # no config variant: the arm is the folder
                 result.variant = key
             result.folder = key
-    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)])
+    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)], by)
     unreadable = [r for r in results if isinstance(r, Unreadable)]
     return runs, unreadable + duplicates
 

@@ -41,7 +41,8 @@ def test_a_copied_log_counts_once_and_is_named(capsys, study):
     shutil.copy(study / "baseline" / "seed0.txt", copy)
     after, p_after, result = compared(capsys, study)
     assert after == before == {"baseline": 3, "backout": 3} and p_after == p_before
-    assert any(str(copy) in warning and "counted once" in warning for warning in result["warnings"])
+    (named,) = [entry for entry in result["not_counted"] if "counted once" in entry["why"]]
+    assert named["path"] in (str(copy), str(study / "baseline" / "seed0.txt"))
 
 
 def test_a_folder_given_twice_counts_once(capsys, study, monkeypatch):
@@ -63,7 +64,7 @@ def test_record_check_verdict_does_not_change_with_copies(capsys, study):
     after = json.loads(out)
     assert (after["n"], after["p_value"], after["time_p"], after["verdict"]) == \
         (before["n"], before["p_value"], before["time_p"], before["verdict"])
-    assert sum("counted once" in warning for warning in after["warnings"]) == 6
+    assert sum("counted once" in entry["why"] for entry in after["not_counted"]) == 6
 
 
 def test_reruns_of_one_seed_count_once_as_the_newest_finished_log(capsys, study):
@@ -75,7 +76,8 @@ def test_reruns_of_one_seed_count_once_as_the_newest_finished_log(capsys, study)
     arms, _, result = compared(capsys, study)
     assert arms["baseline"] == 3
     assert result["arms"][0]["mean_val_loss"] == pytest.approx((2.9301 + 2.9211 + 2.9198) / 3, abs=1e-6)
-    assert any("seed0.txt" in warning and "counted once" in warning for warning in result["warnings"])
+    assert any(entry["path"].endswith("seed0.txt") and "counted once" in entry["why"]
+               for entry in result["not_counted"])
 
 
 def test_reruns_of_a_seed_never_turn_a_record_check_into_a_pass(capsys, tmp_path):
@@ -93,7 +95,7 @@ def test_reruns_of_a_seed_never_turn_a_record_check_into_a_pass(capsys, tmp_path
     status, out, _ = run_cli(capsys, *argv[:2], tmp_path, *argv[2:])
     after = json.loads(out)
     assert before["verdict"] == "fail" and status == 1 and after["verdict"] == "fail"
-    assert after["n"] == 3 and sum("counted once" in warning for warning in after["warnings"]) == 3
+    assert after["n"] == 3 and sum("counted once" in entry["why"] for entry in after["not_counted"]) == 3
     status, out, err = run_cli(capsys, "record", tmp_path, "--track", "medium", "--name", "X",
                                "--records-root", tmp_path / "records")
     assert status == 0, err
