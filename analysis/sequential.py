@@ -1,24 +1,25 @@
-"""Group-sequential tests: stop adding seeds when the answer is in, without inflating false positives.
+"""Group-sequential tests: stop adding seeds when the answer is in, without inflating false claims.
 
-- Efficacy: Lan-DeMets alpha spending of O'Brien-Fleming type, alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)) at
-  information fraction t (runs so far / planned maximum). Boundaries c_k on the z scale are found look by look so
-  that the chance, under no effect, of first crossing at look k is alpha(t_k) - alpha(t_{k-1}); the joint law of
-  the z statistics is multivariate normal with corr(Z_i, Z_j) = sqrt(t_i / t_j) (scipy.stats.multivariate_normal).
-  Two-sided (two arms: |Z| >= c) or one-sided (a record: mean below the target, Z >= c).
-- Small samples: each look's t-test p-value (Welch's test, or the one-sample test against the target) is turned
-  into its normal z, so the decision is "p <= the look's nominal p" (the usual p-to-z mapping).
-- Futility (non-binding, so it never raises alpha): stop when the conditional power to cross the final boundary,
-  under the effect the design was planned for, is below `futility_power` (0.10 by default): stochastic
-  curtailment (Lan, Simon and Halperin 1982). That effect is the one the fixed-n design of max_seeds / max_factor
-  seeds detects with power `design_power` (0.8): drift theta = (z_{1-alpha/sides} + z_{design_power})
-  sqrt(max_factor) at the last look. Plan the fixed n with `python -m analysis plan`. Ignoring the futility stop
-  keeps the type I error. (Conditional power under the current trend was tried first: at the first looks its
-  drift estimate z / sqrt(t) is so noisy that it stopped most true effects; benchmarks/sequential_sim.py showed
-  power 0.18 for a design planned for 0.8.)
-- Repeated confidence interval at look k: the t-interval at the look's nominal level (two-sided: difference arm -
-  baseline; one-sided: an upper bound on the mean); it covers the truth at every look at once with 1 - alpha.
-- Adjusted p-value at the look that ends the test, by stagewise ordering: alpha spent before that look plus the
-  chance, under no effect, of staying inside until that look and then exceeding the observed |z|."""
+- Family: the arms compared with one baseline (or each tested against the target) are one family; each arm's looks
+  spend alpha / family size, and the claims are Holm's step-down over the arms' sequential p-values (valid p-values,
+  so the family-wise error stays at alpha; an arm that crosses its boundary is always a Holm rejection). A study
+  with `family = false` tests each arm at alpha, and says its claims are not family-controlled.
+- Efficacy: alpha spent as alpha t^3 (Kim-DeMets power family) at information fraction t (runs so far / planned
+  maximum): every look from three seeds on can decide. The boundaries are p-value thresholds for the t-tests the
+  looks run (Welch two-sided, or the one-sample test of mean < target), calibrated by simulating those tests under
+  no effect at the looks' run counts (calibrated_thresholds), since small-sample t p-values mapped onto normal
+  boundaries gave 1.09-1.18% false record claims at alpha 1%.
+- Futility (non-binding, so it never raises alpha): stop when the conditional power toward a lower loss, under the
+  effect the fixed-n design of max_seeds / max_factor seeds detects with power 0.8, is below `futility_power`
+  (0.2): stochastic curtailment (Lan, Simon and Halperin 1982), one-directional, so arms heading for "worse" stop
+  early too (most ideas fail; benchmarks/sequential_sim.py measures the runs this saves).
+- Repeated confidence interval at look k: the t-interval at the look's threshold level; it excludes 0 exactly when
+  the look decides.
+- Adjusted p-value at the look that ends the test, by stagewise ordering, from the same simulation: the chance under
+  no effect of deciding earlier, or of reaching this look with a p-value at most the observed one. 1 after futility.
+- The normal-theory machinery (Lan-DeMets O'Brien-Fleming spending, recursive integration) below is kept as the
+  reference the calibration is checked against (published tables) and as the old rule the tests show exceeded alpha.
+- A diverged run (final loss nan) on either side ends the arm as "diverged": a failed claim."""
 from __future__ import annotations
 
 import functools
@@ -246,7 +247,7 @@ class Design:
     max_seeds: int  # planned runs per arm at the last look
     batch: int  # runs per arm added between looks
     sides: int = 2  # 2: arm vs baseline; 1: a record's mean below the target
-    futility_power: float = 0.10
+    futility_power: float = 0.20  # benchmarks/sequential_sim.py: with directional futility, >= 30% fewer runs
     design_power: float = 0.8  # the fixed-n design of max_seeds / max_factor seeds has this power at the effect
     max_factor: float = 1.0  # max_seeds over the fixed-n design's seeds
     family_size: int = 1  # arms whose claims are controlled together (Holm); each arm's looks spend alpha / size
@@ -279,15 +280,18 @@ class Design:
 def decide(z, boundary: float, fraction: float, final_boundary: float, sides: int, futility_power: float,
            drift: float):
     """The rule at one look, for one z or an array of them: (crossed, futile, conditional power). Conditional
-    power: the chance to end above the final boundary when the remaining runs carry the planned drift, from the
-    B-value B(t) = z sqrt(t), whose increment to t = 1 is normal with mean drift (1 - t) and variance 1 - t.
-    Non-binding: the boundaries are set as if no arm ever stopped for futility."""
-    strength = np.abs(z) if sides == 2 else np.asarray(z, dtype=float)
-    crossed = strength >= boundary
+    power: the chance to end beyond the final boundary on the side of the claim the study exists for (a lower loss:
+    z < 0 two-sided, z > 0 for a record) when the remaining runs carry the planned drift, from the B-value
+    B(t) = z sqrt(t), whose increment to t = 1 is normal with mean drift (1 - t) and variance 1 - t. So an arm
+    heading for "worse" stops as futile instead of spending runs to prove it harmful. Non-binding: the boundaries
+    are set as if no arm ever stopped for futility, so stopping never raises the false-claim rate."""
+    z = np.asarray(z, dtype=float)
+    crossed = (np.abs(z) if sides == 2 else z) >= boundary
     if fraction >= 1:
-        return crossed, np.zeros_like(crossed), np.zeros_like(strength)
+        return crossed, np.zeros_like(crossed), np.zeros_like(z)
+    toward_claim = -z if sides == 2 else z
     rest = 1 - fraction
-    power = stats.norm.sf((final_boundary - strength * math.sqrt(fraction) - drift * rest) / math.sqrt(rest))
+    power = stats.norm.sf((final_boundary - toward_claim * math.sqrt(fraction) - drift * rest) / math.sqrt(rest))
     return crossed, ~crossed & (power < futility_power), power
 
 
@@ -433,8 +437,8 @@ def render_markdown(state: dict) -> str:
     lines = [f"Group-sequential design: {claim}; {family_phrase(design)}. Each arm's looks spend alpha / "
              f"{design.get('family_size', 1)} by alpha t^3, with p-value thresholds calibrated by simulating the "
              f"t-tests at the looks' run counts; at most {design['max_seeds']} seeds per arm{factor}, "
-             f"{design['batch']} more per look; non-binding futility: conditional power under the effect the fixed-n "
-             f"design detects with power 0.8 below 0.1. The adjusted p (stagewise ordering) is given at the look that "
+             f"{design['batch']} more per look; non-binding futility: conditional power toward a lower loss under the "
+             f"effect the fixed-n design detects with power 0.8 below {Design.futility_power:g}. The adjusted p (stagewise ordering) is given at the look that "
              f"decided; a look's p is its fixed-sample p, not valid after looking.", "",
              "| arm | verdict | n | sequential p | family p (Holm) |", "| --- | --- | --- | --- | --- |"]
     for arm, verdict in study_verdicts(state).items():
