@@ -172,17 +172,24 @@ def _config_check(study: Study, runs, module, args) -> ConfigCheck:
     """Refuses, in one line, to start a study whose complete runs were made with other flags than it now asks,
     unless --redo-stale; the runner redoes those and never resumes a checkpoint made with other flags."""
     check = ConfigCheck(module, study, args.runs_dir)
-    stale = []
-    for run in runs:
-        log = run_paths(args.runs_dir, run.study, run.arm, run.seed).log
-        difference = check.difference(run, log_config(log)) if log_is_complete(log) else None
-        if difference is not None:
-            stale.append(f"{run.arm}/seed{run.seed} was made with {difference}")
+    stale = [f"{run.arm}/seed{run.seed} was made with {difference}"
+             for run, difference in stale_runs(runs, check, args.runs_dir)]
     if stale and not args.redo_stale:
         raise StudyError(f"{len(stale)} complete run(s) of study {study.name} differ from the study now "
                          f"({stale[0]}); pass --redo-stale to set their logs aside and run them again, or undo the "
                          f"edit")
     return check
+
+
+def stale_runs(runs, check: ConfigCheck, runs_dir: Path) -> list:
+    """(run, what differs) for each run whose complete log was made with other flags than the study now asks."""
+    found = []
+    for run in runs:
+        log = run_paths(runs_dir, run.study, run.arm, run.seed).log
+        difference = check.difference(run, log_config(log)) if log_is_complete(log) else None
+        if difference is not None:
+            found.append((run, difference))
+    return found
 
 
 def _options(args, study: Study, nnodes: int = 1) -> Options:
@@ -229,11 +236,14 @@ def cmd_run(args) -> int:
     else:
         code = run_study(study, runs, options, reporter)
     if args.report and code < 128:
-        code = max(code, write_report(study, args.runs_dir, reporter))
+        # every arm's logs, not only those of --arms: a stale run of another arm is no result of the study now
+        stale = [run_paths(args.runs_dir, run.study, run.arm, run.seed).log
+                 for run, _ in stale_runs(study.runs(args.runs_dir), options.config_check, args.runs_dir)]
+        code = max(code, write_report(study, args.runs_dir, reporter, stale))
     return code
 
 
-def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
+def write_report(study: Study, runs_dir: Path, reporter: Reporter, stale=()) -> int:
     """The analysis package's report of the study folder, when that package is installed."""
     folder = runs_dir / study.name
     if importlib.util.find_spec("analysis") is None:
@@ -241,6 +251,7 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
         return 0
     # Only the arms the study has now: the logs of a renamed or removed arm stay in the folder but are no arm of it.
     exploratory = [] if study.family else ["--exploratory"]  # family = false: claims not family-controlled
+    exploratory += [item for log in stale for item in ("--stale", str(log))]
     command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", ",".join(study.arms),
                *exploratory]
     reporter.line("report", f"python -m {' '.join(command)}")

@@ -16,7 +16,7 @@ from speedrun.errors import OneLineErrorParser, UsageError
 
 from .atomic import write_text_atomically
 from .compare import claims, compare_arms, render_compare
-from .logs import MixedTracks, arm_warnings, group_runs, load_runs
+from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
 from .sequential import family_phrase, read_record, sequential_max_seeds, study_verdicts
@@ -229,6 +229,14 @@ def cmd_compare(args):
     return 0
 
 
+def split_stale(runs, stale_paths) -> tuple[list, list]:
+    """(the runs to count, an Unreadable for each run whose log is one of `stale_paths`)."""
+    stale = {Path(path).resolve() for path in stale_paths}
+    kept = [run for run in runs if run.path.resolve() not in stale]
+    return kept, [Unreadable(run.path, "stale: made with other flags than the study now asks, left out")
+                  for run in runs if run.path.resolve() in stale]
+
+
 def not_counted(runs, unreadable) -> list[dict]:
     """Every log a command read but did not count, with why: unfinished, unreadable, another log of a run."""
     return ([{"path": str(run.path), "why": f"unfinished: {run.problem}"} for run in runs if not run.complete]
@@ -359,6 +367,8 @@ def _plan_sequential(args, fixed_seeds: int | None, result: dict, key: str) -> N
           f"benchmarks/sequential_sim.py)")
 
 
+STALE_HELP = ("a log made with other flags than its study now asks (the study runner names them): left out of the "
+              "statistics and listed; repeatable")
 EXPLORATORY_HELP = ("the arms are exploratory (a study's family = false): each claim at alpha on its own, NOT "
                     "family-controlled (default: Holm over the arms compared with the baseline)")
 
@@ -418,8 +428,9 @@ def cmd_report(args):
         _existing_folder_for(args.out, "--out")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     out = args.out or args.dir / "report.md"
-    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars, args.arms,
-                       not args.exploratory))
+    runs, stale = split_stale(runs, args.stale)
+    print(build_report(args.dir, runs, unreadable + stale, _target(args, runs), args.baseline, out, args.scalars,
+                       args.arms, not args.exploratory))
     return 0
 
 
@@ -572,6 +583,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="comma-separated arms to report (the study runner names its study's arms); logs of other "
                         "arms are listed as left out (default: every arm with a log)")
     p.add_argument("--exploratory", action="store_true", help=EXPLORATORY_HELP)
+    p.add_argument("--stale", action="append", type=Path, default=[], metavar="LOG", help=STALE_HELP)
     p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
     p.set_defaults(handler=cmd_report)
 

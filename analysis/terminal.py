@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speedrun.errors import OneLineErrorParser
 
-from .cli import comma_list, positive_float
+from .cli import STALE_HELP, comma_list, positive_float, split_stale
 from .compare import claims, compare_arms
 from .logs import MixedTracks, group_runs, load_runs
 from .sequential import read_record
@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--report", type=Path, default=None, help="the report file (default DIR/report.md)")
     parser.add_argument("--exploratory", action="store_true",
                         help="the arms are exploratory (study key family = false): each at alpha, not family-controlled")
+    parser.add_argument("--stale", action="append", type=Path, default=[], metavar="LOG", help=STALE_HELP)
     parser.add_argument("--arms", type=comma_list,
                         help="comma-separated arms to show, as in the report (default: every arm with a log)")
     args = parser.parse_args(argv)
@@ -86,7 +87,8 @@ def main(argv=None) -> int:
         print(f"error: not a folder: {args.dir}", file=sys.stderr)
         return 2
     runs, unreadable = load_runs([args.dir])
-    runs = [run for run in runs if args.arms is None or run.variant in args.arms]
+    runs, stale = split_stale([run for run in runs if args.arms is None or run.variant in args.arms], args.stale)
+    unreadable += stale
     try:
         print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report, not args.exploratory,
                                unreadable))

@@ -1,0 +1,23 @@
+"""Issue 33 in the study runner: `run STUDY --arms A --report` checks every arm's staleness, so the logs of an arm
+edited since they were made are left out of the report and terminal summary, named, never shown as the result."""
+
+import pytest
+
+from runner_support import ablations, runner_env, write_study
+
+FLAGS = {"num-iterations": 6, "val-every": 3}
+
+
+@pytest.mark.slow
+def test_report_for_some_arms_leaves_out_the_stale_runs_of_the_others(tmp_path):
+    """Case 7: only the runner knows which flags the study asks now; no analysis-only test sees this."""
+    study = write_study(tmp_path, "s", {"baseline": {}, "backout": {"backout-layers": 4}}, seeds=[0, 1], flags=FLAGS)
+    assert ablations(["run", study], tmp_path, runner_env()).returncode == 0
+    write_study(tmp_path, "s", {"baseline": {}, "backout": {"backout-layers": 3}}, seeds=[0, 1], flags=FLAGS)
+    result = ablations(["run", study, "--arms", "baseline", "--report"], tmp_path, runner_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = (tmp_path / "runs" / "s" / "report.md").read_text()
+    arms = report.split("## Arms")[1].split("##")[0]
+    assert "| baseline |" in arms and "| backout |" not in arms
+    assert "backout/seed0.txt`: stale" in report and "backout/seed1.txt`: stale" in report
+    assert "| backout |" not in result.stdout and "not counted: runs/s/backout/seed0.txt: stale" in result.stdout
