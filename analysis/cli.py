@@ -437,11 +437,14 @@ def cmd_report(args):
 def cmd_record(args):
     if not args.dir.is_dir():
         raise UsageError(f"DIR is not a folder: {args.dir}")
-    runs, _ = _load([args.dir], args.jobs, what="DIR")
+    runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     if args.variant is not None:
         runs = [run for run in runs if run.variant == args.variant]
+    variants = {run.variant for run in runs if run.complete}
+    sequential = sequential_claim([args.dir], variants.pop()) if len(variants) == 1 else None
     try:
-        path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target)
+        path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target,
+                              sequential=sequential, not_counted=not_counted([], unreadable))
     except RecordError as problem:
         raise UsageError(str(problem)) from None
     print(path)

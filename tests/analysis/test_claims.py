@@ -137,3 +137,14 @@ def test_compare_and_record_check_name_every_log_they_did_not_count(capsys, tmp_
         assert any(str(cut) in line and "peak-memory" in line for line in named)
         assert any("seed8.txt" in line and "binary" in line for line in named)
         assert any("seed9.txt" in line and "empty file" in line for line in named)
+
+
+def test_analysis_record_gives_the_sequential_verdict(capsys, tmp_path):
+    """Case 3 for `analysis record`: its README quotes the sequential p, the fixed-sample one as not valid."""
+    root = write_arms(tmp_path / "s", {"claim": [2.9170, 2.9172, 2.9168, 2.9171, 2.9169]})
+    sequential_record(root, "below target", p=1e-6, adjusted=0.004, claim="below-target", arms=("claim",))
+    status, out, err = run_cli(capsys, "record", root, "--track", "medium", "--name", "X",
+                               "--records-root", tmp_path / "records")
+    assert status == 0, err
+    readme = (tmp_path / "records" / "track_2_medium").glob("*_X/README.md").__next__().read_text()
+    assert "not valid after looking" in readme and "below target after 5 seeds, sequential p = 0.004" in readme

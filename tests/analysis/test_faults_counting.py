@@ -100,6 +100,8 @@ def test_reruns_of_a_seed_never_turn_a_record_check_into_a_pass(capsys, tmp_path
                                "--records-root", tmp_path / "records")
     assert status == 0, err
     assert len(list(Path(out.strip()).glob("*.txt"))) == 3
+    readme = (Path(out.strip()) / "README.md").read_text()
+    assert "3 complete runs" in readme and readme.count("counted once") == 3  # the reruns named
 
 
 def test_an_arm_never_pools_both_tracks(capsys, tmp_path):
