@@ -333,10 +333,13 @@ def cmd_plan(args):
     result = {"std": estimate.std, "std_runs": estimate.runs, "std_source": description,
               "alpha": args.alpha, "power": args.power}
     if args.diff is not None:
-        n = power.seeds_for_difference(args.diff, estimate.std, args.alpha, args.power)
+        n = power.seeds_for_difference(args.diff, estimate.std, args.alpha / args.family, args.power)
         result["seeds_per_arm"] = n
+        result["family"] = args.family
+        family = (f" (family of {args.family} arms: alpha {args.alpha:g} / {args.family} per arm, Holm's first step)"
+                  if args.family > 1 else "")
         print(f"two arms, final-loss difference {args.diff:g} (d = {args.diff / estimate.std:.3g} std), two-sided "
-              f"Welch t-test at alpha {args.alpha:g}, power {args.power:g}: "
+              f"Welch t-test at alpha {args.alpha:g}{family}, power {args.power:g}: "
               f"{n if n else f'more than {power.MAX_SEEDS}'} seeds per arm")
         _plan_sequential(args, n, result, "sequential_max_seeds_per_arm")
     if args.pilot_mean is not None:
@@ -548,6 +551,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "(records/published_seed_losses.csv)")
     p.add_argument("--alpha", type=probability, default=0.01, help="significance level (0.01)")
     p.add_argument("--power", type=probability, default=0.8, help="wanted power (0.8)")
+    p.add_argument("--family", type=positive_int, default=1, metavar="M",
+                   help="arms compared with the baseline (the family whose claims share alpha, Holm): --diff plans "
+                        "each at alpha / M (1)")
     p.add_argument("--max-factor", type=at_least_one, metavar="F",
                    help="also the most seeds of a group-sequential study (--until-decided --max-factor F) allowed "
                         "F times the fixed-n design's seeds")

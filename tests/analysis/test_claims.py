@@ -148,3 +148,13 @@ def test_analysis_record_gives_the_sequential_verdict(capsys, tmp_path):
     assert status == 0, err
     readme = (tmp_path / "records" / "track_2_medium").glob("*_X/README.md").__next__().read_text()
     assert "not valid after looking" in readme and "below target after 5 seeds, sequential p = 0.004" in readme
+
+
+def test_plan_sizes_each_arm_of_a_family_at_its_share_of_alpha(capsys):
+    """Case 1 when planning: the fixed design a family is compared with tests each of its M arms at alpha / M."""
+    from analysis import power
+    status, out, _ = run_cli(capsys, "plan", "--diff", "0.0005", "--family", "5", "--json")
+    assert status == 0 and "family of 5 arms: alpha 0.01 / 5 per arm" in out
+    result = json.loads(out[out.index("{"):])
+    assert result["seeds_per_arm"] == power.seeds_for_difference(0.0005, result["std"], 0.002, 0.8)
+    assert result["seeds_per_arm"] > power.seeds_for_difference(0.0005, result["std"], 0.01, 0.8)
