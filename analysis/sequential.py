@@ -176,12 +176,12 @@ def _null_p_values(counts: tuple, sides: int) -> np.ndarray:
     rng = np.random.default_rng(_CALIBRATION_SEED)
     most = max(n for n, _ in counts)
     most_base = max((b for _, b in counts if b is not None), default=0)
-    chunks, chunk = [], 50_000
+    chunks, chunk = [], max(1000, 4_000_000 // most)  # about 32 MB of draws at a time, whatever the design
     for start in range(0, NULL_PATHS, chunk):
         size = min(chunk, NULL_PATHS - start)
         arm = rng.standard_normal((size, most))
         baseline = rng.standard_normal((size, most_base)) if sides == 2 else None
-        chunks.append(look_p_values(arm, baseline, counts, sides)[0])
+        chunks.append(look_p_values(arm, baseline, counts, sides)[0].astype(np.float32))  # half the memory
     return np.concatenate(chunks)
 
 
