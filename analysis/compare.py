@@ -117,7 +117,7 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
                                                               else f"not distinguishable from seed noise at the "
                                                                    f"{alpha:g} level"))
         arms.append(entry)
-    return {"family": phrase, "arms": arms}
+    return {"family": phrase, "arms": arms, "sequential": bool(sequential_state)}
 
 
 def render_compare(result: dict, markdown: bool = False, arm_table: bool = True) -> str:
@@ -132,8 +132,10 @@ def render_compare(result: dict, markdown: bool = False, arm_table: bool = True)
         rows = [[c["variant"], c["n"], num(c[f"{key}_diff"], digits, signed=True),
                  interval(c[f"{key}_ci"], digits), pval(c[f"{key}_p"]), pval(c[f"{key}_p_holm"]),
                  pval(c[f"{key}_p_bh"])] for c in result["comparisons"]]
+        after_looking = (result.get("claims") or {}).get("sequential")
         title = (f"{label}: arm - {result['baseline']}, Welch t-test ({result['alternative']}), "
-                 f"{level} CI (Welch-Satterthwaite df)")
+                 f"{level} CI (Welch-Satterthwaite df)"
+                 + ("; fixed-sample p-values and CIs, not valid after the sequential looks" if after_looking else ""))
         parts.append(("**" + title + "**" if markdown else title) + "\n\n" + table(
             ["arm", "n", "diff", f"{level} CI", "p", "p Holm", "p BH"], rows, markdown))
     if result.get("claims"):

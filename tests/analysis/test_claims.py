@@ -100,6 +100,7 @@ def test_after_a_sequential_study_every_command_gives_its_verdict(capsys, tmp_pa
     assert "no claim (sequential decision: not shown)" in text and "not valid after looking" in text
     status, out, _ = run_cli(capsys, "compare", root)
     assert status == 0 and "a real difference" not in out and "sequential p 0.02" in out
+    assert "fixed-sample p-values and CIs, not valid after the sequential looks" in out
 
 
 def test_record_check_gives_the_sequential_verdict(capsys, tmp_path):
