@@ -23,13 +23,15 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import optimize, stats
 
-from .stats import p_below_target, welch
+from .stats import holm, p_below_target, welch
 
 
 _GRID_POINTS = 1001  # Simpson points per look: boundaries agree with published tables to 1e-4
@@ -217,11 +219,9 @@ def stagewise_p(counts: tuple, fractions: tuple, alpha: float, sides: int, p: fl
     return float(min(1.0, decided_before[-1] + np.mean(still_open & (null[:, -1] <= p))))
 
 
-def holm_family(adjusted: dict, alpha: float) -> dict:
+def holm_family(adjusted: dict) -> dict:
     """Holm's step-down over the arms of a family: {arm: Holm-adjusted p} from each arm's own (sequential) p-value;
     an arm with no p-value yet enters as 1 (which can only make the others' harder to reject)."""
-    from .stats import holm  # noqa: PLC0415
-
     names = list(adjusted)
     values = holm([1.0 if adjusted[n] is None else adjusted[n] for n in names])
     return dict(zip(names, values))
@@ -403,7 +403,7 @@ def study_verdicts(state: dict) -> dict:
     last = {arm: (state["looks"][arm][-1] if state["looks"][arm] else None) for arm in design["arms"]}
     adjusted = {arm: (look["adjusted_p"] if look else None) for arm, look in last.items()}
     family = design.get("family", True) and design.get("family_size", 1) > 1
-    family_p = holm_family(adjusted, design["alpha"]) if family else adjusted
+    family_p = holm_family(adjusted) if family else adjusted
     verdicts = {}
     for arm, look in last.items():
         decision = look["decision"] if look else "no look"
@@ -462,9 +462,6 @@ def _p(value) -> str:
 
 def read_record(folder) -> dict | None:
     """The sequential record of a study folder (or of the folder above a PATH inside one), or None."""
-    from pathlib import Path  # noqa: PLC0415
-    import json  # noqa: PLC0415
-
     folder = Path(folder)
     for candidate in (folder, folder.parent):
         record = candidate / "sequential.json"
