@@ -52,8 +52,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="afterwards write the study report with `python -m analysis report`")
     run.add_argument("--until-decided", action="store_true",
                      help="group-sequential: add seeds in batches (what the node runs at once) until every arm is "
-                          "decided against the baseline (or its target: study key claim), Lan-DeMets "
-                          "O'Brien-Fleming alpha spending; study key until_decided = true")
+                          "decided against the baseline (or its target: study key claim), family-wise alpha over the "
+                          "arms (Holm; study key family = false: exploratory), t-calibrated alpha t^3 spending; study "
+                          "key until_decided = true")
     run.add_argument("--max-seeds", type=int, metavar="N",
                      help="--until-decided: the most seeds per arm (default: study key max_seeds, else its seeds)")
     run.add_argument("--max-factor", type=float, metavar="F",
@@ -171,17 +172,24 @@ def _config_check(study: Study, runs, module, args) -> ConfigCheck:
     """Refuses, in one line, to start a study whose complete runs were made with other flags than it now asks,
     unless --redo-stale; the runner redoes those and never resumes a checkpoint made with other flags."""
     check = ConfigCheck(module, study, args.runs_dir)
-    stale = []
-    for run in runs:
-        log = run_paths(args.runs_dir, run.study, run.arm, run.seed).log
-        difference = check.difference(run, log_config(log)) if log_is_complete(log) else None
-        if difference is not None:
-            stale.append(f"{run.arm}/seed{run.seed} was made with {difference}")
+    stale = [f"{run.arm}/seed{run.seed} was made with {difference}"
+             for run, difference in stale_runs(runs, check, args.runs_dir)]
     if stale and not args.redo_stale:
         raise StudyError(f"{len(stale)} complete run(s) of study {study.name} differ from the study now "
                          f"({stale[0]}); pass --redo-stale to set their logs aside and run them again, or undo the "
                          f"edit")
     return check
+
+
+def stale_runs(runs, check: ConfigCheck, runs_dir: Path) -> list:
+    """(run, what differs) for each run whose complete log was made with other flags than the study now asks."""
+    found = []
+    for run in runs:
+        log = run_paths(runs_dir, run.study, run.arm, run.seed).log
+        difference = check.difference(run, log_config(log)) if log_is_complete(log) else None
+        if difference is not None:
+            found.append((run, difference))
+    return found
 
 
 def _options(args, study: Study, nnodes: int = 1) -> Options:
@@ -243,11 +251,14 @@ def cmd_run(args) -> int:
     else:
         code = run_study(study, runs, options, reporter)
     if args.report and code < 128:
-        code = max(code, write_report(study, args.runs_dir, reporter))
+        # every arm's logs, not only those of --arms: a stale run of another arm is no result of the study now
+        stale = [run_paths(args.runs_dir, run.study, run.arm, run.seed).log
+                 for run, _ in stale_runs(study.runs(args.runs_dir), options.config_check, args.runs_dir)]
+        code = max(code, write_report(study, args.runs_dir, reporter, stale))
     return code
 
 
-def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
+def write_report(study: Study, runs_dir: Path, reporter: Reporter, stale=()) -> int:
     """The analysis package's report of the study folder, when that package is installed."""
     folder = runs_dir / study.name
     if importlib.util.find_spec("analysis") is None:
@@ -260,7 +271,9 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
     if not arms:
         reporter.line("report", "skipped: no arm of the study has a log yet")
         return 0
-    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", arms]
+    exploratory = [] if study.family else ["--exploratory"]  # family = false: claims not family-controlled
+    exploratory += [item for log in stale for item in ("--stale", str(log))]
+    command = ["analysis", "report", str(folder), "--target", str(study.target), "--arms", arms, *exploratory]
     reporter.line("report", f"python -m {' '.join(command)}")
     result = subprocess.run([sys.executable, "-m", *command], check=False)
     if result.returncode != 0:
@@ -268,7 +281,7 @@ def write_report(study: Study, runs_dir: Path, reporter: Reporter) -> int:
         return 1
     # The study's result in a few lines on the terminal (analysis/terminal.py), below the report's path.
     subprocess.run([sys.executable, "-m", "analysis.terminal", str(folder), "--target", str(study.target),
-                    "--arms", arms], check=False)
+                    "--arms", arms, *exploratory], check=False)
     return 0
 
 

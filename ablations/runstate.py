@@ -3,7 +3,7 @@
 Every fact the runner needs lives in files next to the log, so that a runner killed at any moment (or several runners,
 on one machine or on the nodes of a cluster sharing the folder) can pick up where things are:
 
-    <runs>/<study>/<arm>/seed<k>.txt                      the run log (docs/log-format.md; complete iff its last line is the peak memory line)
+    <runs>/<study>/<arm>/seed<k>.txt                      the run log (docs/log-format.md; finished: analysis/logs.py log_problem)
     <runs>/<study>/<arm>/seed<k>.pt                       the checkpoint the training script keeps (resume source)
     <runs>/<study>/<arm>/seed<k>.unfinished-<time>.txt    an unfinished log kept aside before its run was redone
     <runs>/<study>/<arm>/seed<k>.stale-<time>.txt         a log (or .pt) made with flags the edited study no longer asks
@@ -26,7 +26,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from speedrun.logformat import SEPARATOR, is_finished_line, parse_step_line, read_config
+from speedrun.logformat import SEPARATOR, parse_step_line, read_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,28 +64,13 @@ def run_paths(runs_dir: Path, study: str, arm: str, seed: int) -> RunPaths:
     return RunPaths(Path(runs_dir) / study / arm, f"seed{seed}")
 
 
-def last_line(path: Path) -> str | None:
-    """The last non-empty line of a text file, or None when the file is missing or empty."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            chunk = 4096
-            while True:
-                start = max(0, size - chunk)
-                f.seek(start)
-                lines = f.read(size - start).rstrip(b"\r\n").splitlines()
-                if lines and (start == 0 or len(lines) > 1):
-                    return lines[-1].decode("utf-8", "replace")
-                if start == 0:
-                    return None
-                chunk *= 4
-    except FileNotFoundError:
-        return None
-
-
 def log_is_complete(path: Path) -> bool:
-    return is_finished_line(last_line(path))
+    """Whether the log is a finished run, by the one definition analysis counts runs with (analysis/logs.py:
+    log_problem): a cut last line, a damaged config line or steps going back after the final validation are
+    unfinished, so the runner reruns them."""
+    from analysis.logs import log_problem  # noqa: PLC0415 (the analysis package sits next to this one)
+
+    return log_problem(path) is None
 
 
 def set_aside(paths: RunPaths, path: Path, reason: str) -> Path:

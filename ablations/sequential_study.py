@@ -22,6 +22,8 @@ from .staleness import ConfigCheck
 from .study import Run, Study
 
 STATE_FILE = "sequential.json"
+# The boundaries' kind: a record of another rule (the normal boundaries before t-calibration) is never resumed
+RULE = "t-calibrated power spending (rho 3), Holm family"
 
 
 def batch_seeds(study: Study, options: Options) -> int:
@@ -61,17 +63,20 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
             raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
                              f"two (or claim = \"below-target\")")
         baseline = "baseline" if "baseline" in arms else arms[0]
+    tested = [arm for arm in arms if arm != baseline]
     return {"alpha": alpha, "max_seeds": max_seeds, "max_factor": max_factor or 1.0, "batch": batch,
             "claim": study.claim, "baseline": baseline,
             "target": study.target if study.claim == "below-target" else None,
-            "arms": [arm for arm in arms if arm != baseline]}
+            "arms": tested, "family": study.family, "family_size": len(tested) if study.family else 1,
+            "rule": RULE}
 
 
 def _design(design: dict):
     from analysis.sequential import Design
 
     return Design(alpha=design["alpha"], max_seeds=design["max_seeds"], batch=design["batch"],
-                  sides=2 if design["claim"] == "vs-baseline" else 1, max_factor=design["max_factor"])
+                  sides=2 if design["claim"] == "vs-baseline" else 1, max_factor=design["max_factor"],
+                  family_size=design.get("family_size", 1))
 
 
 def _losses(runs_dir: Path, study: str, arm: str, seeds: int) -> list[float]:
@@ -190,14 +195,14 @@ def _save_state(path: Path, state: dict) -> None:
 
 def describe_design(design: dict) -> str:
     """One line: the claim, the spending design, the maximum and the looks, the futility rule."""
-    from analysis.sequential import look_counts
+    from analysis.sequential import family_phrase, look_counts
 
     rule = _design(design)
     factor = f" ({design['max_factor']:g} x the fixed-n design's seeds)" if design["max_factor"] != 1 else ""
     looks = ",".join(map(str, look_counts(design["max_seeds"], design["batch"])))
     against = f" against {design['baseline']}" if design["baseline"] else f" mean < {design['target']:g}"
-    return (f"group-sequential, claim {design['claim']}{against}: Lan-DeMets O'Brien-Fleming alpha "
-            f"{design['alpha']:g}, up to {design['max_seeds']} seeds per arm{factor} in looks at {looks}; futility: "
+    return (f"group-sequential, claim {design['claim']}{against}: {family_phrase(design)}; alpha t^3 spending, "
+            f"t-calibrated boundaries, up to {design['max_seeds']} seeds per arm{factor} in looks at {looks}; futility: "
             f"conditional power under the effect the fixed-n design detects with power {rule.design_power:g} < "
             f"{rule.futility_power:g}")
 
@@ -216,7 +221,7 @@ def describe_state(state: dict, stale: dict[str, str] | None = None) -> list[str
             line = (f"STALE {line} ({stale[arm]}; `run --until-decided --redo-stale` drops this look and redoes the "
                     f"runs)")
         lines.append(line)
-    return lines
+    return lines + [verdict_line(state)]
 
 
 def runs_still_open(state: dict, stale: dict[str, str], runs: list[Run]) -> list[Run]:
@@ -278,7 +283,15 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
             _save_state(state_path, state)
             reporter.line("look", describe_look(arm, look, design))
     undecided = [arm for arm in design["arms"] if not (state["looks"][arm] and decided(state["looks"][arm][-1]))]
-    reporter.line("decided", "; ".join(f"{arm}: {state['looks'][arm][-1]['decision'] if state['looks'][arm] else 'no look'}"
-                                       f" after {state['looks'][arm][-1]['n'] if state['looks'][arm] else 0} seeds"
-                                       for arm in design["arms"]))
+    reporter.line("decided", verdict_line(state))
     return 1 if undecided else 0
+
+
+def verdict_line(state: dict) -> str:
+    """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values."""
+    from analysis.sequential import family_phrase, study_verdicts
+
+    return family_phrase(state["design"]) + ": " + "; ".join(
+        f"{arm}: {v['claim'] or 'no claim (' + v['decision'] + ')'} after {v['n']} seeds"
+        + (f", sequential p {v['adjusted_p']:.3g}, family p {v['family_p']:.3g}" if v["adjusted_p"] is not None
+           else "") for arm, v in study_verdicts(state).items())

@@ -26,7 +26,7 @@ REPO_ROOT = STUDY_DIR.parent
 
 TOP_KEYS = {"description", "script", "nproc", "launcher", "seeds", "flags", "arms", "vars", "requires_results",
             "generate", "target", "time_limit", "until_decided", "max_seeds", "alpha", "claim",
-            "max_factor"}
+            "max_factor", "family"}
 LAUNCHERS = ("torchrun", "python")
 CLAIMS = ("vs-baseline", "below-target")
 # The runner sets these for every run; a study setting them would break the log layout.
@@ -73,6 +73,7 @@ class Study:
     alpha: float = 0.01  # the sequential design's type I error
     claim: str = "vs-baseline"  # or "below-target": each arm's mean final loss against the target
     max_factor: float | None = None  # or the most seeds per arm as this many times len(seeds) (the fixed-n design)
+    family: bool = True  # False: the arms are exploratory, each tested at the full alpha, not family-controlled
 
     def runs(self, runs_dir: Path, arms: list[str] | None = None) -> list[Run]:
         """Every (arm, seed) run, seed by seed, so that a study stopped early has all arms at its first seeds."""
@@ -245,11 +246,13 @@ def load_study(name_or_path: str, overrides: dict[str, str] | None = None, seeds
         max_factor = _number(max_factor, f"{where}: max_factor")
         if max_seeds is not None:
             raise StudyError(f"{where}: max_seeds and max_factor both set the most seeds per arm: keep one")
+    family = _check_type(data.get("family", True), bool, f"{where}: family")
     claim = _check_type(data.get("claim", "vs-baseline"), str, f"{where}: claim")
     if claim not in CLAIMS:
         raise StudyError(f"{where}: claim must be one of {', '.join(CLAIMS)}, not {claim!r}")
     return Study(path.stem, path, description, script, nproc, launcher, list(study_seeds), arms, variables,
-                 requires, target, time_limit, generate, until_decided, max_seeds, alpha, claim, max_factor)
+                 requires, target, time_limit, generate, until_decided, max_seeds, alpha, claim, max_factor,
+                 family)
 
 
 def check_results_exist(required: str, runs_dir: Path, where: str, chain: tuple[Path, ...] = ()) -> Study:

@@ -15,11 +15,11 @@ from pathlib import Path
 from speedrun.errors import OneLineErrorParser, UsageError
 
 from .atomic import write_text_atomically
-from .compare import compare_arms, render_compare
-from .logs import MixedTracks, arm_warnings, duplicate_warnings, group_runs, load_runs
+from .compare import claims, compare_arms, render_compare
+from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .sequential import sequential_max_seeds
+from .sequential import family_phrase, read_record, sequential_max_seeds, study_verdicts
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
@@ -88,9 +88,9 @@ def comma_list(text):
 
 # ----------------------------------------------------------------------------------------------- shared steps
 
-def _load(paths, jobs=None, what="PATH"):
+def _load(paths, jobs=None, what="PATH", by="variant"):
     try:
-        runs, unreadable = load_runs(paths, jobs=jobs)
+        runs, unreadable = load_runs(paths, jobs=jobs, by=by)
     except FileNotFoundError as missing:
         raise UsageError(f"{what} not found: {missing}") from None
     if not runs and not unreadable:
@@ -177,7 +177,7 @@ def _print_warnings(warnings):
 
 
 def cmd_summarize(args):
-    runs, unreadable = _load(args.paths, args.jobs)
+    runs, unreadable = _load(args.paths, args.jobs, by=args.by)
     target = _target(args, runs)
     result = summarize(runs, target, unreadable, by=args.by)
     if args.json:
@@ -206,7 +206,7 @@ def cmd_summarize(args):
 
 
 def cmd_compare(args):
-    runs, unreadable = _load(args.paths, args.jobs)
+    runs, unreadable = _load(args.paths, args.jobs, by=args.by)
     groups = _complete_groups(runs, args.by, args.arms)
     baseline = args.baseline
     if baseline is None:  # runs come in PATH order, so the first group is the first PATH's arm
@@ -217,12 +217,35 @@ def cmd_compare(args):
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     result = compare_arms(groups, baseline, args.confidence, args.alternative)
-    result["warnings"] += arm_warnings(groups) + duplicate_warnings(unreadable)
+    state = read_record(args.paths[0]) if len(args.paths) == 1 else None
+    result["claims"] = claims(result, 1 - args.confidence, not args.exploratory, state)
+    result["warnings"] += arm_warnings(groups)
+    result["not_counted"] = not_counted(runs, unreadable)
     if args.json:
         _print_json(result)
     else:
         print(render_compare(result, markdown=args.markdown))
+        _print_not_counted(result["not_counted"])
     return 0
+
+
+def split_stale(runs, stale_paths) -> tuple[list, list]:
+    """(the runs to count, an Unreadable for each run whose log is one of `stale_paths`)."""
+    stale = {Path(path).resolve() for path in stale_paths}
+    kept = [run for run in runs if run.path.resolve() not in stale]
+    return kept, [Unreadable(run.path, "stale: made with other flags than the study now asks, left out")
+                  for run in runs if run.path.resolve() in stale]
+
+
+def not_counted(runs, unreadable) -> list[dict]:
+    """Every log a command read but did not count, with why: unfinished, unreadable, another log of a run."""
+    return ([{"path": str(run.path), "why": f"unfinished: {run.problem}"} for run in runs if not run.complete]
+            + [{"path": str(entry.path), "why": entry.problem} for entry in unreadable])
+
+
+def _print_not_counted(entries):
+    for entry in entries:
+        print(f"not counted: {entry['path']}: {entry['why']}")
 
 
 def _single_variant(runs, chosen, flag):
@@ -242,9 +265,11 @@ def cmd_record_check(args):
     runs, unreadable = _load(args.paths, args.jobs)
     candidates = _single_variant(runs, args.variant, "--variant")
     baseline = None
+    read = list(runs)
     if args.baseline:
         base_runs, base_unreadable = _load(args.baseline, args.jobs, what="--baseline path")
         unreadable = unreadable + base_unreadable
+        read += base_runs
         baseline = _single_variant(base_runs, args.baseline_variant, "--baseline-variant")
     track = _track(args, candidates)
     record = None
@@ -258,14 +283,26 @@ def cmd_record_check(args):
         raise UsageError("--against needs the track: the logs name none, give --track")
     result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
-                          confidence=args.confidence, record=record)
-    result["warnings"] = arm_warnings({"candidate": candidates}) + duplicate_warnings(unreadable)
+                          confidence=args.confidence, record=record,
+                          sequential=sequential_claim(args.paths, candidates[0].variant))
+    result["warnings"] = arm_warnings({"candidate": candidates})
+    result["not_counted"] = not_counted(read, unreadable)
     if args.json:
         _print_json(result)
     else:
         print(render_record_check(result))
         _print_warnings(result["warnings"])
+        _print_not_counted(result["not_counted"])
     return 0 if result["verdict"] == "pass" else 1
+
+
+def sequential_claim(paths, variant: str) -> dict | None:
+    """The sequential verdict on `variant`'s record claim when its runs come from a study that ran
+    `--until-decided` with claim below-target (its sequential.json), else None."""
+    state = read_record(paths[0]) if len(paths) == 1 else None
+    if state is None or state["design"].get("claim") != "below-target" or variant not in state["design"]["arms"]:
+        return None
+    return {"family": family_phrase(state["design"]), **study_verdicts(state)[variant]}
 
 
 def cmd_plan(args):
@@ -279,7 +316,7 @@ def cmd_plan(args):
     else:
         try:
             if args.paths:
-                runs, _ = _load(args.paths, args.jobs)
+                runs, _ = _load(args.paths, args.jobs, by=args.by)
                 groups = group_runs(runs, by=args.by)
                 estimate = power.pooled_std({name: [run.final_val_loss for run in members]
                                              for name, members in groups.items()}, " ".join(map(str, args.paths)))
@@ -296,10 +333,13 @@ def cmd_plan(args):
     result = {"std": estimate.std, "std_runs": estimate.runs, "std_source": description,
               "alpha": args.alpha, "power": args.power}
     if args.diff is not None:
-        n = power.seeds_for_difference(args.diff, estimate.std, args.alpha, args.power)
+        n = power.seeds_for_difference(args.diff, estimate.std, args.alpha / args.family, args.power)
         result["seeds_per_arm"] = n
+        result["family"] = args.family
+        family = (f" (family of {args.family} arms: alpha {args.alpha:g} / {args.family} per arm, Holm's first step)"
+                  if args.family > 1 else "")
         print(f"two arms, final-loss difference {args.diff:g} (d = {args.diff / estimate.std:.3g} std), two-sided "
-              f"Welch t-test at alpha {args.alpha:g}, power {args.power:g}: "
+              f"Welch t-test at alpha {args.alpha:g}{family}, power {args.power:g}: "
               f"{n if n else f'more than {power.MAX_SEEDS}'} seeds per arm")
         _plan_sequential(args, n, result, "sequential_max_seeds_per_arm")
     if args.pilot_mean is not None:
@@ -330,6 +370,11 @@ def _plan_sequential(args, fixed_seeds: int | None, result: dict, key: str) -> N
           f"benchmarks/sequential_sim.py)")
 
 
+STALE_HELP = ("a log made with other flags than its study now asks (the study runner names them): left out of the "
+              "statistics and listed; repeatable")
+EXPLORATORY_HELP = ("the arms are exploratory (a study's family = false): each claim at alpha on its own, NOT "
+                    "family-controlled (default: Holm over the arms compared with the baseline)")
+
 PLOT_KINDS = ("val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "loss-by-layer",
               "loss-vs-num-layers", "loss-vs-distance", "resource-table")
 
@@ -346,7 +391,7 @@ def cmd_plot(args):
 
     if args.out is not None:
         _existing_folder_for(args.out, "--out")
-    runs, _ = _load(args.paths, args.jobs)
+    runs, _ = _load(args.paths, args.jobs, by=args.by)
     groups = _complete_groups(runs, args.by, args.arms)
     complete = [run for members in groups.values() for run in members]
     if args.kind == "resource-table":
@@ -390,18 +435,23 @@ def cmd_report(args):
         raise UsageError(f"--arms: no run logs of {', '.join(missing)} in {args.dir} (arms with logs: "
                          f"{', '.join(dict.fromkeys(run.variant for run in runs))})")
     out = args.out or args.dir / "report.md"
-    print(build_report(args.dir, runs, unreadable, _target(args, runs), args.baseline, out, args.scalars, args.arms))
+    runs, stale = split_stale(runs, args.stale)
+    print(build_report(args.dir, runs, unreadable + stale, _target(args, runs), args.baseline, out, args.scalars,
+                       args.arms, not args.exploratory))
     return 0
 
 
 def cmd_record(args):
     if not args.dir.is_dir():
         raise UsageError(f"DIR is not a folder: {args.dir}")
-    runs, _ = _load([args.dir], args.jobs, what="DIR")
+    runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     if args.variant is not None:
         runs = [run for run in runs if run.variant == args.variant]
+    variants = {run.variant for run in runs if run.complete}
+    sequential = sequential_claim([args.dir], variants.pop()) if len(variants) == 1 else None
     try:
-        path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target)
+        path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target,
+                              sequential=sequential, not_counted=not_counted([], unreadable))
     except RecordError as problem:
         raise UsageError(str(problem)) from None
     print(path)
@@ -447,6 +497,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence", type=probability, default=0.99, help="confidence level of the CIs (0.99)")
     p.add_argument("--alternative", choices=("two-sided", "less", "greater"), default="two-sided",
                    help="alternative of the Welch tests, arm vs baseline (default two-sided)")
+    p.add_argument("--exploratory", action="store_true", help=EXPLORATORY_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables")
     p.set_defaults(handler=cmd_compare)
@@ -504,6 +555,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "(records/published_seed_losses.csv)")
     p.add_argument("--alpha", type=probability, default=0.01, help="significance level (0.01)")
     p.add_argument("--power", type=probability, default=0.8, help="wanted power (0.8)")
+    p.add_argument("--family", type=positive_int, default=1, metavar="M",
+                   help="arms compared with the baseline (the family whose claims share alpha, Holm): --diff plans "
+                        "each at alpha / M (1)")
     p.add_argument("--max-factor", type=at_least_one, metavar="F",
                    help="also the most seeds of a group-sequential study (--until-decided --max-factor F) allowed "
                         "F times the fixed-n design's seeds")
@@ -541,6 +595,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", type=comma_list,
                    help="comma-separated arms to report (the study runner names its study's arms); logs of other "
                         "arms are listed as left out (default: every arm with a log)")
+    p.add_argument("--exploratory", action="store_true", help=EXPLORATORY_HELP)
+    p.add_argument("--stale", action="append", type=Path, default=[], metavar="LOG", help=STALE_HELP)
     p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")
     p.set_defaults(handler=cmd_report)
 

@@ -2,6 +2,7 @@
 of the differences and, for more than one arm, Holm and Benjamini-Hochberg corrections."""
 from __future__ import annotations
 
+from .sequential import family_phrase, study_verdicts
 from .stats import benjamini_hochberg, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
 
@@ -68,6 +69,57 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
             "comparisons": comparisons, "warnings": warnings}
 
 
+def claims(result: dict, alpha: float, family: bool = True, sequential_state: dict | None = None) -> dict:
+    """One verdict per arm on its final loss: {"family": what the claims are controlled as, "arms": [{variant,
+    claim ("lower", "higher" or None), p (the p-value the claim rests on), text}]}. A study that ran sequentially
+    (its sequential.json) gives the sequential verdicts and p-values: the fixed-sample p is shown only as not valid
+    after looking. Otherwise Holm over the arms compared (family-wise alpha), or each arm at alpha when the arms
+    are exploratory. An arm with a diverged run, or a baseline with one, makes no claim."""
+    baseline = result["baseline"]
+    diverged = {arm["variant"]: arm["n_diverged"] for arm in result["arms"]}
+    verdicts = study_verdicts(sequential_state) if sequential_state else {}
+    comparisons = result["comparisons"]
+    if sequential_state:
+        phrase = "sequential: " + family_phrase(sequential_state["design"])
+    elif family and len(comparisons) > 1:
+        phrase = (f"family of {len(comparisons)} arms against {baseline}, family-wise alpha {alpha:g} (Holm-adjusted "
+                  f"p; the unadjusted p beside it)")
+    else:
+        phrase = (f"{len(comparisons)} arm(s) against {baseline} at alpha {alpha:g}"
+                  + ("; exploratory: NOT family-controlled" if not family and len(comparisons) > 1 else ""))
+    arms = []
+    for c in comparisons:
+        name, diff, raw = c["variant"], c["loss_diff"], c["loss_p"]
+        entry = {"variant": name, "claim": None, "p": None}
+        if diverged.get(name) or diverged.get(baseline):
+            who = name if diverged.get(name) else baseline
+            entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan), a failed "
+                             f"run of any claim")
+        elif name in verdicts:
+            v = verdicts[name]
+            entry.update(claim=("lower" if v["claim"] == "better" else "higher") if v["claim"] else None,
+                         p=v["family_p"])
+            entry["text"] = (f"{name}: " + (f"{v['claim']} than {baseline}: a real difference at family-wise alpha "
+                                            f"{sequential_state['design']['alpha']:g}" if v["claim"] else
+                                            f"no claim (sequential decision: {v['decision']})")
+                             + f" after {v['n']} seeds; sequential p {pval(v['adjusted_p'])}, family p "
+                               f"{pval(v['family_p'])}; fixed-sample p {pval(raw)} (not valid after looking)")
+        elif raw is None:
+            entry["text"] = f"{name}: too few complete runs for a test (two per arm at least)"
+        else:
+            holm_applies = family and len(comparisons) > 1
+            p = c["loss_p_holm"] if holm_applies else raw
+            shown = p < alpha
+            entry.update(claim=("lower" if diff < 0 else "higher") if shown else None, p=p)
+            adjusted = f"Holm p {pval(p)}, unadjusted p {pval(raw)}" if holm_applies else f"p {pval(raw)}"
+            entry["text"] = (f"{name}: final loss {abs(diff):.4f} {'lower' if diff < 0 else 'higher'} than "
+                             f"{baseline} ({adjusted}); " + (f"a real difference at the {alpha:g} level" if shown
+                                                              else f"not distinguishable from seed noise at the "
+                                                                   f"{alpha:g} level"))
+        arms.append(entry)
+    return {"family": phrase, "arms": arms, "sequential": bool(sequential_state)}
+
+
 def render_compare(result: dict, markdown: bool = False, arm_table: bool = True) -> str:
     """The comparison as text or Markdown; `arm_table=False` leaves out the per-arm table (a report shows its own)."""
     level = f"{result['confidence'] * 100:g}%"
@@ -80,10 +132,16 @@ def render_compare(result: dict, markdown: bool = False, arm_table: bool = True)
         rows = [[c["variant"], c["n"], num(c[f"{key}_diff"], digits, signed=True),
                  interval(c[f"{key}_ci"], digits), pval(c[f"{key}_p"]), pval(c[f"{key}_p_holm"]),
                  pval(c[f"{key}_p_bh"])] for c in result["comparisons"]]
+        after_looking = (result.get("claims") or {}).get("sequential")
         title = (f"{label}: arm - {result['baseline']}, Welch t-test ({result['alternative']}), "
-                 f"{level} CI (Welch-Satterthwaite df)")
+                 f"{level} CI (Welch-Satterthwaite df)"
+                 + ("; fixed-sample p-values and CIs, not valid after the sequential looks" if after_looking else ""))
         parts.append(("**" + title + "**" if markdown else title) + "\n\n" + table(
             ["arm", "n", "diff", f"{level} CI", "p", "p Holm", "p BH"], rows, markdown))
+    if result.get("claims"):
+        verdicts = result["claims"]
+        parts.append(("**Claims** " if markdown else "claims: ") + verdicts["family"] + "\n\n" + "\n".join(
+            ("- " if markdown else "  ") + arm["text"] for arm in verdicts["arms"]))
     for warning in result["warnings"]:
         parts.append(("> **Warning:** " if markdown else "WARNING: ") + warning)
     return "\n\n".join(parts)

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedrun.logformat import (ENV_LINE, LLMC_LINE, STEP_LINE, VAL_OR_SCALARS_LINE, code_section,  # noqa: F401
+from speedrun.logformat import (CONFIG_PREFIX, ENV_LINE, LLMC_LINE, RUN_LOCAL_KEYS, STEP_LINE, VAL_OR_SCALARS_LINE, code_section,  # noqa: F401
                                 parse_json_object, parse_peak_line, split_sections, step_from_match)
 
 from .textfmt import one_line
@@ -48,6 +48,7 @@ class ParsedLog:
     problem: str | None = None  # why the run is not complete; None when it is
     folder: str = ""  # the arm a log without config line belongs to: its folder, relative to the PATH given
     digest: str = ""  # of the log's bytes: two copies of one log are one run, whatever their names
+    mtime_ns: int = 0  # of the log file: of several logs of one run the newest finished one counts
 
     @property
     def diverged(self) -> bool:
@@ -145,10 +146,13 @@ def planned_last_step(run: ParsedLog) -> int | None:
     return run.total_steps
 
 
-def _incomplete_reason(run: ParsedLog, has_peak_line: bool) -> str | None:
-    """Why the run is not finished, or None when it is. Finished: a final validation at the planned last step;
-    for this project's logs (those with a config line) also the closing peak-memory line. Upstream logs of 2024
-    end at their final validation line, before logs had a peak-memory line."""
+def _incomplete_reason(run: ParsedLog, has_peak_line: bool, config_ok: bool) -> str | None:
+    """Why the run is not finished, or None when it is. Finished: a config line that is a JSON object (this
+    project's logs), a final validation at the planned last step and no step line after it going back to an
+    earlier step; for this project's logs (those with a config line) also the closing peak-memory line, whole.
+    Upstream logs of 2024 end at their final validation line, before logs had a peak-memory line."""
+    if not config_ok:
+        return "its config line is not a JSON object: the log is damaged"
     if run.final_step is None:
         return "no step line: stopped before training"
     last = planned_last_step(run)
@@ -156,6 +160,9 @@ def _incomplete_reason(run: ParsedLog, has_peak_line: bool) -> str | None:
         if run.final_step == last:
             return "no final validation: the log stops after its last training step"
         return f"stopped at step {run.final_step}/{last}"
+    if run.final_step != last:
+        return (f"its steps go back to step {run.final_step} after the final validation at step {last}: "
+                f"two runs written into one log")
     if not run.upstream and not has_peak_line:
         return "no peak-memory line after the final validation: the log was cut off"
     return None
@@ -166,6 +173,7 @@ def parse_log(path: str | os.PathLike) -> ParsedLog:
     path = Path(path)
     try:
         data = path.read_bytes()
+        mtime_ns = path.stat().st_mtime_ns
     except OSError as error:
         raise LogUnreadable(f"cannot be read ({error.strerror or error})") from None
     has_nul = b"\x00" in data
@@ -181,7 +189,8 @@ def parse_log(path: str | os.PathLike) -> ParsedLog:
         raise LogUnreadable("binary data, not a text log" if has_nul else _unsupported_reason(data))
     steps = sections.steps
     has_config = sections.config_json is not None
-    config = (parse_json_object(sections.config_json) if has_config else None) or {}
+    parsed_config = parse_json_object(sections.config_json) if has_config else None
+    config = parsed_config or {}
     env = {}
     for match in ENV_LINE.finditer(sections.environment):
         key = match.group(1).decode("ascii", errors="replace")
@@ -189,7 +198,8 @@ def parse_log(path: str | os.PathLike) -> ParsedLog:
             env.setdefault(key, match.group(2).decode("utf-8", errors="replace"))
 
     run = ParsedLog(path=path, variant="", seed=None, complete=False, upstream=not has_config,
-                 config=config, env=env, folder=path.parent.name or ".", digest=hashlib.blake2b(data).hexdigest())
+                 config=config, env=env, folder=path.parent.name or ".", digest=hashlib.blake2b(data).hexdigest(),
+                 mtime_ns=mtime_ns)
     by_step = {}
     for match in VAL_OR_SCALARS_LINE.finditer(steps):
         step = int(match.group(1))
@@ -215,7 +225,9 @@ def parse_log(path: str | os.PathLike) -> ParsedLog:
     peak = parse_peak_line(_last_nonempty_line(steps))
     if peak:
         run.peak_allocated_mib, run.peak_reserved_mib = peak
-    run.problem = _incomplete_reason(run, peak is not None)
+    # A `config: ` line that is no JSON object (or too damaged to match the config pattern): a damaged log of ours
+    config_ok = parsed_config is not None if has_config else f"\n{CONFIG_PREFIX}".encode() not in sections.environment
+    run.problem = _incomplete_reason(run, peak is not None, config_ok)
     run.complete = run.problem is None
 
     variant = config.get("variant")
@@ -223,6 +235,13 @@ def parse_log(path: str | os.PathLike) -> ParsedLog:
     seed = config.get("seed")
     run.seed = seed if isinstance(seed, (int, str)) and not isinstance(seed, bool) else _seed_from_name(path)
     return run
+
+
+def log_problem(path: str | os.PathLike) -> str | None:
+    """Why the log at `path` is not a finished run (missing, unreadable, cut, damaged: the reasons of parse_log),
+    or None when it is one. The one definition of "finished" that the study runner, `status` and every analysis
+    command share: a log that is not finished is rerun by the runner and never counted by analysis."""
+    return _parse_or_unreadable(Path(path)).problem
 
 
 def natural_key(text: str):
@@ -291,40 +310,38 @@ def _parse_or_unreadable(path: Path):
         return Unreadable(path, str(error))
 
 
-# Config entries that say where a run's files went, not what it computed: two logs differing only there are one run.
-_LOCATION_KEYS = ("log_dir", "run_name", "resume")
-
-
 def run_identity(run: ParsedLog):
-    """What makes two logs the same run: (track, variant, seed, config) for this project's logs; for a log without
-    config line (upstream's) its arm and its bytes."""
+    """What makes two logs one run, one sample: (track, variant, seed, config without its run-local entries - the
+    config holds the base, the flags and the seed) for this project's logs; for a log without config line
+    (upstream's) its arm and its bytes."""
     if run.upstream:
         return ("bytes", run.variant, run.digest)
-    config = {k: v for k, v in run.config.items() if k not in _LOCATION_KEYS}
+    config = {k: v for k, v in run.config.items() if k not in RUN_LOCAL_KEYS}
     return ("run", str(run.config.get("track")), run.variant, str(run.seed), json.dumps(config, sort_keys=True))
 
 
-def drop_duplicates(runs) -> tuple[list, list]:
-    """(runs with each run once, in file order; a Duplicate for each other log of a run). Two logs are of one run
-    when they share run_identity and their results (every validation loss and the train time): a copy, not a
-    rerun of the same seed (say on other hardware, which planned_steps_warnings names when it is pooled). Of
-    several logs of one run the first complete one is kept, else the first."""
+def drop_duplicates(runs, by: str = "variant") -> tuple[list, list]:
+    """(runs with each run once, in file order; a Duplicate for each other log of a run). Logs of one run
+    (run_identity: a copy, a resumed copy, a rerun of the seed with the same config in another runs folder or on
+    other hardware) are one sample: the newest finished log counts (by modification time, then path), else the
+    newest log; the others are named. by="folder": arms are folders (one config run on two machines, say), so
+    logs in different folders are different runs."""
     same_run: dict = {}
     for run in runs:
-        key = (run_identity(run), tuple(map(str, run.val_losses)), run.final_step, run.train_time_ms)
-        same_run.setdefault(key, []).append(run)
+        same_run.setdefault((run_identity(run), run.folder if by == "folder" else None), []).append(run)
     kept, duplicates = set(), []
     for logs in same_run.values():
-        keep = next((run for run in logs if run.complete), logs[0])
+        keep = max(logs, key=lambda run: (run.complete, run.mtime_ns, natural_key(str(run.path))))
         kept.add(id(keep))
-        duplicates += [Duplicate(other.path, f"the same run as {keep.path} (same track, variant, seed, config and "
-                                             f"results): counted once, as that log", kept=keep.path)
+        duplicates += [Duplicate(other.path, f"another log of the run {keep.path} holds (same track, variant, seed "
+                                             f"and config): one run is one sample, counted once as its newest "
+                                             f"finished log", kept=keep.path)
                        for other in logs if other is not keep]
     return [run for run in runs if id(run) in kept], duplicates
 
 
 def duplicate_warnings(unreadable) -> list[str]:
-    """One warning per log left out as a copy of another (see drop_duplicates)."""
+    """One warning per log left out as another log of a run (see drop_duplicates)."""
     return [f"{entry.path} is {entry.problem}" for entry in unreadable if isinstance(entry, Duplicate)]
 
 
@@ -332,7 +349,7 @@ def duplicate_warnings(unreadable) -> list[str]:
 _PARALLEL_MIN_FILES = 48
 
 
-def load_runs(paths, jobs: int | None = None):
+def load_runs(paths, jobs: int | None = None, by: str = "variant"):
     """Parse every log under `paths`. Returns (runs, unreadable), both in file order; `unreadable` ends with a
     Duplicate for each log of a run another log holds (each run counts once). Large sets are parsed by a process
     pool (`jobs` workers, default: the CPUs this process may use)."""
@@ -351,7 +368,7 @@ def load_runs(paths, jobs: int | None = None):
                 result.variant = key
             result.variant = one_line(result.variant)  # a line break in it would break tables and reports
             result.folder = key
-    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)])
+    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)], by)
     unreadable = [r for r in results if isinstance(r, Unreadable)]
     return runs, unreadable + duplicates
 
@@ -377,19 +394,9 @@ def group_runs(runs, by: str = "variant", complete_only: bool = True) -> dict:
 
 
 def planned_steps_warnings(groups: dict) -> list[str]:
-    """What an arm pools that it should not: runs that planned different step counts (different trainings), and
-    several logs of one seed with one config (reruns: not independent samples). One warning per arm and problem."""
+    """What an arm pools that it should not: runs that planned different step counts (different trainings). One
+    warning per arm. (Several logs of one seed with one config never reach here: drop_duplicates counts them once.)"""
     warnings = []
-    for name, runs in groups.items():
-        seeds: dict = {}
-        for run in runs:
-            if not run.upstream:
-                seeds.setdefault(run_identity(run), []).append(run)
-        for reruns in seeds.values():
-            if len(reruns) > 1:
-                warnings.append(f"arm '{name}' holds {len(reruns)} runs of seed {reruns[0].seed} with one config "
-                                f"({', '.join(str(r.path) for r in reruns)}): reruns of a seed are not independent "
-                                f"samples, yet each counts in n")
     for name, runs in groups.items():
         counts: dict = {}
         for run in runs:

@@ -38,7 +38,9 @@ def _shared_code(runs) -> str | None:
 
 
 def readme_text(runs, names, track: str, name: str, date: str, target: float, variant: str,
-                left_out: int = 0) -> str:
+                left_out: int = 0, sequential: dict | None = None, not_counted=()) -> str:
+    """The record's README. `sequential`: the verdict of the sequential study the runs come from (its p-value is
+    the claim's; the fixed-sample p is then not valid after looking); `not_counted`: logs left out, with why."""
     losses = [run.final_val_loss for run in runs]
     times = [run.train_time_s for run in runs]
     st = loss_time_stats(losses, times, target)
@@ -54,8 +56,8 @@ packaged on {date}{f"; {left_out} unfinished run(s) of the same folder were left
 
 - final validation loss: mean {num(mean_loss, 6)}, sample standard deviation {num(std_loss, 6)}
 - train time: mean {num(mean_time, 3)} s, sample standard deviation {num(std_time, 3)} s
-- one-sided one-sample t-test that the mean loss is below {target:g}: p = {pval(p_value)}
-
+- one-sided one-sample t-test that the mean loss is below {target:g}: p = {pval(p_value)}{_sequential_lines(sequential)}
+{_not_counted_lines(not_counted)}
 The p-value, recomputed from the losses above:
 
 ```python
@@ -69,7 +71,23 @@ print("p =", scipy.stats.ttest_1samp(losses, {target!r}, alternative="less").pva
 """
 
 
-def package_record(runs, track: str, name: str, date: str, root: Path, target: float | None = None) -> Path:
+def _sequential_lines(sequential: dict | None) -> str:
+    if sequential is None:
+        return ""
+    verdict = sequential["claim"] or f"no claim ({sequential['decision']})"
+    return (" (fixed-sample: not valid after looking)\n- sequential study (" + sequential["family"] + f"): {verdict} "
+            f"after {sequential['n']} seeds, sequential p = {pval(sequential['adjusted_p'])}, family p = "
+            f"{pval(sequential['family_p'])}: the claim's p-value")
+
+
+def _not_counted_lines(not_counted) -> str:
+    if not not_counted:
+        return ""
+    return "\nLogs not counted:\n\n" + "\n".join(f"- `{entry['path']}`: {entry['why']}" for entry in not_counted) + "\n"
+
+
+def package_record(runs, track: str, name: str, date: str, root: Path, target: float | None = None,
+                   sequential: dict | None = None, not_counted=()) -> Path:
     """Copy the complete `runs` into `root/<track folder>/<date>_<name>/` with a README. Raises RecordError when
     there is nothing to package, several variants are mixed, or the folder exists."""
     left_out = sum(not run.complete for run in runs)
@@ -102,7 +120,8 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
                 (staging / module).parent.mkdir(exist_ok=True)
                 (staging / module).write_text(source, encoding="utf-8")
         (staging / "README.md").write_text(
-            readme_text(runs, names, track, name, date, target, variants[0], left_out), encoding="utf-8")
+            readme_text(runs, names, track, name, date, target, variants[0], left_out, sequential, not_counted),
+            encoding="utf-8")
         if destination.exists():  # created meanwhile by someone else: never overwrite
             raise RecordError(f"{destination} already exists")
         staging.rename(destination)

@@ -15,8 +15,10 @@ from .textfmt import interval, num, pval
 
 def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, batch: int | None = None,
                  resamples: int = 10000, seed: int = 0, power: float = 0.9, max_runs: int = 100,
-                 confidence: float = 0.99, record=None) -> dict:
-    """`record`: the UpstreamRecord whose time the runs must beat, or None (not checked)."""
+                 confidence: float = 0.99, record=None, sequential: dict | None = None) -> dict:
+    """`record`: the UpstreamRecord whose time the runs must beat, or None (not checked). `sequential`: the
+    verdict of a sequential study on this claim (cli.sequential_claim); the loss test is then its verdict and
+    p-value, since the fixed-sample p is not valid after looking."""
     losses = [r.final_val_loss for r in candidates]
     times = [r.train_time_s for r in candidates]
     loss_time = loss_time_stats(losses, times, target)
@@ -43,6 +45,9 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     if record is not None and loss_time["mean_time_s"] is not None:
         result.update({"record": record.as_dict(), "record_diff_s": loss_time["mean_time_s"] - record.record_time_s,
                        "record_ok": loss_time["mean_time_s"] < record.record_time_s})
+    result["sequential"] = sequential
+    if sequential is not None:
+        result["loss_ok"] = not loss_time["n_diverged"] and sequential["claim"] == "below target"
     passed = result["loss_ok"] and result["time_ok"] is not False and result["record_ok"] is not False
     result["verdict"] = "pass" if passed else "fail"
     return result
@@ -57,8 +62,15 @@ def render_record_check(result: dict) -> str:
         f"  mean time {num(result['mean_time_s'], 2)} s (std {num(result['std_time_s'], 2)})",
         f"loss below {result['target']:g} at p < {result['alpha']:g}: {ok[result['loss_ok']]}"
         + (f" ({diverged} of {result['n']} runs diverged: a diverged run fails the claim)" if diverged else
-           f" (one-sided one-sample t-test p = {pval(result['p_value'])})"),
+           f" (one-sided one-sample t-test p = {pval(result['p_value'])}"
+           + (", not valid after looking)" if result["sequential"] else ")")),
     ]
+    sequential = result["sequential"]
+    if sequential is not None:
+        lines.append(f"sequential verdict ({sequential['family']}): "
+                     f"{sequential['claim'] or 'no claim (' + sequential['decision'] + ')'} after "
+                     f"{sequential['n']} seeds, sequential p {pval(sequential['adjusted_p'])}, family p "
+                     f"{pval(sequential['family_p'])}")
     record = result["record"]
     if record is None:
         lines.append("faster than the current record: not checked (the logs name no track: give --track)")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from . import plots
 from .atomic import write_text_atomically
-from .compare import compare_arms, render_compare
+from .compare import claims, compare_arms, render_compare
 from .logs import Duplicate, group_runs
-from .sequential import render_markdown
+from .sequential import read_record, render_markdown
 from .studies import render_resource_table, selection_order, skip_layers
 from .summary import summarize
 from .textfmt import num, pval, table
@@ -80,7 +80,7 @@ def _planned_figures(groups: dict, runs, baseline: str | None, target: float, sc
 
 
 def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str | None, out: Path,
-                 scalar_patterns=None, arms=None) -> Path:
+                 scalar_patterns=None, arms=None, family: bool = True) -> Path:
     """Write the report to `out` and its PNGs next to it (named <report stem>_<plot>.png). Returns `out`. `arms`:
     the only arms reported (the study's arms as it stands now); logs of other arms are listed as left out."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,9 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
     if not groups:
         lines.append("No complete runs to compare.")
     elif baseline in groups and len(groups) > 1:
-        lines.append(render_compare(compare_arms(groups, baseline), markdown=True, arm_table=False))
+        compared = compare_arms(groups, baseline)
+        compared["claims"] = claims(compared, 1 - compared["confidence"], family, read_record(study_dir))
+        lines.append(render_compare(compared, markdown=True, arm_table=False))
     elif baseline in groups:
         lines.append(f"Only the baseline arm `{baseline}` has complete runs.")
     else:
@@ -139,8 +141,8 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
     lines += ["", "## Unreadable files", ""]
     lines += [f"- `{_shown(u.path, study_dir)}`: {u.problem}" for u in unreadable] or ["None."]
     lines += ["", "## Duplicate logs (each run counted once)", ""]
-    lines += [f"- `{_shown(d.path, study_dir)}`: the same run as `{_shown(d.kept, study_dir)}` (same track, variant, "
-              f"seed, config and results): left out" for d in duplicates] or ["None."]
+    lines += [f"- `{_shown(d.path, study_dir)}`: another log of the run `{_shown(d.kept, study_dir)}` holds (same "
+              f"track, variant, seed and config): left out, one run is one sample" for d in duplicates] or ["None."]
     if arms is not None:
         lines += ["", "## Logs of arms the study no longer has (left out)", ""]
         lines += [f"- `{_shown(run.path, study_dir)}` ({run.variant})" for run in left_out] or ["None."]

@@ -1,33 +1,37 @@
-"""Group-sequential tests: stop adding seeds when the answer is in, without inflating false positives.
+"""Group-sequential tests: stop adding seeds when the answer is in, without inflating false claims.
 
-- Efficacy: Lan-DeMets alpha spending of O'Brien-Fleming type, alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)) at
-  information fraction t (runs so far / planned maximum). Boundaries c_k on the z scale are found look by look so
-  that the chance, under no effect, of first crossing at look k is alpha(t_k) - alpha(t_{k-1}); the joint law of
-  the z statistics is multivariate normal with corr(Z_i, Z_j) = sqrt(t_i / t_j) (scipy.stats.multivariate_normal).
-  Two-sided (two arms: |Z| >= c) or one-sided (a record: mean below the target, Z >= c).
-- Small samples: each look's t-test p-value (Welch's test, or the one-sample test against the target) is turned
-  into its normal z, so the decision is "p <= the look's nominal p" (the usual p-to-z mapping).
-- Futility (non-binding, so it never raises alpha): stop when the conditional power to cross the final boundary,
-  under the effect the design was planned for, is below `futility_power` (0.10 by default): stochastic
-  curtailment (Lan, Simon and Halperin 1982). That effect is the one the fixed-n design of max_seeds / max_factor
-  seeds detects with power `design_power` (0.8): drift theta = (z_{1-alpha/sides} + z_{design_power})
-  sqrt(max_factor) at the last look. Plan the fixed n with `python -m analysis plan`. Ignoring the futility stop
-  keeps the type I error. (Conditional power under the current trend was tried first: at the first looks its
-  drift estimate z / sqrt(t) is so noisy that it stopped most true effects; benchmarks/sequential_sim.py showed
-  power 0.18 for a design planned for 0.8.)
-- Repeated confidence interval at look k: the t-interval at the look's nominal level (two-sided: difference arm -
-  baseline; one-sided: an upper bound on the mean); it covers the truth at every look at once with 1 - alpha.
-- Adjusted p-value at the look that ends the test, by stagewise ordering: alpha spent before that look plus the
-  chance, under no effect, of staying inside until that look and then exceeding the observed |z|."""
+- Family: the arms compared with one baseline (or each tested against the target) are one family; each arm's looks
+  spend alpha / family size, and the claims are Holm's step-down over the arms' sequential p-values (valid p-values,
+  so the family-wise error stays at alpha; an arm that crosses its boundary is always a Holm rejection). A study
+  with `family = false` tests each arm at alpha, and says its claims are not family-controlled.
+- Efficacy: alpha spent as alpha t^3 (Kim-DeMets power family) at information fraction t (runs so far / planned
+  maximum): every look from three seeds on can decide. The boundaries are p-value thresholds for the t-tests the
+  looks run (Welch two-sided, or the one-sample test of mean < target), calibrated by simulating those tests under
+  no effect at the looks' run counts (calibrated_thresholds), since small-sample t p-values mapped onto normal
+  boundaries gave 1.09-1.18% false record claims at alpha 1%.
+- Futility (non-binding, so it never raises alpha): stop when the conditional power toward a lower loss, under the
+  effect the fixed-n design of max_seeds / max_factor seeds detects with power 0.8, is below `futility_power`
+  (0.2): stochastic curtailment (Lan, Simon and Halperin 1982), one-directional, so arms heading for "worse" stop
+  early too (most ideas fail; benchmarks/sequential_sim.py measures the runs this saves).
+- Repeated confidence interval at look k: the t-interval at the look's threshold level; it excludes 0 exactly when
+  the look decides.
+- Adjusted p-value at the look that ends the test, by stagewise ordering, from the same simulation: the chance under
+  no effect of deciding earlier, or of reaching this look with a p-value at most the observed one. 1 after futility.
+- The normal-theory machinery (Lan-DeMets O'Brien-Fleming spending, recursive integration) below is kept as the
+  reference the calibration is checked against (published tables) and as the old rule the tests show exceeded alpha.
+- A diverged run (final loss nan) on either side ends the arm as "diverged": a failed claim."""
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import optimize, stats
 
-from .stats import p_below_target, welch
+from .stats import holm, p_below_target, welch
 
 
 _GRID_POINTS = 1001  # Simpson points per look: boundaries agree with published tables to 1e-4
@@ -93,11 +97,6 @@ def _stay_after(continuation, fractions, bound: float, sides: int) -> float:
     return float(inside @ weights)
 
 
-def next_boundary(fractions, bounds, alpha: float, sides: int) -> float:
-    """The boundary of the last look in `fractions`, given the boundaries already used at the earlier ones."""
-    return _solve_boundary(_continuation(fractions[:-1], bounds, sides), fractions, alpha, sides)
-
-
 def _solve_boundary(continuation, fractions, alpha: float, sides: int) -> float:
     total_stay = 1 - cumulative_spending(fractions[-1], alpha, sides)
     if len(fractions) == 1:
@@ -129,10 +128,112 @@ def obrien_fleming_constants(looks: int, alpha: float, sides: int = 2) -> list[f
     return list(c * shape)
 
 
+
+# ----- boundaries for the t statistics the looks compute ----------------------------------------------------------
+# The normal boundaries above assume a z statistic with known variance. The looks run t-tests on a few seeds (one
+# sample: n - 1 degrees of freedom; Welch: about 2n - 2), whose joint law across looks is not the normal random walk:
+# mapping each look's t p-value onto the normal boundaries gave 1.09-1.18% false record claims at alpha 1%. So the
+# boundaries are set on the p-value scale by simulating the very tests the looks run, under no effect, at the looks'
+# own run counts: the null law of a t-test's p-values depends on nothing else (Welch's, only slightly, on the ratio
+# of the two variances; simulated equal).
+NULL_PATHS = 400_000  # simulated null studies per design: the alpha of a 15-arm family (6.7e-4 per arm) to +-6%
+_CALIBRATION_SEED = 33  # fixed: a design's boundaries never change between looks, runs or machines
+SPENDING_POWER = 3  # alpha(t) = alpha t^3 (Kim-DeMets power family): every look from t ~ 0.2 on can decide
+
+
+def power_spending(fraction: float, alpha: float) -> float:
+    """Cumulative alpha spent at information fraction `fraction`: alpha t^3 (all of alpha at t >= 1)."""
+    return alpha * min(1.0, max(0.0, fraction)) ** SPENDING_POWER
+
+
+def look_p_values(arm, baseline, counts, sides: int) -> tuple[np.ndarray, np.ndarray]:
+    """(p, sign of the estimate) per study (row) and look (column) of the tests the looks run: `arm` and
+    `baseline` are (studies x runs) draws in run order (baseline None for a one-sample test of mean < 0, the
+    record claim after subtracting the target); `counts` the (runs of the arm, runs of the baseline) at each look.
+    sides 2: two-sided Welch t-test of arm - baseline; sides 1: one-sided one-sample t-test of mean < 0."""
+    arm_sums, arm_squares = np.cumsum(arm, axis=1), np.cumsum(np.square(arm), axis=1)
+    if baseline is not None:
+        base_sums, base_squares = np.cumsum(baseline, axis=1), np.cumsum(np.square(baseline), axis=1)
+    p = np.empty((arm.shape[0], len(counts)))
+    sign = np.empty_like(p)
+    for k, (n, n_base) in enumerate(counts):
+        mean = arm_sums[:, n - 1] / n
+        var = np.maximum(arm_squares[:, n - 1] - n * mean ** 2, 0) / (n - 1)
+        if sides == 1:
+            t = mean / np.sqrt(var / n)
+            p[:, k], sign[:, k] = stats.t.cdf(t, n - 1), np.sign(t)
+            continue
+        base_mean = base_sums[:, n_base - 1] / n_base
+        base_var = np.maximum(base_squares[:, n_base - 1] - n_base * base_mean ** 2, 0) / (n_base - 1)
+        se2 = var / n + base_var / n_base
+        df = se2 ** 2 / ((var / n) ** 2 / (n - 1) + (base_var / n_base) ** 2 / (n_base - 1))
+        t = (mean - base_mean) / np.sqrt(se2)
+        p[:, k], sign[:, k] = 2 * stats.t.sf(np.abs(t), df), np.sign(t)
+    return p, sign
+
+
+@functools.lru_cache(maxsize=8)
+def _null_p_values(counts: tuple, sides: int) -> np.ndarray:
+    """(NULL_PATHS x looks) p-values under no effect at the looks' run counts, simulated in chunks."""
+    rng = np.random.default_rng(_CALIBRATION_SEED)
+    most = max(n for n, _ in counts)
+    most_base = max((b for _, b in counts if b is not None), default=0)
+    chunks, chunk = [], max(1000, 4_000_000 // most)  # about 32 MB of draws at a time, whatever the design
+    for start in range(0, NULL_PATHS, chunk):
+        size = min(chunk, NULL_PATHS - start)
+        arm = rng.standard_normal((size, most))
+        baseline = rng.standard_normal((size, most_base)) if sides == 2 else None
+        chunks.append(look_p_values(arm, baseline, counts, sides)[0].astype(np.float32))  # half the memory
+    return np.concatenate(chunks)
+
+
+@functools.lru_cache(maxsize=32)
+def calibrated_thresholds(counts: tuple, fractions: tuple, alpha: float, sides: int) -> tuple:
+    """Each look's p-value threshold (a look decides when its t-test p <= it) such that, under no effect, the chance
+    of deciding at or before look k is the spent alpha(t_k) (power spending) of the simulated tests; and, per
+    look, the share of null studies that decided before it. A threshold of 0 means the look spends nothing."""
+    null = _null_p_values(counts, sides)
+    still_open = np.ones(null.shape[0], bool)
+    thresholds, decided_before, crossed = [], [], 0
+    for k, fraction in enumerate(fractions):
+        decided_before.append(crossed / null.shape[0])
+        allowed = int(math.floor(power_spending(fraction, alpha) * null.shape[0] + 1e-9)) - crossed
+        candidates = null[still_open, k]
+        threshold = float(np.partition(candidates, allowed - 1)[allowed - 1]) if allowed > 0 else 0.0
+        crossing = still_open & (null[:, k] <= threshold) if allowed > 0 else np.zeros_like(still_open)
+        crossed += int(crossing.sum())
+        still_open &= ~crossing
+        thresholds.append(threshold)
+    return tuple(thresholds), tuple(decided_before)
+
+
+def stagewise_p(counts: tuple, fractions: tuple, alpha: float, sides: int, p: float) -> float:
+    """Stagewise-ordering adjusted p-value of a test that ended at the last look with p-value `p`: the chance,
+    under no effect, of deciding at an earlier look, or of reaching this one and seeing a p-value at most `p`
+    (simulated; resolution 1 / NULL_PATHS)."""
+    thresholds, decided_before = calibrated_thresholds(counts, fractions, alpha, sides)
+    null = _null_p_values(counts, sides)
+    still_open = np.ones(null.shape[0], bool)
+    for k, threshold in enumerate(thresholds[:-1]):
+        still_open &= null[:, k] > threshold
+    return float(min(1.0, decided_before[-1] + np.mean(still_open & (null[:, -1] <= p))))
+
+
+def holm_family(adjusted: dict) -> dict:
+    """Holm's step-down over the arms of a family: {arm: Holm-adjusted p} from each arm's own (sequential) p-value;
+    an arm with no p-value yet enters as 1 (which can only make the others' harder to reject)."""
+    names = list(adjusted)
+    values = holm([1.0 if adjusted[n] is None else adjusted[n] for n in names])
+    return dict(zip(names, values))
+
 def look_counts(max_seeds: int, batch: int) -> list[int]:
-    """Seeds per arm at each look: every batch, the first look at two seeds at least, the last at max_seeds."""
+    """Seeds per arm at each look: every batch, the first look at three seeds at least (a t-test on two seeds has
+    one degree of freedom: nothing short of a huge effect decides there), the last at max_seeds."""
     counts = list(range(batch, max_seeds, batch)) + [max_seeds]
-    return sorted({max(2, n) for n in counts})
+    return sorted({min(max_seeds, max(MIN_LOOK_SEEDS, n)) for n in counts})
+
+
+MIN_LOOK_SEEDS = 3
 
 
 def sequential_max_seeds(fixed_seeds: int, max_factor: float) -> int:
@@ -142,38 +243,55 @@ def sequential_max_seeds(fixed_seeds: int, max_factor: float) -> int:
 
 @dataclass
 class Design:
-    alpha: float
+    alpha: float  # family-wise: the chance, under no effect in any arm, of any false claim in the study
     max_seeds: int  # planned runs per arm at the last look
     batch: int  # runs per arm added between looks
     sides: int = 2  # 2: arm vs baseline; 1: a record's mean below the target
-    futility_power: float = 0.10
+    futility_power: float = 0.20  # benchmarks/sequential_sim.py: with directional futility, >= 30% fewer runs
     design_power: float = 0.8  # the fixed-n design of max_seeds / max_factor seeds has this power at the effect
     max_factor: float = 1.0  # max_seeds over the fixed-n design's seeds
+    family_size: int = 1  # arms whose claims are controlled together (Holm); each arm's looks spend alpha / size
+
+    @property
+    def arm_alpha(self) -> float:
+        return self.alpha / self.family_size
 
     def drift(self) -> float:
-        """The planned effect on the z scale at the last look: the fixed-n design's drift, times the square root
-        of the information the larger maximum adds."""
-        fixed = stats.norm.isf(self.alpha / self.sides) + stats.norm.isf(1 - self.design_power)
+        """The planned effect on the z scale at the last look: the fixed-n design's drift (at the arm's alpha),
+        times the square root of the information the larger maximum adds."""
+        fixed = stats.norm.isf(self.arm_alpha / self.sides) + stats.norm.isf(1 - self.design_power)
         return float(fixed * math.sqrt(self.max_factor))
 
-    def planned_fractions(self) -> list[float]:
-        return [n / self.max_seeds for n in look_counts(self.max_seeds, self.batch)]
+    def planned_counts(self) -> tuple:
+        return tuple((n, n if self.sides == 2 else None) for n in look_counts(self.max_seeds, self.batch))
+
+    def planned_fractions(self) -> tuple:
+        return tuple(n / self.max_seeds for n in look_counts(self.max_seeds, self.batch))
+
+    def thresholds(self) -> tuple:
+        """The planned looks' p-value thresholds (calibrated_thresholds)."""
+        return calibrated_thresholds(self.planned_counts(), self.planned_fractions(), self.arm_alpha, self.sides)[0]
 
     def final_boundary(self) -> float:
-        return spending_boundaries(self.planned_fractions(), self.alpha, self.sides)[-1]
+        """The last planned look's threshold on the z scale (for the conditional power of the futility rule)."""
+        return _z_from_p(self.thresholds()[-1], 1.0, self.sides)
 
 
 def decide(z, boundary: float, fraction: float, final_boundary: float, sides: int, futility_power: float,
            drift: float):
     """The rule at one look, for one z or an array of them: (crossed, futile, conditional power). Conditional
-    power: the chance to end above the final boundary when the remaining runs carry the planned drift, from the
-    B-value B(t) = z sqrt(t), whose increment to t = 1 is normal with mean drift (1 - t) and variance 1 - t."""
-    strength = np.abs(z) if sides == 2 else np.asarray(z, dtype=float)
-    crossed = strength >= boundary
+    power: the chance to end beyond the final boundary on the side of the claim the study exists for (a lower loss:
+    z < 0 two-sided, z > 0 for a record) when the remaining runs carry the planned drift, from the B-value
+    B(t) = z sqrt(t), whose increment to t = 1 is normal with mean drift (1 - t) and variance 1 - t. So an arm
+    heading for "worse" stops as futile instead of spending runs to prove it harmful. Non-binding: the boundaries
+    are set as if no arm ever stopped for futility, so stopping never raises the false-claim rate."""
+    z = np.asarray(z, dtype=float)
+    crossed = (np.abs(z) if sides == 2 else z) >= boundary
     if fraction >= 1:
-        return crossed, np.zeros_like(crossed), np.zeros_like(strength)
+        return crossed, np.zeros_like(crossed), np.zeros_like(z)
+    toward_claim = -z if sides == 2 else z
     rest = 1 - fraction
-    power = stats.norm.sf((final_boundary - strength * math.sqrt(fraction) - drift * rest) / math.sqrt(rest))
+    power = stats.norm.sf((final_boundary - toward_claim * math.sqrt(fraction) - drift * rest) / math.sqrt(rest))
     return crossed, ~crossed & (power < futility_power), power
 
 
@@ -185,7 +303,14 @@ def _effective_runs(n_arm: int, n_baseline: int | None) -> float:
 
 
 def _z_from_p(p: float, sign: float, sides: int) -> float:
-    return float(sign * stats.norm.isf(p / sides))
+    return float(sign * stats.norm.isf(min(1.0, max(p, 1e-300)) / sides))
+
+
+def _split(losses):
+    """(finite losses, number of diverged runs: nan or inf) of a list of final losses (None: no finished run)."""
+    values = [float(v) for v in losses if v is not None]
+    finite = [v for v in values if math.isfinite(v)]
+    return finite, len(values) - len(finite)
 
 
 def take_look(design: Design, previous: list[dict], losses, baseline_losses=None, target: float | None = None,
@@ -193,39 +318,46 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
     """One look at an arm (two-sided Welch test against `baseline_losses`) or at a record claim (one-sided test
     of mean < `target`), given the looks already taken for it (dicts as returned here). None when there is no new
     information since the last look or too few runs to test. The returned dict holds the look's number, runs,
-    information fraction, boundary, z, p, nominal p, decision and, at a deciding look, the adjusted p-value."""
-    losses = [v for v in losses if v is not None and math.isfinite(v)]
-    n = len(losses)
-    n_baseline = None if baseline_losses is None else len([v for v in baseline_losses if v is not None
-                                                           and math.isfinite(v)])
+    information fraction, boundary (z) and threshold (nominal p), z, p, decision and, at a deciding look, the
+    adjusted p-value. A diverged run (final loss nan or inf) on either side ends the arm: "diverged", a failure of
+    the claim (adjusted p 1)."""
+    losses, diverged = _split(losses)
+    n = len(losses) + diverged
+    base, base_diverged = _split(baseline_losses) if baseline_losses is not None else ([], 0)
+    n_baseline = None if baseline_losses is None else len(base) + base_diverged
     if n < 2 or (n_baseline is not None and n_baseline < 2):
         return None
     fraction = min(1.0, _effective_runs(n, n_baseline) / design.max_seeds)
-    fractions = [look["fraction"] for look in previous]
-    if fractions and fraction <= fractions[-1]:
+    fractions = tuple([look["fraction"] for look in previous] + [fraction])
+    if previous and fraction <= previous[-1]["fraction"]:
         return None
-    fractions.append(fraction)
-    bounds = [look["boundary"] for look in previous]
-    boundary = next_boundary(fractions, bounds, design.alpha, design.sides)
-    nominal_p = float(design.sides * stats.norm.sf(boundary))
+    look = {"look": len(fractions), "n": n, "n_baseline": n_baseline, "fraction": fraction,
+            "n_diverged": diverged, "n_baseline_diverged": base_diverged, "decision": "continue",
+            "adjusted_p": None}
+    if diverged or base_diverged:
+        where = f"{diverged} of {n} runs" if diverged else f"{base_diverged} of {n_baseline} baseline runs"
+        look.update(boundary=math.inf, nominal_p=0.0, estimate=math.nan, z=0.0, p=1.0, repeated_ci=None,
+                    decision="diverged", adjusted_p=1.0, why=f"{where} diverged (final loss nan): a failed claim")
+        return look
+    counts = tuple((look_["n"], look_["n_baseline"]) for look_ in previous) + ((n, n_baseline),)
+    thresholds, _ = calibrated_thresholds(counts, fractions, design.arm_alpha, design.sides)
+    nominal_p = thresholds[-1]
+    boundary = _z_from_p(nominal_p, 1.0, design.sides) if nominal_p > 0 else math.inf
+    level = 1 - max(nominal_p, 1e-12)
     if design.sides == 2:
-        test = welch(losses, baseline_losses, confidence=1 - nominal_p)
+        test = welch(losses, base, confidence=level)
         estimate, p, interval = test["diff"], test["p"], test["ci"]
         z = _z_from_p(p, -1.0 if estimate < 0 else 1.0, 2)
     else:
         estimate = float(np.mean(losses))
         p = p_below_target(losses, target)
         z = _z_from_p(p, 1.0, 1)
-        upper = estimate + stats.t.isf(nominal_p, n - 1) * float(np.std(losses, ddof=1)) / math.sqrt(n)
+        upper = estimate + stats.t.isf(1 - level, n - 1) * float(np.std(losses, ddof=1)) / math.sqrt(n)
         interval = [None, float(upper)]
-    look = {"look": len(fractions), "n": n, "n_baseline": n_baseline, "fraction": fraction, "boundary": boundary,
-            "nominal_p": nominal_p, "estimate": estimate, "z": z, "p": p, "repeated_ci": interval,
-            "decision": "continue", "adjusted_p": None}
-    strength = abs(z) if design.sides == 2 else z
+    look.update(boundary=boundary, nominal_p=nominal_p, estimate=estimate, z=z, p=p, repeated_ci=interval)
     final = final_boundary if final_boundary is not None else design.final_boundary()
-    crossed, futile, power = decide(z, boundary, fraction, final, design.sides, design.futility_power,
-                                    design.drift())
-    if crossed:
+    _, futile, power = decide(z, boundary, fraction, final, design.sides, design.futility_power, design.drift())
+    if p <= nominal_p:
         look["decision"] = ("better" if estimate < 0 else "worse") if design.sides == 2 else "below target"
     elif fraction >= 1:
         look["decision"] = "not shown"
@@ -233,21 +365,17 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
         look["conditional_power"] = float(power)
         if futile:
             look["decision"] = "futile"
-    if look["decision"] != "continue":
-        look["adjusted_p"] = adjusted_p(fractions, bounds, strength, design.sides)
+    if look["decision"] == "futile":
+        look["adjusted_p"] = 1.0  # non-binding futility: never claimed, whatever the stagewise ordering says
+    elif look["decision"] != "continue":
+        look["adjusted_p"] = stagewise_p(counts, fractions, design.arm_alpha, design.sides, p)
     return look
-
-
-def adjusted_p(fractions, earlier_bounds, strength: float, sides: int) -> float:
-    """Stagewise-ordering p-value of a test that ended at the last of `fractions` with statistic `strength`
-    (|z| two-sided, z one-sided): 1 - P(no crossing before, then a statistic below the observed one)."""
-    if sides == 1 and strength <= -10:
-        return 1.0
-    return float(min(1.0, max(0.0, 1 - _stay_probability(list(earlier_bounds) + [strength], fractions, sides))))
 
 
 def describe_look(arm: str, look: dict, design: dict) -> str:
     """One line per arm per look: runs, estimate, repeated CI, z against its boundary, decision, adjusted p."""
+    if look["decision"] == "diverged":
+        return f"look {look['look']} {arm}: n {look['n']}: {look['why']} -> diverged"
     low, high = look["repeated_ci"] or [None, None]
     two_arms = design["claim"] == "vs-baseline"
     interval = f"[{_number(low)}, {_number(high)}]" if two_arms else f"upper {_number(high)}"
@@ -263,33 +391,92 @@ def _number(value) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.5f}"
 
 
+CLAIMS = ("better", "worse", "below target")
+
+
+def study_verdicts(state: dict) -> dict:
+    """One verdict per arm of a sequential study (runs/<study>/sequential.json): {arm: {decision, n, p (the
+    last look's fixed-sample p, not valid after looking), adjusted_p (the arm's sequential p), family_p (Holm over
+    the family; the arm's own when the study's arms are exploratory), claim (a claim made at the study's alpha:
+    "better", "worse", "below target", else None)}}."""
+    design = state["design"]
+    last = {arm: (state["looks"][arm][-1] if state["looks"][arm] else None) for arm in design["arms"]}
+    adjusted = {arm: (look["adjusted_p"] if look else None) for arm, look in last.items()}
+    family = design.get("family", True) and design.get("family_size", 1) > 1
+    family_p = holm_family(adjusted) if family else adjusted
+    verdicts = {}
+    for arm, look in last.items():
+        decision = look["decision"] if look else "no look"
+        claimed = family_p[arm] is not None and family_p[arm] <= design["alpha"] and look["decision"] != "diverged"
+        if claimed and decision not in CLAIMS:  # Holm recycles alpha to an arm that ended without crossing
+            decision = ("better" if look["estimate"] < 0 else "worse") if design["claim"] == "vs-baseline" \
+                else "below target"
+        verdicts[arm] = {"decision": decision, "n": look["n"] if look else 0, "p": look["p"] if look else None,
+                         "adjusted_p": adjusted[arm], "family_p": family_p[arm],
+                         "claim": decision if claimed else None}
+    return verdicts
+
+
+def family_phrase(design: dict) -> str:
+    """What the study's claims are controlled as, in a few words."""
+    size = design.get("family_size", 1)
+    if not design.get("family", True):
+        return (f"arms exploratory (study key family = false): each tested at alpha {design['alpha']:g}, claims NOT "
+                f"family-controlled")
+    return (f"family of {size} arm(s) against {design['baseline'] or 'the target'}, family-wise alpha "
+            f"{design['alpha']:g} (Holm over the arms' sequential p-values)")
+
+
 def render_markdown(state: dict) -> str:
-    """The report section of a sequential study (runs/<study>/sequential.json): design, looks, decisions."""
+    """The report section of a sequential study (runs/<study>/sequential.json): design, looks, verdicts."""
     design = state["design"]
     factor = design.get("max_factor", 1.0)
     factor = f" ({factor:g} x the fixed-n design's)" if factor != 1 else ""
     claim = (f"each arm against `{design['baseline']}`, two-sided Welch t-test" if design["claim"] == "vs-baseline"
              else f"each arm's mean final loss below {design['target']:g}, one-sided t-test")
-    lines = [f"Group-sequential design: {claim}; Lan-DeMets O'Brien-Fleming-type alpha spending, alpha "
-             f"{design['alpha']:g}, at most {design['max_seeds']} seeds per arm{factor}, {design['batch']} more per "
-             f"look; non-binding futility: conditional power under the effect the fixed-n design detects with "
-             f"power 0.8 below 0.1. Repeated CIs hold at every look at once; the adjusted p (stagewise ordering) is "
-             f"given at the look that decided.", "",
-             "| arm | look | n | t | estimate | repeated CI | z | bound | p | decision | adjusted p |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"Group-sequential design: {claim}; {family_phrase(design)}. Each arm's looks spend alpha / "
+             f"{design.get('family_size', 1)} by alpha t^3, with p-value thresholds calibrated by simulating the "
+             f"t-tests at the looks' run counts; at most {design['max_seeds']} seeds per arm{factor}, "
+             f"{design['batch']} more per look; non-binding futility: conditional power toward a lower loss under the "
+             f"effect the fixed-n design detects with power 0.8 below {Design.futility_power:g}. The adjusted p (stagewise ordering) is given at the look that "
+             f"decided; a look's p is its fixed-sample p, not valid after looking.", "",
+             "| arm | verdict | n | sequential p | family p (Holm) |", "| --- | --- | --- | --- | --- |"]
+    for arm, verdict in study_verdicts(state).items():
+        lines.append(f"| {arm} | {verdict['claim'] or 'no claim: ' + verdict['decision']} | {verdict['n']} | "
+                     f"{_p(verdict['adjusted_p'])} | {_p(verdict['family_p'])} |")
+    lines += ["", "| arm | look | n | t | estimate | repeated CI | z | bound | p (fixed-sample) | decision | "
+                  "adjusted p |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm, looks in state["looks"].items():
         for look in looks:
             low, high = look["repeated_ci"] or [None, None]
             n = f"{look['n']}" + (f" vs {look['n_baseline']}" if look["n_baseline"] is not None else "")
-            adjusted = "" if look["adjusted_p"] is None else f"{look['adjusted_p']:.3g}"
             lines.append(f"| {arm} | {look['look']} | {n} | {look['fraction']:.2f} | {look['estimate']:+.5f} | "
                          f"[{_number(low)}, {_number(high)}] | {look['z']:+.2f} | {look['boundary']:.2f} | "
-                         f"{look['p']:.3g} | {look['decision']} | {adjusted} |")
+                         f"{look['p']:.3g} | {look['decision']} | {_p(look['adjusted_p'])} |")
     return "\n".join(lines)
 
 
 # Every decision take_look writes: "continue" leaves the arm open, the others end it.
-DECISIONS = ("continue", "better", "worse", "below target", "not shown", "futile")
+DECISIONS = ("continue", "better", "worse", "below target", "not shown", "futile", "diverged")
+
+
+def _p(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def read_record(folder) -> dict | None:
+    """The sequential record of a study folder (or of the folder above a PATH inside one), or None."""
+    folder = Path(folder)
+    for candidate in (folder, folder.parent):
+        record = candidate / "sequential.json"
+        if record.is_file():
+            try:
+                state = json.loads(record.read_text("utf-8"))
+                state["design"]["arms"], state["looks"]  # noqa: B018 (the keys every reader needs)
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            return state
+    return None
 
 
 def decided(look: dict | None) -> bool:

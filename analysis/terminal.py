@@ -1,5 +1,7 @@
 """The few lines a study leaves on the terminal when it ends: per arm its complete runs, mean final loss +- std and
-step/time to the target; each arm against the baseline (Welch t-test, 99% CI, p); the report and plot paths.
+step/time to the target; each arm against the baseline (Welch t-test, 99% CI, unadjusted p); one claim per arm (Holm
+over the family of arms, or the sequential verdict after `--until-decided`); logs not counted and why; the report and
+plot paths.
 
     python -m analysis.terminal DIR --target LOSS [--baseline NAME] [--report FILE]
 
@@ -11,9 +13,10 @@ from pathlib import Path
 
 from speedrun.errors import OneLineErrorParser
 
-from .cli import comma_list, positive_float
-from .compare import compare_arms
+from .cli import STALE_HELP, comma_list, positive_float, split_stale
+from .compare import claims, compare_arms
 from .logs import MixedTracks, group_runs, load_runs
+from .sequential import read_record
 from .summary import summarize
 from .textfmt import interval, num, pval, table
 
@@ -27,19 +30,8 @@ def _to_target(group: dict) -> str:
             f"{num(group['mean_time_to_target_s'], 1)} s")
 
 
-def _verdict(comparison: dict, baseline: str) -> str:
-    name, diff, ci = comparison["variant"], comparison["loss_diff"], comparison["loss_ci"]
-    if ci is None or ci[0] is None:
-        return f"{name}: too few complete runs for a test (two per arm at least)"
-    direction = "lower" if diff < 0 else "higher"
-    significant = ci[0] > 0 or ci[1] < 0
-    meaning = ("the 99% CI excludes 0: a real difference at the 1% level" if significant else
-               "the 99% CI contains 0: not distinguishable from seed noise at the 1% level")
-    return f"{name}: final loss {abs(diff):.4f} {direction} than {baseline} (p {pval(comparison['loss_p'])}); {meaning}"
-
-
 def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "baseline",
-                     report: Path | None = None) -> str:
+                     report: Path | None = None, family: bool = True, left_out=()) -> str:
     """The summary text of the complete runs among `runs` (logs of the study folder `study_dir`)."""
     report = report or study_dir / "report.md"
     groups = group_runs(runs)
@@ -50,8 +42,8 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
     if baseline in groups:  # the baseline first
         groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     by_arm = {g["variant"]: g for g in summarize(runs, target)["groups"]}
-    comparisons = ({c["variant"]: c for c in compare_arms(groups, baseline, CONFIDENCE)["comparisons"]}
-                   if baseline in groups else {})
+    compared = compare_arms(groups, baseline, CONFIDENCE) if baseline in groups else None
+    comparisons = {c["variant"]: c for c in compared["comparisons"]} if compared else {}
     rows = []
     for name in groups:
         arm, versus = by_arm[name], comparisons.get(name)
@@ -60,11 +52,15 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
                      num(versus["loss_diff"], signed=True) if versus else "-",
                      interval(versus["loss_ci"]) if versus else "-",
                      pval(versus["loss_p"]) if versus else "-", _to_target(arm)])
-    lines.append(table(["arm", "n", "final val loss (mean +- std)", f"diff vs {baseline}", "99% CI", "p (Welch)",
-                        f"to target {target:g}"], rows))
+    lines.append(table(["arm", "n", "final val loss (mean +- std)", f"diff vs {baseline}", "99% CI",
+                        "p (Welch, unadjusted)", f"to target {target:g}"], rows))
     if baseline not in groups:
         lines.append(f"no complete runs of a baseline arm '{baseline}': no comparison")
-    lines += [_verdict(c, baseline) for c in comparisons.values()]
+    if compared:
+        verdicts = claims(compared, 1 - CONFIDENCE, family, read_record(study_dir))
+        lines.append(f"claims: {verdicts['family']}")
+        lines += [arm["text"] for arm in verdicts["arms"]]
+    lines += [f"not counted: {entry.path}: {entry.problem}" for entry in left_out]
     if report.is_file():
         lines.append(f"report: {report}")
         plots = sorted(report.parent.glob(f"{report.stem}_*.png"))
@@ -81,16 +77,21 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=positive_float, required=True, help="target validation loss")
     parser.add_argument("--baseline", default="baseline", help="the arm the others are compared with")
     parser.add_argument("--report", type=Path, default=None, help="the report file (default DIR/report.md)")
+    parser.add_argument("--exploratory", action="store_true",
+                        help="the arms are exploratory (study key family = false): each at alpha, not family-controlled")
+    parser.add_argument("--stale", action="append", type=Path, default=[], metavar="LOG", help=STALE_HELP)
     parser.add_argument("--arms", type=comma_list,
                         help="comma-separated arms to show, as in the report (default: every arm with a log)")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():
         print(f"error: not a folder: {args.dir}", file=sys.stderr)
         return 2
-    runs, _ = load_runs([args.dir])
-    runs = [run for run in runs if args.arms is None or run.variant in args.arms]
+    runs, unreadable = load_runs([args.dir])
+    runs, stale = split_stale([run for run in runs if args.arms is None or run.variant in args.arms], args.stale)
+    unreadable += stale
     try:
-        print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report))
+        print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report, not args.exploratory,
+                               unreadable))
     except MixedTracks as problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

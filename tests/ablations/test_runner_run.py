@@ -96,7 +96,8 @@ def test_unfinished_log_is_kept_aside_and_redone(tmp_path):
     partial = "code\n" + "=" * 100 + "\nconfig: {}\n" + "=" * 100 + "\nstep:1/10 train_time:5ms step_avg:5.00ms\n"
     unfinished.write_text(partial)
     complete = log_of(tmp_path, "baseline", 1)
-    complete.write_text(partial + "peak memory allocated: 1 MiB reserved: 2 MiB\n")
+    complete.write_text(partial + "step:10/10 val_loss:3.0 train_time:50ms step_avg:5.00ms\n"
+                        "peak memory allocated: 1 MiB reserved: 2 MiB\n")  # finished: final validation, peak line
     assert status_of(tmp_path, study)["todo"] == 1
 
     result = ablations(["run", study], tmp_path, runner_env(starts))

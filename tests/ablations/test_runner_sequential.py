@@ -45,16 +45,17 @@ def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_pat
     look_lines = [line for line in result.stdout.splitlines() if " look " in line]
     assert len(look_lines) == len(looks) and "-> worse, adjusted p" in look_lines[-1]
     report = (tmp_path / "runs" / "s" / "report.md").read_text()
-    assert "## Sequential looks" in report and "| backout-L4 | 2 |" in report and "| worse |" in report
+    assert "## Sequential looks" in report and "| backout-L4 | worse | " in report and "| worse |" in report
     # status shows the design, and each arm's last look with its decision and adjusted p
     status = ablations(["status", study], tmp_path, runner_env())
     assert status.returncode == 0, status.stderr
     shown = status.stdout.splitlines()
     (design_line,) = [line for line in shown if line.startswith("sequential (")]
     assert "sequential.json): group-sequential, claim vs-baseline against baseline" in design_line
-    assert "up to 8 seeds per arm in looks at 2,3,4,5,6,7,8" in design_line
-    assert shown[-1].strip() == describe_look("backout-L4", looks[-1], state_of(tmp_path)["design"])
-    assert f"look {len(looks)} backout-L4" in shown[-1] and "-> worse, adjusted p" in shown[-1]
+    assert "up to 8 seeds per arm in looks at 3,4,5,6,7,8" in design_line
+    assert shown[-2].strip() == describe_look("backout-L4", looks[-1], state_of(tmp_path)["design"])
+    assert f"look {len(looks)} backout-L4" in shown[-2] and "-> worse, adjusted p" in shown[-2]
+    assert "family of 1 arm(s)" in shown[-1] and "backout-L4: worse after" in shown[-1]
     as_json = json.loads(ablations(["status", study, "--json"], tmp_path, runner_env()).stdout)
     assert as_json["sequential"]["looks"]["backout-L4"] == looks
 
@@ -83,7 +84,7 @@ def test_killed_study_resumes_with_its_looks(tmp_path):
     first = looks_of(tmp_path)["backout-L4"]
     os.kill(runner.pid, signal.SIGKILL)
     runner.wait(30)
-    assert [look["look"] for look in first] == [1] and first[0]["decision"] == "continue"
+    assert [look["look"] for look in first] == [1]
     again = ablations(["run", study, "--until-decided", "--max-seeds", "8"], tmp_path, runner_env())
     assert again.returncode == 0, again.stdout + again.stderr
     looks = looks_of(tmp_path)["backout-L4"]

@@ -88,7 +88,7 @@ def test_record_claim_is_one_sided_against_the_target():
 def test_max_factor_sets_the_maximum_and_the_planned_drift():
     assert sequential.sequential_max_seeds(10, 1.1) == 11 and sequential.sequential_max_seeds(5, 1.5) == 8
     assert sequential.sequential_max_seeds(383, 1.0) == 383
-    assert sequential.look_counts(7, 3) == [3, 6, 7] and sequential.look_counts(5, 1) == [2, 3, 4, 5]
+    assert sequential.look_counts(7, 3) == [3, 6, 7] and sequential.look_counts(5, 1) == [3, 4, 5]
     fixed = Design(alpha=0.01, max_seeds=10, batch=2)
     wider = Design(alpha=0.01, max_seeds=15, batch=2, max_factor=1.5)
     # the effect the 10-seed fixed design detects with power 0.8, on the z scale at the last look of each

@@ -2,7 +2,9 @@
 or a folder given twice never counts twice; an arm never pools both tracks; a record holds its own track only;
 reports name what they left out and why, never list the runner's own runner.log, and name dangling symlinks."""
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +41,8 @@ def test_a_copied_log_counts_once_and_is_named(capsys, study):
     shutil.copy(study / "baseline" / "seed0.txt", copy)
     after, p_after, result = compared(capsys, study)
     assert after == before == {"baseline": 3, "backout": 3} and p_after == p_before
-    assert any(str(copy) in warning and "counted once" in warning for warning in result["warnings"])
+    (named,) = [entry for entry in result["not_counted"] if "counted once" in entry["why"]]
+    assert named["path"] in (str(copy), str(study / "baseline" / "seed0.txt"))
 
 
 def test_a_folder_given_twice_counts_once(capsys, study, monkeypatch):
@@ -61,16 +64,44 @@ def test_record_check_verdict_does_not_change_with_copies(capsys, study):
     after = json.loads(out)
     assert (after["n"], after["p_value"], after["time_p"], after["verdict"]) == \
         (before["n"], before["p_value"], before["time_p"], before["verdict"])
-    assert sum("counted once" in warning for warning in after["warnings"]) == 6
+    assert sum("counted once" in entry["why"] for entry in after["not_counted"]) == 6
 
 
-def test_reruns_of_one_seed_are_counted_but_named(capsys, study):
-    # Same seed and config, other results (another machine): two runs, not a copy; pooled with a warning.
-    logs_for_tests.write(study / "baseline" / "seed0-rerun.txt", logs_for_tests.our_log_text(
+def test_reruns_of_one_seed_count_once_as_the_newest_finished_log(capsys, study):
+    # Issue 33, case 4: same seed and config, other results (a second runs folder, a resumed copy): one run, one
+    # sample. Before, each rerun counted in n (record-check went FAIL -> PASS by adding reruns of seed 0).
+    rerun = logs_for_tests.write(study / "baseline" / "seed0-rerun.txt", logs_for_tests.our_log_text(
         variant="baseline", seed=0, losses=curve(2.9301), step_ms=261.0))
+    os.utime(rerun, ns=(2**62, 2**62))  # the newest log of the run
     arms, _, result = compared(capsys, study)
-    assert arms["baseline"] == 4
-    assert any("2 runs of seed 0" in warning and "seed0-rerun.txt" in warning for warning in result["warnings"])
+    assert arms["baseline"] == 3
+    assert result["arms"][0]["mean_val_loss"] == pytest.approx((2.9301 + 2.9211 + 2.9198) / 3, abs=1e-6)
+    assert any(entry["path"].endswith("seed0.txt") and "counted once" in entry["why"]
+               for entry in result["not_counted"])
+
+
+def test_reruns_of_a_seed_never_turn_a_record_check_into_a_pass(capsys, tmp_path):
+    """Issue 33, case 4: a failing claim stays failing however often seed 0 is rerun, and `record` packages it once."""
+    folder = tmp_path / "claim"
+    finals = [2.9195, 2.9190, 2.9215]
+    for seed, final in enumerate(finals):
+        logs_for_tests.write(folder / f"seed{seed}.txt", logs_for_tests.our_log_text(
+            variant="claim", seed=seed, losses=curve(final)))
+    argv = ["record-check", folder, "--json", "--resamples", "200"]
+    before = json.loads(run_cli(capsys, *argv)[1])
+    for copy in range(3):
+        logs_for_tests.write(tmp_path / f"other-runs{copy}" / "claim" / "seed0.txt", logs_for_tests.our_log_text(
+            variant="claim", seed=0, losses=curve(2.9190 - copy / 10000), step_ms=251.0 + copy))
+    status, out, _ = run_cli(capsys, *argv[:2], tmp_path, *argv[2:])
+    after = json.loads(out)
+    assert before["verdict"] == "fail" and status == 1 and after["verdict"] == "fail"
+    assert after["n"] == 3 and sum("counted once" in entry["why"] for entry in after["not_counted"]) == 3
+    status, out, err = run_cli(capsys, "record", tmp_path, "--track", "medium", "--name", "X",
+                               "--records-root", tmp_path / "records")
+    assert status == 0, err
+    assert len(list(Path(out.strip()).glob("*.txt"))) == 3
+    readme = (Path(out.strip()) / "README.md").read_text()
+    assert "3 complete runs" in readme and readme.count("counted once") == 3  # the reruns named
 
 
 def test_an_arm_never_pools_both_tracks(capsys, tmp_path):

@@ -75,12 +75,12 @@ def test_step_and_time_to_target_are_the_mean_crossing(study):
 
 def test_verdict_says_whether_the_ci_excludes_zero(study, tmp_path):
     text = terminal_summary(study, load_runs([study])[0], TARGET)
-    assert re.search(r"backout-L4: final loss 0\.\d{4} lower than baseline .*CI excludes 0", text)
+    assert re.search(r"backout-L4: final loss 0\.\d{4} lower than baseline .*a real difference at the 0.01 level", text)
     noisy = tmp_path / "noisy"
     write_arm(noisy, "baseline", [6.3, 6.5, 6.1])
     write_arm(noisy, "wider", [6.35, 6.45, 6.2])
     text = terminal_summary(noisy, load_runs([noisy])[0], TARGET)
-    assert "wider: final loss" in text and "higher than baseline" in text and "CI contains 0" in text
+    assert "wider: final loss" in text and "higher than baseline" in text and "not distinguishable from seed noise" in text
 
 
 def test_one_run_per_arm_gives_no_test_and_an_unreached_target_is_shown(tmp_path):
@@ -131,7 +131,8 @@ def test_a_study_run_with_report_ends_with_the_summary(tmp_path):
     result = ablations(["run", study, "--progress-every", "0", "--report"], tmp_path, runner_env())
     assert result.returncode == 0, result.stdout + result.stderr
     folder = Path("runs") / "s"
-    tail = result.stdout.splitlines()[-8:]
+    tail = result.stdout.splitlines()[-9:]
     assert tail[0].startswith(f"result of {folder} (target val loss 9;"), tail
     assert re.match(r"other\s+2\s", row_of(result.stdout, "other")) and "other: " in tail[-3]
+    assert tail[-4] == "claims: 1 arm(s) against baseline at alpha 0.01"
     assert tail[-2] == f"report: {folder / 'report.md'}" and tail[-1].startswith("plots:  ")
