@@ -13,6 +13,7 @@
 #   ./run.sh setup                only set up the Python environment
 #   ./run.sh test [pytest args]   set up (if needed) and run the test suite (what CI runs)
 #   ./run.sh test --fast [args]   only the fast tier: the tests not marked slow (no process started; minutes)
+#   ./run.sh test --full [args]   the whole suite with every compile-matrix cell through CPU inductor (not in CI)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -148,6 +149,11 @@ case "${1:-}" in
         if [ "${1:-}" = --fast ]; then
             shift
             tier=(-m "not slow")
+        elif [ "${1:-}" = --full ]; then
+            # What CI cannot hold: every compile-matrix cell through CPU inductor (not only the 7 that hold every
+            # kind of operation) besides the whole suite.
+            shift
+            export COMPILE_MATRIX=inductor
         fi
         setup_python need-test
         # One test worker per core (at most 4: each e2e test starts 2-3 processes of its own); the slow tests are

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECORD_TRAIN_SHARDS = 30
 HEAVY_STUB = f"""#!/usr/bin/env bash
 # python3 stand-in: records every call; a study, the tests and the GPU checks stop there, the rest runs for real.
-printf '%s\\n' "$*" >> "$STUB_CALLS"
+printf '%s\\n' "$*${{COMPILE_MATRIX:+ [COMPILE_MATRIX=$COMPILE_MATRIX]}}" >> "$STUB_CALLS"
 if [ "$1 $2" = "-m ablations" ] || [ "$1 $2" = "-m pytest" ] || [ "$1" = benchmarks/gpu_check.py ]; then exit 0; fi
 exec {sys.executable} "$@"
 """
@@ -154,10 +154,12 @@ def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, pytest_call", [
-    (["test"], "-m pytest -q -n {workers} --dist worksteal"),
-    (["test", "-x"], "-m pytest -q -n {workers} --dist worksteal -x"),
-    (["test", "--fast"], "-m pytest -q -n {workers} --dist worksteal -m not slow"),
-    (["test", "--fast", "-x", "tests/data"], "-m pytest -q -n {workers} --dist worksteal -m not slow -x tests/data"),
+    (["test"], "-m pytest -q -n {workers} --dist worksteal --durations=15"),
+    (["test", "-x"], "-m pytest -q -n {workers} --dist worksteal --durations=15 -x"),
+    (["test", "--fast"], "-m pytest -q -n {workers} --dist worksteal --durations=15 -m not slow"),
+    (["test", "--fast", "-x", "tests/data"],
+     "-m pytest -q -n {workers} --dist worksteal --durations=15 -m not slow -x tests/data"),
+    (["test", "--full"], "-m pytest -q -n {workers} --dist worksteal --durations=15 [COMPILE_MATRIX=inductor]"),
 ])
 def test_test_runs_everything_and_fast_only_the_tests_not_marked_slow(checkout, tmp_path, args, pytest_call):
     result, calls = run_sh(checkout, tmp_path, *args)
