@@ -164,7 +164,7 @@ OWN_PROCESS_ENV = "SPEEDRUN_TEST_IN_OWN_PROCESS"
 def pytest_configure(config):
     config.addinivalue_line("markers", "own_process: runs in a fresh python process of its own (memory; and slow)")
     # The suite's cost table: with SPEEDRUN_TEST_COSTS=PATH each test appends what it cost and what it started
-    # (cost_meter.py; benchmarks/test_costs.py groups the lines). Measured in the process that runs the tests (an
+    # (cost_meter.py; benchmarks/suite_costs.py groups the lines). Measured in the process that runs the tests (an
     # xdist worker, not its controller); taken out of the environment there, so a pytest that a test starts (an
     # own_process child, a test of the test machinery) is measured as part of that test and writes no lines.
     from cost_meter import COSTS_ENV, CostPlugin

@@ -1,4 +1,4 @@
-"""What each test costs and what it starts, for the suite's cost table (benchmarks/test_costs.py).
+"""What each test costs and what it starts, for the suite's cost table (benchmarks/suite_costs.py).
 
 With SPEEDRUN_TEST_COSTS=PATH set, every test appends one JSON line to PATH: its node id, wall seconds, the CPU
 seconds of the test process and of the children it waited for (a torchrun's ranks included), and the kind of work

@@ -2,7 +2,7 @@
 write (tests/cost_meter.py) by what each test started, and prints the groups, the files and the slowest tests.
 
     SPEEDRUN_TEST_COSTS=/tmp/costs.jsonl ./run.sh test
-    python benchmarks/test_costs.py /tmp/costs.jsonl [--top 25]
+    python benchmarks/suite_costs.py /tmp/costs.jsonl [--top 25]
 
 CPU minutes (the test process and every child it waited for) are the figure to compare between runs: unlike wall
 time they hardly move when the machine is shared. Wall minutes are summed per test, so with N workers the suite's
@@ -23,9 +23,9 @@ def read_costs(path):
         try:
             lines.append(json.loads(text))
         except json.JSONDecodeError:
-            raise SystemExit(f"test_costs: {path} line {number} is not a cost line (JSON): {text[:80]!r}")
+            raise SystemExit(f"suite_costs: {path} line {number} is not a cost line (JSON): {text[:80]!r}")
     if not lines:
-        raise SystemExit(f"test_costs: {path} holds no cost lines (was the suite run with SPEEDRUN_TEST_COSTS?)")
+        raise SystemExit(f"suite_costs: {path} holds no cost lines (was the suite run with SPEEDRUN_TEST_COSTS?)")
     return lines
 
 
