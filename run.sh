@@ -158,7 +158,7 @@ case "${1:-}" in
         setup_python need-test
         # One test worker per core (at most 4: each e2e test starts 2-3 processes of its own); the slow tests are
         # mostly single-threaded Python (tracing, process start-up), so 2 workers on 2 cores halve the wall time.
-        cores=$(nproc 2>/dev/null || echo 1)
+        cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)  # cores, not a thread setting
         workers=${TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
         # --durations=15: the slowest tests at the end, so a test that grew is seen where it is run.
         exec "$PY" -m pytest -q -n "$workers" --dist worksteal --durations=15 "${tier[@]}" "$@"

@@ -11,6 +11,12 @@ from data.shard_format import write_shard
 from speedrun.logformat import source_header
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# One compute thread per process (every xdist worker and every process a test starts), unless the caller chose: the
+# suite runs a worker per core, so a second thread per process only oversubscribes the cores, and OpenMP's waiting
+# threads spin. Measured under load on 2 cores: a tiny 8-step training took 37 CPU-s with 2 threads, 9 with 1, and
+# logged the same losses. Set before torch is imported (it reads the variable then); xdist workers inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 MEDIUM_SCRIPT = ROOT / "train_gpt_medium.py"
 SMALL_SCRIPT = ROOT / "train_gpt.py"
 TESTS = ROOT / "tests"
@@ -67,7 +73,7 @@ def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
     # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack into the captured stderr.
     # Under load a 2-rank run has (rarely) been aborted at exit, after its last line ("terminate called without
     # an active exception", SIGABRT); the stacks say where the next one happens.
-    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2"),
+    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONFAULTHANDLER="1")
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
