@@ -48,7 +48,9 @@ def test_compiled_graphs_are_the_first_step_of_each_shape_the_run_meets():
 
 
 def test_the_record_schedule_compiles_every_step_it_meets_and_few_graphs():
-    args = run_config("--preset", "full", "--val-every", "250")
+    args = run_config("--preset", "full")
+    # validation every 250 steps as #18 (r14: every 125, its record's)
+    assert args.val_every == 250 and T.resolve_args(["--preset", "full"]).val_every == 125
     schedule = r18_schedule(args)
     N = args.num_iterations
     graphs = compiled_graphs(schedule, args, 0, N)
