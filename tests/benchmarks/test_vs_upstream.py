@@ -5,12 +5,14 @@ the stop) is checked by running it. The real #137 and #18 logs were checked by h
 (benchmarks/results/2026-11-27_cpu_vs-upstream-edit-lists.txt)."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.vs_upstream import (RECORDS, comparison_lines, main, run_alone)
 
 SEPARATOR = "=" * 100
+REPO = Path(__file__).resolve().parents[2]
 
 STAND_IN_137 = '''import os
 import time
@@ -183,3 +185,20 @@ def test_the_comparison_gives_both_times_the_ratio_and_the_goal():
                      "upstream: 500.00 ms/step", "ours / upstream: 0.9800 (goal <= 0.98: met)"]
     lines = comparison_lines(record, "NVIDIA H100", (None, "past its time limit (killed)"), (500.0, ""), 0.98)
     assert lines[2] == "ours:     no figure (past its time limit (killed))" and len(lines) == 4
+
+
+@pytest.mark.slow
+def test_the_prepared_device_script_rehearses_on_the_cpu(tmp_path):
+    """Guards benchmarks/gpu_window.sh's dry run end to end (its arguments, both children, the budgets it passes)."""
+    log = stand_in_log(tmp_path, STAND_IN_137)
+    env = {"PATH": "/usr/bin:/bin", "PY": sys.executable, "OUT": str(tmp_path / "out"), "FREE_GIB": "78",
+           "GPU_CHECK_BUDGET": "400"}
+    script = str(REPO / "benchmarks" / "gpu_window.sh")
+    run = subprocess.run([script, str(log), "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("plan: 3 stages in 400 s, 78 GiB free on the GPU")
+    assert "edits of upstream #137's script (5):" in run.stdout and "--budget" not in run.stderr
+    refused = subprocess.run([script, str(tmp_path / "missing.txt")], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("gpu_window.sh: no such upstream record log")
+    refused = subprocess.run([script, str(log), "--now"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "unknown option --now" in refused.stderr
