@@ -43,8 +43,9 @@ from analysis.logs import LogUnreadable, parse_log  # noqa: E402
 # What each base needs of the GPU and of the clock. Memory (GiB, peak allocated): r14 from upstream #137's record
 # log, r18 and the small track measured on 2026-11-27; each process adds its CUDA context (CONTEXT_GIB).
 # cold_s: measured on an H200 beside one other process on 2026-11-27 (r14 ~125 s for 3 steps and a validation,
-# r18 ~140 s, the small track ~130 s). warm_s: an estimate (the compile caches hit; the warm-up and ~12 steps
-# remain), never a measurement; split_budget gives each stage at least its figure.
+# r18 ~140 s, the small track ~130 s; all with --warmup-steps 0, as here). warm_s: an estimate (the compile caches
+# hit; ALONE_STEPS steps of ~2 s for r14 at 8 x 64K tokens on one GPU remain), never a measurement; split_budget
+# gives each stage at least its figure.
 BASES = {
     "r14": dict(memory_gib=57, cold_s=125, warm_s=60),
     "r18": dict(memory_gib=20, cold_s=140, warm_s=60),
@@ -57,7 +58,9 @@ R14_TOKENS_PER_STEP = 8 * 64 * 1024
 R18_EARLY_TOKENS_PER_STEP = 131072  # #18's first twelfth (steps < 392): the steps a check times
 SMALL_TOKENS_PER_STEP = 8 * 48 * 1024
 UNTRAINED_LOSS = math.log(50257)
-COMPILE_STEPS, ALONE_STEPS, SKIPPED_STEPS = 3, 12, 3
+# No kernel warm-up in either stage (--warmup-steps 0): the cold stage is for compiling, and alone the first
+# SKIPPED_STEPS steps (which load the compiled graphs from the caches) are left out of the step time.
+COMPILE_STEPS, ALONE_STEPS, SKIPPED_STEPS = 3, 10, 3
 
 
 @dataclass(frozen=True)
@@ -114,17 +117,20 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------------------
 # Planning (no GPU needed)
 
-def training_job(run: TrainingRun, steps, data_dir: Path, out_dir: Path, suffix, launcher) -> Job:
+def training_job(run: TrainingRun, steps, data_dir: Path, out_dir: Path, suffix, launcher, extra_flags=()) -> Job:
+    """The run's child: its first `steps` steps on the shards in data_dir, its log in out_dir (extra_flags last, so
+    they override: a CPU rehearsal's --preset tiny)."""
     run_name = f"{re.sub(r'[^A-Za-z0-9]+', '-', run.name).strip('-')}-{suffix}"
     # one validation step at the end: the pass criterion, not a figure (8 x the validation sequence)
     val_tokens = 8 * (4 * 64 * 1024)
-    flags = list(run.flags) + ["--stop-after", str(steps), "--val-every", "0", "--val-tokens", str(val_tokens),
+    flags = list(run.flags) + ["--stop-after", str(steps), "--warmup-steps", "0",
+                               "--val-every", "0", "--val-tokens", str(val_tokens),
                                "--train-files", str(data_dir / "synthetic_train_*.bin"),
                                "--val-files", str(data_dir / "synthetic_val_*.bin"),
                                "--log-dir", str(out_dir), "--run-name", run_name]
     if run.script == "train_gpt_medium.py":
         flags += ["--coordinate-descent-tuning", "off"]
-    command = [*launcher, str(ROOT / run.script), *flags]
+    command = [*launcher, str(ROOT / run.script), *flags, *extra_flags]
     return Job(run.name, command, "train", str(out_dir / f"{run_name}.txt"), run.tokens_per_step,
                BASES[run.base]["memory_gib"] + CONTEXT_GIB)
 
@@ -210,8 +216,8 @@ STEP_LINE = re.compile(r"^step:(\d+)/\d+ (?:val_loss:\S+ )?train_time:(\d+(?:\.\
 
 def steady_step_ms(text, skip=SKIPPED_STEPS):
     """Mean step time (ms) from `step:S/N ... train_time:Tms` lines (ours and upstream's): the train_time gained
-    from step `skip` to the last step over those steps, so the first steps' late compiles and allocations are left
-    out. None when fewer than two such steps are there."""
+    from step `skip` to the last step over those steps, so the first steps' compiles (or cache loads) and
+    allocations are left out. None when fewer than two such steps are there."""
     times = {int(s): float(t) for s, t in STEP_LINE.findall(text)}
     steps = sorted(s for s in times if s >= skip)
     if len(steps) < 2:
@@ -228,16 +234,15 @@ def count_recompiles(console):
 
 
 def attention_and_head(log_text, config):
-    """What the log says ran: r18 writes `r18 attention: X`, the small track `lm_head: ...`; the r14 path has one
-    attention per device (FlexAttention on CUDA, SDPA on CPU: train_gpt_medium.py's --attention help)."""
+    """What the log says ran: r18 writes `r18 attention: X`, the small track `lm_head: ...`; the path r14 and the
+    small track share has one attention per device (FlexAttention on CUDA, SDPA on CPU: train_gpt_medium.py's
+    --attention help)."""
     attention = re.search(r"^r18 attention: (\w+)", log_text, re.MULTILINE)
     head = re.search(r"^lm_head: (.+)$", log_text, re.MULTILINE)
     if attention:
         attention = attention.group(1)
-    elif config.get("track") == "medium":
-        attention = "flex (r14 path)" if config.get("device") == "cuda" else "sdpa (r14 path)"
     else:
-        attention = "not logged"
+        attention = f"{'flex' if config.get('device') == 'cuda' else 'sdpa'} (r14/small path)"
     return attention, head.group(1).split(" (")[0] if head else "bf16 (no fp8 line)"
 
 
@@ -336,7 +341,7 @@ def read_console_result(job: Job, returncode, timed_out, console) -> dict:
     return dict(run=job.name, kind="console", passed=not why, why=why, console=console)
 
 
-def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT) -> list:
+def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT, grace_s=10) -> list:
     """Starts every job of the stage side by side, each in its own process group with its console in a file,
     waits on these named processes only until all end or the stage's limit passes (then stops the rest), and
     returns one result per job."""
@@ -356,7 +361,7 @@ def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT) -> li
     for job, process, _, _ in started:
         if process.poll() is None:
             timed_out.add(job.name)
-            stop_process_group(process)
+            stop_process_group(process, grace_s)
     results = []
     for job, process, console, console_path in started:
         console.close()

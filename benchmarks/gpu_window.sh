@@ -7,7 +7,7 @@
 #
 # UPSTREAM_137_LOG: upstream's #137 record log, kept in the git-ignored upstream/ folder (never committed; the device
 # tool carries it with carry=["upstream"]). Environment: OUT (the folder that comes back; default ./gpu-window-out),
-# PY (default python3: the machine's own torch), GPU_CHECK_BUDGET (270 s), VS_UPSTREAM_BUDGET (200 s), FREE_GIB
+# PY (default python3: the machine's own torch), GPU_CHECK_BUDGET (270 s), VS_UPSTREAM_BUDGET (220 s), FREE_GIB
 # (--dry-run only: the GPU memory to plan with, default 139 = an H200).
 # What comes back (at most 8 files, none in a folder): the two results files, env.txt, gpu-samples.csv and
 # logs.tar.gz (every child's console and log). Each stage appends its results as it ends: a killed call keeps them.
@@ -36,7 +36,7 @@ OUT=$(cd "$OUT" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 check_budget=${GPU_CHECK_BUDGET:-270}
-vs_budget=${VS_UPSTREAM_BUDGET:-200}
+vs_budget=${VS_UPSTREAM_BUDGET:-220}
 day=$(date -u +%F)
 
 if [ "$dry_run" = --dry-run ]; then

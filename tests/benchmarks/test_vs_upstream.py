@@ -106,8 +106,7 @@ def dry_run(capsys, log, tmp_path, *flags):
     return code, captured.out, captured.err
 
 
-def test_the_edited_137_stand_in_does_one_step_as_eight_scaled_micro_batches_and_stops_without_validation(
-        tmp_path, capsys):
+def test_the_137_stand_in_gets_five_edits_and_the_same_coordinate_descent_setting_as_ours(tmp_path, capsys):
     code, out, err = dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path)
     assert code == 0 and err == ""
     assert out.startswith("edits of upstream #137's script (5):")
@@ -115,17 +114,23 @@ def test_the_edited_137_stand_in_does_one_step_as_eight_scaled_micro_batches_and
     assert "coordinate-descent tuning: off on both sides" in out
     ours = next(line for line in out.splitlines() if line.startswith("ours:"))
     assert "--coordinate-descent-tuning off" in ours and "--stop-after 8" in ours and "--base" not in ours
-    edited = tmp_path / "work" / "upstream_137.py"
-    run = subprocess.run([sys.executable, str(edited)], capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path, env={"WORLD_SIZE": "1", "PATH": "/usr/bin:/bin"})
+    assert "coordinate_descent_tuning = (\n    False" in (tmp_path / "work" / "upstream_137.py").read_text()
+    # on leaves #137's line alone
+    code, out, _ = dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path, "--coordinate-descent-tuning", "on")
+    assert code == 0 and "(4):" in out.splitlines()[0] and "--coordinate-descent-tuning on" in out
+
+
+@pytest.mark.slow
+def test_the_edited_137_stand_in_does_one_step_as_eight_scaled_micro_batches_and_stops_without_validation(
+        tmp_path, capsys):
+    """Guards what the edits do (run, not read): 8 micro-batches / 8 a step, no validation, the stop."""
+    dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path)
+    run = subprocess.run([sys.executable, str(tmp_path / "work" / "upstream_137.py")], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path, env={"WORLD_SIZE": "1", "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert "val_loss" not in run.stdout and len(lines) == 8
     assert lines[-1].startswith("step:8/50 ") and lines[-1].endswith("micro_batches:64 scales:{8}")
-    assert "coordinate_descent_tuning = (\n    False" in edited.read_text()
-    # the same coordinate-descent setting on both sides: on leaves #137's line alone
-    code, out, _ = dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path, "--coordinate-descent-tuning", "on")
-    assert code == 0 and "(4):" in out.splitlines()[0] and "--coordinate-descent-tuning on" in out
 
 
 def test_the_18_stand_in_gets_torch_varlen_on_both_sides_and_says_so(tmp_path, capsys):
@@ -168,7 +173,9 @@ def test_a_log_without_the_separator_or_a_file_is_refused(tmp_path, capsys):
     assert code == 2 and err.startswith("error: --steps 2 --skip 2: need")
 
 
+@pytest.mark.slow
 def test_a_script_run_alone_gives_its_step_time_from_its_step_lines(tmp_path, capsys):
+    """Guards the timing of a script run alone (its console's step lines, a failure's last line)."""
     dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path)
     work = tmp_path / "work"
     step_ms, why = run_alone("upstream", [sys.executable, str(work / "upstream_137.py")], work, 60, skip=2)
