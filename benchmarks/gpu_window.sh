@@ -68,6 +68,8 @@ timeout --kill-after=20 $((vs_budget + 90)) "$PY" benchmarks/vs_upstream.py --lo
 vs_status=$?
 
 kill "$sampler" 2>/dev/null
-tar -czf "$OUT/logs.tar.gz" -C "$work" --exclude='*.bin' --exclude='*.pt' . 2>/dev/null
+# No data, no checkpoints, and nothing of upstream's code (its edited script, and its own logs, which embed it).
+tar -czf "$OUT/logs.tar.gz" -C "$work" --exclude='*.bin' --exclude='*.pt' --exclude='upstream_*.py' \
+    --exclude='./vs-upstream/logs' . 2>/dev/null
 echo "gpu_window.sh: gpu-check exit $check_status, vs_upstream exit $vs_status; results in $OUT"
 [ "$check_status" -eq 0 ] && [ "$vs_status" -eq 0 ]

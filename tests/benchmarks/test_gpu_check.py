@@ -218,3 +218,33 @@ def test_real_tiny_trainings_side_by_side_are_read_as_a_gpu_call_reads_them(tmp_
         assert (result["attention"], result["head"]) == (attention, head)
         assert result["step_ms"] > 0 and result["tokens_per_s"] > 0 and result["shared"]
         assert (result["graph_breaks"], result["recompiles"]) == (0, 0)  # eager on the CPU
+
+
+@pytest.mark.slow
+def test_a_call_writes_its_header_each_stage_and_the_summary(tmp_path, monkeypatch, capsys):
+    """Guards main()'s run path (header, shards, stages, summary) with the GPU and the plan stood in for."""
+    import benchmarks.gpu_check as gpu_check
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (139 * 2**30, 140 * 2**30))
+    source = training_log(tmp_path, "source")
+    planned = []
+
+    def stand_in_plan(budget_s, free_gib, data_dir, out_dir):
+        planned.append((budget_s, free_gib, data_dir.exists()))
+        job = Job("r14 baseline", child(f"import shutil; shutil.copy({str(source)!r}, {str(out_dir / 'r14.txt')!r})"),
+                  "train", str(out_dir / "r14.txt"), 524288)
+        return Plan([Stage("alone: r14 baseline", "alone", [job], 60, 60)], [("alone: r18 auto", "past the budget")],
+                    free_gib, budget_s)
+    monkeypatch.setattr(gpu_check, "make_plan", stand_in_plan)
+    results = tmp_path / "results.txt"
+    assert main(["--budget", "300", "--results", str(results), "--out-dir", str(tmp_path / "out")]) == 0
+    assert planned == [(300, 139, False)]  # the plan comes before the shards
+    assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir()) == ["synthetic_train_000001.bin",
+                                                                             "synthetic_val_000000.bin"]
+    text = results.read_text()
+    assert "device: NVIDIA H200, torch " in text and "139 GiB free at the start" in text
+    assert "coordinate-descent tuning: off in every run" in text and "not run: alone: r18 auto (past the budget)" in text
+    assert text.index("== alone: r14 baseline") < text.index("r14 baseline             PASS") < text.index(
+        "1 of 1 passed")
+    assert capsys.readouterr().out.rstrip().endswith(f"gpu-check: results in {results}")
