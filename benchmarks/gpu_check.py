@@ -69,8 +69,10 @@ class TrainingRun:
     base: str
     script: str
     flags: tuple
-    tokens_per_step: int
-    time_alone: bool = True  # in stage 2 when the budget holds it (bases first: TRAINING_RUNS' order below)
+    tokens_per_step: int  # of the steps a check times
+
+
+# In this order: stage 1's groups fill from the front, stage 2 times the runs alone in it while the budget holds.
 
 
 TRAINING_RUNS = (
@@ -191,7 +193,7 @@ def make_plan(budget_s, free_gib, data_dir: Path, out_dir: Path, scripts_present
                             max(estimate[j.name]["cold_s"] if j.kind == "train" else ATTENTION_S for j in group))
                       for i, group in enumerate(groups)]
     alone = [Stage(f"alone: {r.name}", "alone", [training_job(r, ALONE_STEPS, data_dir, out_dir, "alone", launcher)],
-                   estimate[r.name]["warm_s"]) for r in runs if r.time_alone]
+                   estimate[r.name]["warm_s"]) for r in runs]
     kept, dropped = split_budget(compile_stages + alone, budget_s)
     left_out += [(s.name, "past the budget") for s in dropped]
     return Plan(kept, left_out, free_gib, budget_s)
@@ -234,16 +236,21 @@ def count_recompiles(console):
 
 
 def attention_and_head(log_text, config):
-    """What the log says ran: r18 writes `r18 attention: X`, the small track `lm_head: ...`; the path r14 and the
-    small track share has one attention per device (FlexAttention on CUDA, SDPA on CPU: train_gpt_medium.py's
+    """(attention, head) as the log says: r18 writes `r18 attention: X`, the small track `lm_head: ...`; the path r14
+    and the small track share has one attention per device (FlexAttention on CUDA, SDPA on CPU: train_gpt_medium.py's
     --attention help)."""
-    attention = re.search(r"^r18 attention: (\w+)", log_text, re.MULTILINE)
-    head = re.search(r"^lm_head: (.+)$", log_text, re.MULTILINE)
+    # the last match: the log begins with the scripts' source, where such text may stand in a docstring
+    attention = re.findall(r"^r18 attention: (\w+)", log_text, re.MULTILINE)
+    head = re.findall(r"^lm_head: (.+)$", log_text, re.MULTILINE)
     if attention:
-        attention = attention.group(1)
+        attention = attention[-1]
     else:
         attention = f"{'flex' if config.get('device') == 'cuda' else 'sdpa'} (r14/small path)"
-    return attention, head.group(1).split(" (")[0] if head else "bf16 (no fp8 line)"
+    if head:
+        return attention, head[-1].split(" (")[0]
+    # no lm_head line: the head runs in the model's dtype (the r14 path logs it; r18 is always cast to bf16)
+    dtype = config.get("low_precision")
+    return attention, f"{'bfloat16' if dtype in (None, 'auto') else dtype} matmul"
 
 
 def last_error_line(console):
@@ -277,10 +284,11 @@ def read_training_result(job: Job, returncode, timed_out, console, shared) -> di
             elif not result["why"]:
                 result["why"] = (run.problem or (f"validation loss {loss} not finite and below ln(vocab)"
                                                  if loss is not None else "no validation line"))
+    if timed_out or returncode != 0:
+        result["passed"] = False
     if timed_out:
         result["why"] = "past its time limit (killed)"
     elif returncode != 0:
-        result["passed"] = False
         result["why"] = f"exit status {returncode}: {last_error_line(console)[:200]}"
     elif not log_text and not result["why"]:
         result["why"] = "no log written"

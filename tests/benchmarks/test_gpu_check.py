@@ -101,9 +101,9 @@ def test_a_training_result_reads_figures_attention_and_head(tmp_path):
 
 
 def test_the_r14_path_s_attention_comes_from_its_device(tmp_path):
-    log = training_log(tmp_path, config={"device": "cuda"})
+    log = training_log(tmp_path, config={"device": "cuda", "low_precision": "bfloat16"})
     result = read_training_result(Job("r14", [], "train", str(log), 524288), 0, False, "", shared=True)
-    assert result["attention"] == "flex (r14/small path)" and result["head"] == "bf16 (no fp8 line)"
+    assert result["attention"] == "flex (r14/small path)" and result["head"] == "bfloat16 matmul"
     assert "(beside others)" in describe(result)
 
 
@@ -210,8 +210,8 @@ def test_real_tiny_trainings_side_by_side_are_read_as_a_gpu_call_reads_them(tmp_
             for run in TRAINING_RUNS if run.name in ("r14 baseline", "r18 auto", "small track")]
     results = {r["run"]: r for r in run_stage(Stage("rehearsal", "compile", jobs, 0, timeout_s=600),
                                                  tmp_path / "out")}
-    for name, attention, head in (("r14 baseline", "sdpa (r14/small path)", "bf16 (no fp8 line)"),
-                                  ("r18 auto", "sdpa", "bf16 (no fp8 line)"),
+    for name, attention, head in (("r14 baseline", "sdpa (r14/small path)", "float32 matmul"),
+                                  ("r18 auto", "sdpa", "bfloat16 matmul"),
                                   ("small track", "sdpa (r14/small path)", "float32 matmul")):
         result = results[name]
         assert result["passed"], result
