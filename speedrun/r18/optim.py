@@ -17,7 +17,6 @@ eager, or compiled as #18 compiles it (`StepArithmetic`: each function fullgraph
 graph per shape and none per step: the values that change with the step reach it as 0-d tensors).
 """
 
-
 import torch
 import torch.distributed as dist
 
@@ -82,19 +81,14 @@ def adam_update_(rows, g, exp_avg, exp_avg_sq, beta1, beta2, eps, step_size, dec
     """One Adam step of `rows` (in place) by its gradient g: bf16 moments, the bias-corrected step_size, cautious
     weight decay `decay` (lr^2 * wd * wd_mul) where the update agrees in sign with the parameter (> 0).
     step_size and decay are numbers (eager) or 0-d float32 tensors (compiled: a number would be a constant of the
-    graph, so each step's value would compile a new one); both give the record's rounding."""
+    graph, so each step's value would compile a new one); eager, both give the record's rounding (bitwise)."""
     exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    update = exp_avg.div(exp_avg_sq.sqrt().add_(eps))
-    if isinstance(step_size, torch.Tensor):
-        # computed in fp32 and rounded once, as torch computes an op with a number (a 0-d tensor would be rounded
-        # to the bf16 operand's dtype first)
-        update = (update.float() * step_size).to(exp_avg.dtype)
-        agrees = (update * rows) > 0
-        update = (update.float() + decay * (rows.float() * agrees)).to(exp_avg.dtype)
+    update = exp_avg.div(exp_avg_sq.sqrt().add_(eps)).mul_(step_size)
+    agrees = (update * rows) > 0
+    if isinstance(decay, torch.Tensor):  # addcmul's value= takes numbers only: the same sum, in fp32, rounded once
+        update.copy_(update.float() + decay * (rows.float() * agrees))
     else:
-        update.mul_(step_size)
-        agrees = (update * rows) > 0
         update.addcmul_(rows, agrees, value=decay)
     rows.add_(update, alpha=-1.0)
 

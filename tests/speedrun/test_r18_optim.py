@@ -8,8 +8,8 @@ import torch
 
 from conftest import ROOT, launch_script
 from speedrun.r18.model import R18Config, R18GPT
-from speedrun.r18.optim import (OddStepAdam, R18Optimizers, cautious_update_, muon_groups, normalise_variance, polar_express,
-                                shape_lr_factor)
+from speedrun.r18.optim import (OddStepAdam, R18Optimizers, adam_update_, cautious_update_, muon_groups,
+                                normalise_variance, polar_express, shape_lr_factor)
 from speedrun.r18.schedule import R18Schedule
 
 SCHEDULE = R18Schedule(num_scheduled_iterations=12, num_extension_iterations=2)  # split step 3
@@ -196,3 +196,19 @@ def test_compiled_steps_follow_the_eager_ones_and_compile_nothing_after_the_firs
     assert graphs[0] > 0 and graphs[1] > graphs[0]  # NorMuon's functions at step 0, Adam's at step 1
     assert graphs[-1] == graphs[1], graphs
     assert SCHEDULE.split_step < SCHEDULE.num_iterations - 1 and compiled_model.split_embed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_adam_update_with_0d_tensors_rounds_as_with_numbers(dtype):
+    """The compiled path's form (0-d tensors: no addcmul value=) run eager gives the record's numbers bitwise."""
+    g = torch.Generator().manual_seed(0)
+    p, grad = (torch.randn(64, 32, generator=g).to(dtype) for _ in range(2))
+    moments = [torch.randn(64, 32, generator=g).abs().bfloat16() for _ in range(2)]
+    step_size, decay = 0.004 * 1.52 * (0.05 ** 0.5 / 0.2), 3e-3  # a decay large enough to show in bf16
+    with_numbers = [t.clone() for t in (p, grad, *moments)]
+    with_tensors = [t.clone() for t in (p, grad, *moments)]
+    adam_update_(*with_numbers, 0.8, 0.95, 1e-8, step_size, decay)
+    adam_update_(*with_tensors, 0.8, 0.95, 1e-8, torch.tensor(step_size), torch.tensor(decay))
+    for a, b in zip(with_numbers, with_tensors):
+        assert torch.equal(a, b)
+    assert not torch.equal(with_numbers[0], p)
