@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import shlex
 import sys
 import tempfile
@@ -34,8 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_check import (Job, Stage, gpu_slug, last_error_line, run_stage,  # noqa: E402
-                                  steady_step_ms)
+from benchmarks.gpu_check import Job, Stage, run_stage, steady_step_ms  # noqa: E402
 
 SEPARATOR = "=" * 100
 LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1")

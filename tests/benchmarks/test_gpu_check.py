@@ -4,7 +4,6 @@ console, and the refusals. What needs CUDA (the full-size runs, the attention ke
 import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
