@@ -363,13 +363,15 @@ def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT, grace
                                    start_new_session=True)
         started.append((job, process, console, console_path))
     deadline = time.monotonic() + stage.timeout_s
-    while any(p.poll() is None for _, p, _, _ in started) and time.monotonic() < deadline:
-        time.sleep(poll_s)
     timed_out = set()
-    for job, process, _, _ in started:
-        if process.poll() is None:
-            timed_out.add(job.name)
-            stop_process_group(process, grace_s)
+    try:
+        while any(p.poll() is None for _, p, _, _ in started) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    finally:  # past the limit, or this process told to stop (exit_on_sigterm): no child outlives the stage
+        for job, process, _, _ in started:
+            if process.poll() is None:
+                timed_out.add(job.name)
+                stop_process_group(process, grace_s)
     results = []
     for job, process, console, console_path in started:
         console.close()
@@ -383,6 +385,12 @@ def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT, grace
             results.append(read_training_result(job, returncode, killed, text, shared=len(stage.jobs) > 1))
         results[-1].update(stage=stage.name, phase=stage.phase)
     return results
+
+
+def exit_on_sigterm():
+    """SIGTERM (a driver's `timeout`) exits through Python, so run_stage stops its children on the way out (they run
+    in process groups of their own, which the signal does not reach)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def append_results(path: Path, stage: Stage, results, elapsed_s):
@@ -521,6 +529,7 @@ def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     if args.attention_check:
         return attention_check_main(args.attention_check)
+    exit_on_sigterm()
     if args.budget < 60:
         print(f"error: --budget {args.budget:g}: at least 60 seconds", file=sys.stderr)
         return 2

@@ -59,11 +59,12 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format
     > "$OUT/gpu-samples.csv" 2>/dev/null &
 sampler=$!
 
-# Each step also under `timeout`, past its own budget: a hung child cannot eat the call.
-timeout --kill-after=20 $((check_budget + 90)) "$PY" benchmarks/gpu_check.py --budget "$check_budget" \
+# Each step also under `timeout`, a little past its own budget (shards, imports, stopping children): a hung step
+# cannot eat the call, and with the defaults both end within the 600 s a command may run.
+timeout --kill-after=10 $((check_budget + 40)) "$PY" benchmarks/gpu_check.py --budget "$check_budget" \
     --results "$OUT/${day}_${gpu}_gpu-check.txt" --out-dir "$work/gpu-check"
 check_status=$?
-timeout --kill-after=20 $((vs_budget + 90)) "$PY" benchmarks/vs_upstream.py --log "$log" --budget "$vs_budget" \
+timeout --kill-after=10 $((vs_budget + 40)) "$PY" benchmarks/vs_upstream.py --log "$log" --budget "$vs_budget" \
     --results "$OUT/${day}_${gpu}_vs-upstream-137.txt" --work-dir "$work/vs-upstream"
 vs_status=$?
 

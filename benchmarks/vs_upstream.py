@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_check import Job, Stage, run_stage, steady_step_ms  # noqa: E402
+from benchmarks.gpu_check import Job, Stage, exit_on_sigterm, run_stage, steady_step_ms  # noqa: E402
 
 SEPARATOR = "=" * 100
 LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1")
@@ -277,6 +277,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         device = torch.cuda.get_device_name(0)
+        exit_on_sigterm()
         make_data(work_dir, args.steps)
         ours = run_alone("ours", ours_cmd, work_dir, round(args.budget * OURS_SHARE), args.skip,
                          work_dir / "ours" / "ours.txt")

@@ -2,8 +2,12 @@
 children (results written as each stage ends, a child past its limit killed), the parsing of a child's log and
 console, and the refusals. What needs CUDA (the full-size runs, the attention kernels) waits for a GPU call."""
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from benchmarks.gpu_check import (ALONE_STEPS, TRAINING_RUNS, Job, Plan, Stage, 
                                   training_job)
 from benchmarks.synthetic_shards import make_shards
 
+REPO = Path(__file__).resolve().parents[2]
 ALL_SCRIPTS = {"train_gpt_medium.py", "train_gpt.py"}
 
 
@@ -247,3 +252,26 @@ def test_a_call_writes_its_header_each_stage_and_the_summary(tmp_path, monkeypat
     assert text.index("== alone: r14 baseline") < text.index("r14 baseline             PASS") < text.index(
         "1 of 1 passed")
     assert capsys.readouterr().out.rstrip().endswith(f"gpu-check: results in {results}")
+
+
+@pytest.mark.slow
+def test_a_checker_told_to_stop_stops_its_children_first(tmp_path):
+    """Guards that a driver's `timeout` (SIGTERM) leaves no child holding the GPU for the next step."""
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    checker = subprocess.Popen([sys.executable, "-c", f"""
+import sys; sys.path.insert(0, {str(REPO)!r})
+from pathlib import Path
+from benchmarks.gpu_check import Job, Stage, exit_on_sigterm, run_stage
+exit_on_sigterm()
+job = Job("stuck", [sys.executable, "-c", {grandchild!r}], "console")
+run_stage(Stage("stage", "alone", [job], 300, 300), Path({str(tmp_path / 'out')!r}), poll_s=0.1, grace_s=2)
+"""])
+    began = time.monotonic()
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() - began < 60 and checker.poll() is None
+        time.sleep(0.1)
+    checker.send_signal(signal.SIGTERM)
+    assert checker.wait(timeout=60) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
