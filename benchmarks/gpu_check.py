@@ -58,6 +58,8 @@ R14_TOKENS_PER_STEP = 8 * 64 * 1024
 R18_EARLY_TOKENS_PER_STEP = 131072  # #18's first twelfth (steps < 392): the steps a check times
 SMALL_TOKENS_PER_STEP = 8 * 48 * 1024
 UNTRAINED_LOSS = math.log(50257)
+# One validation step of the medium track (8 x its 4 x 64K-token sequence): the pass criterion, not a figure.
+VALIDATION_TOKENS = 8 * 4 * 64 * 1024
 # No kernel warm-up in either stage (--warmup-steps 0): the cold stage is for compiling, and alone the first
 # SKIPPED_STEPS steps (which load the compiled graphs from the caches) are left out of the step time.
 COMPILE_STEPS, ALONE_STEPS, SKIPPED_STEPS = 3, 10, 3
@@ -123,10 +125,8 @@ def training_job(run: TrainingRun, steps, data_dir: Path, out_dir: Path, suffix,
     """The run's child: its first `steps` steps on the shards in data_dir, its log in out_dir (extra_flags last, so
     they override: a CPU rehearsal's --preset tiny)."""
     run_name = f"{re.sub(r'[^A-Za-z0-9]+', '-', run.name).strip('-')}-{suffix}"
-    # one validation step at the end: the pass criterion, not a figure (8 x the validation sequence)
-    val_tokens = 8 * (4 * 64 * 1024)
     flags = list(run.flags) + ["--stop-after", str(steps), "--warmup-steps", "0",
-                               "--val-every", "0", "--val-tokens", str(val_tokens),
+                               "--val-every", "0", "--val-tokens", str(VALIDATION_TOKENS),
                                "--train-files", str(data_dir / "synthetic_train_*.bin"),
                                "--val-files", str(data_dir / "synthetic_val_*.bin"),
                                "--log-dir", str(out_dir), "--run-name", run_name]
@@ -556,7 +556,7 @@ def main(argv=None) -> int:
         from benchmarks.synthetic_shards import make_shards
         data_dir.mkdir(parents=True, exist_ok=True)
         # enough for 12 steps of r14 (8 x 64K tokens) and the one validation step, and a little more
-        make_shards(data_dir, (ALONE_STEPS + 4) * R14_TOKENS_PER_STEP, 8 * 4 * 64 * 1024 + 2)
+        make_shards(data_dir, (ALONE_STEPS + 4) * R14_TOKENS_PER_STEP, VALIDATION_TOKENS + 2)
         device = torch.cuda.get_device_name(0)
         results_path = args.results or (ROOT / "benchmarks/results" /
                                         f"{datetime.date.today().isoformat()}_{gpu_slug(device)}_gpu-check.txt")

@@ -33,11 +33,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_check import Job, Stage, exit_on_sigterm, run_stage, steady_step_ms  # noqa: E402
+from benchmarks.gpu_check import (VALIDATION_TOKENS, Job, Stage, exit_on_sigterm, run_stage,  # noqa: E402
+                                  steady_step_ms)
 
 SEPARATOR = "=" * 100
 LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1")
 MICRO_BATCHES = 8  # the 8 GPUs of a record, accumulated on one
+# Upstream's data names under the working folder, which both sides glob from (#137 with Path.cwd().glob).
+TRAIN_GLOB, VAL_GLOB = "data/fineweb10B/fineweb_train_*.bin", "data/fineweb10B/fineweb_val_*.bin"
 OURS_SHARE = 0.35  # of --budget: ours loads its compiled graphs from the caches, upstream compiles cold
 
 
@@ -170,21 +173,19 @@ def render_edits(record: Record, edits) -> str:
 
 
 def make_data(work_dir: Path, steps):
-    """Synthetic shards with upstream's names under work_dir/data/fineweb10B/ (both sides glob them from there):
-    every step's tokens and the kernel warm-ups', and one validation step's (ours validates at its stop)."""
+    """Synthetic shards named as upstream's (TRAIN_GLOB, VAL_GLOB) under work_dir: every step's tokens and the
+    kernel warm-ups', and one validation step's (ours validates at its stop)."""
     from benchmarks.synthetic_shards import make_shards
-    folder = work_dir / "data" / "fineweb10B"
+    folder = work_dir / Path(TRAIN_GLOB).parent
     folder.mkdir(parents=True, exist_ok=True)
-    make_shards(folder, (steps + 12) * MICRO_BATCHES * 64 * 1024, 8 * 4 * 64 * 1024 + 2, prefix="fineweb")
-    return "data/fineweb10B/fineweb_train_*.bin", "data/fineweb10B/fineweb_val_*.bin"
+    make_shards(folder, (steps + 12) * MICRO_BATCHES * 64 * 1024, VALIDATION_TOKENS + 2, prefix="fineweb")
 
 
 def commands(record: Record, upstream_script: Path, work_dir: Path, steps, coordinate_descent, launcher=LAUNCHER):
-    train_glob, val_glob = "data/fineweb10B/fineweb_train_*.bin", "data/fineweb10B/fineweb_val_*.bin"
     ours = [*launcher, str(ROOT / "train_gpt_medium.py"), *record.ours_flags, "--stop-after", str(steps),
-            "--warmup-steps", "0", "--val-every", "0", "--val-tokens", str(8 * 4 * 64 * 1024), "--train-files", train_glob,
-            "--val-files", val_glob, "--log-dir", str(work_dir / "ours"), "--run-name", "ours",
-            "--coordinate-descent-tuning", "on" if coordinate_descent else "off"]
+            "--warmup-steps", "0", "--val-every", "0", "--val-tokens", str(VALIDATION_TOKENS),
+            "--train-files", TRAIN_GLOB, "--val-files", VAL_GLOB, "--log-dir", str(work_dir / "ours"),
+            "--run-name", "ours", "--coordinate-descent-tuning", "on" if coordinate_descent else "off"]
     return ours, [*launcher, str(upstream_script)]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.vs_upstream import (RECORDS, comparison_lines, main, run_alone)
+from benchmarks.vs_upstream import RECORDS, TRAIN_GLOB, VAL_GLOB, comparison_lines, main, make_data, run_alone
 
 SEPARATOR = "=" * 100
 REPO = Path(__file__).resolve().parents[2]
@@ -183,6 +183,9 @@ def test_a_script_run_alone_gives_its_step_time_from_its_step_lines(tmp_path, ca
     assert (work / "consoles" / "alone-upstream.out").read_text().count("step:") == 8
     step_ms, why = run_alone("broken", [sys.executable, "-c", "raise SystemExit('boom')"], work, 60, skip=2)
     assert step_ms is None and why == "exit status 1: boom"
+    # the shards both sides glob, relative to the working folder, with upstream's names
+    make_data(work, 2)
+    assert [len(list(work.glob(pattern))) for pattern in (TRAIN_GLOB, VAL_GLOB)] == [1, 1]
 
 
 def test_the_comparison_gives_both_times_the_ratio_and_the_goal():
