@@ -14,7 +14,7 @@ import torch
 
 from analysis_logs import our_log_text
 from benchmarks.gpu_check import (ALONE_STEPS, TRAINING_RUNS, Job, Plan, Stage, attention_check_main, attention_verdict,
-                                  describe, main, make_plan, pack_by_memory, read_attention_result,
+                                  describe, gpu_slug, main, make_plan, pack_by_memory, read_attention_result,
                                   read_training_result, run_plan, run_stage, split_budget, steady_step_ms,
                                   training_job)
 from benchmarks.synthetic_shards import make_shards
@@ -186,6 +186,10 @@ def test_each_stage_s_results_are_in_the_file_before_the_next_stage_starts(tmp_p
     assert [(r["run"], r["phase"], r["shared"]) for r in stored] == [("first", "compile", False),
                                                                      ("second", "alone", False)]
     assert lines[0] == "gpu-check: compile 1 (limit 30 s) ..."
+
+
+def test_results_files_are_named_by_the_gpu_as_the_protocol_asks():
+    assert [gpu_slug(name) for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3")] == ["h200", "h100-80gb-hbm3"]
 
 
 def test_plan_mode_runs_on_a_cpu_and_bad_input_is_one_line(capsys):
