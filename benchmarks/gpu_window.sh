@@ -52,8 +52,8 @@ fi
 torch.cuda.get_device_name(0), torch.cuda.mem_get_info())'
     git log -1 --format='code: %H %s' 2>/dev/null || true
 } > "$OUT/env.txt" 2>&1
-gpu=$("$PY" -c 'import torch; from benchmarks.gpu_check import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))' \
-    2>/dev/null || echo gpu)
+gpu=$("$PY" -c 'import torch; from benchmarks.gpu_check import gpu_slug
+print(gpu_slug(torch.cuda.get_device_name(0)))' 2>/dev/null || echo gpu)
 
 # A background sampler, stopped by its own PID at the end (never a bare `wait`: it would wait for this too).
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv -l 5 \

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from analysis_logs import our_log_text
-from benchmarks.gpu_check import (ALONE_STEPS, TRAINING_RUNS, Job, Plan, Stage, attention_check_main, attention_verdict,
-                                  describe, gpu_slug, main, make_plan, pack_by_memory, read_attention_result,
-                                  read_training_result, run_plan, run_stage, split_budget, steady_step_ms,
-                                  training_job)
+from benchmarks.gpu_check import (ALONE_STEPS, TRAINING_RUNS, Job, Plan, Stage, attention_check_main,
+                                  attention_verdict, describe, gpu_slug, main, make_plan, pack_by_memory,
+                                  read_attention_result, read_training_result, run_plan, run_stage, split_budget,
+                                  steady_step_ms, training_job)
 from benchmarks.synthetic_shards import make_shards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +113,8 @@ def test_the_r14_path_s_attention_comes_from_its_device(tmp_path):
 
 def test_failures_say_why_in_one_line(tmp_path):
     job = Job("r14", [], "train", str(tmp_path / "missing.txt"), 524288)
-    crashed = read_training_result(job, 1, False, "Traceback\n  ...\ntorch.OutOfMemoryError: CUDA out of memory\n", True)
+    console = "Traceback\n  ...\ntorch.OutOfMemoryError: CUDA out of memory\n"
+    crashed = read_training_result(job, 1, False, console, True)
     assert not crashed["passed"] and crashed["why"] == "exit status 1: torch.OutOfMemoryError: CUDA out of memory"
     killed = read_training_result(job, -15, True, "", True)
     assert killed["why"] == "past its time limit (killed)"
@@ -252,7 +253,8 @@ def test_a_call_writes_its_header_each_stage_and_the_summary(tmp_path, monkeypat
                                                                              "synthetic_val_000000.bin"]
     text = results.read_text()
     assert "device: NVIDIA H200, torch " in text and "139 GiB free at the start" in text
-    assert "coordinate-descent tuning: off in every run" in text and "not run: alone: r18 auto (past the budget)" in text
+    assert "coordinate-descent tuning: off in every run" in text
+    assert "not run: alone: r18 auto (past the budget)" in text
     assert text.index("== alone: r14 baseline") < text.index("r14 baseline             PASS") < text.index(
         "1 of 1 passed")
     assert capsys.readouterr().out.rstrip().endswith(f"gpu-check: results in {results}")
