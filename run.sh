@@ -3,8 +3,9 @@
 #   ./run.sh                      set up (if needed) and run the main job: on CUDA GPUs the record study (its
 #                                 FineWeb shards downloaded first when missing), elsewhere the CPU demo
 #   ./run.sh demo [options]       the CPU demo study, on any machine (options as for a study)
-#   ./run.sh gpu-check            qualify a CUDA node in minutes: a few full-size steps of each training script
-#                                 and FlexAttention against the dense mask, as a pass/fail table
+#   ./run.sh gpu-check [--budget S]  qualify a CUDA node and time each base in one call (default 480 s): cold
+#                                 compiles side by side as memory allows, then each run alone; FlexAttention and
+#                                 varlen against the dense mask (--plan: the stages only, on any machine)
 #   ./run.sh STUDY [options]      run a study of ablations/ and write its report (options: python -m ablations run -h;
 #                                 --until-decided [--max-seeds N]: seeds in batches until every arm is decided)
 #   ./run.sh status STUDY         done / running / failed / to do per arm
@@ -117,7 +118,7 @@ demo_job() {
 }
 
 gpu_check() {
-    if [ "$(gpu_count)" -eq 0 ]; then
+    if [ "$(gpu_count)" -eq 0 ] && [[ " $* " != *" --plan "* ]]; then
         echo "run.sh: gpu-check needs a CUDA GPU and nvidia-smi -L finds none here" >&2
         exit 2
     fi

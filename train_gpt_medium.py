@@ -186,7 +186,10 @@ def resolve_r18_args(parser, given, parsed):
     if parsed["num_layers"] not in (None, NUM_LAYERS):
         raise UsageError(f"--num-layers {parsed['num_layers']}: --base r18 has the record's {NUM_LAYERS} layers")
     check_r18_studies(given_study_flags(parsed))
-    presets = {name: dict(values, num_layers=NUM_LAYERS) for name, values in PRESETS.items()}
+    # #18 validates every 250 steps (#14 every 125)
+    presets = {name: dict(values, num_layers=NUM_LAYERS,
+                          **(dict(val_every=R18_RECORD_VAL_EVERY) if name == "full" else {}))
+               for name, values in PRESETS.items()}
     config = resolve_track_args(parser, given, presets, __file__, r18_layer_pattern, TRACK_FLAGS)
     check_r18_backout_args(config)
     # #18 was timed without it (upstream banned it for new records: it makes compiling take ~30 min)
@@ -234,6 +237,7 @@ MEDIUM = Track(name=TRACK, script=__file__, model_config=model_config, model_cla
 
 
 R18_RECORD_STEPS = 4740  # record #18: 4700 scheduled + 40 extension steps
+R18_RECORD_VAL_EVERY = 250
 
 
 def run(args, proc: Dist):

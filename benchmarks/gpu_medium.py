@@ -116,8 +116,8 @@ def main():
     if cuda:
         from benchmarks.gpu_check import flex_check
         flex = flex_check()
-        lines += ["", f"FlexAttention (bf16) vs SDPA on the dense mask (fp32): {'PASS' if flex.passed else 'FAIL'}, "
-                      f"{flex.detail}"]
+        lines += ["", f"FlexAttention (bf16) vs SDPA on the dense mask (fp32): {'PASS' if flex['passed'] else 'FAIL'}, "
+                      f"{flex['detail']}"]
     else:
         lines += ["", "FlexAttention check: needs CUDA (skipped)"]
     print("\n".join(lines))

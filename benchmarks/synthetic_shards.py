@@ -13,9 +13,10 @@ def synthetic_tokens(n, rng):
     return tokens
 
 
-def make_shards(folder, train_tokens, val_tokens):
-    """One validation and one training shard of synthetic tokens in `folder`; returns their globs (train, val)."""
+def make_shards(folder, train_tokens, val_tokens, prefix="synthetic"):
+    """One validation and one training shard of synthetic tokens in `folder`, named <prefix>_val_000000.bin and
+    <prefix>_train_000001.bin (prefix "fineweb": upstream's names); returns their globs (train, val)."""
     rng = np.random.default_rng(0)
-    write_shard(folder / "synthetic_val_000000.bin", synthetic_tokens(val_tokens, rng))
-    write_shard(folder / "synthetic_train_000001.bin", synthetic_tokens(train_tokens, rng))
-    return str(folder / "synthetic_train_*.bin"), str(folder / "synthetic_val_*.bin")
+    write_shard(folder / f"{prefix}_val_000000.bin", synthetic_tokens(val_tokens, rng))
+    write_shard(folder / f"{prefix}_train_000001.bin", synthetic_tokens(train_tokens, rng))
+    return str(folder / f"{prefix}_train_*.bin"), str(folder / f"{prefix}_val_*.bin")

@@ -11,6 +11,10 @@ ops, in the same order, so a CPU run follows the record's eager maths bit for bi
   the smear/skips and the scalars; it steps on odd steps only, on the sum of the two steps' gradients (they are not
   cleared after even steps). Sharded as the record: rank r steps (and keeps the moments of) the r-th 1/world_size
   of each large parameter's rows, then shares them by an all-gather (see OddStepAdam).
+
+The arithmetic of both steps (Polar Express, the variance normalisation, the cautious update, Adam's update) runs
+eager, or compiled as #18 compiles it (`StepArithmetic`: each function fullgraph, dynamic=False, so one
+graph per shape and none per step: the values that change with the step reach it as 0-d tensors).
 """
 
 import torch
@@ -73,6 +77,38 @@ def cautious_update_(p, v, weight_decay, lr):
     p.copy_(p - p * agrees * wd * lr - v * lr)
 
 
+def adam_update_(rows, g, exp_avg, exp_avg_sq, beta1, beta2, eps, step_size, decay):
+    """One Adam step of `rows` (in place) by its gradient g: bf16 moments, the bias-corrected step_size, cautious
+    weight decay `decay` (lr^2 * wd * wd_mul) where the update agrees in sign with the parameter (> 0).
+    step_size and decay are numbers (eager) or 0-d float32 tensors (compiled: a number would be a constant of the
+    graph, so each step's value would compile a new one); eager, both give the record's rounding (bitwise)."""
+    exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    update = exp_avg.div(exp_avg_sq.sqrt().add_(eps)).mul_(step_size)
+    agrees = (update * rows) > 0
+    if isinstance(decay, torch.Tensor):  # addcmul's value= takes numbers only: the same sum, in fp32, rounded once
+        update.copy_(update.float() + decay * (rows.float() * agrees))
+    else:
+        update.addcmul_(rows, agrees, value=decay)
+    rows.add_(update, alpha=-1.0)
+
+
+class StepArithmetic:
+    """The optimisers' arithmetic: eager, or each function compiled as #18 compiles them (fullgraph, dynamic=False;
+    `backend` None: torch.compile's default, inductor). The numbers that change with the step are handed over as
+    0-d tensors when compiled (`scalar`), so the schedule's steps reuse the graphs of the first even and odd step."""
+
+    def __init__(self, compiled=False, backend=None):
+        self.compiled = compiled
+        options = dict(dynamic=False, fullgraph=True, **({"backend": backend} if backend else {}))
+        self.polar_express, self.normalise_variance, self.cautious_update_, self.adam_update_ = (
+            torch.compile(f, **options) if compiled else f
+            for f in (polar_express, normalise_variance, cautious_update_, adam_update_))
+
+    def scalar(self, value):
+        return torch.tensor(value, dtype=torch.float32) if self.compiled else value
+
+
 def shape_lr_factor(p):
     """sqrt(rows/cols) for matrices with more rows (inputs along rows) than columns, else 1."""
     return max(1.0, p.shape[-2] / p.shape[-1]) ** 0.5 if p.ndim >= 2 else 1.0
@@ -128,8 +164,9 @@ def muon_groups(params):
 class NorMuon(torch.optim.Optimizer):
     """State per parameter on the rank that steps it: momentum (Nesterov) and the NorMuon second moment."""
 
-    def __init__(self, params, lr=0.015, weight_decay=1.2, momentum=0.95, beta2=0.95):
+    def __init__(self, params, lr=0.015, weight_decay=1.2, momentum=0.95, beta2=0.95, arithmetic=StepArithmetic()):
         params = list(params)
+        self.arithmetic = arithmetic
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         groups = [dict(params=members) for members in muon_groups(params)]
@@ -183,14 +220,14 @@ class NorMuon(torch.optim.Optimizer):
         reduce_dim = -1 if is_gate or rows_at_least_cols else -2
         if "second_moment" not in state:
             state["second_moment"] = torch.zeros_like(v[..., :, :1] if reduce_dim == -1 else v[..., :1, :])
-        v = polar_express(v, split_last_product=label == "mlp")
-        v = normalise_variance(v, state["second_moment"], group["beta2"], reduce_dim).view(grads.shape)
+        v = self.arithmetic.polar_express(v, split_last_product=label == "mlp")
+        v = self.arithmetic.normalise_variance(v, state["second_moment"], group["beta2"], reduce_dim).view(grads.shape)
         lr_factors = torch.tensor([shape_lr_factor(p) * p.lr_mul for p in params], dtype=torch.float32)
         wd_factors = torch.tensor([p.wd_mul for p in params], dtype=torch.float32)
         lrs, wds = lr_factors * group["lr"], wd_factors * group["weight_decay"] * group["lr"]
         for i, p in enumerate(params):
             scale = self.lr_mul.get(p)
-            cautious_update_(p, v[i], wds[i] if scale is None else wds[i] * scale,
+            self.arithmetic.cautious_update_(p, v[i], wds[i] if scale is None else wds[i] * scale,
                              lrs[i] if scale is None else lrs[i] * scale)
 
 
@@ -216,8 +253,9 @@ class OddStepAdam(torch.optim.Optimizer):
     reduce-scatter plus an all-gather moves the bytes of the all-reduce it replaces; the record launches its
     reduce-scatters from backward hooks to overlap them with the last backward, which matters only on GPUs."""
 
-    def __init__(self, params, labels, lr, betas, eps=1e-8, weight_decay=0.005):
+    def __init__(self, params, labels, lr, betas, eps=1e-8, weight_decay=0.005, arithmetic=StepArithmetic()):
         params = list(params)
+        self.arithmetic = arithmetic
         groups = [dict(params=[p for p in params if p.label == label]) for label in labels]
         super().__init__([g for g in groups if g["params"]], dict(lr=lr, betas=betas, eps=eps,
                                                                   weight_decay=weight_decay))
@@ -259,14 +297,11 @@ class OddStepAdam(torch.optim.Optimizer):
         state = self.state[p]
         state["step"] += 1
         t = state["step"]
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         step_size = lr * ((1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t))
-        update = exp_avg.div(exp_avg_sq.sqrt().add_(group["eps"])).mul_(step_size)
-        agrees = (update * rows) > 0
-        update.addcmul_(rows, agrees, value=lr * group["weight_decay"] * p.wd_mul * lr)
-        rows.add_(update, alpha=-1.0)
+        decay = lr * group["weight_decay"] * p.wd_mul * lr
+        scalar = self.arithmetic.scalar
+        self.arithmetic.adam_update_(rows, g, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, group["eps"],
+                                     scalar(step_size), scalar(decay))
 
     def merged_state_dict(self):
         """state_dict() with every moment whole (a sharded parameter's rows gathered from all ranks), so it loads
@@ -307,22 +342,38 @@ class R18Optimizers:
     gradients are kept across the even step, so they see both steps' sum), lr x schedule.lr(step), NorMuon's
     momentum from the schedule, and the untying of the embedding from the head after schedule.split_step."""
 
-    def __init__(self, model, schedule: R18Schedule):
+    def __init__(self, model, schedule: R18Schedule, compiled=False, backend=None):
+        """compiled: the steps' arithmetic compiled as #18 compiles it (by torch.compile's `backend`, None: its
+        default); else eager."""
         self.model, self.schedule = model, schedule
+        arithmetic = StepArithmetic(compiled, backend)
         params = list(model.parameters())
         missing = {getattr(p, "label", None) for p in params} - set(ADAM_LABELS + SCALAR_LABELS + MUON_LABELS)
         if missing:
             raise ValueError(f"parameters without an r18 optimiser label: {sorted(map(str, missing))}")
         self.adam = OddStepAdam([p for p in params if p.label in ADAM_LABELS], ADAM_LABELS, lr=0.004,
-                                betas=(0.8, 0.95), weight_decay=0.005)
+                                betas=(0.8, 0.95), weight_decay=0.005, arithmetic=arithmetic)
         self.scalar_adam = OddStepAdam([p for p in params if p.label in SCALAR_LABELS], SCALAR_LABELS, lr=0.008,
-                                       betas=(0.9, 0.99), weight_decay=0.005)
+                                       betas=(0.9, 0.99), weight_decay=0.005, arithmetic=arithmetic)
         self.muon = NorMuon([p for p in params if p.label in MUON_LABELS], lr=0.015, weight_decay=1.2,
-                            momentum=0.95, beta2=0.95)
+                            momentum=0.95, beta2=0.95, arithmetic=arithmetic)
         self.all = (self.adam, self.scalar_adam, self.muon)
+        if compiled:
+            import torch._dynamo.config as dynamo_config
+            # each compiled function meets one shape per group or parameter it steps, all in the first two steps
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, self.most_shapes_per_function())
         for opt in self.all:
             for group in opt.param_groups:
                 group["initial_lr"] = group["lr"]
+
+    def most_shapes_per_function(self):
+        """The most input shapes one of the compiled step functions meets: Polar Express and the variance
+        normalisation one per NorMuon group, the cautious update one per matrix shape, Adam one per (shape of the
+        rows a rank steps, dtype)."""
+        muon_shapes = {tuple(p.shape) for g in self.muon.param_groups for p in g["params"]}
+        adam_shapes = {(tuple(opt.my_rows(p).shape), p.dtype) for opt in (self.adam, self.scalar_adam)
+                       for g in opt.param_groups for p in g["params"]}
+        return max(len(self.muon.param_groups), len(muon_shapes), len(adam_shapes))
 
     @staticmethod
     def adam_steps_at(step):

@@ -191,7 +191,9 @@ def warmup_step_per_graph(train_model, model, opts, schedule, graphs, train_file
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
         forward_backward(train_model, stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size),
                          mtp, schedule.windows(step), attention, proc)
-        opts.step(step)
+        # an odd step: the Adams step too, so their compiled arithmetic is warm before the clock (graphs mostly
+        # start at even steps); the untying stays with the run's own step (the warm-up's state is restored)
+        opts.step(step | 1 if step | 1 != schedule.split_step else step)
     return take_step
 
 
@@ -290,7 +292,8 @@ def run_r18(args, proc, script):
     for p in model.parameters():
         if proc.world_size > 1:
             dist.broadcast(p.data, 0)
-    opts = R18Optimizers(model, schedule)
+    # compiled with the model, as #18 compiles its optimiser steps
+    opts = R18Optimizers(model, schedule, compiled=compiled)
     opt_state = R18OptimizerState(opts)
     train_model = (compile_r18(model, graphs, args.coordinate_descent_tuning == "on", proc.device.type) if compiled
                    else model)

@@ -147,9 +147,13 @@ def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, 
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "run.sh: gpu-check needs a CUDA GPU and nvidia-smi -L finds none here\n"
     assert not [c for c in calls if "gpu_check" in c]
-    result, calls = run_sh(checkout, tmp_path, "gpu-check", "--steps", "5", gpus=1)
+    result, calls = run_sh(checkout, tmp_path, "gpu-check", "--budget", "300", gpus=1)
     assert result.returncode == 0, result.stderr
-    assert "benchmarks/gpu_check.py --steps 5" in calls
+    assert "benchmarks/gpu_check.py --budget 300" in calls
+    # the plan alone needs no GPU
+    result, calls = run_sh(checkout, tmp_path, "gpu-check", "--plan", "--free-gib", "80")
+    assert result.returncode == 0, result.stderr
+    assert "benchmarks/gpu_check.py --plan --free-gib 80" in calls
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo.config as dynamo_config
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 import train_gpt_medium as T
@@ -48,7 +49,9 @@ def test_compiled_graphs_are_the_first_step_of_each_shape_the_run_meets():
 
 
 def test_the_record_schedule_compiles_every_step_it_meets_and_few_graphs():
-    args = run_config("--preset", "full", "--val-every", "250")
+    args = run_config("--preset", "full")
+    # validation every 250 steps as #18 (r14: every 125, its record's)
+    assert args.val_every == 250 and T.resolve_args(["--preset", "full"]).val_every == 125
     schedule = r18_schedule(args)
     N = args.num_iterations
     graphs = compiled_graphs(schedule, args, 0, N)
@@ -157,11 +160,16 @@ def test_compiled_study_run_warms_every_graph_up_then_equals_the_eager_run(tmp_p
     compiled, config, graphs_after_warmup, graphs = r18_run(replace(args, compile="on", run_name="on"), monkeypatch)
     assert '"warmup_steps": 0' in eager_config and '"warmup_steps": 3' in config
     # steps 0 and 1 train at different batch sizes, windows and MTP counts (YaRN applied at step 1); the
-    # validation at 2 runs with the embedding untied: three graphs, all compiled by the warm-up
-    assert graphs_after_warmup == [3] and graphs == 3
+    # validation at 2 runs with the embedding untied: three graphs of the model; they and the optimiser steps'
+    # graphs (compiled as #18 compiles them) all compiled by the warm-up
+    assert len(_debug_get_cache_entry_list(R18GPT.forward.__code__)) == 3
+    assert graphs_after_warmup == [graphs] and graphs > 3
     assert dict(counters["graph_break"]) == {}
     assert sorted(compiled) == [2]
-    assert compiled == pytest.approx(eager, rel=1e-6)  # the warm-up's steps left no trace in the run
+    # the warm-up's steps left no trace in the run; the compiled optimiser arithmetic rounds a little differently
+    # (under dynamo, Adam's bf16 `exp_avg_sq.mul_(b2).addcmul_(g, g, value=1 - b2)` differs from eager by an ulp:
+    # 2.8e-6 relative in this loss; a trace of the warm-up would be of the order of the steps' change, 1e-2)
+    assert compiled == pytest.approx(eager, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ import torch
 
 from conftest import ROOT, launch_script
 from speedrun.r18.model import R18Config, R18GPT
-from speedrun.r18.optim import (OddStepAdam, R18Optimizers, cautious_update_, muon_groups, normalise_variance, polar_express,
-                                shape_lr_factor)
+from speedrun.r18.optim import (OddStepAdam, R18Optimizers, adam_update_, cautious_update_, muon_groups,
+                                normalise_variance, polar_express, shape_lr_factor)
 from speedrun.r18.schedule import R18Schedule
 
 SCHEDULE = R18Schedule(num_scheduled_iterations=12, num_extension_iterations=2)  # split step 3
@@ -159,3 +159,56 @@ def test_sharded_adam_on_two_ranks_steps_and_resumes_bitwise_as_the_replicated_a
     # the head and embeddings hold half their moments per rank; the small vectors and gates whole ones
     assert elements["replicated"] // 2 < elements["sharded"] < elements["replicated"] * 0.6
     assert elements["sharded resumed from replicated"] == elements["sharded"]
+
+
+def random_gradients(model, step):
+    """The same gradients for every model built by tiny_model(), added to those kept from an even step."""
+    g = torch.Generator().manual_seed(step)
+    for name, p in model.named_parameters():
+        if name != "embed.weight" or model.split_embed:
+            grad = torch.randn(p.shape, generator=g).to(p.dtype)
+            p.grad = grad if p.grad is None else p.grad + grad
+
+
+def test_compiled_steps_follow_the_eager_ones_and_compile_nothing_after_the_first_even_and_odd_step():
+    """#18 compiles its optimiser arithmetic; across the schedule (lr, momentum, Adam's bias correction and the
+    untying all change) the compiled steps reuse the first two steps' graphs: recompile_limit 1 with failure on
+    the limit proves R18Optimizers raises the limit to what the run needs, no more graphs prove no step
+    recompiles (a per-step number reaching a graph as a constant would)."""
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    with dynamo_config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        eager_model, compiled_model = tiny_model(), tiny_model()
+        eager = R18Optimizers(eager_model, SCHEDULE)
+        compiled = R18Optimizers(compiled_model, SCHEDULE, compiled=True, backend="aot_eager")
+        graphs = []
+        for step in range(SCHEDULE.num_iterations):
+            for model, opts in ((eager_model, eager), (compiled_model, compiled)):
+                random_gradients(model, step)
+                opts.step(step)
+            graphs.append(counters["stats"]["unique_graphs"])
+            for (name, a), b in zip(eager_model.named_parameters(), compiled_model.parameters()):
+                # bf16 parameters: a few units in the last place of the largest entry (1/128 each)
+                scale = a.float().abs().max().clamp_min(1e-3)
+                assert (a.float() - b.float()).abs().max() <= 4 * scale / 128, (step, name)
+    assert graphs[0] > 0 and graphs[1] > graphs[0]  # NorMuon's functions at step 0, Adam's at step 1
+    assert graphs[-1] == graphs[1], graphs
+    assert SCHEDULE.split_step < SCHEDULE.num_iterations - 1 and compiled_model.split_embed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_adam_update_with_0d_tensors_rounds_as_with_numbers(dtype):
+    """The compiled path's form (0-d tensors: no addcmul value=) run eager gives the record's numbers bitwise."""
+    g = torch.Generator().manual_seed(0)
+    p, grad = (torch.randn(64, 32, generator=g).to(dtype) for _ in range(2))
+    moments = [torch.randn(64, 32, generator=g).abs().bfloat16() for _ in range(2)]
+    step_size, decay = 0.004 * 1.52 * (0.05 ** 0.5 / 0.2), 3e-3  # a decay large enough to show in bf16
+    with_numbers = [t.clone() for t in (p, grad, *moments)]
+    with_tensors = [t.clone() for t in (p, grad, *moments)]
+    adam_update_(*with_numbers, 0.8, 0.95, 1e-8, step_size, decay)
+    adam_update_(*with_tensors, 0.8, 0.95, 1e-8, torch.tensor(step_size), torch.tensor(decay))
+    for a, b in zip(with_numbers, with_tensors):
+        assert torch.equal(a, b)
+    assert not torch.equal(with_numbers[0], p)
