@@ -316,15 +316,27 @@ def section_header(module, study_line):
     return lines + [RULE]
 
 
-def study_lines(active, config):
-    """Module name -> the comment line saying which switched-on study its section is and how it enters."""
+def study_lines(active, fixed):
+    """Module name -> the comment line saying which switched-on study its section is, its flags and how it enters."""
     lines = {}
     for study in active:
-        flags = " ".join(f"{flag.name} {getattr(config, flag.dest)}" for flag in study.flags
-                         if getattr(config, flag.dest) not in (None, False))
+        names = {flag.name for flag in study.flags}
+        flags = " ".join(token for name, values in flag_groups(fixed) if name in names for token in [name, *values])
         lines[study.resolve.__module__] = (f"the {study.name} study ({flags}), switched on in this file; it enters "
-                                           f"the model through the ModelPart hooks its class defines")
+                                           f"the model through the hooks of its ModelPart class")
     return lines
+
+
+def flag_groups(argv):
+    """[(flag name, [its values])] of a command line (`--flag=value` split)."""
+    groups = []
+    for token in argv:
+        if token.startswith("--"):
+            name, _, value = token.partition("=")
+            groups.append((name, [value] if value else []))
+        elif groups:
+            groups[-1][1].append(token)
+    return groups
 
 
 def export_source(script, config, fixed_flags, command):
@@ -335,7 +347,7 @@ def export_source(script, config, fixed_flags, command):
     program = Program(script_module, folded_tests(config), registries)
     modules = program.order()
     check_names(modules, program)
-    studies = study_lines(active, config)
+    studies = study_lines(active, fixed_flags)
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
            "",
@@ -400,13 +412,8 @@ def split_export_flag(argv):
 def fixed_flags(argv, config, track_flags):
     """The flags of argv that define the arm (study, track and ARM_FLAGS, each with its values), plus --base."""
     names = {flag.name for study in STUDIES for flag in study.flags} | {f.name for f in track_flags} | set(ARM_FLAGS)
-    fixed, taking = [], False
-    for token in argv:
-        if token.startswith("--"):
-            taking = token.split("=")[0] in names
-        if taking:
-            fixed.append(token)
-    if hasattr(config, "base") and "--base" not in [t.split("=")[0] for t in fixed]:
+    fixed = [token for name, values in flag_groups(argv) if name in names for token in [name, *values]]
+    if hasattr(config, "base") and "--base" not in fixed:
         fixed += ["--base", config.base]
     return fixed
 

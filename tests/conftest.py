@@ -62,7 +62,7 @@ def tiny_data_args(shard_dir):
             "--val-files", str(shard_dir / "syn_val_*.bin")]
 
 
-def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
+def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, cwd=ROOT, **kwargs):
     """Runs the training script (under torchrun when nproc > 1); returns the CompletedProcess."""
     # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack into the captured stderr.
     # Under load a 2-rank run has (rarely) been aborted at exit, after its last line ("terminate called without
@@ -74,7 +74,7 @@ def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
                str(script), *args]
     else:
         cmd = [sys.executable, str(script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs)
 
 
 def embedded_sources(script):
