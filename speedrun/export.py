@@ -391,22 +391,58 @@ STUDIES_MODULE = "speedrun.studies"
 
 # ----- the command line -----------------------------------------------------------------------------------------
 
-def split_export_flag(argv):
-    """(OUT path, the other flags) of a command line with --export-script OUT."""
-    rest, out = [], None
+FROM_LOG_FLAG = "--from-log"
+
+
+def split_export_flags(argv):
+    """(OUT path, LOG path or None, the other flags) of a command line with --export-script OUT [--from-log LOG]."""
+    rest, values = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}
     tokens = iter(argv)
     for token in tokens:
-        if token == EXPORT_FLAG:
-            out = next(tokens, None)
-            if out is None or out.startswith("--"):
-                raise UsageError(f"{EXPORT_FLAG} needs a file name")
-        elif token.startswith(EXPORT_FLAG + "="):
-            out = token.split("=", 1)[1]
+        name, equals, value = token.partition("=")
+        if name in values:
+            values[name] = value if equals else next(tokens, None)
+            if not values[name] or values[name].startswith("--"):
+                raise UsageError(f"{name} needs a file name")
         else:
             rest.append(token)
+    out = values[EXPORT_FLAG]
     if not out or not out.endswith(".py"):
         raise UsageError(f"{EXPORT_FLAG}: the file name must end in .py, got {out!r}")
-    return out, rest
+    return out, values[FROM_LOG_FLAG], rest
+
+
+def flags_of_config(config, track_flags):
+    """The command line of a logged run's config (a dict): its preset, every study and track flag it set, its
+    variant and depth."""
+    argv = ["--preset", config["preset"]]
+    for flag in [f for study in STUDIES for f in study.flags] + list(track_flags):
+        value = config.get(flag.dest, flag.unset)
+        if value == flag.unset or value is None or value is False:
+            continue
+        values = [] if value is True else list(value) if isinstance(value, (list, tuple)) else [value]
+        argv += [flag.name, *map(str, values)]
+    return argv + ["--variant", config["variant"], "--num-layers", str(config["num_layers"])]
+
+
+def flags_from_log(log, script, track_flags):
+    """The flags of the run a log records, checked to have run this checkout's code (the script and every module
+    the log embeds, unchanged); raises UsageError otherwise."""
+    from speedrun.logformat import code_section, read_config, split_sources
+    try:
+        data = Path(log).read_bytes()
+    except OSError as e:
+        raise UsageError(f"{FROM_LOG_FLAG} {log}: cannot read ({e.strerror or e})") from None
+    config, code = read_config(data), code_section(data)
+    if config is None or code is None:
+        raise UsageError(f"{FROM_LOG_FLAG} {log}: no run log of this project (no code section or config line)")
+    script_text, modules = split_sources(code)
+    sources = [(Path(script).resolve(), script_text)] + [(ROOT / path, text) for path, text in modules.items()]
+    for path, text in sources:
+        if not path.is_file() or path.read_text().rstrip("\n") != text.rstrip("\n"):
+            raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {path.relative_to(ROOT).as_posix()} is not this "
+                             f"checkout's: check out the commit it ran to export it")
+    return flags_of_config(config, track_flags)
 
 
 def fixed_flags(argv, config, track_flags):
@@ -422,13 +458,15 @@ def export_main(script, argv, resolve_args, track_flags):
     """Writes the standalone file of the run that argv (with --export-script OUT) describes; 0, or 2 with one line
     on stderr."""
     try:
-        out, run_argv = split_export_flag(argv)
+        out, log, run_argv = split_export_flags(argv)
+        if log is not None:
+            run_argv = flags_from_log(log, script, track_flags) + run_argv
         config = resolve_args(run_argv)
         if getattr(config, "base", None) == "r18":
             raise UsageError(f"{EXPORT_FLAG}: --base r18 is not exported yet: its model, optimisers and study "
                              f"wiring live in speedrun/r18/ (speedrun/r18/studies.py), outside the study hooks "
                              f"the export prunes by")
-        command = " ".join(["python", Path(script).name, *argv])
+        command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
         text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command)
         try:
             Path(out).write_text(text)

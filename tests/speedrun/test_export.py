@@ -8,7 +8,7 @@ import train_gpt as S
 import train_gpt_medium as T
 from speedrun.cli import with_fixed_flags
 from speedrun.errors import UsageError
-from speedrun.export import fixed_flags, split_export_flag
+from speedrun.export import fixed_flags, split_export_flags
 
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
@@ -83,8 +83,8 @@ def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags
 
 
 def test_split_and_fixed_flags():
-    out, rest = split_export_flag(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir", "l"])
-    assert out == "a.py" and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    out, log, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir", "l"])
+    assert out == "a.py" and log is None and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
     config = T.resolve_args(["--preset", "tiny"] + rest)
     assert fixed_flags(rest, config, T.TRACK_FLAGS) == ["--laurel", "rw", "--base", "r14"]
 
