@@ -428,7 +428,7 @@ def flags_of_config(config, track_flags):
 def flags_from_log(log, script, track_flags):
     """The flags of the run a log records, checked to have run this checkout's code (the script and every module
     the log embeds, unchanged); raises UsageError otherwise."""
-    from speedrun.logformat import code_section, read_config, split_sources
+    from speedrun.logformat import changed_source, code_section, read_config
     try:
         data = Path(log).read_bytes()
     except OSError as e:
@@ -436,12 +436,10 @@ def flags_from_log(log, script, track_flags):
     config, code = read_config(data), code_section(data)
     if config is None or code is None:
         raise UsageError(f"{FROM_LOG_FLAG} {log}: no run log of this project (no code section or config line)")
-    script_text, modules = split_sources(code)
-    sources = [(Path(script).resolve(), script_text)] + [(ROOT / path, text) for path, text in modules.items()]
-    for path, text in sources:
-        if not path.is_file() or path.read_text().rstrip("\n") != text.rstrip("\n"):
-            raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {path.relative_to(ROOT).as_posix()} is not this "
-                             f"checkout's: check out the commit it ran to export it")
+    changed = changed_source(code, ROOT, Path(script).name)
+    if changed is not None:
+        raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {changed} is not this checkout's: check out the commit "
+                         f"it ran to export it")
     return flags_of_config(config, track_flags)
 
 

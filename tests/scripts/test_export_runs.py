@@ -74,3 +74,28 @@ def test_export_trains_bit_for_bit_like_the_modular_script(paired_runs, name):
                                                                               a.final_step)
     # the file's copy is the one that ran; the folder it ran from holds nothing of this project
     assert sorted(p.name for p in out.parent.iterdir()) == ["exported_run.py"]
+
+
+@pytest.mark.slow
+def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_the_logs(paired_runs, tmp_path):
+    """Guards analysis record on real logs of both kinds (the fast record tests use made-up logs)."""
+    import ast
+
+    import train_gpt_medium as T
+    from analysis.record import EXPORT_TEST, package_record
+    modular, exported, out = paired_runs("r14-backout")
+    folder = package_record([parse_log(modular / "run.txt")], "medium", "M", "2026-11-27", tmp_path / "a")
+    readme = (folder / "README.md").read_text()
+    assert EXPORT_TEST in readme and "made by the modular script" in readme
+    single = (folder / "train_gpt_medium.py").read_text()
+    assert "\n==> " not in single and (folder / "modular" / "speedrun" / "backout.py").is_file()
+    assert (folder / "modular" / "train_gpt_medium.py").read_text() == MEDIUM_SCRIPT.read_text()
+    # its fixed flags (the logged config's) resolve to the run's config
+    fixed = next(ast.literal_eval(n.value) for n in ast.parse(single).body if isinstance(n, ast.Assign)
+                 and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
+    run_flags = ["--preset", "tiny", "--run-name", "r"]
+    assert T.resolve_args([*fixed, *run_flags]) == T.resolve_args([*CONFIGS["r14-backout"][1], *run_flags])
+    # logs of the exported file: that file is the record's script
+    folder = package_record([parse_log(exported / "run.txt")], "medium", "E", "2026-11-27", tmp_path / "b")
+    assert (folder / "train_gpt_medium.py").read_text().rstrip("\n") == out.read_text().rstrip("\n")
+    assert "this folder's single file" in (folder / "README.md").read_text()
