@@ -184,12 +184,16 @@ FIXED_FLAGS = ()
 
 
 def with_fixed_flags(argv):
-    """FIXED_FLAGS, then argv; a fixed flag given again on the command line is refused (the file is one arm's)."""
+    """FIXED_FLAGS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag given on the
+    command line is refused: the file is one arm's."""
+    if not FIXED_FLAGS:
+        return list(argv)
     fixed = {token for token in FIXED_FLAGS if token.startswith("--")}
+    fixed |= {flag.name for study in STUDIES for flag in study.flags}
     for token in argv:
         if token.split("=")[0] in fixed:
-            raise UsageError(f"{token.split('=')[0]} is fixed in this file ({' '.join(FIXED_FLAGS)}): export the "
-                             f"modular script again for another value")
+            raise UsageError(f"{token.split('=')[0]}: this file runs one arm ({' '.join(FIXED_FLAGS)}); export the "
+                             f"modular script again for another")
     return [*FIXED_FLAGS, *argv]
 
 

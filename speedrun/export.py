@@ -38,6 +38,15 @@ def module_path(module_name):
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
+def wired_studies(config):
+    """The studies a base reads the config fields of whether they are on or not: --base r18's hand wiring
+    (speedrun/r18/studies.py) reads backout's, LAuReL's and DLO's (#18's own backout is --backout-layers')."""
+    if getattr(config, "base", None) != "r18":
+        return ()
+    from speedrun.r18.studies import RUNS_ON_R18
+    return RUNS_ON_R18
+
+
 def folded_tests(config):
     """ast.unparse(test) -> its value in this export: the `if` statements on them keep only the branch taken."""
     base = getattr(config, "base", None)
@@ -72,6 +81,37 @@ def fold_ifs(text, folds, where):
             kept = dedent_lines(lines[branch[0].lineno - 1:branch[-1].end_lineno],
                                 branch[0].col_offset - node.col_offset)
         text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+
+
+def drop_unreachable(text):
+    """The source without the statements that follow a `return` or `raise` in the same block (a folded `if` can
+    leave them: `if base == "r18": return ...` kept whole)."""
+    tree = ast.parse(text)
+    cuts = []
+    for node in ast.walk(tree):
+        for body in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+            if not isinstance(body, list):
+                continue
+            ends = [i for i, s in enumerate(body) if isinstance(s, (ast.Return, ast.Raise))]
+            if ends and ends[0] + 1 < len(body):
+                cuts.append((body[ends[0] + 1].lineno, body[-1].end_lineno))
+    lines = text.split("\n")
+    for first, last in sorted(cuts, reverse=True):
+        lines = replace_lines(lines, first, last, [])
+    return "\n".join(lines)
+
+
+def without_nested_imports(text, first_line, node, where):
+    """A top-level statement's text (its first line is the module's line first_line) with the project imports
+    inside it removed; a renamed one (`import x as y`) becomes `y = x` where it stood."""
+    lines = text.split("\n")
+    nested = [n for n in ast.walk(node) if n is not node and isinstance(n, ast.ImportFrom) and n.module
+              and is_project(n.module)]
+    for imp in sorted(nested, key=lambda n: n.lineno, reverse=True):
+        indent = " " * imp.col_offset
+        kept = [f"{indent}{a.asname} = {a.name}" for a in imp.names if a.asname and a.asname != a.name]
+        lines = replace_lines(lines, imp.lineno - first_line + 1, imp.end_lineno - first_line + 1, kept)
+    return "\n".join(lines)
 
 
 def prune_registry(text, name, keep, where):
@@ -135,7 +175,7 @@ def import_line(node, alias):
 def load_module(name, folds, registries):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text = fold_ifs(path.read_text(), folds, where)
+    text = drop_unreachable(fold_ifs(path.read_text(), folds, where))
     for registry, keep in registries.get(name, {}).items():
         text = prune_registry(text, registry, keep, where)
     tree = ast.parse(text)
@@ -150,6 +190,9 @@ def load_module(name, folds, registries):
         if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
             for alias in node.names:
                 module.project_imports[alias.asname or alias.name] = (node.module, alias.name)
+                if alias.asname and alias.asname != alias.name and node in tree.body:
+                    raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import {alias.name} as "
+                                     f"{alias.asname}` at module level cannot be inlined (import it unrenamed)")
             if node.module not in module.import_order:
                 module.import_order.append(node.module)
         elif isinstance(node, ast.Import) and any(is_project(a.name) for a in node.names):
@@ -157,7 +200,7 @@ def load_module(name, folds, registries):
                 raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import` of a project module: only "
                                  f"`from ... import` can be inlined")
     for node in body:
-        segment = "\n".join(lines[previous_end:node.end_lineno])
+        segment = without_nested_imports("\n".join(lines[previous_end:node.end_lineno]), previous_end + 1, node, where)
         previous_end = node.end_lineno
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or is_project(node.module or "")):
@@ -232,10 +275,6 @@ class Program:
                 found = self.resolve(module, name)
                 if found is not None:
                     target, definers = found
-                    if target is not module and name in module.project_imports and \
-                            module.project_imports[name][1] != name:
-                        raise UsageError(f"{EXPORT_FLAG}: {module.path.relative_to(ROOT)}: `import ... as "
-                                         f"{name}`: an aliased project import cannot be inlined")
                     self.keep(target, definers, work)
 
     def kept_statements(self, module):
@@ -342,7 +381,8 @@ def flag_groups(argv):
 def export_source(script, config, fixed_flags, command):
     """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags."""
     active = [study for study in STUDIES if study.active(config)]
-    registries = {STUDIES_MODULE: {"STUDIES": [study.active(config) for study in STUDIES]}}
+    registries = {STUDIES_MODULE: {"STUDIES": [study in active or study.name in wired_studies(config)
+                                               for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
     program = Program(script_module, folded_tests(config), registries)
     modules = program.order()
@@ -351,8 +391,10 @@ def export_source(script, config, fixed_flags, command):
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
            "",
-           f"Exported as one file by `{command}`: the project's modules this run executes are inlined below in",
-           "import order, each under a comment naming its source file; the study flags of the run are fixed",
+           "Exported as one file by",
+           f"    {command}",
+           "The project's modules this run executes are inlined below in import order, each under a comment",
+           "naming its source file; the study and track flags of the run are fixed",
            "(FIXED_FLAGS); the command line keeps the run flags (--seed, --log-dir, --stop-after, --preset...).",
            'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""']
     emitted_imports = set()
@@ -460,10 +502,6 @@ def export_main(script, argv, resolve_args, track_flags):
         if log is not None:
             run_argv = flags_from_log(log, script, track_flags) + run_argv
         config = resolve_args(run_argv)
-        if getattr(config, "base", None) == "r18":
-            raise UsageError(f"{EXPORT_FLAG}: --base r18 is not exported yet: its model, optimisers and study "
-                             f"wiring live in speedrun/r18/ (speedrun/r18/studies.py), outside the study hooks "
-                             f"the export prunes by")
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
         text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command)
         try:

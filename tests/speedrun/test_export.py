@@ -63,6 +63,19 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     assert "the backout study (--backout-layers 4)" in text  # the comment where the study enters
 
 
+def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
+    text = export(tmp_path, T, "--base", "r18", "--laurel", "rw")
+    sections = inlined_sections(text)
+    assert project_imports(text) == [] and sections[-1] == "train_gpt_medium.py"
+    assert "speedrun/r18/train.py" in sections and "speedrun/r18/model.py" in sections
+    assert fixed_flags_of(text) == ("--base", "r18", "--laurel", "rw")
+    # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
+    assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
+    script_part = text[text.rindex("# train_gpt_medium.py"):]
+    assert "resolve_track_args(parser, given, PRESETS, __file__, layer_pattern" not in script_part
+    assert "r18_layer_pattern = layer_pattern" in text  # the renamed lazy import, bound where it stood
+
+
 def test_small_track_export_keeps_its_track_flag(tmp_path):
     text = export(tmp_path, S, "--fp8-head", "off", "--seed", "3")
     assert fixed_flags_of(text) == ("--fp8-head", "off")  # --seed stays a run flag of the file
@@ -70,7 +83,6 @@ def test_small_track_export_keeps_its_track_flag(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--base", "r18"], "--base r18 is not exported yet"),
     (["--export-script", "out.txt"], "must end in .py"),
     (["--num-layers", "1"], "--num-layers must be at least 2"),
 ])
@@ -89,9 +101,11 @@ def test_split_and_fixed_flags():
     assert fixed_flags(rest, config, T.TRACK_FLAGS) == ["--laurel", "rw", "--base", "r14"]
 
 
-def test_a_fixed_flag_given_again_is_refused(monkeypatch):
+def test_a_fixed_or_study_flag_given_to_an_exported_file_is_refused(monkeypatch):
     import speedrun.cli as cli
+    assert with_fixed_flags(["--laurel", "rw"]) == ["--laurel", "rw"]  # the modular script: nothing fixed
     monkeypatch.setattr(cli, "FIXED_FLAGS", ("--laurel", "rw"))
     assert with_fixed_flags(["--seed", "2"]) == ["--laurel", "rw", "--seed", "2"]
-    with pytest.raises(UsageError, match="--laurel is fixed in this file"):
-        with_fixed_flags(["--laurel=lr"])
+    for flag in ("--laurel=lr", "--backout-layers"):
+        with pytest.raises(UsageError, match=f"{flag.split('=')[0]}: this file runs one arm"):
+            with_fixed_flags([flag])
