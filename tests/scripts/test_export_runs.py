@@ -13,7 +13,7 @@ from conftest import MEDIUM_SCRIPT, SMALL_SCRIPT, launch_script
 
 COMMON = ["--num-iterations", "2", "--val-every", "1", "--seed", "5", "--save-final-checkpoint"]
 # name: (script, the arm's flags (fixed in the file), run flags of both runs, world size); "{baseline}" is the r14
-# baseline's final checkpoint. One pair per idea the file must carry: the r14 and small-track bases, each r14
+# baseline's final checkpoint. One pair per idea the file must carry: the r14, small-track and r18 bases, each r14
 # study's module (the DLO expansion from a checkpoint), and gradient averaging across two ranks.
 CONFIGS = {
     "r14-baseline": (MEDIUM_SCRIPT, [], [], 1),
@@ -22,6 +22,8 @@ CONFIGS = {
     "r14-dlo-expansion": (MEDIUM_SCRIPT, ["--dlo-groups", "2", "--dlo-add", "1"], ["--init-from", "{baseline}"], 1),
     "small": (SMALL_SCRIPT, ["--fp8-head", "off"], [], 1),
     "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),
+    # #18 with its own backout (on by default there) and LAuReL on its blocks: the r18 package and its study wiring
+    "r18-laurel": (MEDIUM_SCRIPT, ["--base", "r18", "--laurel", "rw+lr"], [], 1),
 }
 LOGGED = re.compile(r"^step:(\d+)/\d+ (val_loss:\S+|scalars: .*)", re.MULTILINE)
 

@@ -109,3 +109,15 @@ def test_a_fixed_or_study_flag_given_to_an_exported_file_is_refused(monkeypatch)
     for flag in ("--laurel=lr", "--backout-layers"):
         with pytest.raises(UsageError, match=f"{flag.split('=')[0]}: this file runs one arm"):
             with_fixed_flags([flag])
+
+
+def test_a_study_excluding_another_that_is_not_in_the_file_resolves():
+    """DLO excludes --backout-layers; a DLO file holds no backout study (a KeyError before the fix)."""
+    from dataclasses import replace
+
+    from speedrun.studies import STUDIES
+    dlo = next(study for study in STUDIES if study.name == "dlo")
+    config = T.resolve_args(["--preset", "tiny", "--init-from", __file__, "--dlo-groups", "2"])
+    dlo.check_exclusions(config, [dlo])  # the excluded flag's study is absent: off
+    with pytest.raises(UsageError, match="cannot be combined with --backout-layers"):
+        dlo.check_exclusions(replace(config, backout_layers=(4,)), STUDIES)
