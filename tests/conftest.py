@@ -79,10 +79,12 @@ def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, cwd=ROOT, **
 
 def embedded_sources(script):
     """The code section a run of `script` writes: its source, then the data package's shard format and every
-    speedrun/*.py module (the scripts import all of them) under one `==> PATH <==` header each, in path order."""
+    speedrun/*.py module a run imports (all but the exporter) under one `==> PATH <==` header each, in path
+    order."""
     parts = [Path(script).read_text().rstrip("\n")]
+    # speedrun/export.py is imported by --export-script alone, never by a training run
     modules = [ROOT / "data" / "__init__.py", ROOT / "data" / "shard_format.py",
-               *sorted((ROOT / "speedrun").glob("*.py"))]
+               *sorted(p for p in (ROOT / "speedrun").glob("*.py") if p.name != "export.py")]
     for module in modules:
         parts += [source_header(module.relative_to(ROOT).as_posix()), module.read_text().rstrip("\n")]
     return "\n".join(parts)
