@@ -17,11 +17,10 @@ COMMON = ["--num-iterations", "2", "--val-every", "1", "--seed", "5", "--save-fi
 # study's module (the DLO expansion from a checkpoint), and gradient averaging across two ranks.
 CONFIGS = {
     "r14-baseline": (MEDIUM_SCRIPT, [], [], 1),
-    "r14-backout": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 1),
     "r14-laurel": (MEDIUM_SCRIPT, ["--laurel", "rw+lr+pa"], [], 1),
     "r14-dlo-expansion": (MEDIUM_SCRIPT, ["--dlo-groups", "2", "--dlo-add", "1"], ["--init-from", "{baseline}"], 1),
     "small": (SMALL_SCRIPT, ["--fp8-head", "off"], [], 1),
-    "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),
+    "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),  # the record backout (layer 4 of 6), 2 ranks
     # #18 with its own backout (on by default there) and LAuReL on its blocks: the r18 package and its study wiring
     "r18-laurel": (MEDIUM_SCRIPT, ["--base", "r18", "--laurel", "rw+lr"], [], 1),
 }
@@ -85,7 +84,7 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
 
     import train_gpt_medium as T
     from analysis.record import EXPORT_TEST, package_record
-    modular, exported, out = paired_runs("r14-backout")
+    modular, exported, out = paired_runs("r14-backout-2ranks")
     folder = package_record([parse_log(modular / "run.txt")], "medium", "M", "2026-11-27", tmp_path / "a")
     readme = (folder / "README.md").read_text()
     assert EXPORT_TEST in readme and "made by the modular script" in readme
@@ -96,7 +95,7 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
     fixed = next(ast.literal_eval(n.value) for n in ast.parse(single).body if isinstance(n, ast.Assign)
                  and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
     run_flags = ["--preset", "tiny", "--run-name", "r"]
-    assert T.resolve_args([*fixed, *run_flags]) == T.resolve_args([*CONFIGS["r14-backout"][1], *run_flags])
+    assert T.resolve_args([*fixed, *run_flags]) == T.resolve_args([*CONFIGS["r14-backout-2ranks"][1], *run_flags])
     # logs of the exported file: that file is the record's script
     folder = package_record([parse_log(exported / "run.txt")], "medium", "E", "2026-11-27", tmp_path / "b")
     assert (folder / "train_gpt_medium.py").read_text().rstrip("\n") == out.read_text().rstrip("\n")
