@@ -13,12 +13,14 @@ log's code section, with no module sections. A combination it cannot export is r
 
 import ast
 import builtins
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.errors import UsageError
 from speedrun.studies import STUDIES
+from speedrun.study import is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
@@ -411,7 +413,7 @@ def export_source(script, config, fixed_flags, command):
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
     out += ["", RULE, "# The run this file was exported for: its study and track flags, read before the command line",
-            "# (speedrun/cli.py's with_fixed_flags); given again on the command line they are refused.",
+            "# (speedrun/cli.py's with_fixed_flags); these and every study flag are refused on the command line.",
             RULE, f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
@@ -454,20 +456,41 @@ def split_export_flags(argv):
     return out, values[FROM_LOG_FLAG], rest
 
 
-def flags_of_config(config, track_flags):
-    """The command line of a logged run's config (a dict): its preset, every study and track flag it set, its
-    variant and depth."""
-    argv = ["--preset", config["preset"]]
-    for flag in [f for study in STUDIES for f in study.flags] + list(track_flags):
-        value = config.get(flag.dest, flag.unset)
-        if value == flag.unset or value is None or value is False:
-            continue
-        values = [] if value is True else list(value) if isinstance(value, (list, tuple)) else [value]
-        argv += [flag.name, *map(str, values)]
-    return argv + ["--variant", config["variant"], "--num-layers", str(config["num_layers"])]
+def flag_tokens(flag, value):
+    """A flag and its value as command-line tokens (a switch alone, a list as its items)."""
+    values = [] if value is True else list(value) if isinstance(value, (list, tuple)) else [value]
+    return [flag.name, *map(str, values)]
 
 
-def flags_from_log(log, script, track_flags):
+def as_logged(value):
+    return json.loads(json.dumps(value))
+
+
+def flags_of_config(config, track_flags, resolve_args, run_argv=()):
+    """The command line of a logged run's config (a dict): its preset, variant and depth, the track flags it set and
+    its study flags, each study's switch first, then any other flag whose logged value the resolution without it
+    does not give (a default derived from the others is left to be derived again: given, some are refused).
+    run_argv: the run flags resolution needs besides (DLO's --init-from)."""
+    flags = [f for study in STUDIES for f in study.flags] + list(track_flags)
+    logged = {f: config.get(f.dest, f.unset) for f in flags}
+    is_on = {f: logged[f] != f.unset and is_set(tuple(logged[f]) if isinstance(logged[f], list) else logged[f])
+             for f in flags}
+    chosen = [f for f in track_flags if is_on[f]] + [study.flags[0] for study in STUDIES if is_on[study.flags[0]]]
+    base = ["--preset", config["preset"], "--variant", config["variant"], "--num-layers", str(config["num_layers"])]
+    while True:
+        argv = base + [token for f in chosen for token in flag_tokens(f, logged[f])]
+        resolved = resolve_args(argv + list(run_argv))
+        differing = [f for f in flags if f not in chosen and as_logged(getattr(resolved, f.dest, f.unset))
+                     != as_logged(logged[f])]
+        if not differing:
+            return argv
+        if not is_on[differing[0]]:
+            raise UsageError(f"{FROM_LOG_FLAG}: the logged {differing[0].name} is unset, but this checkout derives "
+                             f"a value for it: the run's config cannot be reproduced")
+        chosen.append(differing[0])
+
+
+def flags_from_log(log, script, track_flags, resolve_args, run_argv):
     """The flags of the run a log records, checked to have run this checkout's code (the script and every module
     the log embeds, unchanged); raises UsageError otherwise."""
     from speedrun.logformat import changed_source, code_section, read_config
@@ -482,7 +505,7 @@ def flags_from_log(log, script, track_flags):
     if changed is not None:
         raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {changed} is not this checkout's: check out the commit "
                          f"it ran to export it")
-    return flags_of_config(config, track_flags)
+    return flags_of_config(config, track_flags, resolve_args, run_argv)
 
 
 def fixed_flags(argv, config, track_flags):
@@ -500,7 +523,7 @@ def export_main(script, argv, resolve_args, track_flags):
     try:
         out, log, run_argv = split_export_flags(argv)
         if log is not None:
-            run_argv = flags_from_log(log, script, track_flags) + run_argv
+            run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
         text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command)

@@ -121,3 +121,25 @@ def test_a_study_excluding_another_that_is_not_in_the_file_resolves():
     dlo.check_exclusions(config, [dlo])  # the excluded flag's study is absent: off
     with pytest.raises(UsageError, match="cannot be combined with --backout-layers"):
         dlo.check_exclusions(replace(config, backout_layers=(4,)), STUDIES)
+
+
+@pytest.mark.parametrize("script_module, arm", [
+    (T, ["--backout-layers", "4"]),
+    (T, ["--backout-layers", "2", "4", "--backout-mode", "concat-mlp"]),
+    (T, ["--laurel", "rw+lr+pa", "--laurel-rank", "8"]),
+    (T, ["--init-from", __file__, "--dlo-groups", "2", "--dlo-add", "1", "--dlo-sparsity", "0.2"]),
+    (T, ["--rolling-skip"]),
+    (T, ["--base", "r18", "--laurel", "rw+lr"]),
+    (S, ["--fp8-head", "off", "--gated-skip-layer", "3"]),
+])
+def test_the_flags_of_a_logged_config_resolve_to_that_config(script_module, arm):
+    """--from-log rebuilds a run's flags from its logged config (JSON): given back, they resolve to it exactly."""
+    import json
+
+    from speedrun.export import flags_of_config
+    run = ["--preset", "tiny", "--run-name", "r"]
+    config = script_module.resolve_args(run + arm)
+    logged = json.loads(json.dumps(config.as_dict()))
+    extra = ["--init-from", __file__] if "--init-from" in arm else []  # a run flag DLO's resolution needs
+    argv = flags_of_config(logged, script_module.TRACK_FLAGS, script_module.resolve_args, extra)
+    assert script_module.resolve_args(argv + extra + ["--run-name", "r"]) == config
