@@ -129,7 +129,8 @@ def prune_registry(text, name, keep, where):
             for element, kept in reversed(list(zip(elements, keep))):
                 if not kept:
                     lines = replace_lines(lines, element.lineno, element.end_lineno, [])
-            return "\n".join(lines)
+            note = f"# In this file: the studies its run uses; the others of {where} are left out."
+            return "\n".join(replace_lines(lines, node.lineno, node.lineno - 1, [note]))
     raise UsageError(f"{EXPORT_FLAG}: {where}: no {name} = (...) to prune")
 
 
