@@ -20,7 +20,8 @@ CONFIGS = {
     "r14-laurel": (MEDIUM_SCRIPT, ["--laurel", "rw+lr+pa"], [], 1),
     "r14-dlo-expansion": (MEDIUM_SCRIPT, ["--dlo-groups", "2", "--dlo-add", "1"], ["--init-from", "{baseline}"], 1),
     "small": (SMALL_SCRIPT, ["--fp8-head", "off"], [], 1),
-    "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),  # the record backout (layer 4 of 6), 2 ranks
+    # the record's backout (at layer 4 of the tiny 6), on 2 ranks
+    "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),
     # #18 with its own backout (on by default there) and LAuReL on its blocks: the r18 package and its study wiring
     "r18-laurel": (MEDIUM_SCRIPT, ["--base", "r18", "--laurel", "rw+lr"], [], 1),
 }
