@@ -13,6 +13,7 @@ log's code section, with no module sections. A combination it cannot export is r
 
 import ast
 import builtins
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -176,11 +177,20 @@ def import_line(node, alias):
 
 
 def load_module(name, folds, registries):
+    """The module `name` as statements, its `if`s folded and its registries pruned (cached: a process exporting
+    several runs parses each source once per folding)."""
+    path = module_path(name)
+    return parsed_module(name, path.read_text(), tuple(sorted(folds.items())),
+                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()))
+
+
+@functools.lru_cache(maxsize=256)
+def parsed_module(name, source, folds, registries):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text = drop_unreachable(fold_ifs(path.read_text(), folds, where))
-    for registry, keep in registries.get(name, {}).items():
-        text = prune_registry(text, registry, keep, where)
+    text = drop_unreachable(fold_ifs(source, dict(folds), where))
+    for registry, keep in registries:
+        text = prune_registry(text, registry, list(keep), where)
     tree = ast.parse(text)
     lines = text.split("\n")
     body = list(tree.body)
