@@ -3,12 +3,15 @@
 The file is the training script with every project module it needs inlined above it, in import order, each under
 a comment naming where it came from; the project imports are gone and the plain ones (stdlib, numpy, torch) are
 merged at the top. It holds only what the run executes:
-- tests whose value the export knows are folded (the base, the export flag itself: FOLDED_TESTS);
-- the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
+- `if` tests whose value the export knows are folded (the base, the export flag itself: folded_tests), and the
+  statements a kept `return` leaves unreachable are dropped;
+- the study registry keeps only the studies the run switches on (and, on --base r18, those its hand wiring reads:
+  wired_studies), so the other study modules are never inlined;
 - every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block).
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
-log's code section, with no module sections. A combination it cannot export is refused in one line.
+log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
+it cannot export is refused in one line.
 """
 
 import ast
@@ -26,6 +29,8 @@ from speedrun.study import is_set
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
 EXPORT_FLAG = "--export-script"
+FROM_LOG_FLAG = "--from-log"
+STUDIES_MODULE = "speedrun.studies"  # the module of the STUDIES registry the export prunes
 # Flags that define the arm rather than the run: fixed in the file (with the study and track flags).
 ARM_FLAGS = ("--variant", "--num-layers")
 RULE = "# " + "-" * 114
@@ -104,7 +109,7 @@ def drop_unreachable(text):
     return "\n".join(lines)
 
 
-def without_nested_imports(text, first_line, node, where):
+def without_nested_imports(text, first_line, node):
     """A top-level statement's text (its first line is the module's line first_line) with the project imports
     inside it removed; a renamed one (`import x as y`) becomes `y = x` where it stood."""
     lines = text.split("\n")
@@ -213,7 +218,7 @@ def parsed_module(name, source, folds, registries):
                 raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import` of a project module: only "
                                  f"`from ... import` can be inlined")
     for node in body:
-        segment = without_nested_imports("\n".join(lines[previous_end:node.end_lineno]), previous_end + 1, node, where)
+        segment = without_nested_imports("\n".join(lines[previous_end:node.end_lineno]), previous_end + 1, node)
         previous_end = node.end_lineno
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or is_project(node.module or "")):
@@ -441,13 +446,8 @@ def export_source(script, config, fixed_flags, command):
     return text
 
 
-STUDIES_MODULE = "speedrun.studies"
-
 
 # ----- the command line -----------------------------------------------------------------------------------------
-
-FROM_LOG_FLAG = "--from-log"
-
 
 def split_export_flags(argv):
     """(OUT path, LOG path or None, the other flags) of a command line with --export-script OUT [--from-log LOG]."""
