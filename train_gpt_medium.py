@@ -249,7 +249,7 @@ def run(args, proc: Dist):
 
 
 def main(argv=None):
-    return run_main(resolve_args, run, argv)
+    return run_main(resolve_args, run, argv, script=__file__, track_flags=TRACK_FLAGS)
 
 
 if __name__ == "__main__":

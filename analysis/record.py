@@ -4,16 +4,22 @@ The folder is built under a temporary name and renamed at the end, so a half-wri
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from speedrun.logformat import code_section, split_sources
+from speedrun.logformat import changed_source, code_section, split_sources
 
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
 from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
 
 SCRIPT_NAMES = {"medium": "train_gpt_medium.py", "small": "train_gpt.py"}
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The test that trains the modular script and its single-file export alike (same logged losses and parameters).
+EXPORT_TEST = "tests/scripts/test_export_runs.py"
+MODULAR_FOLDER = "modular"
 TRACK_TITLES = {"medium": "GPT-2 Medium track", "small": "GPT-2 Small track"}
 
 
@@ -38,9 +44,10 @@ def _shared_code(runs) -> str | None:
 
 
 def readme_text(runs, names, track: str, name: str, date: str, target: float, variant: str,
-                left_out: int = 0, sequential: dict | None = None, not_counted=()) -> str:
+                left_out: int = 0, sequential: dict | None = None, not_counted=(), code_note: str = "") -> str:
     """The record's README. `sequential`: the verdict of the sequential study the runs come from (its p-value is
-    the claim's; the fixed-sample p is then not valid after looking); `not_counted`: logs left out, with why."""
+    the claim's; the fixed-sample p is then not valid after looking); `not_counted`: logs left out, with why;
+    `code_note`: which code made the logs (the single file or the modular script)."""
     losses = [run.final_val_loss for run in runs]
     times = [run.train_time_s for run in runs]
     st = loss_time_stats(losses, times, target)
@@ -58,6 +65,8 @@ packaged on {date}{f"; {left_out} unfinished run(s) of the same folder were left
 - train time: mean {num(mean_time, 3)} s, sample standard deviation {num(std_time, 3)} s
 - one-sided one-sample t-test that the mean loss is below {target:g}: p = {pval(p_value)}{_sequential_lines(sequential)}
 {_not_counted_lines(not_counted)}
+{code_note}
+
 The p-value, recomputed from the losses above:
 
 ```python
@@ -112,15 +121,10 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
         names = _log_names(runs)
         for run, log_name in zip(runs, names):
             shutil.copy2(run.path, staging / log_name)
-        code = _shared_code(runs)
-        if code is not None:
-            script, modules = split_sources(code)
-            (staging / SCRIPT_NAMES[track]).write_text(script, encoding="utf-8")
-            for module, source in modules.items():
-                (staging / module).parent.mkdir(exist_ok=True)
-                (staging / module).write_text(source, encoding="utf-8")
+        code_note = write_code(_shared_code(runs), runs[0].path, track, staging)
         (staging / "README.md").write_text(
-            readme_text(runs, names, track, name, date, target, variants[0], left_out, sequential, not_counted),
+            readme_text(runs, names, track, name, date, target, variants[0], left_out, sequential, not_counted,
+                        code_note),
             encoding="utf-8")
         if destination.exists():  # created meanwhile by someone else: never overwrite
             raise RecordError(f"{destination} already exists")
@@ -129,3 +133,44 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return destination
+
+
+def export_single_file(log: Path, track: str, out: Path) -> str | None:
+    """Exports the run of `log` as one file (the training script's --export-script --from-log); None when written,
+    else the one line saying why not."""
+    script = PROJECT_ROOT / SCRIPT_NAMES[track]
+    done = subprocess.run([sys.executable, str(script), "--export-script", str(out), "--from-log", str(log)],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT)
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or ["the export failed"])[-1].removeprefix("error: ")
+
+
+def write_code(code: str | None, log: Path, track: str, folder: Path) -> str:
+    """Writes the code the runs share into the record folder under upstream's name; returns the README's lines on
+    which code made the logs. Logs of one file: that file. Logs of the modular script: its export as one file
+    under upstream's name, the modular code (as the logs embed it) under modular/; without an export (code other
+    than this checkout's, a base it cannot export), the modular script under upstream's name and its modules."""
+    script_name = SCRIPT_NAMES[track]
+    if code is None:
+        return "\nThe logs do not share one source: no script is included.\n"
+    script, modules = split_sources(code)
+    if not modules:
+        (folder / script_name).write_text(script, encoding="utf-8")
+        return f"\nThe logs were made by `{script_name}`, this folder's single file (its source opens each log).\n"
+    changed = changed_source(code, PROJECT_ROOT, script_name)
+    if changed is not None:
+        why_not = f"the runs' {changed} is not this checkout's (export it from the commit that ran them)"
+    else:
+        why_not = export_single_file(log, track, folder / script_name)
+    modular = folder if why_not else folder / MODULAR_FOLDER
+    for path, source in [(script_name, script), *modules.items()]:
+        (modular / path).parent.mkdir(parents=True, exist_ok=True)
+        (modular / path).write_text(source, encoding="utf-8")
+    if why_not:
+        return (f"\nThe logs were made by the modular script `{script_name}` and the project modules beside it, as "
+                f"each log embeds them. No single file: {why_not}.\n")
+    return (f"\nThe logs were made by the modular script (`{MODULAR_FOLDER}/`: `{script_name}` and the project "
+            f"modules, as each log embeds them) with the flags of their config lines. `{script_name}` is that run "
+            f"exported as one file (`--export-script`); with the same flags and seed it logs the same losses and ends "
+            f"with the same parameters, bit for bit ({EXPORT_TEST}).\n")

@@ -18,6 +18,8 @@ import re
 
 import numpy as np
 
+from speedrun.logformat import ADDED_PARAMS_PREFIX, parse_added_params
+
 from .stats import mean_std
 from .textfmt import integer_like, num, table
 
@@ -95,14 +97,12 @@ def numeric_mean(values):
     return present[0] if present else None
 
 
-_ADDED_TOTAL = re.compile(r"\btotal (\d+)\s*$")
-
-
 def added_params(run):
-    """The run's added parameter count: the `total N` of the training scripts' line, else the value as given."""
+    """The run's added parameter count: the `total N` of the training scripts' line (read by speedrun.logformat's
+    parser), else the value as given."""
     value = run.setting(*ADDED_PARAM_KEYS)
-    match = _ADDED_TOTAL.search(value) if isinstance(value, str) else None
-    return int(match.group(1)) if match else value
+    parsed = parse_added_params(ADDED_PARAMS_PREFIX + value) if isinstance(value, str) else None
+    return parsed[1] if parsed else value
 
 
 def effective_flops(run):

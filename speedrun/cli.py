@@ -179,11 +179,39 @@ def check_shared_args(args, presets):
         raise UsageError(f"--profile-steps must be at least 0, got {args.profile_steps}")
 
 
-def run_main(resolve_args, run, argv=None):
+# The study and track flags of the run an exported single file was made for (speedrun/export.py writes them here,
+# in that file); read before the command line's.
+FIXED_FLAGS = ()
+
+
+def with_fixed_flags(argv):
+    """FIXED_FLAGS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag given on the
+    command line is refused: the file is one arm's."""
+    if not FIXED_FLAGS:
+        return list(argv)
+    fixed = {token for token in FIXED_FLAGS if token.startswith("--")}
+    fixed |= {flag.name for study in STUDIES for flag in study.flags}
+    for token in argv:
+        if token.split("=")[0] in fixed:
+            raise UsageError(f"{token.split('=')[0]}: this file runs one arm ({' '.join(FIXED_FLAGS)}); export the "
+                             f"modular script again for another")
+    return [*FIXED_FLAGS, *argv]
+
+
+def asks_for_export(argv):
+    return any(token.split("=")[0] == "--export-script" for token in argv)
+
+
+def run_main(resolve_args, run, argv=None, script=None, track_flags=()):
     """Parses and checks the flags, sets up the process group and runs; bad input at any point is one line on
-    stderr and exit status 2."""
+    stderr and exit status 2. With --export-script OUT.py it writes the run's standalone file instead (script:
+    the training script's path, track_flags: its own flags, fixed in that file)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if asks_for_export(argv):  # folded away in the exported file
+        from speedrun.export import export_main
+        return export_main(script, argv, resolve_args, track_flags)
     try:
-        args = resolve_args(argv)
+        args = resolve_args(with_fixed_flags(argv))
         proc = setup_distributed()
     except UsageError as e:  # every rank parses the same flags: rank 0 alone says what is wrong
         if is_reporting_rank():

@@ -236,6 +236,17 @@ def split_sources(code: str) -> tuple[str, dict[str, str]]:
     return code[:headers[0].start()], modules
 
 
+def changed_source(code: str, root, script_name: str) -> str | None:
+    """The first file of a log's code section (the script, as script_name, then each embedded module) whose text
+    differs from the file under `root` (a checkout), as a path relative to it; None when every one is the same."""
+    script, modules = split_sources(code)
+    for path, text in [(script_name, script), *modules.items()]:
+        file = root / path
+        if not file.is_file() or file.read_text().rstrip("\n") != text.rstrip("\n"):
+            return path
+    return None
+
+
 def read_config(data: bytes) -> dict | None:
     """The config of a log's bytes, or None when it has no config line (yet) or its JSON is no object."""
     data = b"\n" + data.replace(b"\r\n", b"\n")

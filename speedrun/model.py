@@ -186,8 +186,11 @@ class StudyGPT(nn.Module):
     def added_params(self):
         """Parameters added by each study variant: its modules plus its scalar slices ("name" or "name.*")."""
         counts = {name: sum(p.numel() for p in module.parameters()) for name, module in self.study.items()}
+        # a scalar slice named after its study with `_` for `-` (gated_skip) counts under the study's name, once
+        study_names = {name.replace("-", "_"): name for name in self.study}
         for key, (a, b) in self.scalar_layout.items():
             variant = key.split(".")[0]
+            variant = study_names.get(variant.replace("-", "_"), variant)
             if variant not in TRACK_SCALARS:
                 counts[variant] = counts.get(variant, 0) + (b - a)
         for variant, n in self.extra_param_counts.items():

@@ -74,12 +74,13 @@ class Study:
         return self.model_part is not None and getattr(model_cfg, name) != default
 
     def check_exclusions(self, config, studies):
-        """Raises UsageError when this study is on together with a flag it excludes."""
+        """Raises UsageError when this study is on together with a flag it excludes (a flag of a study that is not
+        in `studies`, as in an exported file that holds only the studies switched on, is off)."""
         if not self.active(config):
             return
         flags = {flag.name: flag for study in studies for flag in study.flags}
         for name in self.excludes:
-            if is_set(getattr(config, flags[name].dest)):
+            if name in flags and is_set(getattr(config, flags[name].dest)):
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
 
 

@@ -68,7 +68,7 @@ def tiny_data_args(shard_dir):
             "--val-files", str(shard_dir / "syn_val_*.bin")]
 
 
-def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
+def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, cwd=ROOT, **kwargs):
     """Runs the training script (under torchrun when nproc > 1); returns the CompletedProcess."""
     # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack into the captured stderr.
     # Under load a 2-rank run has (rarely) been aborted at exit, after its last line ("terminate called without
@@ -80,15 +80,17 @@ def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, **kwargs):
                str(script), *args]
     else:
         cmd = [sys.executable, str(script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs)
 
 
 def embedded_sources(script):
     """The code section a run of `script` writes: its source, then the data package's shard format and every
-    speedrun/*.py module (the scripts import all of them) under one `==> PATH <==` header each, in path order."""
+    speedrun/*.py module a run imports (all but the exporter) under one `==> PATH <==` header each, in path
+    order."""
     parts = [Path(script).read_text().rstrip("\n")]
+    # speedrun/export.py is imported by --export-script alone, never by a training run
     modules = [ROOT / "data" / "__init__.py", ROOT / "data" / "shard_format.py",
-               *sorted((ROOT / "speedrun").glob("*.py"))]
+               *sorted(p for p in (ROOT / "speedrun").glob("*.py") if p.name != "export.py")]
     for module in modules:
         parts += [source_header(module.relative_to(ROOT).as_posix()), module.read_text().rstrip("\n")]
     return "\n".join(parts)

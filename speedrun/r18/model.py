@@ -169,7 +169,7 @@ class Attention(nn.Module):
         return F.linear(y, sa_lambdas[1] * self.qkvo_w[3 * self.dim:].type_as(y))
 
 
-class MLP(nn.Module):
+class TransposedMLP(nn.Module):
     """relu^2 MLP; both weights stored [4*dim, dim] (the projection transposed), so NorMuon's shape rule gives
     both the same learning-rate factor."""
 
@@ -191,7 +191,7 @@ class Block(nn.Module):
     def __init__(self, cfg, has_value_embed):
         super().__init__()
         self.attn = Attention(cfg, has_value_embed)
-        self.mlp = MLP(cfg.model_dim)
+        self.mlp = TransposedMLP(cfg.model_dim)
 
     def output_projections(self):
         """(attention's output matrix, the MLP's): zeroed, they make the block the identity (DLO)."""

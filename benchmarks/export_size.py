@@ -1,0 +1,73 @@
+"""Benchmark: how big a single-file export (--export-script) is against the upstream record it reproduces.
+
+Per file: lines by kind (code, docstring, comment, blank), functions and classes, and for an export the lines and
+code lines of each inlined section (`# speedrun/x.py` comments). Upstream records are read from their logs (the
+code section that opens each log, as every upstream record log carries its script):
+
+    python train_gpt_medium.py --export-script /tmp/r14.py
+    python benchmarks/export_size.py /tmp/r14.py --upstream RECORD_LOG.txt
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from speedrun.logformat import code_section  # noqa: E402  (after the path: run from anywhere)
+
+SECTION = re.compile(r"^# ((?:speedrun|data)/\S+\.py|train_gpt\w*\.py)")
+KINDS = ("code", "doc", "comment", "blank")
+
+
+def line_kinds(text):
+    """The kind of each line of a Python source."""
+    tree = ast.parse(text)
+    doc = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and ast.get_docstring(node):
+            doc.update(range(node.body[0].lineno - 1, node.body[0].end_lineno))
+    kinds = []
+    for i, line in enumerate(text.rstrip("\n").split("\n")):
+        stripped = line.strip()
+        kinds.append("blank" if not stripped else "doc" if i in doc else "comment" if stripped.startswith("#")
+                     else "code")
+    return kinds, tree
+
+
+def describe(name, text, sections=False):
+    kinds, tree = line_kinds(text)
+    functions = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree))
+    classes = sum(isinstance(n, ast.ClassDef) for n in ast.walk(tree))
+    out = [f"{name}: {len(kinds)} lines ({', '.join(f'{k} {kinds.count(k)}' for k in KINDS)}), "
+           f"{functions} functions, {classes} classes"]
+    if sections:
+        lines = text.rstrip("\n").split("\n")
+        starts = [i for i, line in enumerate(lines) if SECTION.match(line)]
+        for start, end in zip(starts, starts[1:] + [len(lines)]):
+            part = kinds[start:end]
+            out.append(f"    {SECTION.match(lines[start]).group(1):28s} {end - start:5d} lines, "
+                       f"{part.count('code'):4d} code")
+    return out, len(kinds)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("exports", nargs="+", type=Path, help="exported files")
+    p.add_argument("--upstream", nargs="*", type=Path, default=[], help="upstream record logs")
+    args = p.parse_args(argv)
+    for log in args.upstream:
+        code = code_section(log.read_bytes())
+        if code is None:
+            sys.exit(f"error: {log}: no code section (not a run log)")
+        print("\n".join(describe(f"upstream {log.name}", code)[0]))
+    for path in args.exports:
+        print("\n".join(describe(str(path), path.read_text(), sections=True)[0]))
+
+
+if __name__ == "__main__":
+    main()

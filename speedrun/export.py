@@ -1,0 +1,549 @@
+"""`--export-script OUT.py`: a run's training script as one standalone file, built from the project's own source.
+
+The file is the training script with every project module it needs inlined above it, in import order, each under
+a comment naming where it came from; the project imports are gone and the plain ones (stdlib, numpy, torch) are
+merged at the top. It holds only what the run executes:
+- `if` tests whose value the export knows are folded (the base, the export flag itself: folded_tests), and the
+  statements a kept `return` leaves unreachable are dropped;
+- the study registry keeps only the studies the run switches on (and, on --base r18, those its hand wiring reads:
+  wired_studies), so the other study modules are never inlined;
+- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block).
+The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
+line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
+log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
+it cannot export is refused in one line.
+"""
+
+import ast
+import builtins
+import functools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speedrun.errors import UsageError
+from speedrun.studies import STUDIES
+from speedrun.study import is_set
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT_PACKAGES = ("speedrun", "data")
+EXPORT_FLAG = "--export-script"
+FROM_LOG_FLAG = "--from-log"
+STUDIES_MODULE = "speedrun.studies"  # the module of the STUDIES registry the export prunes
+# Flags that define the arm rather than the run: fixed in the file (with the study and track flags).
+ARM_FLAGS = ("--variant", "--num-layers")
+RULE = "# " + "-" * 114
+
+
+def is_project(module_name):
+    return module_name.split(".")[0] in PROJECT_PACKAGES
+
+
+def module_path(module_name):
+    """The file of a project module (a package's __init__.py)."""
+    base = ROOT.joinpath(*module_name.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def wired_studies(config):
+    """The studies a base reads the config fields of whether they are on or not: --base r18's hand wiring
+    (speedrun/r18/studies.py) reads backout's, LAuReL's and DLO's (#18's own backout is --backout-layers')."""
+    if getattr(config, "base", None) != "r18":
+        return ()
+    from speedrun.r18.studies import RUNS_ON_R18
+    return RUNS_ON_R18
+
+
+def folded_tests(config):
+    """ast.unparse(test) -> its value in this export: the `if` statements on them keep only the branch taken."""
+    base = getattr(config, "base", None)
+    return {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
+            "asks_for_export(argv)": False}
+
+
+# ----- text edits on a module's source ------------------------------------------------------------------------------
+
+def replace_lines(lines, first, last, new_lines):
+    """lines with 1-based lines first..last replaced."""
+    return lines[:first - 1] + new_lines + lines[last:]
+
+
+def dedent_lines(lines, columns):
+    return [line[columns:] if line[:columns].strip() == "" else line.lstrip() for line in lines]
+
+
+def fold_ifs(text, folds, where):
+    """The source with each `if` whose test is in folds replaced by the branch it takes (outermost first)."""
+    while True:
+        tree = ast.parse(text)
+        node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) in folds), None)
+        if node is None:
+            return text
+        lines = text.split("\n")
+        branch = node.body if folds[ast.unparse(node.test)] else node.orelse
+        if branch and lines[branch[0].lineno - 1].lstrip().startswith("elif"):
+            raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: cannot fold an elif chain")
+        kept = []
+        if branch:
+            kept = dedent_lines(lines[branch[0].lineno - 1:branch[-1].end_lineno],
+                                branch[0].col_offset - node.col_offset)
+        text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+
+
+def drop_unreachable(text):
+    """The source without the statements that follow a `return` or `raise` in the same block (a folded `if` can
+    leave them: `if base == "r18": return ...` kept whole)."""
+    tree = ast.parse(text)
+    cuts = []
+    for node in ast.walk(tree):
+        for body in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+            if not isinstance(body, list):
+                continue
+            ends = [i for i, s in enumerate(body) if isinstance(s, (ast.Return, ast.Raise))]
+            if ends and ends[0] + 1 < len(body):
+                cuts.append((body[ends[0] + 1].lineno, body[-1].end_lineno))
+    lines = text.split("\n")
+    for first, last in sorted(cuts, reverse=True):
+        lines = replace_lines(lines, first, last, [])
+    return "\n".join(lines)
+
+
+def without_nested_imports(text, first_line, node):
+    """A top-level statement's text (its first line is the module's line first_line) with the project imports
+    inside it removed; a renamed one (`import x as y`) becomes `y = x` where it stood."""
+    lines = text.split("\n")
+    nested = [n for n in ast.walk(node) if n is not node and isinstance(n, ast.ImportFrom) and n.module
+              and is_project(n.module)]
+    for imp in sorted(nested, key=lambda n: n.lineno, reverse=True):
+        indent = " " * imp.col_offset
+        kept = [f"{indent}{a.asname} = {a.name}" for a in imp.names if a.asname and a.asname != a.name]
+        lines = replace_lines(lines, imp.lineno - first_line + 1, imp.end_lineno - first_line + 1, kept)
+    return "\n".join(lines)
+
+
+def prune_registry(text, name, keep, where):
+    """The source with the elements of the top-level tuple `name = (...)` kept where keep[i] (each element on
+    whole lines of its own)."""
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
+            elements = node.value.elts
+            if len(elements) != len(keep):
+                raise UsageError(f"{EXPORT_FLAG}: {where}: {name} has {len(elements)} entries, the run {len(keep)}")
+            lines = text.split("\n")
+            for element, kept in reversed(list(zip(elements, keep))):
+                if not kept:
+                    lines = replace_lines(lines, element.lineno, element.end_lineno, [])
+            note = f"# In this file: the studies its run uses; the others of {where} are left out."
+            return "\n".join(replace_lines(lines, node.lineno, node.lineno - 1, [note]))
+    raise UsageError(f"{EXPORT_FLAG}: {where}: no {name} = (...) to prune")
+
+
+# ----- a module as statements ------------------------------------------------------------------------------------
+
+@dataclass
+class Statement:
+    node: ast.stmt
+    text: str  # its lines, with the comments and blank lines before it
+    defines: set = field(default_factory=set)
+    refs: set = field(default_factory=set)
+
+    @property
+    def is_definition(self):
+        return bool(self.defines)
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    docstring: str | None
+    statements: list  # Statement, imports excluded
+    plain_imports: dict  # bound name -> import line (stdlib, numpy, torch)
+    project_imports: dict  # bound name -> (module, name), at any depth (lazy imports included)
+    import_order: list  # project modules in the order this one imports them
+
+    def definers(self, name):
+        return [s for s in self.statements if name in s.defines]
+
+
+def assigned_names(node):
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def import_line(node, alias):
+    bound = alias.asname or alias.name.split(".")[0]
+    if isinstance(node, ast.Import):
+        line = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+        return bound, line
+    return bound, (node.module, alias.name, alias.asname)
+
+
+def load_module(name, folds, registries):
+    """The module `name` as statements, its `if`s folded and its registries pruned (cached: a process exporting
+    several runs parses each source once per folding)."""
+    path = module_path(name)
+    return parsed_module(name, path.read_text(), tuple(sorted(folds.items())),
+                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()))
+
+
+@functools.lru_cache(maxsize=256)
+def parsed_module(name, source, folds, registries):
+    path = module_path(name)
+    where = path.relative_to(ROOT).as_posix()
+    text = drop_unreachable(fold_ifs(source, dict(folds), where))
+    for registry, keep in registries:
+        text = prune_registry(text, registry, list(keep), where)
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    body = list(tree.body)
+    docstring = ast.get_docstring(tree, clean=True)
+    previous_end = 0
+    if docstring is not None:
+        previous_end = body.pop(0).end_lineno
+    module = Module(name, path, docstring, [], {}, {}, [])
+    for node in ast.walk(tree):  # project imports at any depth: lazy ones resolve names too
+        if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
+            for alias in node.names:
+                module.project_imports[alias.asname or alias.name] = (node.module, alias.name)
+                if alias.asname and alias.asname != alias.name and node in tree.body:
+                    raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import {alias.name} as "
+                                     f"{alias.asname}` at module level cannot be inlined (import it unrenamed)")
+            if node.module not in module.import_order:
+                module.import_order.append(node.module)
+        elif isinstance(node, ast.Import) and any(is_project(a.name) for a in node.names):
+            if any(a.name != "speedrun" for a in node.names):
+                raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import` of a project module: only "
+                                 f"`from ... import` can be inlined")
+    for node in body:
+        segment = without_nested_imports("\n".join(lines[previous_end:node.end_lineno]), previous_end + 1, node)
+        previous_end = node.end_lineno
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or is_project(node.module or "")):
+                continue
+            if isinstance(node, ast.Import) and all(is_project(a.name) for a in node.names):
+                continue
+            for alias in node.names:
+                bound, line = import_line(node, alias)
+                module.plain_imports[bound] = line
+            continue
+        statement = Statement(node, segment)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            statement.defines = {node.name}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and all(
+                isinstance(n, (ast.Name, ast.Tuple, ast.Store)) for t in
+                (node.targets if isinstance(node, ast.Assign) else [node.target]) for n in ast.walk(t)):
+            statement.defines = assigned_names(node)
+        statement.refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        module.statements.append(statement)
+    return module
+
+
+# ----- what the run needs ---------------------------------------------------------------------------------------
+
+class Program:
+    """The modules reachable from the script and, of each, the statements something kept refers to."""
+
+    def __init__(self, script_module, folds, registries):
+        self.folds, self.registries = folds, registries
+        self.modules = {}
+        self.kept = {}  # module name -> set of statement ids
+        self.script = self.load(script_module)
+        self.shake()
+
+    def load(self, name):
+        if name not in self.modules:
+            self.modules[name] = load_module(name, self.folds, self.registries)
+            self.kept[name] = set()
+        return self.modules[name]
+
+    def resolve(self, module, name, seen=()):
+        """(module, statement list) that define `name` as seen from `module`, following project imports; None for
+        a builtin, a local or a plain import."""
+        if module.definers(name):
+            return module, module.definers(name)
+        if name in module.project_imports:
+            target_name, target = module.project_imports[name]
+            if (target_name, target) in seen:
+                return None
+            return self.resolve(self.load(target_name), target, seen + ((target_name, target),))
+        return None
+
+    def keep(self, module, statements, work):
+        fresh = [s for s in statements if id(s) not in self.kept[module.name]]
+        if fresh and not self.kept[module.name]:  # a module that runs: its package's __init__ and side effects
+            fresh += [s for s in module.statements if not s.is_definition]
+            package = module.name.rsplit(".", 1)[0] if "." in module.name else module.name
+            if is_project(package) and package != module.name and module_path(package).name == "__init__.py":
+                init = self.load(package)
+                self.keep(init, [s for s in init.statements if not s.is_definition], work)
+        for s in fresh:
+            if id(s) not in self.kept[module.name]:
+                self.kept[module.name].add(id(s))
+                work.append((module, s))
+
+    def shake(self):
+        work = []
+        self.keep(self.script, [s for s in self.script.statements if not s.is_definition], work)
+        while work:
+            module, statement = work.pop()
+            for name in sorted(statement.refs):
+                found = self.resolve(module, name)
+                if found is not None:
+                    target, definers = found
+                    self.keep(target, definers, work)
+
+    def kept_statements(self, module):
+        return [s for s in module.statements if id(s) in self.kept[module.name]]
+
+    def order(self):
+        """The kept modules, each after those it imports (packages' __init__ first), the script last."""
+        done, visiting = [], set()
+
+        def visit(name):
+            if name in done or name in visiting or name not in self.modules:
+                return
+            visiting.add(name)
+            for dependency in self.modules[name].import_order:
+                visit(dependency)
+            if self.kept[name]:
+                done.append(name)
+        for name in sorted(self.modules):
+            if module_path(name).name == "__init__.py":
+                visit(name)
+        visit(self.script.name)
+        return [self.modules[name] for name in done]
+
+
+# ----- the file ---------------------------------------------------------------------------------------------------
+
+def used_imports(module, statements):
+    refs = set().union(*(s.refs for s in statements)) if statements else set()
+    return {bound: line for bound, line in module.plain_imports.items() if bound in refs}
+
+
+def import_block(imports):
+    """Plain imports as lines: `import x` ones, then the merged `from x import a, b` ones; stdlib first."""
+    def third_party(module):
+        return module.split(".")[0] not in sys.stdlib_module_names
+
+    plain = sorted({line for line in imports if isinstance(line, str)},
+                   key=lambda line: (third_party(line.split()[1]), line))
+    merged = {}
+    for line in imports:
+        if not isinstance(line, str):
+            source, name, asname = line
+            merged.setdefault(source, set()).add(name + (f" as {asname}" if asname else ""))
+    froms = [f"from {source} import {', '.join(sorted(names))}" for source, names in merged.items()]
+    lines = [line for line in plain if not third_party(line.split()[1])]
+    lines += sorted(line for line in froms if not third_party(line.split()[1]))
+    lines += [""] if lines else []
+    lines += [line for line in plain if third_party(line.split()[1])]
+    lines += sorted(line for line in froms if third_party(line.split()[1]))
+    return lines
+
+
+def check_names(modules, program):
+    """Raises UsageError where two kept modules bind one name differently (one file has one namespace)."""
+    bound = {}
+    for module in modules:
+        statements = program.kept_statements(module)
+        names = {name: module.name for s in statements for name in s.defines}
+        names.update({b: line for b, line in used_imports(module, statements).items()})
+        for name, origin in names.items():
+            if name in bound and bound[name] != origin:
+                raise UsageError(f"{EXPORT_FLAG}: `{name}` is bound by both {bound[name]} and {origin}: rename "
+                                 f"one to export this run")
+            bound[name] = origin
+            if isinstance(origin, str) and hasattr(builtins, name):
+                raise UsageError(f"{EXPORT_FLAG}: {origin} defines `{name}`, a builtin's name")
+
+
+def comment_block(text):
+    return [("# " + line).rstrip() for line in text.split("\n")]
+
+
+def section_header(module, study_line):
+    relative = module.path.relative_to(ROOT).as_posix()
+    lines = ["", "", RULE, f"# {relative}" + (f": {study_line}" if study_line else "")]
+    if module.docstring and module.path.name != "__init__.py":
+        lines += comment_block(module.docstring)
+    return lines + [RULE]
+
+
+def study_lines(active, fixed):
+    """Module name -> the comment line saying which switched-on study its section is, its flags and how it enters."""
+    lines = {}
+    for study in active:
+        names = {flag.name for flag in study.flags}
+        flags = " ".join(token for name, values in flag_groups(fixed) if name in names for token in [name, *values])
+        lines[study.resolve.__module__] = (f"the {study.name} study ({flags}), switched on in this file; it enters "
+                                           f"the model through the hooks of its ModelPart class")
+    return lines
+
+
+def flag_groups(argv):
+    """[(flag name, [its values])] of a command line (`--flag=value` split)."""
+    groups = []
+    for token in argv:
+        if token.startswith("--"):
+            name, _, value = token.partition("=")
+            groups.append((name, [value] if value else []))
+        elif groups:
+            groups[-1][1].append(token)
+    return groups
+
+
+def export_source(script, config, fixed_flags, command):
+    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags."""
+    active = [study for study in STUDIES if study.active(config)]
+    registries = {STUDIES_MODULE: {"STUDIES": [study in active or study.name in wired_studies(config)
+                                               for study in STUDIES]}}
+    script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+    program = Program(script_module, folded_tests(config), registries)
+    modules = program.order()
+    check_names(modules, program)
+    studies = study_lines(active, fixed_flags)
+    script_docstring = program.script.docstring or ""
+    out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
+           "",
+           "Exported as one file by",
+           f"    {command}",
+           "The project's modules this run executes are inlined below in import order, each under a comment",
+           "naming its source file; the study and track flags of the run are fixed",
+           "(FIXED_FLAGS); the command line keeps the run flags (--seed, --log-dir, --stop-after, --preset...).",
+           'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""']
+    emitted_imports = set()
+    # Package __init__ side effects first: speedrun's sets the CUDA allocator's config before torch is imported.
+    for module in [m for m in modules if m.path.name == "__init__.py"]:
+        statements = program.kept_statements(module)
+        imports = list(used_imports(module, statements).values())
+        emitted_imports.update(imports)
+        body = [s.text for s in statements]
+        if body:
+            out += ["", f"# {module.path.relative_to(ROOT).as_posix()}"] + import_block(imports) + body
+    rest = [m for m in modules if m.path.name != "__init__.py"]
+    imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
+               if line not in emitted_imports]
+    out += [""] + import_block(list(dict.fromkeys(imports)))
+    out += ["", RULE, "# The run this file was exported for: its study and track flags, read before the command line",
+            "# (speedrun/cli.py's with_fixed_flags); these and every study flag are refused on the command line.",
+            RULE, f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
+    for module in rest:
+        statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
+        if not statements:
+            continue
+        if module is program.script:
+            out += ["", "", RULE, f"# {module.path.relative_to(ROOT).as_posix()}: the track's model, optimisers "
+                                  f"and run", RULE]
+        else:
+            out += section_header(module, studies.get(module.name))
+        out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
+    text = "\n".join(out).rstrip("\n") + "\n"
+    ast.parse(text)  # a file that does not compile is a bug here, never written
+    return text
+
+
+
+# ----- the command line -----------------------------------------------------------------------------------------
+
+def split_export_flags(argv):
+    """(OUT path, LOG path or None, the other flags) of a command line with --export-script OUT [--from-log LOG]."""
+    rest, values = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}
+    tokens = iter(argv)
+    for token in tokens:
+        name, equals, value = token.partition("=")
+        if name in values:
+            values[name] = value if equals else next(tokens, None)
+            if not values[name] or values[name].startswith("--"):
+                raise UsageError(f"{name} needs a file name")
+        else:
+            rest.append(token)
+    out = values[EXPORT_FLAG]
+    if not out or not out.endswith(".py"):
+        raise UsageError(f"{EXPORT_FLAG}: the file name must end in .py, got {out!r}")
+    return out, values[FROM_LOG_FLAG], rest
+
+
+def flag_tokens(flag, value):
+    """A flag and its value as command-line tokens (a switch alone, a list as its items)."""
+    values = [] if value is True else list(value) if isinstance(value, (list, tuple)) else [value]
+    return [flag.name, *map(str, values)]
+
+
+def as_logged(value):
+    return json.loads(json.dumps(value))
+
+
+def flags_of_config(config, track_flags, resolve_args, run_argv=()):
+    """The command line of a logged run's config (a dict): its preset, variant and depth, the track flags it set and
+    its study flags, each study's switch first, then any other flag whose logged value the resolution without it
+    does not give (a default derived from the others is left to be derived again: given, some are refused).
+    run_argv: the run flags resolution needs besides (DLO's --init-from)."""
+    flags = [f for study in STUDIES for f in study.flags] + list(track_flags)
+    logged = {f: config.get(f.dest, f.unset) for f in flags}
+    is_on = {f: logged[f] != f.unset and is_set(tuple(logged[f]) if isinstance(logged[f], list) else logged[f])
+             for f in flags}
+    chosen = [f for f in track_flags if is_on[f]] + [study.flags[0] for study in STUDIES if is_on[study.flags[0]]]
+    base = ["--preset", config["preset"], "--variant", config["variant"], "--num-layers", str(config["num_layers"])]
+    while True:
+        argv = base + [token for f in chosen for token in flag_tokens(f, logged[f])]
+        resolved = resolve_args(argv + list(run_argv))
+        differing = [f for f in flags if f not in chosen and as_logged(getattr(resolved, f.dest, f.unset))
+                     != as_logged(logged[f])]
+        if not differing:
+            return argv
+        if not is_on[differing[0]]:
+            raise UsageError(f"{FROM_LOG_FLAG}: the logged {differing[0].name} is unset, but this checkout derives "
+                             f"a value for it: the run's config cannot be reproduced")
+        chosen.append(differing[0])
+
+
+def flags_from_log(log, script, track_flags, resolve_args, run_argv):
+    """The flags of the run a log records, checked to have run this checkout's code (the script and every module
+    the log embeds, unchanged); raises UsageError otherwise."""
+    from speedrun.logformat import changed_source, code_section, read_config
+    try:
+        data = Path(log).read_bytes()
+    except OSError as e:
+        raise UsageError(f"{FROM_LOG_FLAG} {log}: cannot read ({e.strerror or e})") from None
+    config, code = read_config(data), code_section(data)
+    if config is None or code is None:
+        raise UsageError(f"{FROM_LOG_FLAG} {log}: no run log of this project (no code section or config line)")
+    changed = changed_source(code, ROOT, Path(script).name)
+    if changed is not None:
+        raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {changed} is not this checkout's: check out the commit "
+                         f"it ran to export it")
+    return flags_of_config(config, track_flags, resolve_args, run_argv)
+
+
+def fixed_flags(argv, config, track_flags):
+    """The flags of argv that define the arm (study, track and ARM_FLAGS, each with its values), plus --base."""
+    names = {flag.name for study in STUDIES for flag in study.flags} | {f.name for f in track_flags} | set(ARM_FLAGS)
+    fixed = [token for name, values in flag_groups(argv) if name in names for token in [name, *values]]
+    if hasattr(config, "base") and "--base" not in fixed:
+        fixed += ["--base", config.base]
+    return fixed
+
+
+def export_main(script, argv, resolve_args, track_flags):
+    """Writes the standalone file of the run that argv (with --export-script OUT) describes; 0, or 2 with one line
+    on stderr."""
+    try:
+        out, log, run_argv = split_export_flags(argv)
+        if log is not None:
+            run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
+        config = resolve_args(run_argv)
+        command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
+        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command)
+        try:
+            Path(out).write_text(text)
+        except OSError as e:
+            raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: {text.count(chr(10))} lines, one file")
+    return 0

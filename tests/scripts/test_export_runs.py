@@ -1,0 +1,103 @@
+"""An exported single file (--export-script) trains bit for bit like the modular script it came from: the same
+flags and seed give the same logged losses and scalars and the same final parameters, from a folder without this
+project, at world sizes 1 and 2; its log holds its own source alone and `analysis` reads it like any run log."""
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from analysis.logs import parse_log
+from conftest import MEDIUM_SCRIPT, SMALL_SCRIPT, launch_script
+
+COMMON = ["--num-iterations", "2", "--val-every", "1", "--seed", "5", "--save-final-checkpoint"]
+# name: (script, the arm's flags (fixed in the file), run flags of both runs, world size); "{baseline}" is the r14
+# baseline's final checkpoint. One pair per idea the file must carry: the r14, small-track and r18 bases, each r14
+# study's module (the DLO expansion from a checkpoint), and gradient averaging across two ranks.
+CONFIGS = {
+    "r14-baseline": (MEDIUM_SCRIPT, [], [], 1),
+    "r14-laurel": (MEDIUM_SCRIPT, ["--laurel", "rw+lr+pa"], [], 1),
+    "r14-dlo-expansion": (MEDIUM_SCRIPT, ["--dlo-groups", "2", "--dlo-add", "1"], ["--init-from", "{baseline}"], 1),
+    "small": (SMALL_SCRIPT, ["--fp8-head", "off"], [], 1),
+    # the record's backout (at layer 4 of the tiny 6), on 2 ranks
+    "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),
+    # #18 with its own backout (on by default there) and LAuReL on its blocks: the r18 package and its study wiring
+    "r18-laurel": (MEDIUM_SCRIPT, ["--base", "r18", "--laurel", "rw+lr"], [], 1),
+}
+LOGGED = re.compile(r"^step:(\d+)/\d+ (val_loss:\S+|scalars: .*)", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def paired_runs(shard_dir, tmp_path_factory):
+    """name -> (modular run folder, export run folder, the exported file): each pair run once for the module."""
+    done = {}
+    data = ["--preset", "tiny", "--train-files", str(shard_dir / "syn_train_*.bin"),
+            "--val-files", str(shard_dir / "syn_val_*.bin")]
+
+    def run_pair(name):
+        if name in done:
+            return done[name]
+        script, arm, run_flags, nproc = CONFIGS[name]
+        run_flags = [f.replace("{baseline}", str(run_pair("r14-baseline")[0] / "run.pt")) for f in run_flags]
+        root = tmp_path_factory.mktemp(name)
+        modular, exported, elsewhere = root / "modular", root / "exported", root / "no-checkout"
+        elsewhere.mkdir()
+        out = elsewhere / "exported_run.py"
+        made = subprocess.run([sys.executable, str(script), "--export-script", str(out), *data, *arm, *run_flags],
+                              capture_output=True, text=True, cwd=script.parent, timeout=300)
+        assert made.returncode == 0, made.stderr[-2000:]
+        for folder, target, argv, cwd in ((modular, script, [*data, *arm, *run_flags], script.parent),
+                                          (exported, out, [*data, *run_flags], elsewhere)):
+            res = launch_script([*argv, *COMMON, "--log-dir", str(folder), "--run-name", "run"], nproc=nproc,
+                                script=target, cwd=cwd)
+            assert res.returncode == 0, f"{target}: {res.stderr[-3000:]}"
+        done[name] = (modular, exported, out)
+        return done[name]
+    return run_pair
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONFIGS)
+def test_export_trains_bit_for_bit_like_the_modular_script(paired_runs, name):
+    """Guards that the export is the same program: no fast test runs the file."""
+    modular, exported, out = paired_runs(name)
+    modular_log, exported_log = (modular / "run.txt").read_text(), (exported / "run.txt").read_text()
+    logged = LOGGED.findall(modular_log)
+    assert len(logged) >= 6 and LOGGED.findall(exported_log) == logged
+    ours, theirs = (torch.load(f / "run.pt", weights_only=False)["model"] for f in (modular, exported))
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # the log opens with the file's own source, no module sections; analysis reads it as the same arm
+    assert exported_log.startswith(out.read_text().rstrip("\n") + "\n" + "=" * 100)
+    assert "\n==> speedrun/" not in exported_log
+    a, b = parse_log(modular / "run.txt"), parse_log(exported / "run.txt")
+    assert b.complete and (b.variant, b.seed, b.val_losses, b.final_step) == (a.variant, a.seed, a.val_losses,
+                                                                              a.final_step)
+    # the file's copy is the one that ran; the folder it ran from holds nothing of this project
+    assert sorted(p.name for p in out.parent.iterdir()) == ["exported_run.py"]
+
+
+@pytest.mark.slow
+def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_the_logs(paired_runs, tmp_path):
+    """Guards analysis record on real logs of both kinds (the fast record tests use made-up logs)."""
+    import ast
+
+    import train_gpt_medium as T
+    from analysis.record import EXPORT_TEST, package_record
+    modular, exported, out = paired_runs("r14-backout-2ranks")
+    folder = package_record([parse_log(modular / "run.txt")], "medium", "M", "2026-11-27", tmp_path / "a")
+    readme = (folder / "README.md").read_text()
+    assert EXPORT_TEST in readme and "made by the modular script" in readme
+    single = (folder / "train_gpt_medium.py").read_text()
+    assert "\n==> " not in single and (folder / "modular" / "speedrun" / "backout.py").is_file()
+    assert (folder / "modular" / "train_gpt_medium.py").read_text() == MEDIUM_SCRIPT.read_text()
+    # its fixed flags (the logged config's) resolve to the run's config
+    fixed = next(ast.literal_eval(n.value) for n in ast.parse(single).body if isinstance(n, ast.Assign)
+                 and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
+    run_flags = ["--preset", "tiny", "--run-name", "r"]
+    assert T.resolve_args([*fixed, *run_flags]) == T.resolve_args([*CONFIGS["r14-backout-2ranks"][1], *run_flags])
+    # logs of the exported file: that file is the record's script
+    folder = package_record([parse_log(exported / "run.txt")], "medium", "E", "2026-11-27", tmp_path / "b")
+    assert (folder / "train_gpt_medium.py").read_text().rstrip("\n") == out.read_text().rstrip("\n")
+    assert "this folder's single file" in (folder / "README.md").read_text()

@@ -1,0 +1,145 @@
+"""--export-script (speedrun/export.py): what the standalone file holds and what it refuses, without running it
+(tests/scripts/test_export_runs.py trains with it)."""
+import ast
+
+import pytest
+
+import train_gpt as S
+import train_gpt_medium as T
+from speedrun.cli import with_fixed_flags
+from speedrun.errors import UsageError
+from speedrun.export import fixed_flags, split_export_flags
+
+STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
+
+
+def export(tmp_path, script_module, *flags):
+    out = tmp_path / "exported.py"
+    assert script_module.main(["--export-script", str(out), "--preset", "tiny", *flags]) == 0
+    return out.read_text()
+
+
+def fixed_flags_of(text):
+    tree = ast.parse(text)
+    assign = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
+    return ast.literal_eval(assign.value)
+
+
+def inlined_sections(text):
+    return [line.split()[1].rstrip(":") for line in text.splitlines() if line.startswith("# ")
+            and line.split()[1].rstrip(":").endswith(".py")]
+
+
+def project_imports(text):
+    return [ast.unparse(n) for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))
+            and any(name.split(".")[0] in ("speedrun", "data", "train_gpt", "train_gpt_medium") for name in
+                    ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]))]
+
+
+def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tmp_path):
+    text = export(tmp_path, T)
+    assert project_imports(text) == []
+    sections = inlined_sections(text)
+    assert "speedrun/model.py" in sections and sections[-1] == "train_gpt_medium.py"
+    assert not [s for s in sections if s.removeprefix("speedrun/").removesuffix(".py") in STUDY_MODULES]
+    assert not [s for s in sections if s.startswith("speedrun/r18")]  # the base is folded to r14
+    assert not [line for line in text.splitlines() if line.startswith("==> ")]  # no log-style module sections
+    assert fixed_flags_of(text) == ("--base", "r14")
+    # tree-shaken: the log readers of logformat.py and the exporter are not in the file
+    assert "def parse_float" not in text and "def export_main" not in text and "def asks_for_export" not in text
+    # the allocator setting comes before torch is imported, as in the modular script
+    assert text.index("PYTORCH_ALLOC_CONF") < text.index("import torch")
+
+
+def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_path):
+    text = export(tmp_path, T, "--backout-layers", "4", "--laurel", "rw+lr+pa")
+    sections = inlined_sections(text)
+    assert "speedrun/backout.py" in sections and "speedrun/laurel.py" in sections
+    assert "speedrun/dlo.py" not in sections and "speedrun/rolling_skip.py" not in sections
+    assert fixed_flags_of(text) == ("--backout-layers", "4", "--laurel", "rw+lr+pa", "--base", "r14")
+    studies = next(n for n in ast.parse(text).body if isinstance(n, ast.Assign)
+                   and ast.unparse(n.targets[0]) == "STUDIES")
+    assert len(studies.value.elts) == 2
+    assert "the backout study (--backout-layers 4)" in text  # the comment where the study enters
+
+
+def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
+    text = export(tmp_path, T, "--base", "r18", "--laurel", "rw")
+    sections = inlined_sections(text)
+    assert project_imports(text) == [] and sections[-1] == "train_gpt_medium.py"
+    assert "speedrun/r18/train.py" in sections and "speedrun/r18/model.py" in sections
+    assert fixed_flags_of(text) == ("--base", "r18", "--laurel", "rw")
+    # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
+    assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
+    script_part = text[text.rindex("# train_gpt_medium.py"):]
+    assert "resolve_track_args(parser, given, PRESETS, __file__, layer_pattern" not in script_part
+    assert "r18_layer_pattern = layer_pattern" in text  # the renamed lazy import, bound where it stood
+
+
+def test_small_track_export_keeps_its_track_flag(tmp_path):
+    text = export(tmp_path, S, "--fp8-head", "off", "--seed", "3")
+    assert fixed_flags_of(text) == ("--fp8-head", "off")  # --seed stays a run flag of the file
+    assert inlined_sections(text)[-1] == "train_gpt.py" and project_imports(text) == []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--export-script", "out.txt"], "must end in .py"),
+    (["--num-layers", "1"], "--num-layers must be at least 2"),
+])
+def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags, message):
+    argv = ["--export-script", str(tmp_path / "x.py"), "--preset", "tiny"] + flags
+    assert T.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_split_and_fixed_flags():
+    out, log, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir", "l"])
+    assert out == "a.py" and log is None and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    config = T.resolve_args(["--preset", "tiny"] + rest)
+    assert fixed_flags(rest, config, T.TRACK_FLAGS) == ["--laurel", "rw", "--base", "r14"]
+
+
+def test_a_fixed_or_study_flag_given_to_an_exported_file_is_refused(monkeypatch):
+    import speedrun.cli as cli
+    assert with_fixed_flags(["--laurel", "rw"]) == ["--laurel", "rw"]  # the modular script: nothing fixed
+    monkeypatch.setattr(cli, "FIXED_FLAGS", ("--laurel", "rw"))
+    assert with_fixed_flags(["--seed", "2"]) == ["--laurel", "rw", "--seed", "2"]
+    for flag in ("--laurel=lr", "--backout-layers"):
+        with pytest.raises(UsageError, match=f"{flag.split('=')[0]}: this file runs one arm"):
+            with_fixed_flags([flag])
+
+
+def test_a_study_excluding_another_that_is_not_in_the_file_resolves():
+    """DLO excludes --backout-layers; a DLO file holds no backout study (a KeyError before the fix)."""
+    from dataclasses import replace
+
+    from speedrun.studies import STUDIES
+    dlo = next(study for study in STUDIES if study.name == "dlo")
+    config = T.resolve_args(["--preset", "tiny", "--init-from", __file__, "--dlo-groups", "2"])
+    dlo.check_exclusions(config, [dlo])  # the excluded flag's study is absent: off
+    with pytest.raises(UsageError, match="cannot be combined with --backout-layers"):
+        dlo.check_exclusions(replace(config, backout_layers=(4,)), STUDIES)
+
+
+@pytest.mark.parametrize("script_module, arm", [
+    (T, ["--backout-layers", "4"]),
+    (T, ["--backout-layers", "2", "4", "--backout-mode", "concat-mlp"]),
+    (T, ["--laurel", "rw+lr+pa", "--laurel-rank", "8"]),
+    (T, ["--init-from", __file__, "--dlo-groups", "2", "--dlo-add", "1", "--dlo-sparsity", "0.2"]),
+    (T, ["--rolling-skip"]),
+    (T, ["--base", "r18", "--laurel", "rw+lr"]),
+    (S, ["--fp8-head", "off", "--gated-skip-layer", "3"]),
+])
+def test_the_flags_of_a_logged_config_resolve_to_that_config(script_module, arm):
+    """--from-log rebuilds a run's flags from its logged config (JSON): given back, they resolve to it exactly."""
+    import json
+
+    from speedrun.export import flags_of_config
+    run = ["--preset", "tiny", "--run-name", "r"]
+    config = script_module.resolve_args(run + arm)
+    logged = json.loads(json.dumps(config.as_dict()))
+    extra = ["--init-from", __file__] if "--init-from" in arm else []  # a run flag DLO's resolution needs
+    argv = flags_of_config(logged, script_module.TRACK_FLAGS, script_module.resolve_args, extra)
+    assert script_module.resolve_args(argv + extra + ["--run-name", "r"]) == config
