@@ -221,7 +221,7 @@ def describe_state(state: dict, stale: dict[str, str] | None = None) -> list[str
             line = (f"STALE {line} ({stale[arm]}; `run --until-decided --redo-stale` drops this look and redoes the "
                     f"runs)")
         lines.append(line)
-    return lines + [verdict_line(state)]
+    return lines + [verdict_line(state, stale)]
 
 
 def runs_still_open(state: dict, stale: dict[str, str], runs: list[Run]) -> list[Run]:
@@ -287,11 +287,16 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
     return 1 if undecided else 0
 
 
-def verdict_line(state: dict) -> str:
-    """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values."""
+def verdict_line(state: dict, stale: dict[str, str] | None = None) -> str:
+    """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values. A stale
+    look (`stale`: of runs the study no longer asks for) is no evidence: its arm has no claim and enters the family
+    as an arm not yet looked at."""
     from analysis.sequential import family_phrase, study_verdicts
 
+    stale = stale or {}
+    current = dict(state, looks={arm: [] if arm in stale else looks for arm, looks in state["looks"].items()})
     return family_phrase(state["design"]) + ": " + "; ".join(
+        f"{arm}: no claim (stale look)" if arm in stale else
         f"{arm}: {v['claim'] or 'no claim (' + v['decision'] + ')'} after {v['n']} seeds"
         + (f", sequential p {v['adjusted_p']:.3g}, family p {v['family_p']:.3g}" if v["adjusted_p"] is not None
-           else "") for arm, v in study_verdicts(state).items())
+           else "") for arm, v in study_verdicts(current).items())
