@@ -108,3 +108,14 @@ def test_a_stale_look_is_no_claim_in_the_verdict_line():
     assert lines[1].startswith("STALE look 2 edited")
     assert lines[-1].endswith("edited: no claim (stale look); kept: no claim (better) after 3 seeds, sequential p "
                               "0.006, family p 0.012")
+
+
+def test_a_diverged_look_is_a_record_this_runner_wrote(tmp_path):
+    """Issue 33's "diverged" look (estimate nan, boundary inf) passes issue 36's check of a recorded look on resume."""
+    from ablations.sequential_study import _save_state, read_state
+    from analysis.sequential import Design, take_look
+
+    look = take_look(Design(alpha=0.01, max_seeds=4, batch=1), [], [2.90, float("nan"), 2.91], [2.90, 2.91, 2.92])
+    record = tmp_path / "sequential.json"
+    _save_state(record, {"design": {"arms": ["exploded"]}, "looks": {"exploded": [look]}})
+    assert read_state(record)["looks"]["exploded"][0]["decision"] == "diverged"
