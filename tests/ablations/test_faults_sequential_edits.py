@@ -28,7 +28,8 @@ def test_an_edited_arms_looks_are_stale_until_redone_and_looked_at_afresh(tmp_pa
 
     write_study(tmp_path, "s", EDITED, flags=FLAGS)
     status = ablations(["status", study], tmp_path, runner_env())
-    (shown,) = [line for line in status.stdout.splitlines() if "backout-L4: n" in line]
+    (shown,) = [line for line in status.stdout.splitlines() if "backout-L4: n " in line]  # the look, not the verdict
+    assert "backout-L4: no claim (stale look)" in status.stdout
     assert shown.strip().startswith(f"STALE look {len(old_looks)}") and "--backout-layers 4, the study now asks 2" in shown
     as_json = json.loads(ablations(["status", study, "--json"], tmp_path, runner_env()).stdout)
     assert list(as_json["sequential"]["stale"]) == ["backout-L4"]
