@@ -96,35 +96,22 @@ def _losses(runs_dir: Path, study: str, arm: str, seeds: int) -> list[float]:
 def read_state(path: Path) -> dict | None:
     """The recorded design and looks of a sequential study (None when it has none); StudyError when the file is
     not one this runner wrote."""
+    from analysis.sequential import record_look_problem
+
     if not path.exists():
         return None
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
         state["design"].setdefault("max_factor", 1.0)  # records written before the key existed: the factor was 1
         for arm in state["design"]["arms"]:
-            for index, look in enumerate(state["looks"][arm], start=1):
-                problem = _look_problem(look)
-                if problem is not None:
-                    raise ValueError(f"look {index} of {arm}: {problem}")
+            problem = record_look_problem(arm, state["looks"][arm])
+            if problem is not None:
+                raise ValueError(problem)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as problem:
         shown = str(problem) if type(problem) is ValueError else repr(problem)
         raise StudyError(f"{path}: not a sequential record this runner wrote ({shown}); move it aside to start the "
                          f"sequential study afresh") from None
     return state
-
-
-def _look_problem(look) -> str | None:
-    """What makes a recorded look one this runner never writes (a hand-edited or damaged record), or None."""
-    from analysis.sequential import DECISIONS
-
-    if not isinstance(look, dict):
-        return "not a table"
-    if look.get("decision") not in DECISIONS:
-        return f"decision {look.get('decision')!r} is not one of {', '.join(DECISIONS)}"
-    for key in ("n", "fraction", "boundary", "z", "p", "estimate"):
-        if isinstance(look.get(key), bool) or not isinstance(look.get(key), (int, float)):
-            return f"{key} {look.get(key)!r} is not a number"
-    return None
 
 
 def arm_config(check: ConfigCheck, study: Study, runs_dir: Path, arm: str) -> dict:
@@ -221,7 +208,7 @@ def describe_state(state: dict, stale: dict[str, str] | None = None) -> list[str
             line = (f"STALE {line} ({stale[arm]}; `run --until-decided --redo-stale` drops this look and redoes the "
                     f"runs)")
         lines.append(line)
-    return lines + [verdict_line(state)]
+    return lines + [verdict_line(state, stale)]
 
 
 def runs_still_open(state: dict, stale: dict[str, str], runs: list[Run]) -> list[Run]:
@@ -287,11 +274,16 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
     return 1 if undecided else 0
 
 
-def verdict_line(state: dict) -> str:
-    """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values."""
+def verdict_line(state: dict, stale: dict[str, str] | None = None) -> str:
+    """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values. A stale
+    look (`stale`: of runs the study no longer asks for) is no evidence: its arm has no claim and enters the family
+    as an arm not yet looked at."""
     from analysis.sequential import family_phrase, study_verdicts
 
+    stale = stale or {}
+    current = dict(state, looks={arm: [] if arm in stale else looks for arm, looks in state["looks"].items()})
     return family_phrase(state["design"]) + ": " + "; ".join(
+        f"{arm}: no claim (stale look)" if arm in stale else
         f"{arm}: {v['claim'] or 'no claim (' + v['decision'] + ')'} after {v['n']} seeds"
         + (f", sequential p {v['adjusted_p']:.3g}, family p {v['family_p']:.3g}" if v["adjusted_p"] is not None
-           else "") for arm, v in study_verdicts(state).items())
+           else "") for arm, v in study_verdicts(current).items())

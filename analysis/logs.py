@@ -301,7 +301,8 @@ def find_log_files(paths) -> list[Path]:
 def _parse_or_unreadable(path: Path):
     if path.is_symlink() and not path.exists():
         return Unreadable(path, f"dangling symlink: its target {os.readlink(path)} does not exist")
-    if not path.is_file():  # never opened: reading a FIFO would wait for a writer
+    # never opened: reading a FIFO would wait for a writer (a missing log is parse_log's "cannot be read")
+    if path.exists() and not path.is_file():
         kind = "a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "not a regular file"
         return Unreadable(path, f"{kind}, not a log file")
     try:

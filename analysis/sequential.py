@@ -460,21 +460,43 @@ def render_markdown(state: dict) -> str:
 DECISIONS = ("continue", "better", "worse", "below target", "not shown", "futile", "diverged")
 
 
+def record_look_problem(arm: str, looks) -> str | None:
+    """What makes an arm's recorded looks ones take_look never writes (a hand-edited or damaged record), or None."""
+    if not isinstance(looks, list):
+        return f"the looks of {arm} are not a list"
+    for index, look in enumerate(looks, start=1):
+        if not isinstance(look, dict):
+            return f"look {index} of {arm}: not a table"
+        if look.get("decision") not in DECISIONS:
+            return f"look {index} of {arm}: decision {look.get('decision')!r} is not one of {', '.join(DECISIONS)}"
+        for key in ("n", "fraction", "boundary", "z", "p", "estimate"):
+            if isinstance(look.get(key), bool) or not isinstance(look.get(key), (int, float)):
+                return f"look {index} of {arm}: {key} {look.get(key)!r} is not a number"
+    return None
+
+
 def _p(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
 def read_record(folder) -> dict | None:
-    """The sequential record of a study folder (or of the folder above a PATH inside one), or None."""
+    """The sequential record of a study folder (or of the folder above a PATH inside one), or None; UsageError (one
+    line) when it holds a look the runner never writes, whose verdict would be no verdict of the study."""
+    from speedrun.errors import UsageError  # noqa: PLC0415
+
     folder = Path(folder)
     for candidate in (folder, folder.parent):
         record = candidate / "sequential.json"
         if record.is_file():
             try:
                 state = json.loads(record.read_text("utf-8"))
-                state["design"]["arms"], state["looks"]  # noqa: B018 (the keys every reader needs)
+                looks = {arm: state["looks"][arm] for arm in state["design"]["arms"]}
             except (OSError, ValueError, KeyError, TypeError):
                 return None
+            problem = next(filter(None, (record_look_problem(arm, looks[arm]) for arm in looks)), None)
+            if problem is not None:
+                raise UsageError(f"{record}: not a sequential record the study runner wrote ({problem}); move it "
+                                 f"aside")
             return state
     return None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from speedrun.errors import OneLineErrorParser
+from speedrun.errors import OneLineErrorParser, UsageError
 
 from .cli import STALE_HELP, comma_list, positive_float, split_stale
 from .compare import claims, compare_arms
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     try:
         print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report, not args.exploratory,
                                unreadable))
-    except MixedTracks as problem:
+    except (MixedTracks, UsageError) as problem:  # UsageError: a damaged sequential record
         print(f"error: {problem}", file=sys.stderr)
         return 2
     return 0

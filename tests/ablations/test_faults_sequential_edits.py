@@ -28,7 +28,8 @@ def test_an_edited_arms_looks_are_stale_until_redone_and_looked_at_afresh(tmp_pa
 
     write_study(tmp_path, "s", EDITED, flags=FLAGS)
     status = ablations(["status", study], tmp_path, runner_env())
-    (shown,) = [line for line in status.stdout.splitlines() if "backout-L4: n" in line]
+    (shown,) = [line for line in status.stdout.splitlines() if "backout-L4: n " in line]  # the look, not the verdict
+    assert "backout-L4: no claim (stale look)" in status.stdout
     assert shown.strip().startswith(f"STALE look {len(old_looks)}") and "--backout-layers 4, the study now asks 2" in shown
     as_json = json.loads(ablations(["status", study, "--json"], tmp_path, runner_env()).stdout)
     assert list(as_json["sequential"]["stale"]) == ["backout-L4"]
@@ -87,3 +88,35 @@ def test_a_record_of_another_design_is_refused_before_the_begin_line(tmp_path, r
     record.write_text(json.dumps({"design": design, "looks": {"backout-L4": []}}))
     assert "records looks of another design (alpha 0.05, now 0.01)" in refused(study, *SEQUENTIAL)
     assert not (tmp_path / "runs" / "s" / "runner.log").exists()
+
+
+def test_a_stale_look_is_no_claim_in_the_verdict_line():
+    """Issue 36 with issue 33's family: status's verdict line never claims from a stale look, and the arm enters the
+    Holm family as not yet looked at (here that costs the other arm its claim: 2 x 0.006 > alpha 0.01)."""
+    from ablations.sequential_study import describe_state
+
+    def look(adjusted):
+        return {"look": 2, "n": 3, "n_baseline": 3, "fraction": 0.75, "boundary": 3.0, "nominal_p": 0.003,
+                "estimate": -0.03, "z": -4.0, "p": 1e-4, "repeated_ci": [-0.05, -0.01], "decision": "better",
+                "adjusted_p": adjusted}
+
+    design = {"alpha": 0.01, "max_seeds": 4, "max_factor": 1.0, "batch": 1, "claim": "vs-baseline",
+              "baseline": "baseline", "target": None, "arms": ["edited", "kept"], "family": True, "family_size": 2}
+    state = {"design": design, "looks": {"edited": [look(0.001)], "kept": [look(0.006)]}}
+    assert describe_state(state)[-1].endswith("edited: better after 3 seeds, sequential p 0.001, family p 0.002; "
+                                              "kept: better after 3 seeds, sequential p 0.006, family p 0.006")
+    lines = describe_state(state, {"edited": "edited's runs were made with --backout-layers 4"})
+    assert lines[1].startswith("STALE look 2 edited")
+    assert lines[-1].endswith("edited: no claim (stale look); kept: no claim (better) after 3 seeds, sequential p "
+                              "0.006, family p 0.012")
+
+
+def test_a_diverged_look_is_a_record_this_runner_wrote(tmp_path):
+    """Issue 33's "diverged" look (estimate nan, boundary inf) passes issue 36's check of a recorded look on resume."""
+    from ablations.sequential_study import _save_state, read_state
+    from analysis.sequential import Design, take_look
+
+    look = take_look(Design(alpha=0.01, max_seeds=4, batch=1), [], [2.90, float("nan"), 2.91], [2.90, 2.91, 2.92])
+    record = tmp_path / "sequential.json"
+    _save_state(record, {"design": {"arms": ["exploded"]}, "looks": {"exploded": [look]}})
+    assert read_state(record)["looks"]["exploded"][0]["decision"] == "diverged"

@@ -159,3 +159,17 @@ def test_plan_sizes_each_arm_of_a_family_at_its_share_of_alpha(capsys):
     result = json.loads(out[out.index("{"):])
     assert result["seeds_per_arm"] == power.seeds_for_difference(0.0005, result["std"], 0.002, 0.8)
     assert result["seeds_per_arm"] > power.seeds_for_difference(0.0005, result["std"], 0.01, 0.8)
+
+
+def test_a_damaged_sequential_record_is_one_line_in_every_command(capsys, tmp_path):
+    """Issue 36's check of a recorded look (a hand-edited "decision": null) holds for issue 33's readers too: no
+    verdict, no traceback, one line and exit 2."""
+    root = write_arms(tmp_path / "s", {"baseline": FAMILY["baseline"], "lucky": FAMILY["lucky"]})
+    sequential_record(root, None)
+    for command in (["compare", root], ["report", root, "--target", "2.92"]):
+        status, out, err = run_cli(capsys, *command)
+        assert status == 2 and len(err.strip().splitlines()) == 1, (out, err)
+        assert "look 1 of lucky: decision None is not one of continue" in err and "move it aside" in err
+    from analysis.terminal import main as terminal
+    assert terminal([str(root), "--target", "2.92"]) == 2
+    assert "decision None" in capsys.readouterr().err
