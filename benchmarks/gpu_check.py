@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analysis.logs import LogUnreadable, parse_log  # noqa: E402
+from speedrun.logformat import parse_step_line  # noqa: E402
 
 # What each base needs of the GPU and of the clock. Memory (GiB, peak allocated): r14 from upstream #137's record
 # log, r18 and the small track measured on 2026-11-27; each process adds its CUDA context (CONTEXT_GIB).
@@ -213,14 +214,11 @@ def render_plan(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Reading a child's output (no GPU needed)
 
-STEP_LINE = re.compile(r"^step:(\d+)/\d+ (?:val_loss:\S+ )?train_time:(\d+(?:\.\d+)?)ms", re.MULTILINE)
-
-
 def steady_step_ms(text, skip=SKIPPED_STEPS):
     """Mean step time (ms) from `step:S/N ... train_time:Tms` lines (ours and upstream's): the train_time gained
     from step `skip` to the last step over those steps, so the first steps' compiles (or cache loads) and
     allocations are left out. None when fewer than two such steps are there."""
-    times = {int(s): float(t) for s, t in STEP_LINE.findall(text)}
+    times = {line.step: line.train_time_ms for line in map(parse_step_line, text.splitlines()) if line is not None}
     steps = sorted(s for s in times if s >= skip)
     if len(steps) < 2:
         return None

@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_check import (VALIDATION_TOKENS, Job, Stage, exit_on_sigterm, run_stage,  # noqa: E402
                                   steady_step_ms)
-
-SEPARATOR = "=" * 100
+from speedrun.logformat import SEPARATOR  # noqa: E402  (upstream's logs use the same line of 100 '=')
 LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1")
 MICRO_BATCHES = 8  # the 8 GPUs of a record, accumulated on one
 # Upstream's data names under the working folder, which both sides glob from (#137 with Path.cwd().glob).
@@ -67,7 +66,8 @@ def extract_script(log_text: str) -> str:
                 raise Refusal(f"the text before the log's first '=' line is not a Python script "
                               f"(line {problem.lineno}: {problem.msg})") from None
             return script
-    raise Refusal("no line of 100 '=' in it: not an upstream record log (script, then '=' * 100, then the output)")
+    raise Refusal("no line of 100 '=' in it: not an upstream record log "
+                  "(script, then a line of 100 '=', then the output)")
 
 
 def stop_edits(last_step_line: str, val_every_old: str, val_every_new: str, steps: int):

@@ -74,10 +74,13 @@ def test_budget_split_keeps_stages_in_order_while_they_fit_and_scales_their_limi
 
 
 def test_step_time_from_our_and_upstream_step_lines_leaves_the_first_steps_out():
-    text = "\n".join(["step:0/50 val_loss:10.8 train_time:0ms step_avg:0.00ms", "step:1/50 train_time:9000ms x",
-                      "step:2/50 train_time:9500ms x", "step:3/50 train_time:10000ms x",
-                      "step:4/50 train_time:10400ms x", "step:5/50 val_loss:7.1 train_time:10850ms step_avg:x",
-                      "step:5/50 train_time:10850ms x"])
+    text = "\n".join(["step:0/50 val_loss:10.8 train_time:0ms step_avg:0.00ms",
+                      "step:1/50 train_time:9000ms step_avg:9000.00ms",
+                      "step:2/50 train_time:9500ms step_avg:4750.00ms",
+                      "step:3/50 train_time:10000ms step_avg:3333.33ms",
+                      "step:4/50 train_time:10400ms step_avg:2600.00ms",
+                      "step:5/50 val_loss:7.1 train_time:10850ms step_avg:2170.00ms",
+                      "step:5/50 train_time:10850ms step_avg:2170.00ms"])
     assert steady_step_ms(text) == pytest.approx(850 / 2)
     assert steady_step_ms(text, skip=1) == pytest.approx(1850 / 4)
     assert steady_step_ms("step:3/50 train_time:10ms") is None and steady_step_ms("") is None

@@ -166,7 +166,7 @@ def test_a_log_without_the_separator_or_a_file_is_refused(tmp_path, capsys):
     text_only.write_text("print('hello')\n")
     code, _, err = dry_run(capsys, text_only, tmp_path)
     assert code == 2 and err == f"error: {text_only}: no line of 100 '=' in it: not an upstream record log " \
-                                f"(script, then '=' * 100, then the output)\n"
+                                f"(script, then a line of 100 '=', then the output)\n"
     code, _, err = dry_run(capsys, tmp_path / "missing.txt", tmp_path)
     assert code == 2 and err.startswith(f"error: --log {tmp_path / 'missing.txt'}: No such file")
     code, _, err = dry_run(capsys, text_only, tmp_path, "--steps", "2")
