@@ -63,8 +63,8 @@ for step in range(train_steps + 1):
     inputs, targets = next(train_loader)
     model(inputs, targets, get_window_size_blocks(step)).backward()
     time.sleep(0.02)
-    print(f"step:{step + 1}/{train_steps} train_time:{1000 * (time.perf_counter() - t0):.0f}ms step_avg:0.00ms "
-          f"micro_batches:{len(micro_batches)} scales:{set(scales)}")
+    print(f"micro_batches:{len(micro_batches)} scales:{set(scales)}")  # what the edits did, beside the step line
+    print(f"step:{step + 1}/{train_steps} train_time:{1000 * (time.perf_counter() - t0):.0f}ms step_avg:0.00ms")
 '''
 
 STAND_IN_18 = '''# torch._inductor.config.coordinate_descent_tuning = True # banned
@@ -129,8 +129,8 @@ def test_the_edited_137_stand_in_does_one_step_as_eight_scaled_micro_batches_and
                          text=True, timeout=120, cwd=tmp_path, env={"WORLD_SIZE": "1", "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert "val_loss" not in run.stdout and len(lines) == 8
-    assert lines[-1].startswith("step:8/50 ") and lines[-1].endswith("micro_batches:64 scales:{8}")
+    assert "val_loss" not in run.stdout and len(lines) == 2 * 8
+    assert lines[-2:] == ["micro_batches:64 scales:{8}", lines[-1]] and lines[-1].startswith("step:8/50 ")
 
 
 def test_the_18_stand_in_gets_torch_varlen_on_both_sides_and_says_so(tmp_path, capsys):
