@@ -74,9 +74,16 @@ class CostMeter:
                 "cpu_s": round(cpu - self._cpu, 3), "child_cpu_s": round(child_cpu - self._child_cpu, 3),
                 "kind": kind_of(self.commands, own_process, _compiled_frames() - self._frames),
                 "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
-        # One write per line, in append mode: lines of the xdist workers do not interleave.
-        with open(self.path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        # One write per line, in append mode: lines of the xdist workers do not interleave. A measurement never fails
+        # the suite: when the line cannot be written (a full disk), it says so once and measures no more.
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as e:
+            print(f"\ncost_meter: cannot write {self.path} ({e.strerror or e}); no more cost lines", file=sys.stderr)
+            self.path = None
 
 
 class CostPlugin:

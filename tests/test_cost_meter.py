@@ -55,3 +55,12 @@ def test_groups_add_up_and_bad_lines_are_refused_in_one_line(tmp_path, capsys):
     costs.write_text(json.dumps(lines[0]) + "\nnot json\n")
     with pytest.raises(SystemExit, match="line 2 is not a cost line"):
         suite_costs.main([str(costs)])
+
+
+def test_a_cost_line_that_cannot_be_written_never_fails_the_suite(tmp_path, capsys):
+    meter = CostMeter(tmp_path / "no-such-folder" / "costs.jsonl")  # as a full disk: open() raises OSError
+    for name in ("t::a", "t::b"):
+        meter.start()
+        meter.stop(name, own_process=False, outcome="passed")
+    err = capsys.readouterr().err
+    assert err.count("cost_meter: cannot write") == 1 and meter.path is None
