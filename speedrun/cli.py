@@ -13,7 +13,7 @@ import torch.distributed as dist
 from speedrun.compile_cache import truncated_kernel_problem
 from speedrun.schedule import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
-from speedrun.distributed import setup_distributed
+from speedrun.distributed import exit_before_interpreter_teardown, setup_distributed
 from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
                              is_reporting_rank)
 from speedrun.run_config import run_config_class
@@ -218,6 +218,18 @@ def run_main(resolve_args, run, argv=None, script=None, track_flags=()):
             print(f"error: {e}", file=sys.stderr)
         return 2
     try:
+        code = run_reporting_bad_input(run, args, proc)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if proc.world_size > 1:
+        exit_before_interpreter_teardown(code)
+    return code
+
+
+def run_reporting_bad_input(run, args, proc):
+    """run(args, proc) -> exit status: 0, or 2 after bad input (one line), 1 after a poisoned compile cache."""
+    try:
         run(args, proc)
     except ReportedByAnotherRank:
         return 2
@@ -230,7 +242,4 @@ def run_main(resolve_args, run, argv=None, script=None, track_flags=()):
             raise
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0

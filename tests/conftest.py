@@ -71,8 +71,6 @@ def tiny_data_args(shard_dir):
 def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, cwd=ROOT, **kwargs):
     """Runs the training script (under torchrun when nproc > 1); returns the CompletedProcess."""
     # PYTHONFAULTHANDLER: a rank killed by a signal prints every thread's Python stack into the captured stderr.
-    # Under load a 2-rank run has (rarely) been aborted at exit, after its last line ("terminate called without
-    # an active exception", SIGABRT); the stacks say where the next one happens.
     env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONFAULTHANDLER="1")
     if nproc > 1:
@@ -338,4 +336,3 @@ def pytest_runtest_call(item):
     if started:
         pytest.fail(started[0], pytrace=False)
     return result
-
