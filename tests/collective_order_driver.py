@@ -19,7 +19,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt as small  # noqa: E402
 import train_gpt_medium as medium  # noqa: E402
-from speedrun.distributed import ReductionBucket, setup_distributed  # noqa: E402
+from speedrun.distributed import ReductionBucket, exit_before_interpreter_teardown, setup_distributed  # noqa: E402
 from speedrun.optimizers import TrackOptimizers  # noqa: E402
 from speedrun.training import run_training  # noqa: E402
 
@@ -109,6 +109,7 @@ def main():
     if proc.rank == 0:
         print(json.dumps(results))
     dist.destroy_process_group()
+    exit_before_interpreter_teardown(0)  # as the training scripts end: see its docstring
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "speedrun"))
 from speedrun.checkpoint import merged_muon_state  # noqa: E402
-from speedrun.distributed import setup_distributed  # noqa: E402
+from speedrun.distributed import exit_before_interpreter_teardown, setup_distributed  # noqa: E402
 from speedrun.r18 import optim  # noqa: E402
 from speedrun.r18.train import R18OptimizerState  # noqa: E402
 from test_r18_optim import SCHEDULE, tiny_model  # noqa: E402
@@ -79,6 +79,7 @@ def main():
                           for name, params in final.items()},
             adam_state_elements={name: adam_state_elements(opts) for name, (_, opts) in runs.items()})))
     dist.destroy_process_group()
+    exit_before_interpreter_teardown(0)  # as the training scripts end: see its docstring
 
 
 if __name__ == "__main__":

@@ -60,9 +60,12 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
     return model, val_losses, frames
 
 
+# The baseline's checks (no graph break, exactly two graphs under --compile on, nothing new after the first step and
+# validation under regional) are made by the medium baseline's inductor cell of test_compile_matrix; these two
+# tests hold what no matrix cell does: backout and LAuReL composed in one model, through inductor.
 @pytest.mark.slow
 @pytest.mark.own_process
-@pytest.mark.parametrize("flags", [[], STUDY_COMBINATION], ids=["baseline", "backout+laurel"])
+@pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
 def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data_args, one_rank_group):
     compiled_training(tiny_data_args, flags, regional=False)
     assert dict(counters["graph_break"]) == {}
@@ -71,7 +74,7 @@ def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data
 
 @pytest.mark.slow
 @pytest.mark.own_process
-@pytest.mark.parametrize("flags", [[], STUDY_COMBINATION], ids=["baseline", "backout+laurel"])
+@pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
 def test_regional_compile_has_no_graph_break_and_compiles_nothing_in_steady_state(flags, tiny_data_args,
                                                                                  one_rank_group):
     _, _, frames = compiled_training(tiny_data_args, flags, regional=True)

@@ -269,6 +269,8 @@ def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags
         if mode != "off":
             assert dict(counters["graph_break"]) == {}, (mode, arms)
             assert frames[-1] == frames[0], (mode, frames, arms)
+        if mode == "on":  # the whole model compiles exactly twice: training, then validation's no-grad graph
+            assert frames[0] == 2 and counters["stats"]["unique_graphs"] == 2, (dict(counters["stats"]), arms)
     for mode in ("on", "regional"):
         assert step_losses[mode] == pytest.approx(step_losses["off"], rel=1e-5), (mode, step_losses, arms)
 
