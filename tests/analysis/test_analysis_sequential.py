@@ -14,8 +14,8 @@ FIVE_EQUAL = [0.2, 0.4, 0.6, 0.8, 1.0]
 
 @pytest.mark.slow
 def test_original_obrien_fleming_constants_five_looks():
-    # O'Brien & Fleming (1979); Jennison & Turnbull (2000) Table 2.3: K = 5, two-sided alpha 0.05
     """Guards: the original O'Brien-Fleming constants (K=5, alpha 0.05) match Jennison and Turnbull's table 2.3."""
+    # O'Brien & Fleming (1979); Jennison & Turnbull (2000) Table 2.3: K = 5, two-sided alpha 0.05
     got = sequential.obrien_fleming_constants(5, 0.05, sides=2)
     assert got == pytest.approx([4.562, 3.226, 2.634, 2.281, 2.040], abs=6e-4)
 

@@ -155,10 +155,10 @@ def test_argparse_errors_are_one_line(capsys, argv):
 
 @pytest.mark.slow
 def test_world_sizes_1_and_2_follow_the_same_trajectory_with_mixed_muon_shapes(tmp_path):
+    """Guards: 1- and 2-process runs with mixed-size Muon groups and bf16 Snoo follow the same val losses (1e-3)."""
     # relu-linear (D x D) and LAuReL's low-rank matrices put Muon parameters of different sizes in one
     # owner group, which the 2-rank run must share by broadcast; bf16 makes Snoo gather the owners' mantissas.
     # The losses may differ only by summation order.
-    """Guards: 1- and 2-process runs with mixed-size Muon groups and bf16 Snoo follow the same val losses (1e-3)."""
     flags = ["--preset", "tiny", "--low-precision", "bf16", "--num-iterations", "6", "--val-every", "3",
              "--backout-layers", "3",
              "--backout-transform", "relu-linear", "--laurel", "lr", "--laurel-rank", "4", "--log-dir", str(tmp_path)]

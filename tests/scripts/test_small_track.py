@@ -275,24 +275,24 @@ def step0_loss(flags, trained_look=False):
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", IDENTITY_AT_INIT + NOT_IDENTITY_AT_INIT, ids=" ".join)
 def test_every_study_flag_starts_at_the_baseline_loss(flags):
-    # The zero-initialised head makes every logit equal: the loss is ln(padded vocab) for every model.
     """Guards: every small-track study flag starts train_gpt.py at the baseline's loss, ln(50304), at init."""
+    # The zero-initialised head makes every logit equal: the loss is ln(padded vocab) for every model.
     assert step0_loss(flags) == step0_loss([]) == pytest.approx(math.log(50304), abs=1e-5)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", IDENTITY_AT_INIT, ids=" ".join)
 def test_identity_initialised_flags_keep_the_baseline_function(flags):
-    # With every weight non-zero, flags whose init is the identity still leave the latents (and the loss) unchanged.
     """Guards: identity-initialised small-track flags keep the baseline's loss with every weight non-zero."""
+    # With every weight non-zero, flags whose init is the identity still leave the latents (and the loss) unchanged.
     assert step0_loss(flags, trained_look=True) == pytest.approx(step0_loss([], trained_look=True), abs=1e-5)
 
 
 @pytest.mark.slow
 def test_subtract_backout_moves_the_latents_once_the_layers_do():
+    """Guards: subtract backout changes the small-track loss once the weights are not the init's (not a no-op)."""
     # At the real init every layer's output is a multiple of x0, so subtracting 0.5 * out[8] only rescales x
     # before the norm; with trained-looking weights it changes the function from the first step.
-    """Guards: subtract backout changes the small-track loss once the weights are not the init's (not a no-op)."""
     assert abs(step0_loss(NOT_IDENTITY_AT_INIT[0], trained_look=True) - step0_loss([], trained_look=True)) > 1e-3
 
 

@@ -306,8 +306,8 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
 
 @pytest.mark.slow
 def test_loss_at_init_is_uniform_over_the_vocabulary():
-    # zero-initialised lm head: every logit 0, loss = ln(vocab) over the padded head
     """Guards: the medium model at init gives ln(50304), the zero-initialised head's uniform loss."""
+    # zero-initialised lm head: every logit 0, loss = ln(vocab) over the padded head
     _, model, _ = tiny_model_and_optimizers()
     seq = random_documents(64, 0)
     loss = model(seq, seq.roll(-1), torch.tensor(2))
@@ -345,9 +345,9 @@ def snoo_trajectory(dtype, firings):
 
 @pytest.mark.slow
 def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
+    """Guards: Snoo over bf16 Muon weights follows the fp32 trajectory for 20 firings (no shrink from truncation)."""
     # The bf16 parameter is the truncated top half of the fp32 master: comparing the outer copy with it would read
     # the truncation as a pseudo-gradient and shrink every matrix a little at every firing.
-    """Guards: Snoo over bf16 Muon weights follows the fp32 trajectory for 20 firings (no shrink from truncation)."""
     bf16, fp32 = snoo_trajectory(torch.bfloat16, 20), snoo_trajectory(torch.float32, 20)
     assert bf16.norm() / fp32.norm() == pytest.approx(1.0, abs=5e-4)
     assert (bf16 - fp32).norm() / fp32.norm() < 5e-3

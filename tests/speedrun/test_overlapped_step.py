@@ -42,8 +42,8 @@ def test_world_size_1_trajectory_is_bitwise_the_previous_one(config):
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(REFERENCE))
 def test_world_size_2_trajectory_is_bitwise_the_previous_one(config):
-    # bf16-mixed-muon: Muon groups of mixed sizes (broadcasts) and bf16 masters (Snoo gathers the low bits).
     """Guards: a real 2-rank gloo run's 7-step trajectory is bitwise the one recorded before issue 12."""
+    # bf16-mixed-muon: Muon groups of mixed sizes (broadcasts) and bf16 masters (Snoo gathers the low bits).
     assert_matches_a_reference(trajectory(config, 2), REFERENCE[config]["ws2"])
 
 
