@@ -72,6 +72,7 @@ def run_child_suite(tmp_path, *args):
 
 @pytest.mark.slow
 def test_in_the_fast_tier_a_test_starting_a_process_fails_naming_itself(tmp_path):
+    """Guards: in a child pytest run with -m "not slow", a test starting a process fails naming itself and the call."""
     code, out = run_child_suite(tmp_path, "-m", "not slow")
     assert code == 1, out
     assert "2 failed, 2 passed, 2 deselected" in out, out
@@ -84,6 +85,7 @@ def test_in_the_fast_tier_a_test_starting_a_process_fails_naming_itself(tmp_path
 
 @pytest.mark.slow
 def test_outside_the_fast_tier_processes_are_allowed(tmp_path):
+    """Guards: in a child pytest run without -m "not slow", the same process-starting tests all pass."""
     code, out = run_child_suite(tmp_path)
     assert code == 0, out
     assert "6 passed" in out, out

@@ -40,6 +40,7 @@ def stored_lines(lines, text):
 @pytest.mark.slow
 @pytest.mark.parametrize("stored", STORED)
 def test_a_stored_reference_is_the_file_its_header_names(stored):
+    """Guards: each stored history reference equals the lines its header names, as `git show` gives them."""
     text = (HISTORY / stored).read_text()
     header = HEADER.match(text)
     assert header, f"{stored} does not start with a '# history: FILE @ COMMIT lines ...' header"

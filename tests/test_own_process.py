@@ -43,6 +43,7 @@ def test_unmarked_runs_in_the_runner():
 
 @pytest.mark.slow
 def test_marked_tests_run_in_a_child_and_report_pass_fail_and_skip(tmp_path):
+    """Guards: in a child pytest run, own_process tests run in a child interpreter and report pass, fail and skip."""
     # The project's conftest, loaded under another name (a conftest importing `conftest` would import itself).
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import importlib.util, os

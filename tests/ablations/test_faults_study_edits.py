@@ -24,6 +24,7 @@ def status_of(tmp_path, study) -> dict:
 
 @pytest.mark.slow
 def test_removing_an_arms_only_flag_makes_its_runs_stale(tmp_path):
+    """Guards: deleting an arm's flag makes its runs stale in run and status, and --redo-stale reruns that run only."""
     starts = tmp_path / "starts.jsonl"
     arms = {"baseline": {}, "backout": {"backout-layers": 4}}
     study = write_study(tmp_path, "s", arms, seeds=[0], flags=FLAGS)
@@ -45,6 +46,7 @@ def test_removing_an_arms_only_flag_makes_its_runs_stale(tmp_path):
 
 @pytest.mark.slow
 def test_changing_the_script_makes_every_run_stale(tmp_path):
+    """Guards: pointing a study at a script of another track makes every complete run stale (the runner CLI)."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
     assert ablations(["run", study], tmp_path, runner_env()).returncode == 0
     other = tmp_path / "other_track.py"  # the same flags, another track (as train_gpt.py is to train_gpt_medium.py)
@@ -57,6 +59,7 @@ def test_changing_the_script_makes_every_run_stale(tmp_path):
 
 @pytest.mark.slow
 def test_a_renamed_arms_logs_stay_out_of_the_report(tmp_path):
+    """Guards: `run --report` after an arm's rename leaves its old logs out of the arms table and terminal summary."""
     study = write_study(tmp_path, "s", {"baseline": {}, "old": {"backout-layers": 4}}, seeds=[0, 1], flags=FLAGS)
     assert ablations(["run", study], tmp_path, runner_env()).returncode == 0
     write_study(tmp_path, "s", {"baseline": {}, "new": {"backout-layers": 4, "num-iterations": 9}}, seeds=[0, 1],
@@ -72,6 +75,7 @@ def test_a_renamed_arms_logs_stay_out_of_the_report(tmp_path):
 
 @pytest.mark.slow
 def test_a_script_that_is_not_python_is_one_line(tmp_path):
+    """Guards: a study whose script is not Python is one error line from run and status, writing no runs folder."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], script=REPO / "README.md")
     for command in (["run", study], ["status", study]):
         assert "README.md is not a Python file" in one_error_line(ablations(command, tmp_path, runner_env()))
@@ -80,6 +84,7 @@ def test_a_script_that_is_not_python_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_bad_shards_are_refused_before_any_torchrun_launch(tmp_path, shard_dir):
+    """Guards: an empty shard of train_gpt_medium.py's data is refused by the runner before any torchrun launch."""
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(shard_dir / "syn_val_000000.bin", data / "d_val_000000.bin")
@@ -96,6 +101,7 @@ def test_bad_shards_are_refused_before_any_torchrun_launch(tmp_path, shard_dir):
 
 @pytest.mark.slow
 def test_a_deleted_lock_never_lets_a_second_runner_start_the_run(tmp_path):
+    """Guards: a second runner watches a live run whose .lock was deleted instead of starting it twice (2 processes)."""
     starts = tmp_path / "starts.jsonl"
     env = runner_env(starts, FAKE_TRAIN_STEP_SECONDS=0.2)
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags={"num-iterations": 20, "val-every": 5,
@@ -122,6 +128,7 @@ def small_mount(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_save_is_reported_as_such(tmp_path, shard_dir, small_mount):
+    """Guards: a real ENOSPC (1 MiB tmpfs) in train_gpt_medium.py's checkpoint save is reported as such, no .pt left."""
     flags = {"preset": "tiny", "num-iterations": 2, "val-every": 0, "checkpoint-every": 1,
              "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=flags, script=REPO / "train_gpt_medium.py")
@@ -134,6 +141,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_reported_as_such(tmp_path, shar
 
 @pytest.mark.slow
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_redone(tmp_path):
+    """Guards: a checkpoint failing its zip CRC is set aside by the runner and the run redone without --resume."""
     import torch
 
     starts = tmp_path / "starts.jsonl"

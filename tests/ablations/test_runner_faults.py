@@ -60,6 +60,7 @@ def complete_logs_counted_by_analysis(tmp_path: Path) -> list:
 
 @pytest.mark.slow
 def test_sigkill_of_the_torchrun_agent_takes_its_workers_down(tmp_path):
+    """Guards: a SIGKILL of the torchrun agent takes its workers down and a rerun completes (a real process tree)."""
     study, runner, env, agent, workers = start_torchrun_study(tmp_path)
     os.kill(agent, signal.SIGKILL)
     wait_for(lambda: not any(pid_alive(pid) for pid in workers), 15, "the workers to die with their agent")
@@ -111,6 +112,7 @@ def test_analysis_never_counts_a_set_aside_log(tmp_path):
 
 @pytest.mark.slow
 def test_edited_study_refuses_then_redoes_stale_runs_without_mixing_schedules(tmp_path):
+    """Guards: an edited study is refused, then --redo-stale sets logs and checkpoints aside; no run mixes schedules."""
     starts = tmp_path / "starts.jsonl"
     arms = {"baseline": {}, "backout": {"backout-layers": [11]}}
     flags = {**FLAGS, "checkpoint-every": 2}
@@ -181,6 +183,7 @@ needs_mounts = pytest.mark.skipif(not can_mount_in_a_namespace(), reason="needs 
 @pytest.mark.slow
 @needs_mounts
 def test_read_only_runs_folder_is_one_line(tmp_path):
+    """Guards: a read-only runs folder (a real ro tmpfs mount) is one error line and nothing is launched."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     (tmp_path / "runs").mkdir()
     result = ablations_with_tmpfs(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"),
@@ -192,6 +195,7 @@ def test_read_only_runs_folder_is_one_line(tmp_path):
 @pytest.mark.slow
 @needs_mounts
 def test_full_disk_is_one_line(tmp_path):
+    """Guards: a full disk (a real 64k tmpfs) under the runner log is one error line and nothing is launched."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     (tmp_path / "runs").mkdir()
     fill = f"mkdir -p {tmp_path}/runs/s && head -c 200000 /dev/zero > {tmp_path}/runs/filler 2>/dev/null; true"
@@ -203,6 +207,7 @@ def test_full_disk_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_runner_log_that_cannot_be_appended_to_is_one_line(tmp_path):
+    """Guards: a runner.log that cannot be opened for append is one error line from the CLI; nothing is launched."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     (tmp_path / "runs" / "s" / "runner.log").mkdir(parents=True)  # not openable for append, even by root
     result = ablations(["run", study], tmp_path, runner_env(tmp_path / "starts.jsonl"))
@@ -212,6 +217,7 @@ def test_runner_log_that_cannot_be_appended_to_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_study_folder_deleted_mid_run_fails_that_run_only(tmp_path):
+    """Guards: deleting the study folder under a live run fails that run only, no traceback; a rerun completes."""
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0, 1], flags=FLAGS)
     runner = start_ablations(["run", study], tmp_path, env, tmp_path / "runner1.out")
@@ -231,6 +237,7 @@ def test_study_folder_deleted_mid_run_fails_that_run_only(tmp_path):
 
 @pytest.mark.slow
 def test_leftover_checkpoint_temp_files_are_removed(tmp_path):
+    """Guards: `ablations run` removes the run's leftover checkpoint temp files of both scripts and no other run's."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     folder = run_dir(tmp_path)
     folder.mkdir(parents=True)
@@ -246,6 +253,7 @@ def test_leftover_checkpoint_temp_files_are_removed(tmp_path):
 
 @pytest.mark.slow
 def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
+    """Guards: a run failing on a cut checkpoint names --no-resume, and running again with it completes."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
     folder = run_dir(tmp_path)
     folder.mkdir(parents=True)
@@ -268,6 +276,7 @@ def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
     ("nproc", "s.toml: nproc 3 does not divide 8: the training scripts need 1, 2, 4 or 8 processes per run"),
 ])
 def test_bad_study_files_are_one_line(tmp_path, case, expected):
+    """Guards: bad study files (not UTF-8, bad placeholder, self-cycle, nproc 3): one line, exit 2, nothing written."""
     if case == "utf8":
         study = write_study(tmp_path, "s", {"baseline": {}}, extra="# caf\xe9")
         study.write_bytes(study.read_bytes().replace("caf\xe9".encode(), b"caf\xe9"))
@@ -287,6 +296,7 @@ def test_bad_study_files_are_one_line(tmp_path, case, expected):
     (["--nproc", "3"], "--nproc 3 does not divide 8"),
 ])
 def test_bad_command_lines_are_one_line(tmp_path, args, expected):
+    """Guards: `ablations run` refuses a huge --seeds range and --nproc 3 in one line with exit status 2."""
     study = write_study(tmp_path, "s", {"baseline": {}})
     assert expected in one_error_line(ablations(["run", study, *args], tmp_path, runner_env(), timeout=30))
 

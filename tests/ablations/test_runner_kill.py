@@ -45,6 +45,7 @@ def finish_and_check(tmp_path, study, env, first_log: bytes):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_signal_stops_children_and_rerun_completes(tmp_path, sig):
+    """Guards: SIGTERM/SIGINT to the runner stops its live run before it exits, and a rerun finishes each run once."""
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
     study, runner, first_log, child = mid_study(tmp_path, env)
     runner.send_signal(sig)
@@ -60,6 +61,7 @@ def test_stopping_signal_stops_children_and_rerun_completes(tmp_path, sig):
 
 @pytest.mark.slow
 def test_sigkill_of_the_runner_takes_its_runs_down_and_rerun_completes(tmp_path):
+    """Guards: a SIGKILL of the runner takes its run down (parent-death signal); a rerun finishes each run once."""
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.1)
     study, runner, first_log, child = mid_study(tmp_path, env)
     runner.kill()
@@ -94,6 +96,7 @@ def test_run_outliving_a_killed_runner_is_not_started_twice(tmp_path):
 
 @pytest.mark.slow
 def test_two_runners_on_one_study_share_the_work(tmp_path):
+    """Guards: two runner processes on one study start every run exactly once between them (real locks)."""
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.05)
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     runners = [start_ablations(["run", study], tmp_path, env, tmp_path / f"runner{i}.out") for i in range(2)]

@@ -76,6 +76,7 @@ def test_bundled_multi_skip_study_covers_the_article():
 @pytest.mark.skipif(importlib.util.find_spec("analysis") is None,
                     reason="the analysis package (python -m analysis summarize) is not in this tree yet")
 def test_multi_skip_arms_from_a_finished_sweep(tmp_path):
+    """Guards: a layer-orders study is refused until its sweep has run, then orders its arms by the sweep's logs."""
     sweep_arms = {f"L{layer}": {"backout-layers": layer} for layer in range(4)}
     sweep = write_study(tmp_path, "sweep", {"baseline": {}, **sweep_arms}, seeds=[0],
                         flags={"num-iterations": 4, "val-every": 2})

@@ -24,6 +24,7 @@ def status_of(tmp_path: Path, study: Path) -> dict:
 
 @pytest.mark.slow
 def test_two_arm_two_seed_study_runs_to_completion(tmp_path):
+    """Guards: a 2x2 study runs each run once via the CLI (logs, progress, runner.log, status); a rerun is a no-op."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
     result = ablations(["run", study, "--progress-every", "0"], tmp_path, runner_env(starts))
@@ -57,6 +58,7 @@ def test_two_arm_two_seed_study_runs_to_completion(tmp_path):
 
 @pytest.mark.slow
 def test_failed_run_does_not_stop_the_study_and_is_named(tmp_path):
+    """Guards: a failing arm leaves the others done, is named with its output and marker, and is redone on rerun."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
     env = runner_env(starts, FAKE_TRAIN_FAIL_VARIANT="backout", FAKE_TRAIN_FAIL_AT=3)
@@ -89,6 +91,7 @@ def test_failed_run_does_not_stop_the_study_and_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_unfinished_log_is_kept_aside_and_redone(tmp_path):
+    """Guards: an unfinished log is kept aside and its run redone by the CLI; a finished log is never rerun."""
     study = write_study(tmp_path, "s", {"baseline": {}}, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
     unfinished = log_of(tmp_path, "baseline", 0)
@@ -113,6 +116,7 @@ def test_unfinished_log_is_kept_aside_and_redone(tmp_path):
 
 @pytest.mark.slow
 def test_resume_from_checkpoint_when_present(tmp_path):
+    """Guards: the next `ablations run` resumes a failed run's checkpoint, and the resumed log has each step once."""
     flags = {**FLAGS, "checkpoint-every": 3}
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=flags)
     starts = tmp_path / "starts.jsonl"
@@ -134,6 +138,7 @@ def test_resume_from_checkpoint_when_present(tmp_path):
 
 @pytest.mark.slow
 def test_no_resume_restarts_from_scratch(tmp_path):
+    """Guards: `ablations run --no-resume` starts a run afresh though its checkpoint exists."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags={**FLAGS, "checkpoint-every": 3})
     starts = tmp_path / "starts.jsonl"
     ablations(["run", study], tmp_path, runner_env(starts, FAKE_TRAIN_FAIL_VARIANT="baseline", FAKE_TRAIN_FAIL_AT=8))
@@ -165,6 +170,7 @@ def test_gpu_slices_for_packed_runs(tmp_path):
 
 @pytest.mark.slow
 def test_study_under_torchrun_with_two_processes(tmp_path):
+    """Guards: a study with launcher torchrun and nproc 2 really launches torch.distributed.run with 2 processes."""
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS, launcher="torchrun", nproc=2)
     result = ablations(["run", study, "--gpus", "0"], tmp_path, runner_env())
     assert result.returncode == 0, result.stdout + result.stderr
@@ -176,6 +182,7 @@ def test_study_under_torchrun_with_two_processes(tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
+    """Guards: `run --dry-run` with --arms glob and --seeds prints the one torchrun command line and writes nothing."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, nproc=1, launcher="torchrun")
     result = ablations(["run", study, "--dry-run", "--arms", "back*", "--seeds", "3"], tmp_path, runner_env())
     assert result.returncode == 0, result.stderr

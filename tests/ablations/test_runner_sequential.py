@@ -30,6 +30,7 @@ def looks_of(tmp_path: Path, study: str = "s") -> dict:
 
 @pytest.mark.slow
 def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_path):
+    """Guards: --until-decided stops a clearly worse arm early, starting no later seed; report and status show looks."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
     result = ablations(["run", study, "--until-decided", "--max-seeds", "8", "--report"], tmp_path,
@@ -62,6 +63,7 @@ def test_clear_difference_stops_before_the_maximum_and_reports_the_looks(tmp_pat
 
 @pytest.mark.slow
 def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
+    """Guards: a study file's own until_decided keys run a below-target claim: one arm shown, the other futile."""
     extra = "until_decided = true\nmax_seeds = 4\nclaim = \"below-target\"\ntarget = 3.74"
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, extra=extra)
     result = ablations(["run", study], tmp_path, runner_env())
@@ -75,6 +77,7 @@ def test_study_file_keys_and_a_record_claim_against_the_target(tmp_path):
 
 @pytest.mark.slow
 def test_killed_study_resumes_with_its_looks(tmp_path):
+    """Guards: a SIGKILLed sequential study resumes with its recorded looks as they were; another alpha is refused."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.15)
     runner = start_ablations(["run", study, "--until-decided", "--max-seeds", "8"], tmp_path, env,
@@ -116,6 +119,7 @@ def test_max_factor_sets_the_most_seeds_from_the_studys_own(tmp_path):
 
 
 def test_status_of_a_study_with_an_unreadable_sequential_record(tmp_path):
+    """Guards: `ablations status` of a study whose sequential.json is not JSON names the problem (text and --json)."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     before = ablations(["status", study], tmp_path, runner_env())
     assert before.returncode == 0 and "sequential" not in before.stdout  # no looks yet: nothing to show
@@ -150,6 +154,7 @@ def refused(tmp_path, monkeypatch, capsys):
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, refused):
+    """Guards: bad sequential-design input is one line, exit 2: in-process, via ./run.sh and `python -m ablations`."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     assert "alpha" in refused(study, "--until-decided", "--alpha", "1.5")
     assert "alpha" in refused(study, "--until-decided", "--alpha", "0")

@@ -31,6 +31,7 @@ def run_task(tmp_path, script: Path, task: int, env: dict) -> subprocess.Complet
 
 @pytest.mark.slow
 def test_single_node_job_array(tmp_path):
+    """Guards: the generated sbatch script's directives, and bash running one array task starts its run once only."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS, extra='time_limit = "00:40:00"')
     script, message = generate(tmp_path, study, "--partition", "h100", "--max-parallel", "3", "--sbatch=--qos=high")
     assert script == tmp_path / "runs" / "s" / "slurm.sbatch" and "4 array tasks" in message
@@ -59,6 +60,7 @@ def test_single_node_job_array(tmp_path):
 
 @pytest.mark.slow
 def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
+    """Guards: a multi-node array task (bash, stand-in scontrol/srun) starts torchrun per node at the head's rdzv."""
     study = write_study(tmp_path, "wide", ARMS, flags=FLAGS, launcher="torchrun", nproc=8, seeds=[0],
                        extra='[vars]\nckpt = "none"')
     script, _ = generate(tmp_path, study, "--gpus-per-node", "4", "--set", "ckpt=elsewhere", "--rdzv-port", "29555")
@@ -93,6 +95,7 @@ def test_multi_node_runs_use_a_torchrun_rendezvous_on_the_first_node(tmp_path):
 
 @pytest.mark.slow
 def test_runs_that_do_not_fill_whole_nodes_are_refused(tmp_path):
+    """Guards: `ablations slurm` refuses runs that do not fill whole nodes (exit 2), writing nothing."""
     study = write_study(tmp_path, "odd", ARMS, flags=FLAGS, launcher="torchrun", nproc=8)
     result = ablations(["slurm", study, "--gpus-per-node", "3"], tmp_path, runner_env())
     assert result.returncode == 2 and "--gpus-per-node" in result.stderr

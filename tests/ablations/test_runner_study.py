@@ -27,6 +27,7 @@ def refused(tmp_path: Path, study: Path, *extra) -> str:
 
 @pytest.mark.slow
 def test_flag_the_script_does_not_have_is_refused(tmp_path):
+    """Guards: an arm's flag the script lacks is refused by the runner CLI in one line, exit 2, nothing launched."""
     study = write_study(tmp_path, "s", {**ARMS, "typo": {"backout-layer": 11}})
     line = refused(tmp_path, study)
     assert "'typo'" in line and "--backout-layer" in line
@@ -34,6 +35,7 @@ def test_flag_the_script_does_not_have_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_flag_value_the_script_rejects_is_refused(tmp_path):
+    """Guards: a flag value the script's own parser rejects is refused by the runner CLI before any launch."""
     study = write_study(tmp_path, "s", ARMS, flags={"preset": "huge"})
     line = refused(tmp_path, study)
     assert "--preset" in line and "huge" in line
@@ -41,6 +43,7 @@ def test_flag_value_the_script_rejects_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_unknown_arm_is_refused(tmp_path):
+    """Guards: `run --arms` naming an arm the study lacks is one line listing the arms; nothing written or launched."""
     study = write_study(tmp_path, "s", ARMS)
     line = refused(tmp_path, study, "--arms", "baseline", "nope")
     assert "nope" in line and "baseline, backout" in line
@@ -55,6 +58,7 @@ def test_unknown_arm_is_refused(tmp_path):
     ('nproc = 0', {}, ["nproc"]),
 ])
 def test_malformed_study_file_is_refused(tmp_path, extra, flags, words):
+    """Guards: malformed study files (unknown key, --seed, bad flag name, placeholder, nproc) are one line, exit 2."""
     study = write_study(tmp_path, "s", ARMS, flags=flags, extra=extra)
     if extra.startswith("nproc"):  # the helper writes nproc itself
         study.write_text(study.read_text().replace("nproc = 1\n", ""))
@@ -64,12 +68,14 @@ def test_malformed_study_file_is_refused(tmp_path, extra, flags, words):
 
 @pytest.mark.slow
 def test_unknown_launcher_is_refused(tmp_path):
+    """Guards: a study naming an unknown launcher is refused by the runner CLI in one line before any launch."""
     study = write_study(tmp_path, "s", ARMS, launcher="mpirun")
     assert "launcher must be one of torchrun, python" in refused(tmp_path, study)
 
 
 @pytest.mark.slow
 def test_missing_script_and_missing_study_are_refused(tmp_path):
+    """Guards: a missing script and an unknown study name are each one line, exit 2, nothing written or launched."""
     study = write_study(tmp_path, "s", ARMS, script=tmp_path / "absent.py")
     assert "absent.py" in refused(tmp_path, study)
     assert "no study 'no-such-study'" in refused(tmp_path, "no-such-study")
@@ -77,6 +83,7 @@ def test_missing_script_and_missing_study_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_init_from_checkpoint_must_exist(tmp_path):
+    """Guards: a missing --init-from file is refused, `--set` can point it at a real one, unknown --set refused."""
     extra = '[vars]\nbase = "{runs}/base/seed{seed}.pt"'
     study = write_study(tmp_path, "s", {"a": {"init-from": "{base}"}}, seeds=[0], extra=extra)
     line = refused(tmp_path, study)

@@ -244,6 +244,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, needle):
 
 @pytest.mark.slow
 def test_unwritable_output_is_one_line(capsys, tmp_path):
+    """Guards: `plot --out` onto a path that is a folder fails in one line naming that path."""
     write_arm(tmp_path / "s", "baseline", [2.92, 2.921], [10.0, 11.0])
     (tmp_path / "taken.png").mkdir()  # a folder where the PNG should go
     status, _, err = run_cli(capsys, "plot", "val-loss-step", tmp_path / "s", "--out", tmp_path / "taken.png")
@@ -264,6 +265,7 @@ def test_compare_warns_about_single_run_arms(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
+    """Guards: `python -m analysis` as a process: exit 2, empty stdout, one stderr line for a missing path."""
     done = subprocess.run([sys.executable, "-m", "analysis", "summarize", str(tmp_path / "nope"), "--target", "2.92"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
@@ -272,6 +274,7 @@ def test_python_dash_m_entry_point_and_its_error_line(tmp_path):
 
 @pytest.mark.slow
 def test_report_of_a_study_folder(capsys, tmp_path):
+    """Guards: `analysis report` writes every section and real PNG plots, and its comparisons equal `compare`'s."""
     root = study(tmp_path)
     logs_for_tests.write(root / "L3" / "seed9.txt", logs_for_tests.our_log_text(variant="L3", seed=9, complete=False,
                                                                                   stop_at=30))
@@ -302,6 +305,7 @@ def test_report_of_a_study_folder(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_record_packages_complete_runs_with_a_recomputable_readme(capsys, tmp_path):
+    """Guards: `analysis record` packages a record folder whose README's snippet, run in python, recomputes its p."""
     write_arm(tmp_path / "runs" / "rec", "record", ARTICLE_LOSSES[:6], ARTICLE_TIMES[:6])
     logs_for_tests.write(tmp_path / "runs" / "rec" / "record" / "seed7.txt",
                          logs_for_tests.our_log_text(variant="record", seed=7, complete=False, stop_at=20))

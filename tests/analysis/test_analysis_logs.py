@@ -152,6 +152,7 @@ def test_code_section_is_the_source_before_the_environment(tmp_path):
 
 @pytest.mark.slow
 def test_load_runs_sorts_readable_from_unreadable_in_parallel_too(tmp_path):
+    """Guards: load_runs with 2 worker processes reads 61 files exactly as serially, unreadable ones set apart."""
     for seed in range(30):
         write_log(tmp_path, f"a/seed{seed}.txt", logs_for_tests.our_log_text(variant="a", seed=seed))
         write_log(tmp_path, f"b/seed{seed}.txt", logs_for_tests.our_log_text(variant="b", seed=seed,

@@ -44,6 +44,7 @@ def sweep(tmp_path):
 
 @pytest.mark.slow
 def test_val_loss_plot_draws_every_run_and_each_arm_mean(sweep):
+    """Guards: the val-loss figure's lines are each run's data and each arm's mean, by step and by time."""
     figure = plots.val_loss_figure(sweep, "step", target=2.92)
     full, zoom = figure.axes
     runs = [run for members in sweep.values() for run in members]
@@ -156,6 +157,7 @@ def test_resource_table_reads_config_env_and_scalars(tmp_path):
 @pytest.mark.parametrize("kind", ["val-loss-step", "val-loss-time", "scalars", "lambda-by-layer", "loss-by-layer",
                                   "loss-vs-num-layers", "loss-vs-distance"])
 def test_plot_command_writes_each_kind(tmp_path, sweep, kind, capsys):
+    """Guards: `analysis plot` renders every kind of plot to a real PNG file."""
     study = next(iter(sweep.values()))[0].path.parents[1]
     out = tmp_path / "plots" / f"{kind}.png"
     out.parent.mkdir(exist_ok=True)

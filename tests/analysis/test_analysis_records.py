@@ -105,6 +105,7 @@ def test_logs_without_a_track_are_checked_without_a_record_unless_given_one(caps
 
 @pytest.mark.slow
 def test_every_command_needing_a_target_takes_the_small_tracks_3_28(capsys, tmp_path):
+    """Guards: summarize, record-check, report, plot and record all take 3.28 as the small track's target."""
     root = write_claim(tmp_path / "study", "small", SMALL_FINALS, [80.0] * 6)
     write_claim(root, "small", SMALL_FINALS, [81.0] * 6, variant="baseline")
     status, out, _ = run_cli(capsys, "summarize", root, "--json")

@@ -39,6 +39,7 @@ def many_arms(tmp_path_factory):
 
 @pytest.mark.slow
 def test_95_arms_get_95_distinct_styles_and_a_legend_inside_the_figure(many_arms):
+    """Guards: 95 arms drawn get 95 distinct styles and a rendered legend inside the figure, right of the axes."""
     figure = plots.val_loss_figure(many_arms, "step", target=3.28)
     styles = {(tuple(line.get_color()), line.get_linestyle(), line.get_marker()) for line in mean_lines(figure.axes[0])}
     assert len(mean_lines(figure.axes[0])) == 95 and len(styles) == 95
@@ -75,6 +76,7 @@ def test_zoom_panel_follows_the_late_data_of_runs_of_different_lengths(tmp_path)
 
 @pytest.mark.slow
 def test_report_lists_arms_without_a_finished_run_and_shows_counts_in_one_style(capsys, tmp_path):
+    """Guards: `analysis report` lists an arm with no finished run and prints parameter counts as integers."""
     root = tmp_path / "study"
     write_arm(root, "baseline", 2, 2.921, env={"params": 31352})
     write_arm(root, "wide", 2, 2.919, env={"params": 31160})

@@ -14,6 +14,7 @@ FIVE_EQUAL = [0.2, 0.4, 0.6, 0.8, 1.0]
 
 @pytest.mark.slow
 def test_original_obrien_fleming_constants_five_looks():
+    """Guards: the original O'Brien-Fleming constants (K=5, alpha 0.05) match Jennison and Turnbull's table 2.3."""
     # O'Brien & Fleming (1979); Jennison & Turnbull (2000) Table 2.3: K = 5, two-sided alpha 0.05
     got = sequential.obrien_fleming_constants(5, 0.05, sides=2)
     assert got == pytest.approx([4.562, 3.226, 2.634, 2.281, 2.040], abs=6e-4)
@@ -33,6 +34,7 @@ def test_lan_demets_obf_spending_four_looks_one_sided():
 
 @pytest.mark.slow
 def test_spending_adds_up_and_one_look_is_the_fixed_test():
+    """Guards: the boundaries spend alpha as the spending function says at each look; one look is the fixed test."""
     bounds = spending_boundaries(FIVE_EQUAL, 0.01, sides=2)
     assert 1 - sequential._stay_probability(bounds, FIVE_EQUAL, 2) == pytest.approx(0.01, abs=1e-7)
     assert spending_boundaries([1.0], 0.01, sides=2)[0] == pytest.approx(stats.norm.isf(0.005))

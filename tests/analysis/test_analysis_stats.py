@@ -107,6 +107,7 @@ def test_holm_and_bh_small_example_by_hand_and_order_kept():
 
 @pytest.mark.slow
 def test_bootstrap_is_seeded_and_tracks_the_strength_of_the_evidence():
+    """Guards: the bootstrap pass chance is seeded, matches a scipy recomputation, is lower for fewer runs."""
     chance = bootstrap_pass_chance(ARTICLE_LOSSES, 2.92, 22, 0.01, 2000, seed=1)
     assert chance == bootstrap_pass_chance(ARTICLE_LOSSES, 2.92, 22, 0.01, 2000, seed=1)
     # independent re-computation of the same resamples

@@ -131,6 +131,7 @@ def test_record_refuses_logs_of_the_other_track(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_report_names_duplicates_and_dangling_links_but_not_its_runner_log(capsys, study):
+    """Guards: `analysis report` names a copied log and a dangling symlink, counts the copy once, skips runner.log."""
     (study / "runner.log").write_text("2026-11-24 10:00:00 demo begin    ablations/demo.toml - demo\n")
     shutil.copy(study / "backout" / "seed1.txt", study / "backout" / "seed1 (copy).txt")
     (study / "backout" / "seed9.txt").symlink_to(study / "gone" / "seed9.txt")
@@ -147,6 +148,7 @@ def test_report_names_duplicates_and_dangling_links_but_not_its_runner_log(capsy
 
 @pytest.mark.slow
 def test_report_with_arms_leaves_out_a_renamed_arm(capsys, study):
+    """Guards: `report --arms` leaves a renamed arm's old logs out of the arms table and lists them apart."""
     shutil.move(study / "backout", study / "backout-old")  # the arm renamed in the study: its logs stay behind
     for seed in range(3):
         logs_for_tests.write(study / "backout-new" / f"seed{seed}.txt", logs_for_tests.our_log_text(

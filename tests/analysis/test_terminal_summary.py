@@ -111,6 +111,7 @@ def test_without_a_baseline_arm_it_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_command_line_prints_the_summary_and_refuses_bad_input(study, capsys, tmp_path):
+    """Guards: `python -m analysis.terminal` as a process refuses a bad or missing --target in one line, exit 2."""
     assert main([str(study), "--target", "6.5"]) == 0
     assert "backout-L4" in capsys.readouterr().out
     assert main([str(tmp_path / "missing"), "--target", "6.5"]) == 2
@@ -125,6 +126,7 @@ def test_command_line_prints_the_summary_and_refuses_bad_input(study, capsys, tm
 
 @pytest.mark.slow
 def test_a_study_run_with_report_ends_with_the_summary(tmp_path):
+    """Guards: `ablations run --report` ends its output with the terminal summary, claims line, report and plots."""
     from runner_support import ablations, runner_env, write_study
     study = write_study(tmp_path, "s", {"baseline": {}, "other": {"backout-layers": 3}},
                         flags={"num-iterations": 10, "val-every": 5}, extra="target = 9.0")

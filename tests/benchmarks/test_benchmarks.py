@@ -10,6 +10,7 @@ from conftest import ROOT
 
 @pytest.mark.slow
 def test_gpu_medium_benchmark_runs_arms_and_reports_failures(tmp_path):
+    """Guards: benchmarks/gpu_medium.py end to end (2 gloo ranks): its figures file, timings, a failing arm named."""
     out = tmp_path / "figures.txt"
     res = subprocess.run([sys.executable, "benchmarks/gpu_medium.py", "--preset", "tiny", "--steps", "2",
                           "--nproc", "2", "--arm", "base=", "--arm", "bad=--backout-layers 5", "--out", str(out)],

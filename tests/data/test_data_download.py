@@ -204,6 +204,7 @@ def run_downloader(args, endpoint, tmp_path, as_module=False):
 
 @pytest.mark.slow
 def test_script_with_real_client_against_stand_in_hub(stand_in_hub, tmp_path):
+    """Guards: the script with the real huggingface_hub client over HTTP: fetches, skips held files, names bad ones."""
     endpoint = f"http://127.0.0.1:{stand_in_hub.server_address[1]}"
     out = tmp_path / "fineweb10B"
     first = run_downloader(["1", "--dir", str(out)], endpoint, tmp_path)
@@ -227,6 +228,7 @@ def test_script_with_real_client_against_stand_in_hub(stand_in_hub, tmp_path):
 
 @pytest.mark.slow
 def test_script_without_network_says_so_in_one_line(tmp_path):
+    """Guards: the script, real client, refused connection: one line saying that it cannot reach the Hub."""
     with socket.socket() as probe:  # a port with nothing listening
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

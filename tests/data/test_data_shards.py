@@ -178,6 +178,7 @@ def test_cli_expands_patterns_and_reports_empty_ones(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_module_entry_point_exit_status(tmp_path):
+    """Guards: `python -m data.shards` as a process exits 2 with one stderr line naming a bad shard, no traceback."""
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"nope")
     result = subprocess.run([sys.executable, "-m", "data.shards", str(bad)], cwd=REPO, capture_output=True,

@@ -101,6 +101,7 @@ def test_successful_overwrite_replaces_the_whole_set(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_way_leaves_the_folder_as_it_was_and_a_rerun_works(tmp_path):
+    """Guards: a SIGKILL of the tokeniser process group mid --overwrite leaves the old set whole; a rerun works."""
     tokenizer, out_dir, before = tokenizer_part_way(tmp_path)
     os.killpg(tokenizer.pid, signal.SIGKILL)
     tokenizer.wait(timeout=30)
@@ -117,6 +118,7 @@ def test_sigkill_mid_way_leaves_the_folder_as_it_was_and_a_rerun_works(tmp_path)
 
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_and_changes_nothing(tmp_path):
+    """Guards: a real SIGINT to the tokeniser and its workers mid --overwrite: exit 130, one line, folder unchanged."""
     tokenizer, out_dir, before = tokenizer_part_way(tmp_path)
     os.killpg(tokenizer.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group, workers included
     _, err = tokenizer.communicate(timeout=60)
@@ -134,6 +136,7 @@ def test_shards_without_their_manifest_are_named_as_possibly_unfinished(tmp_path
 
 @pytest.mark.slow
 def test_readers_refuse_a_set_that_lost_a_shard(tmp_path):
+    """Guards: a set missing a shard its manifest lists is refused by check_manifest and `python -m data.shards`."""
     make_set(tmp_path)
     shards = sorted(tmp_path.glob("t_train_*.bin"))
     shards[-1].unlink()

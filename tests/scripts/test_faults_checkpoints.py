@@ -21,6 +21,7 @@ def resume_command(folder, flags, log_dir, *extra):
 
 @pytest.mark.slow
 def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_of_a_4_step_run, tmp_path, capsys):
+    """Guards: a real checkpoint with flipped tensor bytes fails the CRC check of --resume and --init-from, no log."""
     folder, flags = checkpoint_of_a_4_step_run
     damaged = tmp_path / "r.pt"
     data = bytearray((folder / "logs" / "r.pt").read_bytes())
@@ -41,6 +42,7 @@ def test_checkpoint_with_corrupted_bytes_of_the_same_size_is_refused(checkpoint_
 
 @pytest.mark.slow
 def test_intact_checkpoint_still_resumes(checkpoint_of_a_4_step_run, tmp_path):
+    """Guards: the CRC check passes an intact checkpoint of a real run: --resume runs to a finished log."""
     folder, flags = checkpoint_of_a_4_step_run
     assert T.main(resume_command(folder, flags, tmp_path / "logs")) == 0
     assert (tmp_path / "logs" / "again.txt").read_text().rstrip().splitlines()[-1].startswith("peak memory")
@@ -56,6 +58,7 @@ def test_intact_checkpoint_still_resumes(checkpoint_of_a_4_step_run, tmp_path):
 ])
 def test_resume_refuses_flags_that_change_what_a_validation_line_means(checkpoint_of_a_4_step_run, tmp_path, capsys,
                                                                       changed, named):
+    """Guards: --resume of a real checkpoint refuses other val tokens, val seq len, data files or precision, no log."""
     folder, flags = checkpoint_of_a_4_step_run
     if isinstance(changed, str):  # the same tokens in other files: still other data for the run's log
         other = data_flags(tmp_path / "other")
@@ -71,6 +74,7 @@ def test_resume_refuses_flags_that_change_what_a_validation_line_means(checkpoin
 
 @pytest.mark.slow
 def test_resume_accepts_the_same_files_named_another_way(checkpoint_of_a_4_step_run, tmp_path, monkeypatch):
+    """Guards: --resume of a real checkpoint accepts the same shards named by relative globs (no false refusal)."""
     folder, flags = checkpoint_of_a_4_step_run
     monkeypatch.chdir(folder)  # relative globs naming the very same files
     relative = ["--train-files", "data/d_train_*.bin", "--val-files", "data/d_val_*.bin"]
@@ -79,6 +83,7 @@ def test_resume_accepts_the_same_files_named_another_way(checkpoint_of_a_4_step_
 
 @pytest.mark.slow
 def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_of_a_4_step_run, tmp_path, capsys):
+    """Guards: --resume of a real step-2 checkpoint refuses --stop-after 1 in one line, before the log."""
     folder, flags = checkpoint_of_a_4_step_run
     log_dir = tmp_path / "logs"
     rc = T.main(resume_command(folder, flags, log_dir, "--stop-after", "1"))
@@ -91,6 +96,7 @@ def test_resume_refuses_a_stop_after_before_the_checkpoint(checkpoint_of_a_4_ste
 @pytest.mark.slow
 @pytest.mark.parametrize("dropped", ["config", "optimizers"])
 def test_checkpoint_without_an_entry_is_refused_before_the_log(checkpoint_of_a_4_step_run, tmp_path, capsys, dropped):
+    """Guards: a real checkpoint lacking its config or optimizers entry is one line naming it, before the log."""
     folder, flags = checkpoint_of_a_4_step_run
     state = torch.load(folder / "logs" / "r.pt", weights_only=False)
     del state[dropped]
@@ -137,6 +143,7 @@ def small_mount(tmp_path):
 
 @pytest.mark.slow
 def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, capsys, small_mount):
+    """Guards: a real ENOSPC (1 MiB tmpfs) in a checkpoint save is one line naming it; no half checkpoint is left."""
     flags = data_flags(tmp_path / "data")
     rc = T.main([*TINY, *flags, "--num-iterations", "2", "--checkpoint-every", "1", "--log-dir", str(small_mount),
                  "--run-name", "r"])
@@ -148,6 +155,7 @@ def test_disk_full_during_a_checkpoint_save_is_one_line(tmp_path, capsys, small_
 
 @pytest.mark.slow
 def test_read_only_log_dir_is_one_line(tmp_path, capsys, small_mount):
+    """Guards: a --log-dir on a real read-only remounted tmpfs is one error line naming --log-dir."""
     subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
     flags = data_flags(tmp_path / "data")
     rc = T.main([*TINY, *flags, "--num-iterations", "2", "--log-dir", str(small_mount / "logs")])
@@ -167,6 +175,7 @@ def test_log_dir_under_proc_is_one_line(tmp_path, capsys):
                                          (["--num-iterations", "0"], "--num-iterations"),
                                          ("empty shard", "d_train_000002.bin")])
 def test_bad_input_under_torchrun_is_one_line_from_one_rank(tmp_path, bad, named):
+    """Guards: under a real 2-rank torchrun, a bad flag, value or empty shard is one `error:` line, not one per rank."""
     flags = data_flags(tmp_path / "data")
     if bad == "empty shard":  # found by every rank, after the process group is up
         write_token_shard(tmp_path / "data" / "d_train_000002.bin", [])

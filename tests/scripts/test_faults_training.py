@@ -93,6 +93,7 @@ def checkpoint_of_a_4_step_run(tmp_path_factory):
 ])
 def test_resume_refuses_a_checkpoint_of_another_schedule(checkpoint_of_a_4_step_run, tmp_path, capsys, changed,
                                                          named):
+    """Guards: --resume of a real checkpoint refuses another --num-iterations, --seed or --backout-layers, no log."""
     folder, flags = checkpoint_of_a_4_step_run
     log_dir = tmp_path / "logs"
     rc = T.main([*TINY, *flags, *changed, "--resume", str(folder / "logs" / "r.pt"), "--log-dir", str(log_dir),
@@ -115,6 +116,7 @@ def test_damaged_checkpoint_names_no_resume(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_temp_files_of_a_killed_save_are_removed(tmp_path):
+    """Guards: a real run removes its own leftover checkpoint temp files, not another run's, and saves its own."""
     flags = data_flags(tmp_path / "data")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()

@@ -33,6 +33,7 @@ def parse_log(path):
 
 @pytest.mark.slow
 def test_two_process_gloo_run_writes_a_complete_run_log(tmp_path):
+    """Guards: a 2-process gloo torchrun of train_gpt_medium.py writes one complete log (code, config, steps, peak)."""
     res = launch_script(["--preset", "tiny", "--num-iterations", "12", "--val-every", "6", "--seed", "3",
                         "--log-dir", str(tmp_path), "--run-name", "two", "--variant", "demo-arm"], nproc=2)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -59,6 +60,7 @@ def val_lines(path):
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
+    """Guards: a SIGKILLed medium run resumed from its checkpoint logs the val losses and scalars of an unbroken run."""
     common = ["--preset", "tiny", "--num-iterations", "8", "--val-every", "3", "--checkpoint-every", "3"]
     full = launch_script(common + ["--log-dir", str(tmp_path / "full"), "--run-name", "r"])
     assert full.returncode == 0, full.stderr[-2000:]
@@ -124,6 +126,7 @@ def test_malformed_shard_is_named(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_world_size_not_dividing_8_is_refused():
+    """Guards: train_gpt_medium.py as a process with WORLD_SIZE=3 exits 2 with one stderr line naming the world size."""
     env = dict(os.environ, WORLD_SIZE="3", RANK="0", LOCAL_RANK="0")
     res = subprocess.run([sys.executable, str(MEDIUM_SCRIPT), "--preset", "tiny"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
@@ -152,6 +155,7 @@ def test_argparse_errors_are_one_line(capsys, argv):
 
 @pytest.mark.slow
 def test_world_sizes_1_and_2_follow_the_same_trajectory_with_mixed_muon_shapes(tmp_path):
+    """Guards: 1- and 2-process runs with mixed-size Muon groups and bf16 Snoo follow the same val losses (1e-3)."""
     # relu-linear (D x D) and LAuReL's low-rank matrices put Muon parameters of different sizes in one
     # owner group, which the 2-rank run must share by broadcast; bf16 makes Snoo gather the owners' mantissas.
     # The losses may differ only by summation order.

@@ -84,6 +84,7 @@ def closed_port_endpoint():
 
 @pytest.mark.slow
 def test_without_a_gpu_the_main_job_is_the_demo_one_run_per_core(checkout, tmp_path, monkeypatch):
+    """Guards: run.sh (bash) with no nvidia-smi GPU starts the demo study with one run per core and its report."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a user's thread setting does not shrink the runs at once
     result, calls = run_sh(checkout, tmp_path)
     assert result.returncode == 0, result.stderr
@@ -94,6 +95,7 @@ def test_without_a_gpu_the_main_job_is_the_demo_one_run_per_core(checkout, tmp_p
 
 @pytest.mark.slow
 def test_demo_runs_the_demo_on_a_gpu_node_too(checkout, tmp_path):
+    """Guards: `run.sh demo` on a node with 8 stand-in GPUs still runs the CPU demo, passing on its extra arguments."""
     result, calls = run_sh(checkout, tmp_path, "demo", "--seeds", "0", gpus=8)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("run.sh: the demo study on the CPU") and "because" not in result.stdout
@@ -103,6 +105,7 @@ def test_demo_runs_the_demo_on_a_gpu_node_too(checkout, tmp_path):
 
 @pytest.mark.slow
 def test_gpu_node_without_shards_downloads_them_then_runs_the_record_study(checkout, tmp_path, hub):
+    """Guards: run.sh on a GPU node states the size, fetches 31 shards from the stand-in hub, runs the record study."""
     endpoint = f"http://127.0.0.1:{hub.server_address[1]}"
     result, calls = run_sh(checkout, tmp_path, gpus=2, hub=endpoint)
     assert result.returncode == 0, result.stderr
@@ -119,6 +122,7 @@ def test_gpu_node_without_shards_downloads_them_then_runs_the_record_study(check
 
 @pytest.mark.slow
 def test_gpu_node_with_shards_runs_the_record_study_without_the_network(checkout, tmp_path):
+    """Guards: run.sh on a GPU node holding the shards runs the record study with --nproc 8 and downloads nothing."""
     shards = checkout / "data" / "fineweb10B"
     shards.mkdir()
     for index in range(RECORD_TRAIN_SHARDS + 1):
@@ -132,6 +136,7 @@ def test_gpu_node_with_shards_runs_the_record_study_without_the_network(checkout
 
 @pytest.mark.slow
 def test_gpu_node_offline_says_so_in_one_line_and_runs_nothing_heavy(checkout, tmp_path):
+    """Guards: run.sh on an offline GPU node without shards: one stderr line, exit 1, no download, no study."""
     result, calls = run_sh(checkout, tmp_path, gpus=1, hub=closed_port_endpoint())
     assert result.returncode == 1
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
@@ -143,6 +148,7 @@ def test_gpu_node_offline_says_so_in_one_line_and_runs_nothing_heavy(checkout, t
 
 @pytest.mark.slow
 def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, tmp_path):
+    """Guards: `run.sh gpu-check` refuses without a GPU (exit 2), runs gpu_check.py with one, --plan without one."""
     result, calls = run_sh(checkout, tmp_path, "gpu-check")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "run.sh: gpu-check needs a CUDA GPU and nvidia-smi -L finds none here\n"
@@ -166,6 +172,7 @@ def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, 
     (["test", "--full"], "-m pytest -q -n {workers} --dist worksteal --durations=15 [COMPILE_MATRIX=inductor]"),
 ])
 def test_test_runs_everything_and_fast_only_the_tests_not_marked_slow(checkout, tmp_path, args, pytest_call):
+    """Guards: `run.sh test` and its --fast, --full, -x and path forms call pytest with the right workers and marks."""
     result, calls = run_sh(checkout, tmp_path, *args)
     assert result.returncode == 0, result.stderr
     workers = min(len(os.sched_getaffinity(0)), 4)  # a worker per core, whatever OMP_NUM_THREADS says

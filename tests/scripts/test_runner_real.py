@@ -22,6 +22,7 @@ DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
 
 @pytest.mark.slow
 def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
+    """Guards: the runner runs a 2-arm study of real train_gpt_medium.py runs, 2 side by side, to complete logs."""
     flags = {"preset": "tiny", "num-iterations": 3, "val-every": 0,
              "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
     study = write_study(tmp_path, "tiny", {"baseline": {}, "layers-4": {"num-layers": 4}}, flags=flags,
@@ -40,6 +41,7 @@ def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
 
 @pytest.mark.slow
 def test_bad_flag_for_the_training_script_is_refused(tmp_path):
+    """Guards: the runner refuses an arm flag that the real train_gpt_medium.py lacks, in one line, writing nothing."""
     study = write_study(tmp_path, "bad", {"baseline": {}, "odd": {"backout-layerz": 11}}, script=SCRIPT)
     result = ablations(["run", study], tmp_path, runner_env())
     assert result.returncode == 2 and "has no flag --backout-layerz" in result.stderr

@@ -212,6 +212,7 @@ def tiny_model_and_optimizers(*flags, seed=0):
 
 @pytest.mark.slow
 def test_optimizers_follow_the_spec():
+    """Guards: train_gpt.py's optimisers: each parameter in Muon or Adam once, the spec's lrs, and the lr schedule."""
     _, model, opt = tiny_model_and_optimizers()
     assert opt.snoo is None
     muon_ids = [id(p) for p in opt.muon.ordered]
@@ -274,6 +275,7 @@ def step0_loss(flags, trained_look=False):
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", IDENTITY_AT_INIT + NOT_IDENTITY_AT_INIT, ids=" ".join)
 def test_every_study_flag_starts_at_the_baseline_loss(flags):
+    """Guards: every small-track study flag starts train_gpt.py at the baseline's loss, ln(50304), at init."""
     # The zero-initialised head makes every logit equal: the loss is ln(padded vocab) for every model.
     assert step0_loss(flags) == step0_loss([]) == pytest.approx(math.log(50304), abs=1e-5)
 
@@ -281,12 +283,14 @@ def test_every_study_flag_starts_at_the_baseline_loss(flags):
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", IDENTITY_AT_INIT, ids=" ".join)
 def test_identity_initialised_flags_keep_the_baseline_function(flags):
+    """Guards: identity-initialised small-track flags keep the baseline's loss with every weight non-zero."""
     # With every weight non-zero, flags whose init is the identity still leave the latents (and the loss) unchanged.
     assert step0_loss(flags, trained_look=True) == pytest.approx(step0_loss([], trained_look=True), abs=1e-5)
 
 
 @pytest.mark.slow
 def test_subtract_backout_moves_the_latents_once_the_layers_do():
+    """Guards: subtract backout changes the small-track loss once the weights are not the init's (not a no-op)."""
     # At the real init every layer's output is a multiple of x0, so subtracting 0.5 * out[8] only rescales x
     # before the norm; with trained-looking weights it changes the function from the first step.
     assert abs(step0_loss(NOT_IDENTITY_AT_INIT[0], trained_look=True) - step0_loss([], trained_look=True)) > 1e-3
@@ -306,6 +310,7 @@ def val_losses(path):
 
 @pytest.mark.slow
 def test_world_sizes_1_and_2_follow_the_same_trajectory(tmp_path):
+    """Guards: real 1- and 2-process runs of train_gpt.py follow the same val losses and write the small track's log."""
     flags = ["--preset", "tiny", "--num-iterations", "2", "--val-every", "1", "--log-dir", str(tmp_path)]
     losses = {}
     for nproc in (1, 2):
@@ -331,6 +336,7 @@ def test_world_sizes_1_and_2_follow_the_same_trajectory(tmp_path):
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
+    """Guards: a SIGKILLed train_gpt.py run resumed from its checkpoint logs the val losses of an unbroken run."""
     common = ["--preset", "tiny", "--num-iterations", "6", "--val-every", "2", "--checkpoint-every", "2",
               "--backout-layers", "8", "--backout-mode", "subtract"]
     full = launch_script(common + ["--log-dir", str(tmp_path / "full"), "--run-name", "r"], script=SMALL_SCRIPT)

@@ -126,6 +126,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", distinct_configs(CASES))
 def test_every_added_parameter_gets_a_gradient(argv):
+    """Guards: every parameter a medium study arm or flag set adds gets a non-zero gradient in 3 real training steps."""
     assert never_trained(argv) == []
 
 

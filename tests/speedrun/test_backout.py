@@ -86,6 +86,7 @@ def test_record_flags_resolve_to_pr139():
 
 @pytest.mark.slow
 def test_record_at_init_and_flagless_training_match_the_original_baseline(unmodified_medium):
+    """Guards: backout at init and two flagless training steps equal the pre-study script's (12c2aa8) loss bitwise."""
     original = unmodified_medium
     reference = build([], module=original)
     wake_up(reference)
@@ -122,6 +123,7 @@ def source_layer_grad(model, layer):
 
 @pytest.mark.slow
 def test_detach_stops_only_the_skip_path_gradient():
+    """Guards: --backout-transform detach keeps the loss, cuts only the skip path's gradient (hand-built reference)."""
     layer, lam = 2, -0.3
     plain = build(["--backout-layers", str(layer), "--backout-skip-init", str(lam)])
     wake_up(plain)
@@ -151,6 +153,7 @@ def norm_mix(x, skip_lambda, source):
 
 @pytest.mark.slow
 def test_frozen_lambdas_do_not_move_and_fixed_x_keeps_only_x():
+    """Guards: over real optimiser steps, frozen lambdas stay put, fixed-x keeps x at 1, learned lambdas both move."""
     frozen = build(["--backout-layers", "3", "--backout-x-init", "0.8", "--backout-skip-init", "-0.28",
                     "--backout-freeze"])
     fixed_x = build(["--backout-layers", "3", "--backout-fixed-x"])
@@ -294,6 +297,7 @@ def test_similarity_is_recorded_in_eval_only(monkeypatch):
 
 @pytest.mark.slow
 def test_real_log_names_values_and_added_params(tiny_data_args, tmp_path):
+    """Guards: a real backout + rolling-skip run (a process) logs its added_params, scalars and similarity values."""
     result = launch_script(tiny_data_args + ["--backout-layers", "2,embed", "--backout-transform", "relu-linear",
                                             "--rolling-skip", "--stop-after", "2", "--val-every", "2",
                                             "--log-dir", str(tmp_path), "--run-name", "bo"])
@@ -350,6 +354,7 @@ INVALID = [
 @pytest.mark.slow
 @pytest.mark.parametrize("flags, message", INVALID, ids=[" ".join(f) for f, _ in INVALID])
 def test_invalid_combination_is_a_usage_error(flags, message):
+    """Guards: each invalid backout or rolling-skip flag combination is a one-line UsageError from resolve_args."""
     with pytest.raises(tgm.UsageError) as err:
         tgm.resolve_args(["--preset", "tiny", *flags])
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -357,6 +362,7 @@ def test_invalid_combination_is_a_usage_error(flags, message):
 
 @pytest.mark.slow
 def test_invalid_combination_exits_2_with_one_line(tiny_data_args, tmp_path):
+    """Guards: the medium script as a process exits 2 on an invalid backout combination, one stderr line, no file."""
     result = launch_script(tiny_data_args + ["--backout-layers", "2", "--backout-mode", "subtract",
                                             "--backout-fixed-x", "--log-dir", str(tmp_path)])
     assert result.returncode == 2

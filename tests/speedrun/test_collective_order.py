@@ -80,6 +80,7 @@ def cases(shard_dir, runs_dir, log_dir):
 
 @pytest.mark.slow
 def test_every_study_arm_issues_the_same_collectives_on_every_rank(shard_dir, tmp_path):
+    """Guards: two real gloo ranks issue identical collective sequences (order, sizes, dtypes) for every bundled arm."""
     todo = cases(shard_dir, tmp_path / "runs", tmp_path / "logs")
     assert {c["script"] for c in todo} == {"train_gpt.py", "train_gpt_medium.py"}
     assert any("--dlo-layer-lr" in c["argv"] for c in todo) and any("--laurel" in c["argv"] for c in todo)

@@ -67,6 +67,7 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
 @pytest.mark.own_process
 @pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
 def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data_args, one_rank_group):
+    """Guards: whole-model inductor compile of 3 training steps: no graph break, exactly 2 frames and 2 graphs."""
     compiled_training(tiny_data_args, flags, regional=False)
     assert dict(counters["graph_break"]) == {}
     assert counters["frames"]["total"] == 2 and counters["stats"]["unique_graphs"] == 2, dict(counters["frames"])
@@ -77,6 +78,7 @@ def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data
 @pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
 def test_regional_compile_has_no_graph_break_and_compiles_nothing_in_steady_state(flags, tiny_data_args,
                                                                                  one_rank_group):
+    """Guards: --compile regional under inductor: no graph break, and step 2 and its validation compile nothing new."""
     _, _, frames = compiled_training(tiny_data_args, flags, regional=True)
     assert dict(counters["graph_break"]) == {}
     # Step 1 meets validation's no-grad mode for the first time; step 2 and the second validation must reuse what
@@ -208,6 +210,7 @@ def test_regional_compile_takes_a_new_flex_block_mask_each_step_without_recompil
 @pytest.mark.slow
 @pytest.mark.own_process
 def test_compiled_muon_compiles_once_per_shape_and_follows_the_eager_update():
+    """Guards: Muon's compiled update compiles one graph per shape whatever lr and momentum do, and tracks eager's."""
     from speedrun.muon import Muon
 
     def trained(compile_update, steps=4):

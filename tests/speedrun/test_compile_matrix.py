@@ -251,6 +251,7 @@ def check_r18_arm(args, arms, log_dir, monkeypatch):
 def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags, init_from, arms, backend,
                                                                     tiny_data_args, request, one_rank_group,
                                                                     monkeypatch, tmp_path):
+    """Guards: every bundled arm under --compile on, regional: no graph break, no compile after step 1, eager losses."""
     if backend != "inductor":  # every torch.compile the model makes (nn.Module.compile calls it too)
         monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     track = importlib.import_module(script)

@@ -39,6 +39,7 @@ def page_faults(mode):
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator settings")
 def test_cpu_setup_keeps_freed_blocks_mapped():
+    """Guards: keep_freed_memory_mapped halves the page faults of the tiny head's micro-steps in fresh processes."""
     default = page_faults("default")
     # Kept blocks are still faulted in again now and then (3,144 pages each time: measured 1 to 10 times in 10
     # micro-steps), so the best of three runs is compared.

@@ -76,6 +76,7 @@ def block_state(block):
 
 @pytest.mark.slow
 def test_expanded_layer_pattern_follows_the_rule():
+    """Guards: the medium model's DLO-expanded layer pattern (positions, new layers, ve, windows, U-net) and blocks."""
     cfg = T.ModelConfig(num_layers=8, dlo_groups=2, dlo_add=1, dlo_base_layers=6)
     pat = dlo_layer_pattern(cfg, T.layer_pattern)
     # Base (L=6): ve on 0 and 5, long windows 0 and 5, no attention at 2, U-net 1->4; groups [0,1,2], [3,4,5].
@@ -92,6 +93,7 @@ def test_expanded_layer_pattern_follows_the_rule():
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", GROUP_POLICIES)
 def test_expansion_policy_weights_match_definition(ckpt, policy):
+    """Guards: each --dlo-init policy builds the new layers' weights and scalars by its definition from a checkpoint."""
     base = base_model(ckpt)
     # G=3 groups of two: [0,1] [2,3] [4,5]; layer 2 has no attention, so group 1's merge/slerp mix layer 3 only.
     model, _ = expanded_model(ckpt, "--dlo-groups", "3", "--dlo-add", "2", "--dlo-init", policy,
@@ -148,6 +150,7 @@ def test_expansion_policy_weights_match_definition(ckpt, policy):
 @pytest.mark.slow
 @pytest.mark.parametrize("groups,add", [("2", "1"), ("3", "2")])
 def test_strict_identity_reproduces_the_checkpoint_loss_exactly(ckpt, groups, add):
+    """Guards: strict-identity expansion of a medium checkpoint keeps its exact train and val loss, identity not."""
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", groups, "--dlo-add", add, "--dlo-init", "strict-identity",
                               "--dlo-skip-loss-weight", "0")
@@ -167,6 +170,7 @@ def test_strict_identity_reproduces_the_checkpoint_loss_exactly(ckpt, groups, ad
 
 @pytest.mark.slow
 def test_routers_start_fully_active(ckpt):
+    """Guards: the expanded medium model's routers gate every token on at init; active counters reset once reported."""
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "copy")
     routers = model.study["dlo"]
     z = F.rms_norm(torch.randn(1, 50, 64), (64,))
@@ -192,6 +196,7 @@ def test_labels_select_the_least_similar_at_the_requested_rate():
 
 @pytest.mark.slow
 def test_training_forward_labels_follow_the_skip_rate(ckpt):
+    """Guards: a training forward labels (1 - skip rate) of tokens active; the skip loss's gradient reaches routers."""
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "identity")
     dlo_before_step(model, args, 0)
     model.study["dlo"].skip_rate.fill_(0.25)
@@ -203,6 +208,7 @@ def test_training_forward_labels_follow_the_skip_rate(ckpt):
 
 @pytest.mark.slow
 def test_skip_loss_trains_a_router_toward_the_labels():
+    """Guards: 150 Adam steps on skip_loss alone take a router from under 75% to over 95% agreement with its labels."""
     cfg = T.ModelConfig(num_layers=1, model_dim=16, dlo_threshold=1.0, dlo_score_scale=1.0)
     routers = DLORouters(None, cfg)
     g = torch.Generator().manual_seed(0)
@@ -240,6 +246,7 @@ def test_annealing_follows_its_schedule(ckpt):
 
 @pytest.mark.slow
 def test_validation_skipping_matches_an_explicit_mask_reference(ckpt):
+    """Guards: validation runs each MLP on its active rows only, equal to an explicit gate mask and to hard gating."""
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "identity", "--dlo-skip-loss-weight", "0")
     routers = model.study["dlo"]
     with torch.no_grad():
@@ -278,6 +285,7 @@ def test_validation_skipping_matches_an_explicit_mask_reference(ckpt):
 
 @pytest.mark.slow
 def test_effective_flops_match_a_hand_count(ckpt):
+    """Guards: DLO's FLOPs per token match a hand count, and the logged flops_rel matches the measured active shares."""
     cfg = T.ModelConfig(num_layers=8, model_dim=64, num_heads=2, head_dim=32, block_size=16,
                         dlo_groups=2, dlo_add=1, dlo_base_layers=6)
     pat = dlo_layer_pattern(cfg, T.layer_pattern)
@@ -371,6 +379,7 @@ def test_bad_dlo_values_are_one_line_errors(ckpt, tiny_data_args, capsys, flags,
 
 @pytest.mark.slow
 def test_init_from_problems_are_one_line_errors(shard_dir, tiny_data_args, tmp_path, capsys):
+    """Guards: DLO without --init-from, a missing file or a checkpoint of another depth: one line each, no log."""
     assert T.main(tiny_data_args + ["--dlo-groups", "2"]) == 2
     assert "--dlo-groups needs --init-from" in capsys.readouterr().err
     assert T.main(tiny_data_args + ["--dlo-groups", "2", "--init-from", str(tmp_path / "none.pt")]) == 2
@@ -387,6 +396,7 @@ def test_init_from_problems_are_one_line_errors(shard_dir, tiny_data_args, tmp_p
 
 @pytest.mark.slow
 def test_baseline_matches_the_unmodified_script(unmodified_medium):
+    """Guards: two flagless training steps of the medium model equal the pre-study script's (12c2aa8) bitwise."""
     old = unmodified_medium
     losses = []
     for mod in (old, T):
@@ -417,6 +427,7 @@ def val_losses(log):
 
 @pytest.mark.slow
 def test_dlo_run_end_to_end(ckpt, tiny_data_args, tmp_path):
+    """Guards: a real DLO run from a checkpoint (a process): step-0 val is the checkpoint's; scalars, added_params."""
     common = tiny_data_args + ["--num-iterations", "2", "--train-seq-len", "32", "--val-seq-len", "64",
                                "--val-tokens", "512"]
     run = launch_script(common + ["--init-from", str(ckpt), "--log-dir", str(tmp_path), "--run-name", "dlo",

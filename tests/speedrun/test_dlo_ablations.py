@@ -51,6 +51,7 @@ def test_the_study_has_an_arm_per_table_row():
 @pytest.mark.slow
 @pytest.mark.parametrize("arm", DLO_ARMS)
 def test_added_params_are_the_arms_extra_parameters(arm, ckpt, shard_dir):
+    """Guards: each dlo.toml arm expanded from a real checkpoint reports just its extra parameters as added_params."""
     model, args = arm_model(arm, ckpt, shard_dir)
     added = model.added_params()
     assert sum(added.values()) == param_count(model) - param_count(base_model(ckpt))
@@ -104,6 +105,7 @@ def test_every_parameter_an_arm_adds_gets_a_gradient(arm, ckpt, shard_dir):
 
 @pytest.mark.slow
 def test_dlo_add_zero_routes_the_unexpanded_model(ckpt):
+    """Guards: --dlo-add 0 adds only routers and, at zero routers, keeps the checkpoint's exact train and val loss."""
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-add", "0", "--dlo-sparsity", "0.2",
                               "--dlo-skip-loss-weight", "0")
@@ -120,6 +122,7 @@ def test_dlo_add_zero_routes_the_unexpanded_model(ckpt):
 
 @pytest.mark.slow
 def test_uniform_router_init_is_a_default_linear_layer(ckpt):
+    """Guards: --dlo-router-init uniform draws Linear's default init and skips tokens before any training."""
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-router-init", "uniform")
     w = model.study["dlo"].router_w
     # router_w / sqrt(D) is the effective weight: U(-1/sqrt(D), 1/sqrt(D)), PyTorch's Linear default.
@@ -132,6 +135,7 @@ def test_uniform_router_init_is_a_default_linear_layer(ckpt):
 
 @pytest.mark.slow
 def test_sigmoid_score_halves_the_mlps_at_the_start(ckpt):
+    """Guards: --dlo-score sigmoid gates 0.5 at init, threshold 0.5, no rescaling, and another loss than rescaled."""
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-score", "sigmoid")
     routers = model.study["dlo"]
     assert args.dlo_threshold == 0.5
@@ -151,6 +155,7 @@ def test_sigmoid_score_halves_the_mlps_at_the_start(ckpt):
 
 @pytest.mark.slow
 def test_dus_repeats_the_middle_block_exactly(ckpt):
+    """Guards: --dlo-init dus repeats the middle block's layers exactly (weights, scalars) in the expanded pattern."""
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-add", "1", "--dlo-init", "dus")
     # L=6, 2 added: layers [0, 4) then [2, 6) - layers 2 and 3 run twice in a row.
@@ -163,6 +168,7 @@ def test_dus_repeats_the_middle_block_exactly(ckpt):
 
 @pytest.mark.slow
 def test_duplicate_repeats_each_groups_last_layers(ckpt):
+    """Guards: --dlo-init duplicate repeats each group's last layers exactly, weights and scalars."""
     base = base_model(ckpt)
     model, _ = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-add", "2", "--dlo-init", "duplicate")
     assert model.pattern["dlo_position"] == [0, 1, 2, 5, 6, 7]
@@ -197,6 +203,7 @@ def test_uniform_allocation_skips_the_same_share_of_every_layer():
 
 @pytest.mark.slow
 def test_uniform_allocation_in_training(ckpt):
+    """Guards: --dlo-skip-allocation uniform labels 75% of tokens active in every layer alike in a training forward."""
     model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-skip-allocation", "uniform")
     dlo_before_step(model, args, 0)
     model.study["dlo"].skip_rate.fill_(0.25)

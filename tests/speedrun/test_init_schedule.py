@@ -71,6 +71,7 @@ def val_losses(path):
 
 @pytest.mark.slow
 def test_continued_run_starts_where_the_checkpoint_stopped(tiny_data_args, tmp_path):
+    """Guards: --init-schedule continue from a real run's checkpoint repeats its last val loss; restart moves far."""
     small = tiny_data_args + ["--train-seq-len", "32", "--val-seq-len", "64", "--val-tokens", "512",
                               "--log-dir", str(tmp_path)]
     # A finished 6-step run (its schedule ends in the learning-rate cooldown, at the full window).

@@ -204,6 +204,7 @@ def test_sites_see_the_stream_after_the_unet_skip_and_block_mix(monkeypatch):
 @pytest.mark.parametrize("where", ["both", "block"])
 @pytest.mark.parametrize("flags", VARIANT_FLAGS, ids=lambda f: " ".join(f[1:]))
 def test_variant_at_init_reproduces_the_baseline_loss_exactly(flags, where):
+    """Guards: every LAuReL variant and form at init gives the baseline's exact loss; moving its weights changes it."""
     inputs, targets = tokens(1)
     window = torch.tensor(2)
     baseline, _ = build([], seed=3)
@@ -243,6 +244,7 @@ def paper_params(variant, form, pa_h, rank, k, dim, sites):
 @pytest.mark.parametrize("where", WHERE_FLAGS, ids=lambda f: " ".join(f) or "default")
 @pytest.mark.parametrize("flags", VARIANT_FLAGS, ids=lambda f: " ".join(f[1:]))
 def test_added_params_equal_the_paper_formulas(flags, where):
+    """Guards: every LAuReL variant x site reports and builds exactly the paper's Table 4 parameter count."""
     model, args = build(flags + where)
     num_layers, dim = args.num_layers, model.cfg.model_dim
     layers = args.laurel_layers or list(range(num_layers))
@@ -258,6 +260,7 @@ def test_added_params_equal_the_paper_formulas(flags, where):
 
 @pytest.mark.slow
 def test_default_rank_and_k_follow_the_small_llm_ablation():
+    """Guards: LAuReL's defaults: rank 32, k 3, low-rank PA h and MLP sites for rw+lr+pa; identity h for pa alone."""
     _, args = build(["--laurel", "rw+lr+pa"])
     assert (args.laurel_rank, args.laurel_k, args.laurel_pa_h, args.laurel_where) == (32, 3, "lowrank", "mlp")
     _, args = build(["--laurel", "pa"])
@@ -267,6 +270,7 @@ def test_default_rank_and_k_follow_the_small_llm_ablation():
 @pytest.mark.slow
 @pytest.mark.parametrize("zero_factor", ["up", "down"])
 def test_low_rank_live_factor_is_the_papers_column_orthogonal_init(zero_factor):
+    """Guards: LAuReL-LR's live factor starts column-orthogonal as in the paper, the other at zero, either way."""
     model, args = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-zero-factor", zero_factor])
     down, up = model.study["laurel"].down, model.study["laurel"].up
     # the D x r factor: A is stored as the down-projection [r, D], B as the up-projection [D, r]
@@ -283,6 +287,7 @@ def test_low_rank_live_factor_is_the_papers_column_orthogonal_init(zero_factor):
 
 @pytest.mark.slow
 def test_xavier_factor_init_has_the_glorot_bound_and_spread():
+    """Guards: --laurel-factor-init xavier draws within the Glorot bound with its spread, from the seed; up is zero."""
     model, _ = build(["--laurel", "lr", "--laurel-rank", "8", "--laurel-factor-init", "xavier"], seed=1)
     down, up = model.study["laurel"].down, model.study["laurel"].up
     bound = math.sqrt(6 / (model.cfg.model_dim + 8))
@@ -299,6 +304,7 @@ def test_xavier_factor_init_has_the_glorot_bound_and_spread():
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["mlp", "attn"])
 def test_pa_keeps_at_most_k_activations_alive(monkeypatch, where):
+    """Guards: a LAuReL-PA forward keeps at most k activations alive (weakrefs after gc), at MLP or attn sites."""
     k = 2
     model, args = build(["--laurel", "pa", "--laurel-k", str(k), "--laurel-where", where])
     randomise_baseline_weights(model, 5)
@@ -485,6 +491,7 @@ def test_layer_patterns_are_sane_for_study_layer_counts(num_layers):
 
 @pytest.mark.slow
 def test_added_params_report_extra_layers_against_the_preset():
+    """Guards: added_params reports the layers beyond the preset's 16 (full size, meta device), none for the preset."""
     args = tgm.resolve_args(["--num-layers", "18"])  # full size: counted on the meta device
     with torch.device("meta"):
         model = tgm.GPT(tgm.model_config(args), max_seq_len=1)
@@ -504,6 +511,7 @@ def test_added_params_report_extra_layers_against_the_preset():
 
 @pytest.mark.slow
 def test_baseline_is_bit_identical_to_the_unmodified_script(unmodified_medium):
+    """Guards: four flagless training steps of the medium model equal the pre-study script's (12c2aa8) bitwise."""
     old = unmodified_medium
     losses = []
     for module in (old, tgm):
@@ -528,6 +536,7 @@ def test_baseline_is_bit_identical_to_the_unmodified_script(unmodified_medium):
 
 @pytest.mark.slow
 def test_run_log_names_every_laurel_scalar(tmp_path, tiny_data_args):
+    """Guards: a real LAuReL run (a process) logs its added_params and every LAuReL scalar's name, trained."""
     result = launch_script(tiny_data_args + [
         "--laurel", "rw+pa", "--laurel-where", "both", "--laurel-layers", "1,2", "--laurel-k", "2",
         "--num-iterations", "4", "--stop-after", "2", "--val-every", "2", "--log-dir", str(tmp_path),

@@ -181,6 +181,7 @@ def test_no_project_file_outside_the_grammar_builds_or_matches_a_log_line():
 
 @pytest.mark.slow
 def test_the_grammar_loads_without_torch():
+    """Guards: a fresh interpreter imports the log grammar, analysis.logs and ablations.runstate without torch."""
     code = "import sys, speedrun.logformat, analysis.logs, ablations.runstate; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

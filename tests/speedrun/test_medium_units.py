@@ -174,6 +174,7 @@ def test_flex_block_mask_is_the_same_function_as_the_cpu_mask(window):
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [(64, 32), (32, 96), (3, 48, 48)])
 def test_ns5_is_near_orthogonal_and_matches_float64(shape):
+    """Guards: the medium track's NS5 (batched too) tracks a float64 run of its iteration; singular values near 1."""
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     out = newton_schulz5(g).float()
     assert out.dtype == torch.float32 and out.shape == g.shape
@@ -213,6 +214,7 @@ def test_mantissa_buffer_update_equals_fp32_update():
 
 @pytest.mark.slow
 def test_muon_step_matches_the_spec_formula():
+    """Guards: three Muon steps equal the spec's formula: momentum, Nesterov, NS5, smoothing, decay, shape scale."""
     g = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(48, 16, generator=g))
     ref = p.detach().clone()
@@ -259,6 +261,7 @@ def tiny_model_and_optimizers(seed=0, layers=None):
 
 @pytest.mark.slow
 def test_every_parameter_has_exactly_one_optimizer():
+    """Guards: the medium model's parameters are each in Muon or Adam exactly once, with the spec's Adam lrs."""
     _, model, opt = tiny_model_and_optimizers()
     muon_ids = [id(p) for p in opt.muon.ordered]
     adam_ids = [id(p) for g in opt.adam.param_groups for p in g["params"]]
@@ -270,6 +273,7 @@ def test_every_parameter_has_exactly_one_optimizer():
 
 @pytest.mark.slow
 def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
+    """Guards: the kernel warm-up after 30 real steps restores model, Adam, Muon and Snoo state bitwise."""
     args, model, opt = tiny_model_and_optimizers()
     args = replace(args, warmup_steps=3)
     proc = T.Dist()
@@ -302,6 +306,7 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
 
 @pytest.mark.slow
 def test_loss_at_init_is_uniform_over_the_vocabulary():
+    """Guards: the medium model at init gives ln(50304), the zero-initialised head's uniform loss."""
     # zero-initialised lm head: every logit 0, loss = ln(vocab) over the padded head
     _, model, _ = tiny_model_and_optimizers()
     seq = random_documents(64, 0)
@@ -311,6 +316,7 @@ def test_loss_at_init_is_uniform_over_the_vocabulary():
 
 @pytest.mark.slow
 def test_named_scalars_cover_the_scalar_vector():
+    """Guards: the medium model's named scalars cover skips, every block and value lambda, with their init values."""
     _, model, _ = tiny_model_and_optimizers()
     names = model.named_scalars()
     L = model.cfg.num_layers
@@ -339,6 +345,7 @@ def snoo_trajectory(dtype, firings):
 
 @pytest.mark.slow
 def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
+    """Guards: Snoo over bf16 Muon weights follows the fp32 trajectory for 20 firings (no shrink from truncation)."""
     # The bf16 parameter is the truncated top half of the fp32 master: comparing the outer copy with it would read
     # the truncation as a pseudo-gradient and shrink every matrix a little at every firing.
     bf16, fp32 = snoo_trajectory(torch.bfloat16, 20), snoo_trajectory(torch.float32, 20)
@@ -348,6 +355,7 @@ def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
 
 @pytest.mark.slow
 def test_snoo_reads_the_full_precision_masters_of_bf16_muon_matrices():
+    """Guards: after real bf16 training steps, Snoo reads Muon's fp32 masters, not the bf16 parameters."""
     args, model, _ = tiny_model_and_optimizers()
     model.cast_low_precision(torch.bfloat16)
     opt = T.Optimizers(model, 0, 1, fused_adam=False)

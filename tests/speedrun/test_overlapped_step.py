@@ -35,12 +35,14 @@ def assert_matches_a_reference(got, by_machine):
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(REFERENCE))
 def test_world_size_1_trajectory_is_bitwise_the_previous_one(config):
+    """Guards: a 1-process run's 7-step trajectory is bitwise the recorded one of the implementation before issue 12."""
     assert_matches_a_reference(trajectory(config, 1), REFERENCE[config]["ws1"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(REFERENCE))
 def test_world_size_2_trajectory_is_bitwise_the_previous_one(config):
+    """Guards: a real 2-rank gloo run's 7-step trajectory is bitwise the one recorded before issue 12."""
     # bf16-mixed-muon: Muon groups of mixed sizes (broadcasts) and bf16 masters (Snoo gathers the low bits).
     assert_matches_a_reference(trajectory(config, 2), REFERENCE[config]["ws2"])
 
@@ -178,6 +180,7 @@ def test_small_track_muon_shares_bf16_directions_with_the_same_result_as_fp32_pa
 
 @pytest.mark.slow
 def test_only_fp32_matrices_without_smoothing_and_a_bf16_newton_schulz_share_directions(one_rank_group):
+    """Guards: Muon shares directions only for the small track's fp32 matrices with a bf16 NS, never on medium."""
     import train_gpt
     import train_gpt_medium
     for module, shares in ((train_gpt, True), (train_gpt_medium, False)):  # medium: bf16 matrices, smoothing

@@ -37,6 +37,7 @@ def qkv(seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("bounds,window", CASES)
 def test_sdpa_equals_reference_forward_and_backward(bounds, window):
+    """Guards: r18's SDPA document attention equals a per-query float64 reference, forward and backward."""
     q, k, v = qkv(len(bounds) + window)
     cu = torch.tensor(bounds, dtype=torch.int32)
     got = va.varlen_attend("sdpa", q, k, v, cu, T, window, 0.3)
@@ -52,6 +53,7 @@ def test_sdpa_equals_reference_forward_and_backward(bounds, window):
 @pytest.mark.slow
 @pytest.mark.parametrize("bounds,window", CASES)
 def test_flex_equals_reference_forward(bounds, window):
+    """Guards: r18's FlexAttention document attention equals the per-query reference forward on CPU."""
     # FlexAttention has no CPU backward (torch 2.13); its gradients are FlexAttention's own, checked on GPU.
     q, k, v = (t.detach() for t in qkv(len(bounds) + window))
     cu = torch.tensor(bounds, dtype=torch.int32)
@@ -116,6 +118,7 @@ def test_fa3_without_kernels_package_is_unavailable_not_an_import_error():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fa3", "varlen"])
 def test_gpu_kernels_get_flash_attention_window_arguments(name, monkeypatch):
+    """Guards: the fa3 and varlen glue hand stand-in kernels int32 bounds, causal and (window, 0): sdpa's result."""
     # The CUDA-only kernels cannot run here: a stand-in with their documented semantics (cumulative int32
     # boundaries, causal, window (left, 0)) checks that the glue hands them what the reference means.
     bounds, window = CASES[0]

@@ -152,6 +152,7 @@ def r18_run(args, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_compiled_study_run_warms_every_graph_up_then_equals_the_eager_run(tmp_path, monkeypatch):
+    """Guards: an r18 LAuReL+backout run compiled (dynamo) makes every graph in its warm-up and matches eager."""
     # Both studies' parts in the graph (the matrix compiles the baseline and the LAuReL arms alone, no backout)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     args = run_config("--laurel", "rw+lr+pa", "--backout-layers", "10,embed", "--num-iterations", "4",
@@ -174,6 +175,7 @@ def test_compiled_study_run_warms_every_graph_up_then_equals_the_eager_run(tmp_p
 
 @pytest.mark.slow
 def test_flex_attention_traces_into_one_graph_and_equals_sdpa():
+    """Guards: r18's flex document attention traces into one full graph and equals the SDPA path's output."""
     # The GPU's fallback attention, block mask and all, in a full graph (forward only: CPU flex has no backward)
     q, k, v = torch.randn(3, 64, 2, 16, generator=torch.Generator().manual_seed(0))
     cu_seqlens = torch.tensor([0, 10, 40, 64, 64], dtype=torch.int32)

@@ -192,6 +192,7 @@ def scalars_lines(lines):
 
 @pytest.mark.slow
 def test_dlo_run_logs_its_fields_and_resumes(checkpoint, tiny_data_args, tmp_path):
+    """Guards: a real r18 DLO run from a checkpoint (a process) resumes from its own checkpoint, logs DLO's fields."""
     flags = tiny_data_args + ["--base", "r18", "--num-iterations", "4", "--train-seq-len", "32", "--val-seq-len",
                               "64", "--val-tokens", "512", "--val-every", "2", "--log-dir", str(tmp_path),
                               "--dlo-groups", "2", "--dlo-sparsity", "0.3", "--dlo-anneal-steps", "2", "--dlo-layer-lr"]

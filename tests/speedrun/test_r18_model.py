@@ -38,6 +38,7 @@ def test_multi_token_loss_is_weighted_shifted_cross_entropy():
 
 @pytest.mark.slow
 def test_tiny_model_learns_from_its_init():
+    """Guards: 30 Adam steps on one batch lower the tiny r18 model's loss below 80% of its start (it can learn)."""
     model, (inputs, targets, cu) = tiny_model(), batch()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     first = None

@@ -72,6 +72,7 @@ def test_shape_factor_and_record_grouping():
 
 @pytest.mark.slow
 def test_adam_steps_on_odd_steps_on_the_sum_of_both_steps_gradients():
+    """Guards: r18's Adams step on odd steps only, on the sum of both steps' gradients; NorMuon steps every step."""
     model = tiny_model()
     opts = R18Optimizers(model, SCHEDULE)
     scalars, head, attn = model.scalars, model.lm_head.weight, model.blocks[0].attn.qkvo_w
@@ -92,6 +93,7 @@ def test_adam_steps_on_odd_steps_on_the_sum_of_both_steps_gradients():
 
 @pytest.mark.slow
 def test_embedding_untied_after_the_split_step_with_the_heads_state():
+    """Guards: at the split step r18 unties the embedding from the head with a copy of its Adam state; they diverge."""
     model = tiny_model()
     opts = R18Optimizers(model, SCHEDULE)
     assert SCHEDULE.split_step == 3

@@ -24,6 +24,7 @@ def run(tmp_path, name, *extra, nproc=1):
 
 @pytest.mark.slow
 def test_r18_trains_validates_checkpoints_and_resumes_on_one_and_two_ranks(tmp_path):
+    """Guards: real r18 runs on 1 and 2 gloo ranks train, validate, resume exactly, cross world sizes, label kernels."""
     full, full_val = run(tmp_path, "full")
     assert '"base": "r18"' in next(l for l in full if l.startswith("config: "))
     assert any(l.startswith("r18 attention: sdpa") for l in full)
@@ -63,6 +64,7 @@ def test_r18_trains_validates_checkpoints_and_resumes_on_one_and_two_ranks(tmp_p
 
 @pytest.mark.slow
 def test_odd_checkpoint_interval_refused(tmp_path):
+    """Guards: the script as a process refuses an odd --checkpoint-every on --base r18: exit 2, no traceback."""
     res = launch_script(["--base", "r18", "--preset", "tiny", "--num-iterations", "4", "--checkpoint-every", "3",
                         "--log-dir", str(tmp_path)])
     assert res.returncode == 2 and "must be even" in res.stderr and "Traceback" not in res.stderr

@@ -35,6 +35,7 @@ def config_line(log_path):
 
 @pytest.mark.slow
 def test_the_logged_and_checkpointed_config_is_the_one_the_run_used(tmp_path, monkeypatch):
+    """Guards: a real run logs and checkpoints the very config its validation used, and a resume logs the same."""
     used = []
     validate = speedrun.training.validate
 

@@ -26,6 +26,7 @@ def build(argv, seed=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", COMBINATIONS, ids=lambda a: " ".join(a))
 def test_combined_variants_report_each_addition_and_train(argv):
+    """Guards: backout, rolling-skip and LAuReL combined in one model report each addition and train below ln(50304)."""
     args, model = build(argv)
     added = model.added_params()
     if "--backout-layers" in argv:

@@ -64,6 +64,7 @@ def test_a_studys_exclusions_and_checks_are_its_own(argv, message):
 ])
 def test_resume_refuses_another_value_of_a_study_flag_in_one_line(checkpoint_of_a_4_step_run, tmp_path, capsys,
                                                                    changed, named):
+    """Guards: --resume of a real checkpoint refuses a changed study flag (--rolling-skip, --laurel): one line."""
     folder, flags = checkpoint_of_a_4_step_run
     log_dir = tmp_path / "logs"
     rc = T.main([*TINY, *flags, "--num-iterations", "4", "--seed", "1", *changed, "--resume",

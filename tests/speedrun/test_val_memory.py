@@ -79,6 +79,7 @@ def fewest_head_chunks(track):
 @pytest.mark.slow
 @pytest.mark.parametrize("track", ["train_gpt_medium", "train_gpt"])
 def test_validation_head_peak_memory_does_not_grow_with_val_seq_len_beyond_one_chunk(track, shard_dir):
+    """Guards: the validation head's peak resident memory (fresh processes) stays flat as --val-seq-len grows."""
     # Both lengths split into pieces of exactly CHUNK tokens (the track's fewest pieces of the short one).
     short = CHUNK * fewest_head_chunks(track)
     long = 4 * short
