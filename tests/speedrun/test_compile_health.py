@@ -67,7 +67,7 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
 @pytest.mark.own_process
 @pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
 def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data_args, one_rank_group):
-    """Guards: whole-model inductor compile of 3 training steps: no graph break, exactly 2 frames and 2 graphs."""
+    """Guards: backout+LAuReL in one model, whole-model inductor: no graph break, exactly 2 frames and 2 graphs."""
     compiled_training(tiny_data_args, flags, regional=False)
     assert dict(counters["graph_break"]) == {}
     assert counters["frames"]["total"] == 2 and counters["stats"]["unique_graphs"] == 2, dict(counters["frames"])
@@ -78,7 +78,7 @@ def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data
 @pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
 def test_regional_compile_has_no_graph_break_and_compiles_nothing_in_steady_state(flags, tiny_data_args,
                                                                                  one_rank_group):
-    """Guards: --compile regional under inductor: no graph break, and step 2 and its validation compile nothing new."""
+    """Guards: backout+LAuReL in one model, --compile regional under inductor: no graph break, nothing new after."""
     _, _, frames = compiled_training(tiny_data_args, flags, regional=True)
     assert dict(counters["graph_break"]) == {}
     # Step 1 meets validation's no-grad mode for the first time; step 2 and the second validation must reuse what

@@ -392,28 +392,6 @@ def test_init_from_problems_are_one_line_errors(shard_dir, tiny_data_args, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The baseline path is untouched
-
-@pytest.mark.slow
-def test_baseline_matches_the_unmodified_script(unmodified_medium):
-    """Guards: two flagless training steps of the medium model equal the pre-study script's (12c2aa8) bitwise."""
-    old = unmodified_medium
-    losses = []
-    for mod in (old, T):
-        torch.manual_seed(0)
-        model = mod.GPT(mod.model_config(mod.resolve_args(["--preset", "tiny"])), MAX_SEQ)
-        opt = mod.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-        run = []
-        for step in range(2):
-            loss = model(*token_batch(step), WINDOW)
-            loss.backward()
-            opt.step(step, 40)
-            run.append(loss.item())
-        losses.append(run)
-    assert losses[0] == losses[1]
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # End to end (the two subprocess runs of this file)
 
 def scalars_lines(log):

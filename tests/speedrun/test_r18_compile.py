@@ -98,6 +98,7 @@ def test_optimizer_state_load_drops_muon_state_made_after_the_save():
 
 @pytest.mark.own_process
 def test_cpu_inductor_training_gradients_are_finite_and_equal_eager_s():
+    """Guards: r18's bf16 training gradients through real CPU inductor code are finite and equal eager's."""
     # The bf16 model as runs build it, at its init. On an AVX-512 machine torch 2.13's 512-bit C++ code gave
     # non-finite and wrong MLP-projection gradients here; compile_r18 holds CPU inductor to 256-bit vectors.
     args = run_config("--num-iterations", "120")
