@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cost_meter import command_text
 from data.shard_format import write_shard
 from speedrun.logformat import source_header
 
@@ -317,7 +318,7 @@ def pytest_runtest_call(item):
     def guarded_spawn(popen, args, *rest, **kwargs):
         starter = process_starter(sys._getframe(1))
         if starter is not None and is_project_file(starter.f_code.co_filename):
-            command = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+            command = command_text(args)
             where = f"{Path(starter.f_code.co_filename).relative_to(ROOT)}:{starter.f_lineno}"
             started.append(f"{item.nodeid} starts a process in the fast tier ({where}: {command[:120]}); "
                            "mark it @pytest.mark.slow")

@@ -46,6 +46,11 @@ def _compiled_frames():
     return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
 
 
+def command_text(args):
+    """A spawned command as one line: Popen's args are a list or a string."""
+    return " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+
+
 class CostMeter:
     """Measures one test; records the commands of the processes it starts while it runs."""
 
@@ -62,7 +67,7 @@ class CostMeter:
         commands = self.commands
 
         def recording_spawn(popen, args, *rest, **kwargs):
-            commands.append(" ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args))
+            commands.append(command_text(args))
             return spawn(popen, args, *rest, **kwargs)
 
         subprocess.Popen._execute_child = recording_spawn

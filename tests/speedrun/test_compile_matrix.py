@@ -46,7 +46,8 @@ from speedrun.training import Track, configure_inductor, train_step, validate
 MODES = ("off", "on", "regional")
 STEPS = 2
 MICRO_BATCHES = 2  # of the 8 per step: the last one launches the averages, an earlier one only accumulates
-CHECKPOINT_LAYERS = 6
+TINY_PRESET_LAYERS = 6
+CHECKPOINT_LAYERS = TINY_PRESET_LAYERS  # the DLO cells' base checkpoint: the tiny preset's model
 # Flags of a study arm that set no part of the model (the matrix supplies its own --compile and --init-from).
 RUN_ONLY_FLAGS = {"--num-iterations": 1, "--stop-after": 1, "--save-final-checkpoint": 0, "--init-schedule": 1,
                   "--compile": 1, "--init-from": 1}
@@ -97,7 +98,7 @@ def resolve(track, flags, data_args, checkpoint):
     try:
         return track.resolve_args(data_args + extra + flags)
     except UsageError as too_shallow:
-        for layers in range(CHECKPOINT_LAYERS + 1, 17):
+        for layers in range(TINY_PRESET_LAYERS + 1, 17):
             try:
                 return track.resolve_args(data_args + ["--num-layers", str(layers)] + extra + flags)
             except UsageError:
