@@ -12,6 +12,8 @@ from data.shard_format import write_shard
 from speedrun.logformat import source_header
 
 ROOT = Path(__file__).resolve().parent.parent
+# PYTHONPATH of a child pytest that loads this conftest from elsewhere: it imports the project and tests/cost_meter
+CHILD_PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
 
 # One compute thread per process (every xdist worker and every process a test starts), unless the caller chose: the
 # suite runs a worker per core, so a second thread per process only oversubscribes the cores, and OpenMP's waiting

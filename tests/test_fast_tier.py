@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import CHILD_PYTHONPATH, ROOT
 
 CHILD_TESTS = '''
 import ctypes.util
@@ -64,8 +64,7 @@ def run_child_suite(tmp_path, *args):
     (tmp_path / "test_child.py").write_text(CHILD_TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    # the project conftest imports the project and its test helpers (the parent has both through pytest.ini/rootdir)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    env["PYTHONPATH"] = CHILD_PYTHONPATH
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     return res.returncode, res.stdout + res.stderr

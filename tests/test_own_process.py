@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import OWN_PROCESS_ENV, ROOT
+from conftest import CHILD_PYTHONPATH, OWN_PROCESS_ENV, ROOT
 
 CHILD_TESTS = '''
 import logging
@@ -57,7 +57,7 @@ def test_marked_tests_run_in_a_child_and_report_pass_fail_and_skip(tmp_path):
     """))
     (tmp_path / "test_child.py").write_text(CHILD_TESTS)
     env = {k: v for k, v in os.environ.items() if k not in ("RUNNER_PID", OWN_PROCESS_ENV)}
-    env["PYTHONPATH"] = str(ROOT)  # the project conftest imports the project (the parent has it through pytest.ini)
+    env["PYTHONPATH"] = CHILD_PYTHONPATH
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(tmp_path)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     out = res.stdout
