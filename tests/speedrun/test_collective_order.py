@@ -1,10 +1,11 @@
 """Every rank issues the same collectives in the same order: for every arm of every bundled study (both tracks;
 arms with the same parameter shapes and collective-relevant flags run once), two ranks (gloo) run the real training
-path at tiny size - a kernel warm-up step, two training steps (Snoo fires on the medium track), three
-validations and two checkpoint saves - while each rank records its sequence of collectives (name, process group,
-sizes, dtype, and the parameters of each gradient bucket by name); the sequences must be identical. A rank that
-launched its reductions in autograd's order, a collective issued by one rank only, or a size or dtype that
-depends on the rank fails here (on NCCL: a hang or gradients mixed up between same-size buckets).
+path at tiny size - a kernel warm-up step, two training steps (Snoo fires on the medium track), three validations
+and a checkpoint save (a save in the loop and the final one make the same call: one is enough) - while each rank
+records its sequence of collectives (name, process group, sizes, dtype, and the parameters of each gradient bucket
+by name); the sequences must be identical. A rank that launched its reductions in autograd's order, a collective
+issued by one rank only, or a size or dtype that depends on the rank fails here (on NCCL: a hang or gradients
+mixed up between same-size buckets).
 
 Run-only flags of an arm that cannot change the sequence are replaced: the schedule (--num-iterations,
 --stop-after) by the short one above and --compile by off (CPU inductor would take minutes per arm; the
@@ -49,7 +50,7 @@ def parameter_shapes(module, args):
 def cases(shard_dir, runs_dir, log_dir):
     """The deduplicated (script, argv) of every bundled study arm, the DLO base checkpoint's run first."""
     data = ["--train-files", str(shard_dir / "syn_train_*.bin"), "--val-files", str(shard_dir / "syn_val_*.bin")]
-    schedule = ["--num-iterations", "2", "--val-every", "1", "--checkpoint-every", "1", "--warmup-steps", "1",
+    schedule = ["--num-iterations", "2", "--val-every", "1", "--checkpoint-every", "2", "--warmup-steps", "1",
                 "--compile", "off", "--log-dir", str(log_dir)]
     base = runs_dir / "record" / "baseline"
     out = [dict(id="dlo-base-checkpoint", script="train_gpt_medium.py",
