@@ -18,6 +18,7 @@ import ast
 import builtins
 import functools
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,31 @@ def drop_unreachable(text):
     return "\n".join(lines)
 
 
+def drop_docstrings(text):
+    """The source without its docstrings (the module's, each class's and function's): the file keeps the comments
+    only, as upstream's script; a body that was a docstring alone becomes `pass`."""
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    cuts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and ast.get_docstring(node, clean=False) is not None:
+            doc = node.body[0]
+            own_lines = (lines[doc.lineno - 1][:doc.col_offset].strip() == ""
+                         and lines[doc.end_lineno - 1][doc.end_col_offset:].strip() == "")
+            if own_lines:
+                cuts.append((doc.lineno, doc.end_lineno, [" " * doc.col_offset + "pass"] if len(node.body) == 1
+                             and not isinstance(node, ast.Module) else []))
+    for first, last, new_lines in sorted(cuts, reverse=True):
+        lines = replace_lines(lines, first, last, new_lines)
+    return "\n".join(lines)
+
+
+def single_blank_lines(text):
+    """The text with every run of blank lines made one (upstream's spacing, not PEP 8's two between definitions)."""
+    return re.sub(r"\n(?:[ \t]*\n)+", "\n\n", text)
+
+
 def without_nested_imports(text, first_line, node):
     """A top-level statement's text (its first line is the module's line first_line) with the project imports
     inside it removed; a renamed one (`import x as y`) becomes `y = x` where it stood."""
@@ -196,13 +222,12 @@ def parsed_module(name, source, folds, registries):
     text = drop_unreachable(fold_ifs(source, dict(folds), where))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
+    docstring = ast.get_docstring(ast.parse(text), clean=True)
+    text = drop_docstrings(text)
     tree = ast.parse(text)
     lines = text.split("\n")
     body = list(tree.body)
-    docstring = ast.get_docstring(tree, clean=True)
     previous_end = 0
-    if docstring is not None:
-        previous_end = body.pop(0).end_lineno
     module = Module(name, path, docstring, [], {}, {}, [])
     for node in ast.walk(tree):  # project imports at any depth: lazy ones resolve names too
         if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
@@ -361,16 +386,12 @@ def check_names(modules, program):
                 raise UsageError(f"{EXPORT_FLAG}: {origin} defines `{name}`, a builtin's name")
 
 
-def comment_block(text):
-    return [("# " + line).rstrip() for line in text.split("\n")]
-
-
 def section_header(module, study_line):
+    """One comment line naming the source file (and, for a study's module, how the study enters)."""
     relative = module.path.relative_to(ROOT).as_posix()
-    lines = ["", "", RULE, f"# {relative}" + (f": {study_line}" if study_line else "")]
-    if module.docstring and module.path.name != "__init__.py":
-        lines += comment_block(module.docstring)
-    return lines + [RULE]
+    if study_line:
+        return ["", f"# {relative}: {study_line}"]
+    return ["", f"# {relative} ".ljust(len(RULE), "-")]
 
 
 def study_lines(active, fixed):
@@ -409,12 +430,9 @@ def export_source(script, config, fixed_flags, command):
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
            "",
-           "Exported as one file by",
-           f"    {command}",
-           "The project's modules this run executes are inlined below in import order, each under a comment",
-           "naming its source file; the study and track flags of the run are fixed",
-           "(FIXED_FLAGS); the command line keeps the run flags (--seed, --log-dir, --stop-after, --preset...).",
-           'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""']
+           f"Exported as one file by `{command}`: the project modules the run executes, inlined in import order",
+           "under a comment naming each source file. Runs as `python THIS.py` or `torchrun --standalone "
+           '--nproc_per_node=N THIS.py`."""']
     emitted_imports = set()
     # Package __init__ side effects first: speedrun's sets the CUDA allocator's config before torch is imported.
     for module in [m for m in modules if m.path.name == "__init__.py"]:
@@ -428,23 +446,23 @@ def export_source(script, config, fixed_flags, command):
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
-    out += ["", RULE, "# The run this file was exported for: its study and track flags, read before the command line",
-            "# (speedrun/cli.py's with_fixed_flags); these and every study flag are refused on the command line.",
-            RULE, f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
+    out += ["", "# The study and track flags of the run this file was exported for, read before the command line",
+            "# (which refuses them and every other study flag).", f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
         if not statements:
             continue
         if module is program.script:
-            out += ["", "", RULE, f"# {module.path.relative_to(ROOT).as_posix()}: the track's model, optimisers "
-                                  f"and run", RULE]
+            out += section_header(module, "the track's model, optimisers and run")
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    text = "\n".join(out).rstrip("\n") + "\n"
-    ast.parse(text)  # a file that does not compile is a bug here, never written
+    spaced = "\n".join(out).rstrip("\n") + "\n"
+    text = single_blank_lines(spaced)
+    # a file that does not compile, or that a blank line inside a string made another program, is a bug here
+    if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):
+        raise UsageError(f"{EXPORT_FLAG}: a string literal holds blank lines; the file cannot be written")
     return text
-
 
 
 # ----- the command line -----------------------------------------------------------------------------------------
