@@ -18,6 +18,7 @@ import ast
 import builtins
 import functools
 import json
+import operator
 import re
 import sys
 from dataclasses import dataclass, field
@@ -47,20 +48,91 @@ def module_path(module_name):
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
-def wired_studies(config):
-    """The studies a base reads the config fields of whether they are on or not: --base r18's hand wiring
-    (speedrun/r18/studies.py) reads backout's, LAuReL's and DLO's (#18's own backout is --backout-layers')."""
-    if getattr(config, "base", None) != "r18":
-        return ()
-    from speedrun.r18.studies import RUNS_ON_R18
-    return RUNS_ON_R18
+# Run flags the file's command line leaves out when the exported run does not give them (flag -> its default): the
+# file runs with the default, and the code only the flag reaches is folded away. Upstream's scripts have none of
+# them. --save-final-checkpoint stays: the final weights are how two runs are compared bit for bit
+# (tests/scripts/test_export_runs.py) and how a record's model is kept.
+OMITTED_RUN_FLAGS = {"--resume": None, "--init-from": None, "--checkpoint-every": 0, "--profile-steps": 0}
+NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
+CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
-def folded_tests(config):
-    """ast.unparse(test) -> its value in this export: the `if` statements on them keep only the branch taken."""
+def omitted_run_flags(run_argv):
+    """The run flags of OMITTED_RUN_FLAGS and NEEDS_FLAG that run_argv does not give, sorted."""
+    given = {name for name, _ in flag_groups(run_argv)}
+    omitted = {flag for flag in OMITTED_RUN_FLAGS if flag not in given}
+    omitted |= {flag for flag, needed in NEEDS_FLAG.items() if needed in omitted and flag not in given}
+    return tuple(sorted(omitted))
+
+
+def hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def folded_tests(config, omitted=(), active=()):
+    """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
+    these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
+    value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
+    studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
     base = getattr(config, "base", None)
-    return {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
-            "asks_for_export(argv)": False}
+    folds = {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
+             "asks_for_export(argv)": False}
+    for flag in omitted:
+        if flag in OMITTED_RUN_FLAGS:
+            folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})
+    for study in STUDIES:
+        if study not in active:
+            folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in study.flags
+                          for name in CONFIG_NAMES})
+    return folds
+
+
+UNKNOWN = object()
+COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+               ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+               ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+
+
+def only_reads(node):
+    """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
+                              ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+
+
+def folded_value(node, folds):
+    """The value of an expression made of folds, constants, `not`, `and`/`or` and one comparison; UNKNOWN when
+    any part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where
+    that part just reads names."""
+    text = ast.unparse(node)
+    if text in folds:
+        return folds[text]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [folded_value(item, folds) for item in node.elts]
+        return UNKNOWN if UNKNOWN in items else tuple(items)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        value = folded_value(node.operand, folds)
+        return UNKNOWN if value is UNKNOWN else not value
+    if isinstance(node, ast.BoolOp):
+        skipped = False  # a part left unknown that only reads names (it could run first and change nothing)
+        for part in node.values:
+            value = folded_value(part, folds)
+            if value is UNKNOWN:
+                if not only_reads(part):
+                    return UNKNOWN
+                skipped = True
+            elif bool(value) == isinstance(node.op, ast.Or):
+                return bool(value) if skipped else value
+        return UNKNOWN if skipped else value
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in COMPARISONS:
+        left, right = folded_value(node.left, folds), folded_value(node.comparators[0], folds)
+        if UNKNOWN not in (left, right):
+            try:
+                return COMPARISONS[type(node.ops[0])](left, right)
+            except TypeError:  # `x in None`: the program would raise here; left as it is
+                return UNKNOWN
+    return UNKNOWN
 
 
 # ----- text edits on a module's source ------------------------------------------------------------------------------
@@ -75,14 +147,20 @@ def dedent_lines(lines, columns):
 
 
 def fold_ifs(text, folds, where):
-    """The source with each `if` whose test is in folds replaced by the branch it takes (outermost first)."""
+    """The source with each `if` statement and conditional expression whose test the folds decide replaced by the
+    branch it takes (outermost first)."""
     while True:
         tree = ast.parse(text)
-        node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) in folds), None)
+        node = next((n for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp))
+                     and folded_value(n.test, folds) is not UNKNOWN), None)
         if node is None:
             return text
+        taken = bool(folded_value(node.test, folds))
+        if isinstance(node, ast.IfExp):
+            text = replace_span(text, node, node.body if taken else node.orelse)
+            continue
         lines = text.split("\n")
-        branch = node.body if folds[ast.unparse(node.test)] else node.orelse
+        branch = node.body if taken else node.orelse
         if branch and lines[branch[0].lineno - 1].lstrip().startswith("elif"):
             raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: cannot fold an elif chain")
         kept = []
@@ -90,6 +168,38 @@ def fold_ifs(text, folds, where):
             kept = dedent_lines(lines[branch[0].lineno - 1:branch[-1].end_lineno],
                                 branch[0].col_offset - node.col_offset)
         text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+
+
+def replace_span(text, node, by):
+    """The source with the expression `node` replaced by the source of the expression `by` (ast's columns count
+    UTF-8 bytes)."""
+    encoded = text.encode()
+    starts = [0]
+    for line in encoded.split(b"\n"):
+        starts.append(starts[-1] + len(line) + 1)
+
+    def span(n):
+        return starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset
+    (first, last), (by_first, by_last) = span(node), span(by)
+    return (encoded[:first] + encoded[by_first:by_last] + encoded[last:]).decode()
+
+
+def omit_arguments(text, omitted):
+    """The source with each `parser.add_argument(FLAG, ...)` statement of an omitted flag replaced by
+    `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value."""
+    lines = text.split("\n")
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+             and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "add_argument"
+             and n.value.args and isinstance(n.value.args[0], ast.Constant) and n.value.args[0].value in omitted]
+    for node in sorted(calls, key=lambda n: n.lineno, reverse=True):
+        keywords = {k.arg: k.value for k in node.value.keywords}
+        dest = keywords["dest"].value if "dest" in keywords else node.value.args[0].value[2:].replace("-", "_")
+        store_true = "action" in keywords and ast.literal_eval(keywords["action"]) == "store_true"
+        default = "False" if store_true else ast.unparse(keywords["default"]) if "default" in keywords else "None"
+        receiver = ast.unparse(node.value.func.value)
+        new_line = f"{' ' * node.col_offset}{receiver}.set_defaults({dest}={default})"
+        lines = replace_lines(lines, node.lineno, node.end_lineno, [new_line])
+    return "\n".join(lines)
 
 
 def drop_unreachable(text):
@@ -207,19 +317,19 @@ def import_line(node, alias):
     return bound, (node.module, alias.name, alias.asname)
 
 
-def load_module(name, folds, registries):
+def load_module(name, folds, registries, omitted=()):
     """The module `name` as statements, its `if`s folded and its registries pruned (cached: a process exporting
     several runs parses each source once per folding)."""
     path = module_path(name)
     return parsed_module(name, path.read_text(), tuple(sorted(folds.items())),
-                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()))
+                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()), tuple(omitted))
 
 
 @functools.lru_cache(maxsize=256)
-def parsed_module(name, source, folds, registries):
+def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text = drop_unreachable(fold_ifs(source, dict(folds), where))
+    text = drop_unreachable(fold_ifs(omit_arguments(source, omitted), dict(folds), where))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
     docstring = ast.get_docstring(ast.parse(text), clean=True)
@@ -271,8 +381,8 @@ def parsed_module(name, source, folds, registries):
 class Program:
     """The modules reachable from the script and, of each, the statements something kept refers to."""
 
-    def __init__(self, script_module, folds, registries):
-        self.folds, self.registries = folds, registries
+    def __init__(self, script_module, folds, registries, omitted=()):
+        self.folds, self.registries, self.omitted = folds, registries, omitted
         self.modules = {}
         self.kept = {}  # module name -> set of statement ids
         self.script = self.load(script_module)
@@ -280,7 +390,7 @@ class Program:
 
     def load(self, name):
         if name not in self.modules:
-            self.modules[name] = load_module(name, self.folds, self.registries)
+            self.modules[name] = load_module(name, self.folds, self.registries, self.omitted)
             self.kept[name] = set()
         return self.modules[name]
 
@@ -417,13 +527,13 @@ def flag_groups(argv):
     return groups
 
 
-def export_source(script, config, fixed_flags, command):
-    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags."""
+def export_source(script, config, fixed_flags, command, omitted=()):
+    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags, its
+    command line without the omitted run flags (omitted_run_flags)."""
     active = [study for study in STUDIES if study.active(config)]
-    registries = {STUDIES_MODULE: {"STUDIES": [study in active or study.name in wired_studies(config)
-                                               for study in STUDIES]}}
+    registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = Program(script_module, folded_tests(config), registries)
+    program = Program(script_module, folded_tests(config, omitted, active), registries, omitted)
     modules = program.order()
     check_names(modules, program)
     studies = study_lines(active, fixed_flags)
@@ -555,7 +665,8 @@ def export_main(script, argv, resolve_args, track_flags):
             run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
-        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command)
+        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command,
+                             omitted_run_flags(run_argv))
         try:
             Path(out).write_text(text)
         except OSError as e:
