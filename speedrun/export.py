@@ -1,13 +1,16 @@
 """`--export-script OUT.py`: a run's training script as one standalone file, built from the project's own source.
 
 The file is the training script with every project module it needs inlined above it, in import order, each under
-a comment naming where it came from; the project imports are gone and the plain ones (stdlib, numpy, torch) are
-merged at the top. It holds only what the run executes:
-- `if` tests whose value the export knows are folded (the base, the export flag itself: folded_tests), and the
-  statements a kept `return` leaves unreachable are dropped;
-- the study registry keeps only the studies the run switches on (and, on --base r18, those its hand wiring reads:
-  wired_studies), so the other study modules are never inlined;
-- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block).
+one comment line naming where it came from; the project imports are gone and the plain ones (stdlib, numpy,
+torch) are merged at the top. It holds only what the run executes:
+- tests the export can decide are folded (folded_tests): `if` statements, conditional expressions and `for` loops
+  over an empty registry keep the branch that runs, and the statements a kept `return` leaves unreachable go. They
+  decide on the base, the export flag itself, the fields of the studies that are off (so --base r18's hand wiring
+  reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
+  add_argument becomes a set_defaults, their code is folded away);
+- the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
+- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block);
+- docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
 log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
@@ -80,6 +83,8 @@ def folded_tests(config, omitted=(), active=()):
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:
             folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})
+    if not active:  # the registry is empty, and so is every model's list of study parts
+        folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
     for study in STUDIES:
         if study not in active:
             folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in study.flags
@@ -146,16 +151,26 @@ def dedent_lines(lines, columns):
     return [line[columns:] if line[:columns].strip() == "" else line.lstrip() for line in lines]
 
 
+def decided(node, folds):
+    """Whether folds decide which branch of an `if`, a conditional expression or a `for` runs (a `for` over an
+    empty sequence runs its `else` alone)."""
+    if isinstance(node, (ast.If, ast.IfExp)):
+        return folded_value(node.test, folds) is not UNKNOWN
+    if isinstance(node, ast.For):
+        iterated = folded_value(node.iter, folds)
+        return isinstance(iterated, tuple) and not iterated
+    return False
+
+
 def fold_ifs(text, folds, where):
-    """The source with each `if` statement and conditional expression whose test the folds decide replaced by the
-    branch it takes (outermost first)."""
+    """The source with each `if` statement, conditional expression and `for` loop whose test (or sequence) the
+    folds decide replaced by the branch that runs (outermost first)."""
     while True:
         tree = ast.parse(text)
-        node = next((n for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp))
-                     and folded_value(n.test, folds) is not UNKNOWN), None)
+        node = next((n for n in ast.walk(tree) if decided(n, folds)), None)
         if node is None:
             return text
-        taken = bool(folded_value(node.test, folds))
+        taken = not isinstance(node, ast.For) and bool(folded_value(node.test, folds))
         if isinstance(node, ast.IfExp):
             text = replace_span(text, node, node.body if taken else node.orelse)
             continue
@@ -167,7 +182,15 @@ def fold_ifs(text, folds, where):
         if branch:
             kept = dedent_lines(lines[branch[0].lineno - 1:branch[-1].end_lineno],
                                 branch[0].col_offset - node.col_offset)
+        elif only_statement(tree, node):
+            kept = [" " * node.col_offset + "pass"]
         text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+
+
+def only_statement(tree, node):
+    """Whether `node` is the only statement of its block."""
+    return any(isinstance(block, list) and block == [node] for parent in ast.walk(tree)
+               for block in (getattr(parent, name, None) for name in ("body", "orelse", "finalbody")))
 
 
 def replace_span(text, node, by):
@@ -233,7 +256,10 @@ def drop_docstrings(text):
             own_lines = (lines[doc.lineno - 1][:doc.col_offset].strip() == ""
                          and lines[doc.end_lineno - 1][doc.end_col_offset:].strip() == "")
             if own_lines:
-                cuts.append((doc.lineno, doc.end_lineno, [" " * doc.col_offset + "pass"] if len(node.body) == 1
+                last = doc.end_lineno
+                while last < len(lines) and not lines[last].strip():  # and the blank lines after it
+                    last += 1
+                cuts.append((doc.lineno, last, [" " * doc.col_offset + "pass"] if len(node.body) == 1
                              and not isinstance(node, ast.Module) else []))
     for first, last, new_lines in sorted(cuts, reverse=True):
         lines = replace_lines(lines, first, last, new_lines)
@@ -540,9 +566,9 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
            "",
-           f"Exported as one file by `{command}`: the project modules the run executes, inlined in import order",
-           "under a comment naming each source file. Runs as `python THIS.py` or `torchrun --standalone "
-           '--nproc_per_node=N THIS.py`."""']
+           "Exported as one file (the project modules the run executes, inlined in import order under a comment",
+           "naming each source file) by", f"    {command}",
+           'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""']
     emitted_imports = set()
     # Package __init__ side effects first: speedrun's sets the CUDA allocator's config before torch is imported.
     for module in [m for m in modules if m.path.name == "__init__.py"]:
