@@ -522,6 +522,20 @@ def check_names(modules, program):
                 raise UsageError(f"{EXPORT_FLAG}: {origin} defines `{name}`, a builtin's name")
 
 
+def check_off_study_fields(modules, program, active):
+    """Raises UsageError where a kept statement still reads a field of a study that is off (`config.laurel` outside
+    a test the export folds): the file's config has no such field."""
+    off = {flag.dest for study in STUDIES if study not in active for flag in study.flags}
+    for module in modules:
+        for statement in program.kept_statements(module):
+            for node in ast.walk(statement.node):
+                if isinstance(node, ast.Attribute) and node.attr in off and isinstance(node.value, ast.Name) \
+                        and node.value.id in CONFIG_NAMES:
+                    where = module.path.relative_to(ROOT).as_posix()
+                    raise UsageError(f"{EXPORT_FLAG}: {where} reads {ast.unparse(node)} of a study that is off, "
+                                     f"outside a test the export folds (if ...: / ... if ... else ...)")
+
+
 def section_header(module, study_line):
     """One comment line naming the source file (and, for a study's module, how the study enters)."""
     relative = module.path.relative_to(ROOT).as_posix()
@@ -562,6 +576,7 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     program = Program(script_module, folded_tests(config, omitted, active), registries, omitted)
     modules = program.order()
     check_names(modules, program)
+    check_off_study_fields(modules, program, active)
     studies = study_lines(active, fixed_flags)
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),

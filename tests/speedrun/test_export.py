@@ -127,6 +127,22 @@ def test_tests_the_export_knows_are_folded(source, expected):
     assert fold_ifs(source, folds, "x.py") == (source if expected is None else expected)
 
 
+def test_a_field_of_a_study_that_is_off_read_outside_a_folded_test_is_refused():
+    from types import SimpleNamespace
+
+    from speedrun.export import ROOT, check_off_study_fields
+    from speedrun.studies import STUDIES
+    module = SimpleNamespace(path=ROOT / "speedrun" / "x.py")
+
+    def program(source):
+        return SimpleNamespace(kept_statements=lambda m: [SimpleNamespace(node=n) for n in ast.parse(source).body])
+    check_off_study_fields([module], program("y = config.seed + flag.laurel"), active=[])
+    laurel = next(study for study in STUDIES if study.name == "laurel")
+    check_off_study_fields([module], program("y = config.laurel"), active=[laurel])
+    with pytest.raises(UsageError, match="speedrun/x.py reads config.laurel of a study that is off"):
+        check_off_study_fields([module], program("y = config.laurel"), active=[])
+
+
 def test_an_omitted_flag_becomes_its_default_in_the_parser():
     from speedrun.export import omit_arguments
     source = ('def make(p):\n    p.add_argument("--resume", default=None,\n                   help="x")\n'
