@@ -184,7 +184,8 @@ def fold_ifs(text, folds, where):
                                 branch[0].col_offset - node.col_offset)
         elif only_statement(tree, node):
             kept = [" " * node.col_offset + "pass"]
-        text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+        first = node.lineno if kept else first_line_with_comments(lines, node)  # gone: its comments too
+        text = "\n".join(replace_lines(lines, first, node.end_lineno, kept))
 
 
 def only_statement(tree, node):
@@ -240,6 +241,37 @@ def drop_unreachable(text):
     lines = text.split("\n")
     for first, last in sorted(cuts, reverse=True):
         lines = replace_lines(lines, first, last, [])
+    return "\n".join(lines)
+
+
+def first_line_with_comments(lines, node):
+    """The 1-based first line of a statement counting the comment lines right above it (its own comments)."""
+    first = node.lineno
+    while first > 1 and lines[first - 2].strip().startswith("#") \
+            and len(lines[first - 2]) - len(lines[first - 2].lstrip()) == node.col_offset:
+        first -= 1
+    return first
+
+
+def drop_dead_constants(text):
+    """The source without the assignments of a constant to a local name its function never reads (what folding
+    leaves of `state = load(...) if config.flag else None`), with the comments right above them."""
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    cuts = {}  # (first line, last line) -> the lines in their place
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
+            dead = [s for s in (block if isinstance(block, list) else []) if isinstance(s, ast.Assign)
+                    and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in read
+                    and isinstance(s.value, ast.Constant)]
+            for i, statement in enumerate(dead):
+                empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
+                cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
+                    [" " * statement.col_offset + "pass"] if empties else []
+    for (first, last), new_lines in sorted(cuts.items(), reverse=True):
+        lines = replace_lines(lines, first, last, new_lines)
     return "\n".join(lines)
 
 
@@ -355,7 +387,7 @@ def load_module(name, folds, registries, omitted=()):
 def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text = drop_unreachable(fold_ifs(omit_arguments(source, omitted), dict(folds), where))
+    text = drop_dead_constants(drop_unreachable(fold_ifs(omit_arguments(source, omitted), dict(folds), where)))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
     docstring = ast.get_docstring(ast.parse(text), clean=True)

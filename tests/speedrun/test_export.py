@@ -143,6 +143,18 @@ def test_a_field_of_a_study_that_is_off_read_outside_a_folded_test_is_refused():
         check_off_study_fields([module], program("y = config.laurel"), active=[])
 
 
+def test_what_folding_leaves_unused_goes_with_its_comments():
+    from speedrun.export import drop_dead_constants, fold_ifs
+    source = ("def f(config):\n    # loads it\n    state = load(config.resume) if config.resume else None\n"
+              "    # the study's own\n    if config.resume:\n        use(state)\n    kept = None\n    return kept\n")
+    folded = fold_ifs(source, {"config.resume": None}, "x.py")
+    assert folded == "def f(config):\n    # loads it\n    state = None\n    kept = None\n    return kept\n"
+    assert drop_dead_constants(folded) == "def f(config):\n    kept = None\n    return kept\n"
+    assert drop_dead_constants("def g():\n    a = 1\n    b = 2\n") == "def g():\n    pass\n"
+    nested = "def h():\n    a = None\n    def inner():\n        return a\n    return inner\n"
+    assert drop_dead_constants(nested) == nested  # read by a nested function
+
+
 def test_an_omitted_flag_becomes_its_default_in_the_parser():
     from speedrun.export import omit_arguments
     source = ('def make(p):\n    p.add_argument("--resume", default=None,\n                   help="x")\n'
