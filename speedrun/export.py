@@ -630,7 +630,11 @@ def export_source(script, config, fixed_flags, command, omitted=()):
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
     out += ["", "# The study and track flags of the run this file was exported for, read before the command line",
-            "# (which refuses them and every other study flag).", f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
+            "# (which refuses them and every other study flag)."]
+    if omitted:
+        out += ["# Left out of the command line, as the run gave none (their code is folded away):",
+                f"# {', '.join(omitted)}."]
+    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
         if not statements:
