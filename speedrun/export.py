@@ -1,13 +1,16 @@
 """`--export-script OUT.py`: a run's training script as one standalone file, built from the project's own source.
 
 The file is the training script with every project module it needs inlined above it, in import order, each under
-a comment naming where it came from; the project imports are gone and the plain ones (stdlib, numpy, torch) are
-merged at the top. It holds only what the run executes:
-- `if` tests whose value the export knows are folded (the base, the export flag itself: folded_tests), and the
-  statements a kept `return` leaves unreachable are dropped;
-- the study registry keeps only the studies the run switches on (and, on --base r18, those its hand wiring reads:
-  wired_studies), so the other study modules are never inlined;
-- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block).
+one comment line naming where it came from; the project imports are gone and the plain ones (stdlib, numpy,
+torch) are merged at the top. It holds only what the run executes:
+- tests the export can decide are folded (folded_tests): `if` statements, conditional expressions and `for` loops
+  over an empty registry keep the branch that runs, and the statements a kept `return` leaves unreachable go. They
+  decide on the base, the export flag itself, the fields of the studies that are off (so --base r18's hand wiring
+  reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
+  add_argument becomes a set_defaults, their code is folded away);
+- the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
+- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block);
+- docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
 log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
@@ -18,6 +21,8 @@ import ast
 import builtins
 import functools
 import json
+import operator
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,20 +51,93 @@ def module_path(module_name):
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
-def wired_studies(config):
-    """The studies a base reads the config fields of whether they are on or not: --base r18's hand wiring
-    (speedrun/r18/studies.py) reads backout's, LAuReL's and DLO's (#18's own backout is --backout-layers')."""
-    if getattr(config, "base", None) != "r18":
-        return ()
-    from speedrun.r18.studies import RUNS_ON_R18
-    return RUNS_ON_R18
+# Run flags the file's command line leaves out when the exported run does not give them (flag -> its default): the
+# file runs with the default, and the code only the flag reaches is folded away. Upstream's scripts have none of
+# them. --save-final-checkpoint stays: the final weights are how two runs are compared bit for bit
+# (tests/scripts/test_export_runs.py) and how a record's model is kept.
+OMITTED_RUN_FLAGS = {"--resume": None, "--init-from": None, "--checkpoint-every": 0, "--profile-steps": 0}
+NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
+CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
-def folded_tests(config):
-    """ast.unparse(test) -> its value in this export: the `if` statements on them keep only the branch taken."""
+def omitted_run_flags(run_argv):
+    """The run flags of OMITTED_RUN_FLAGS and NEEDS_FLAG that run_argv does not give, sorted."""
+    given = {name for name, _ in flag_groups(run_argv)}
+    omitted = {flag for flag in OMITTED_RUN_FLAGS if flag not in given}
+    omitted |= {flag for flag, needed in NEEDS_FLAG.items() if needed in omitted and flag not in given}
+    return tuple(sorted(omitted))
+
+
+def hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def folded_tests(config, omitted=(), active=()):
+    """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
+    these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
+    value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
+    studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
     base = getattr(config, "base", None)
-    return {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
-            "asks_for_export(argv)": False}
+    folds = {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
+             "asks_for_export(argv)": False}
+    for flag in omitted:
+        if flag in OMITTED_RUN_FLAGS:
+            folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})
+    if not active:  # the registry is empty, and so is every model's list of study parts
+        folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
+    for study in STUDIES:
+        if study not in active:
+            folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in study.flags
+                          for name in CONFIG_NAMES})
+    return folds
+
+
+UNKNOWN = object()
+COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+               ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+               ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+
+
+def only_reads(node):
+    """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
+                              ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+
+
+def folded_value(node, folds):
+    """The value of an expression made of folds, constants, `not`, `and`/`or` and one comparison; UNKNOWN when
+    any part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where
+    that part just reads names."""
+    text = ast.unparse(node)
+    if text in folds:
+        return folds[text]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [folded_value(item, folds) for item in node.elts]
+        return UNKNOWN if UNKNOWN in items else tuple(items)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        value = folded_value(node.operand, folds)
+        return UNKNOWN if value is UNKNOWN else not value
+    if isinstance(node, ast.BoolOp):
+        skipped = False  # a part left unknown that only reads names (it could run first and change nothing)
+        for part in node.values:
+            value = folded_value(part, folds)
+            if value is UNKNOWN:
+                if not only_reads(part):
+                    return UNKNOWN
+                skipped = True
+            elif bool(value) == isinstance(node.op, ast.Or):
+                return bool(value) if skipped else value
+        return UNKNOWN if skipped else value
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in COMPARISONS:
+        left, right = folded_value(node.left, folds), folded_value(node.comparators[0], folds)
+        if UNKNOWN not in (left, right):
+            try:
+                return COMPARISONS[type(node.ops[0])](left, right)
+            except TypeError:  # `x in None`: the program would raise here; left as it is
+                return UNKNOWN
+    return UNKNOWN
 
 
 # ----- text edits on a module's source ------------------------------------------------------------------------------
@@ -73,22 +151,79 @@ def dedent_lines(lines, columns):
     return [line[columns:] if line[:columns].strip() == "" else line.lstrip() for line in lines]
 
 
+def decided(node, folds):
+    """Whether folds decide which branch of an `if`, a conditional expression or a `for` runs (a `for` over an
+    empty sequence runs its `else` alone)."""
+    if isinstance(node, (ast.If, ast.IfExp)):
+        return folded_value(node.test, folds) is not UNKNOWN
+    if isinstance(node, ast.For):
+        iterated = folded_value(node.iter, folds)
+        return isinstance(iterated, tuple) and not iterated
+    return False
+
+
 def fold_ifs(text, folds, where):
-    """The source with each `if` whose test is in folds replaced by the branch it takes (outermost first)."""
+    """The source with each `if` statement, conditional expression and `for` loop whose test (or sequence) the
+    folds decide replaced by the branch that runs (outermost first)."""
     while True:
         tree = ast.parse(text)
-        node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) in folds), None)
+        node = next((n for n in ast.walk(tree) if decided(n, folds)), None)
         if node is None:
             return text
+        taken = not isinstance(node, ast.For) and bool(folded_value(node.test, folds))
+        if isinstance(node, ast.IfExp):
+            text = replace_span(text, node, node.body if taken else node.orelse)
+            continue
         lines = text.split("\n")
-        branch = node.body if folds[ast.unparse(node.test)] else node.orelse
+        branch = node.body if taken else node.orelse
         if branch and lines[branch[0].lineno - 1].lstrip().startswith("elif"):
             raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: cannot fold an elif chain")
         kept = []
         if branch:
             kept = dedent_lines(lines[branch[0].lineno - 1:branch[-1].end_lineno],
                                 branch[0].col_offset - node.col_offset)
-        text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+        elif only_statement(tree, node):
+            kept = [" " * node.col_offset + "pass"]
+        first = node.lineno if kept else first_line_with_comments(lines, node)  # gone: its comments too
+        text = "\n".join(replace_lines(lines, first, node.end_lineno, kept))
+
+
+def only_statement(tree, node):
+    """Whether `node` is the only statement of its block."""
+    return any(isinstance(block, list) and block == [node] for parent in ast.walk(tree)
+               for block in (getattr(parent, name, None) for name in ("body", "orelse", "finalbody")))
+
+
+def replace_span(text, node, by):
+    """The source with the expression `node` replaced by the source of the expression `by` (ast's columns count
+    UTF-8 bytes)."""
+    encoded = text.encode()
+    starts = [0]
+    for line in encoded.split(b"\n"):
+        starts.append(starts[-1] + len(line) + 1)
+
+    def span(n):
+        return starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset
+    (first, last), (by_first, by_last) = span(node), span(by)
+    return (encoded[:first] + encoded[by_first:by_last] + encoded[last:]).decode()
+
+
+def omit_arguments(text, omitted):
+    """The source with each `parser.add_argument(FLAG, ...)` statement of an omitted flag replaced by
+    `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value."""
+    lines = text.split("\n")
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+             and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "add_argument"
+             and n.value.args and isinstance(n.value.args[0], ast.Constant) and n.value.args[0].value in omitted]
+    for node in sorted(calls, key=lambda n: n.lineno, reverse=True):
+        keywords = {k.arg: k.value for k in node.value.keywords}
+        dest = keywords["dest"].value if "dest" in keywords else node.value.args[0].value[2:].replace("-", "_")
+        store_true = "action" in keywords and ast.literal_eval(keywords["action"]) == "store_true"
+        default = "False" if store_true else ast.unparse(keywords["default"]) if "default" in keywords else "None"
+        receiver = ast.unparse(node.value.func.value)
+        new_line = f"{' ' * node.col_offset}{receiver}.set_defaults({dest}={default})"
+        lines = replace_lines(lines, node.lineno, node.end_lineno, [new_line])
+    return "\n".join(lines)
 
 
 def drop_unreachable(text):
@@ -107,6 +242,65 @@ def drop_unreachable(text):
     for first, last in sorted(cuts, reverse=True):
         lines = replace_lines(lines, first, last, [])
     return "\n".join(lines)
+
+
+def first_line_with_comments(lines, node):
+    """The 1-based first line of a statement counting the comment lines right above it (its own comments)."""
+    first = node.lineno
+    while first > 1 and lines[first - 2].strip().startswith("#") \
+            and len(lines[first - 2]) - len(lines[first - 2].lstrip()) == node.col_offset:
+        first -= 1
+    return first
+
+
+def drop_dead_constants(text):
+    """The source without the assignments of a constant to a local name its function never reads (what folding
+    leaves of `state = load(...) if config.flag else None`), with the comments right above them."""
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    cuts = {}  # (first line, last line) -> the lines in their place
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
+            dead = [s for s in (block if isinstance(block, list) else []) if isinstance(s, ast.Assign)
+                    and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in read
+                    and isinstance(s.value, ast.Constant)]
+            for i, statement in enumerate(dead):
+                empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
+                cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
+                    [" " * statement.col_offset + "pass"] if empties else []
+    for (first, last), new_lines in sorted(cuts.items(), reverse=True):
+        lines = replace_lines(lines, first, last, new_lines)
+    return "\n".join(lines)
+
+
+def drop_docstrings(text):
+    """The source without its docstrings (the module's, each class's and function's): the file keeps the comments
+    only, as upstream's script; a body that was a docstring alone becomes `pass`."""
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    cuts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and ast.get_docstring(node, clean=False) is not None:
+            doc = node.body[0]
+            own_lines = (lines[doc.lineno - 1][:doc.col_offset].strip() == ""
+                         and lines[doc.end_lineno - 1][doc.end_col_offset:].strip() == "")
+            if own_lines:
+                last = doc.end_lineno
+                while last < len(lines) and not lines[last].strip():  # and the blank lines after it
+                    last += 1
+                cuts.append((doc.lineno, last, [" " * doc.col_offset + "pass"] if len(node.body) == 1
+                             and not isinstance(node, ast.Module) else []))
+    for first, last, new_lines in sorted(cuts, reverse=True):
+        lines = replace_lines(lines, first, last, new_lines)
+    return "\n".join(lines)
+
+
+def single_blank_lines(text):
+    """The text with every run of blank lines made one (upstream's spacing, not PEP 8's two between definitions)."""
+    return re.sub(r"\n(?:[ \t]*\n)+", "\n\n", text)
 
 
 def without_nested_imports(text, first_line, node):
@@ -181,28 +375,27 @@ def import_line(node, alias):
     return bound, (node.module, alias.name, alias.asname)
 
 
-def load_module(name, folds, registries):
+def load_module(name, folds, registries, omitted=()):
     """The module `name` as statements, its `if`s folded and its registries pruned (cached: a process exporting
     several runs parses each source once per folding)."""
     path = module_path(name)
     return parsed_module(name, path.read_text(), tuple(sorted(folds.items())),
-                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()))
+                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()), tuple(omitted))
 
 
 @functools.lru_cache(maxsize=256)
-def parsed_module(name, source, folds, registries):
+def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text = drop_unreachable(fold_ifs(source, dict(folds), where))
+    text = drop_dead_constants(drop_unreachable(fold_ifs(omit_arguments(source, omitted), dict(folds), where)))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
+    docstring = ast.get_docstring(ast.parse(text), clean=True)
+    text = drop_docstrings(text)
     tree = ast.parse(text)
     lines = text.split("\n")
     body = list(tree.body)
-    docstring = ast.get_docstring(tree, clean=True)
     previous_end = 0
-    if docstring is not None:
-        previous_end = body.pop(0).end_lineno
     module = Module(name, path, docstring, [], {}, {}, [])
     for node in ast.walk(tree):  # project imports at any depth: lazy ones resolve names too
         if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
@@ -246,8 +439,8 @@ def parsed_module(name, source, folds, registries):
 class Program:
     """The modules reachable from the script and, of each, the statements something kept refers to."""
 
-    def __init__(self, script_module, folds, registries):
-        self.folds, self.registries = folds, registries
+    def __init__(self, script_module, folds, registries, omitted=()):
+        self.folds, self.registries, self.omitted = folds, registries, omitted
         self.modules = {}
         self.kept = {}  # module name -> set of statement ids
         self.script = self.load(script_module)
@@ -255,7 +448,7 @@ class Program:
 
     def load(self, name):
         if name not in self.modules:
-            self.modules[name] = load_module(name, self.folds, self.registries)
+            self.modules[name] = load_module(name, self.folds, self.registries, self.omitted)
             self.kept[name] = set()
         return self.modules[name]
 
@@ -361,16 +554,26 @@ def check_names(modules, program):
                 raise UsageError(f"{EXPORT_FLAG}: {origin} defines `{name}`, a builtin's name")
 
 
-def comment_block(text):
-    return [("# " + line).rstrip() for line in text.split("\n")]
+def check_off_study_fields(modules, program, active):
+    """Raises UsageError where a kept statement still reads a field of a study that is off (`config.laurel` outside
+    a test the export folds): the file's config has no such field."""
+    off = {flag.dest for study in STUDIES if study not in active for flag in study.flags}
+    for module in modules:
+        for statement in program.kept_statements(module):
+            for node in ast.walk(statement.node):
+                if isinstance(node, ast.Attribute) and node.attr in off and isinstance(node.value, ast.Name) \
+                        and node.value.id in CONFIG_NAMES:
+                    where = module.path.relative_to(ROOT).as_posix()
+                    raise UsageError(f"{EXPORT_FLAG}: {where} reads {ast.unparse(node)} of a study that is off, "
+                                     f"outside a test the export folds (if ...: / ... if ... else ...)")
 
 
 def section_header(module, study_line):
+    """One comment line naming the source file (and, for a study's module, how the study enters)."""
     relative = module.path.relative_to(ROOT).as_posix()
-    lines = ["", "", RULE, f"# {relative}" + (f": {study_line}" if study_line else "")]
-    if module.docstring and module.path.name != "__init__.py":
-        lines += comment_block(module.docstring)
-    return lines + [RULE]
+    if study_line:
+        return ["", f"# {relative}: {study_line}"]
+    return ["", f"# {relative} ".ljust(len(RULE), "-")]
 
 
 def study_lines(active, fixed):
@@ -396,24 +599,22 @@ def flag_groups(argv):
     return groups
 
 
-def export_source(script, config, fixed_flags, command):
-    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags."""
+def export_source(script, config, fixed_flags, command, omitted=()):
+    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags, its
+    command line without the omitted run flags (omitted_run_flags)."""
     active = [study for study in STUDIES if study.active(config)]
-    registries = {STUDIES_MODULE: {"STUDIES": [study in active or study.name in wired_studies(config)
-                                               for study in STUDIES]}}
+    registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = Program(script_module, folded_tests(config), registries)
+    program = Program(script_module, folded_tests(config, omitted, active), registries, omitted)
     modules = program.order()
     check_names(modules, program)
+    check_off_study_fields(modules, program, active)
     studies = study_lines(active, fixed_flags)
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
            "",
-           "Exported as one file by",
-           f"    {command}",
-           "The project's modules this run executes are inlined below in import order, each under a comment",
-           "naming its source file; the study and track flags of the run are fixed",
-           "(FIXED_FLAGS); the command line keeps the run flags (--seed, --log-dir, --stop-after, --preset...).",
+           "Exported as one file (the project modules the run executes, inlined in import order under a comment",
+           "naming each source file) by", f"    {command}",
            'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""']
     emitted_imports = set()
     # Package __init__ side effects first: speedrun's sets the CUDA allocator's config before torch is imported.
@@ -428,23 +629,27 @@ def export_source(script, config, fixed_flags, command):
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
-    out += ["", RULE, "# The run this file was exported for: its study and track flags, read before the command line",
-            "# (speedrun/cli.py's with_fixed_flags); these and every study flag are refused on the command line.",
-            RULE, f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
+    out += ["", "# The study and track flags of the run this file was exported for, read before the command line",
+            "# (which refuses them and every other study flag)."]
+    if omitted:
+        out += ["# Left out of the command line, as the run gave none (their code is folded away):",
+                f"# {', '.join(omitted)}."]
+    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
         if not statements:
             continue
         if module is program.script:
-            out += ["", "", RULE, f"# {module.path.relative_to(ROOT).as_posix()}: the track's model, optimisers "
-                                  f"and run", RULE]
+            out += section_header(module, "the track's model, optimisers and run")
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    text = "\n".join(out).rstrip("\n") + "\n"
-    ast.parse(text)  # a file that does not compile is a bug here, never written
+    spaced = "\n".join(out).rstrip("\n") + "\n"
+    text = single_blank_lines(spaced)
+    # a file that does not compile, or that a blank line inside a string made another program, is a bug here
+    if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):
+        raise UsageError(f"{EXPORT_FLAG}: a string literal holds blank lines; the file cannot be written")
     return text
-
 
 
 # ----- the command line -----------------------------------------------------------------------------------------
@@ -537,7 +742,8 @@ def export_main(script, argv, resolve_args, track_flags):
             run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
-        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command)
+        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command,
+                             omitted_run_flags(run_argv))
         try:
             Path(out).write_text(text)
         except OSError as e:

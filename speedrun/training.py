@@ -4,7 +4,6 @@ step, the validation pass, the kernel warm-up skeleton and the step / scalars / 
 import copy
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -186,7 +185,7 @@ def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, vali
             break
         train(step, state)
         log_train_step(log, step + 1, N, train_ms + 1000 * (time.perf_counter() - t0))
-        if checkpoint_due(config, step + 1, last_step):
+        if config.checkpoint_every and checkpoint_due(config, step + 1, last_step):
             train_ms += 1000 * (time.perf_counter() - t0)
             save(step + 1, train_ms)
             t0 = time.perf_counter()
@@ -220,7 +219,8 @@ def run_training(track: Track, config, proc: Dist):
     problem = None
     try:  # every input that can be checked is, on every rank, before the log starts and before any collective
         train_files = check_data(config)
-        resume_state = load_resume_state(config)
+        # the tests on the flags let an exported file fold away what a run without them never executes
+        resume_state = load_resume_state(config) if config.resume else None
         init_state = load_checkpoint(config.init_from) if config.init_from else None
         if proc.rank == 0:
             check_log_dir(config.log_dir)  # last: it makes the folder
@@ -230,16 +230,17 @@ def run_training(track: Track, config, proc: Dist):
     low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         config.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
     compiled = compiles_model(config, proc.device.type)
-    config = at_run_start(config, compiled, run_schedule_origin(config, init_state, resume_state))
+    config = at_run_start(config, compiled, run_schedule_origin(config, init_state, resume_state)
+                          if config.resume or config.init_from else None)
     schedule_at = schedule_clock(config.init_schedule_origin, config.num_iterations)
 
     torch.manual_seed(config.seed)
     model = track.model_class(cfg, max_seq_len=max(config.train_seq_len, config.val_seq_len)).to(proc.device)
     model.cast_low_precision(low)
     # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
-    if init_state is not None and not any(part.init_from(model, init_state, config) for part in model.parts):
+    if config.init_from and not any(part.init_from(model, init_state, config) for part in model.parts):
         load_model_weights(model, init_state, config.init_from)
-    if resume_state is not None:
+    if config.resume:
         load_model_weights(model, resume_state, config.resume)
     for p in model.parameters():  # identical start on every rank
         if proc.world_size > 1:
@@ -276,7 +277,7 @@ def run_training(track: Track, config, proc: Dist):
     window_tensors = {}
 
     stream = TokenStream(train_files, config.train_seq_len, "--train-files", proc.device)
-    start_step, train_ms = restore_run_state(resume_state, opt, stream, log)
+    start_step, train_ms = restore_run_state(resume_state, opt, stream, log) if config.resume else (0, 0.0)
     ckpt_path = Path(config.log_dir) / f"{config.run_name}.pt"
 
     def sync():
@@ -301,21 +302,24 @@ def run_training(track: Track, config, proc: Dist):
         log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
 
     def train(step, window):
-        if profiler is not None:
+        if config.profile_steps:
             profiler.begin_step(step)
         for part in model.parts:
             part.before_step(model, config, step)
         train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
         for part in model.parts:
             part.after_step(model, opt, config, proc)
-        with profiler.optimizer() if profiler is not None else nullcontext():
+        if config.profile_steps:
+            with profiler.optimizer():
+                opt.step(*schedule_at(step))
+        else:
             opt.step(*schedule_at(step))
 
     def save(steps_done, train_ms):
         save_checkpoint(ckpt_path, model, opt, stream, steps_done, train_ms, config, log, proc)
 
     run_steps(config, proc, log, start_step, train_ms, sync, window_at, validate_and_log, train, save)
-    if profiler is not None:
+    if config.profile_steps:
         profiler.finish(Path(config.log_dir) / f"{config.run_name}.profile.json" if proc.rank == 0 else None)
     log.write(peak_memory_line(proc))
     log.close()

@@ -268,7 +268,8 @@ def run_r18(args, proc, script):
     problem = None
     try:
         train_files = check_data(args)
-        resume_state = load_resume_state(args)
+        # the tests on the flags let an exported file fold away what a run without them never executes
+        resume_state = load_resume_state(args) if args.resume else None
         init_state = load_checkpoint(args.init_from) if args.init_from else None
         attention = resolve_attention(args.attention, proc.device.type)
         if proc.rank == 0:
@@ -277,7 +278,7 @@ def run_r18(args, proc, script):
         problem = str(e)
     proc.agree(problem)
     N = args.num_iterations
-    start_step = resume_state["step"] if resume_state is not None else 0
+    start_step = resume_state["step"] if args.resume else 0
     compiled = compiles_model(args, proc.device.type)
     graphs = compiled_graphs(schedule, args, start_step, args.stop_after or N) if compiled else {}
     warm_up = compiled and args.warmup_steps != 0
@@ -285,9 +286,9 @@ def run_r18(args, proc, script):
     torch.manual_seed(args.seed)
     model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
     routers = model.study["dlo"] if "dlo" in model.study else None
-    if init_state is not None and not (routers is not None and routers.init_from(model, init_state, args)):
+    if args.init_from and not (routers is not None and routers.init_from(model, init_state, args)):
         load_model_weights(model, init_state, args.init_from)
-    if resume_state is not None:
+    if args.resume:
         load_model_weights(model, resume_state, args.resume)
     for p in model.parameters():
         if proc.world_size > 1:
@@ -299,7 +300,7 @@ def run_r18(args, proc, script):
                    else model)
     log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
     # A resume on another kernel (another node) is labelled with both: train_time is then no one kernel's
-    kernels = kernel_history(resume_state.get("attention") if resume_state is not None else None, attention,
+    kernels = kernel_history(resume_state.get("attention") if args.resume else None, attention,
                              start_step)
     config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
                   attention=kernels, params=sum(p.numel() for p in model.parameters()))
@@ -314,7 +315,7 @@ def run_r18(args, proc, script):
         torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
     stream = BosAlignedStream(train_files, "--train-files")
     windows = Windows(model, schedule)
-    start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log)
+    start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log) if args.resume else (0, 0.0)
     model.split_embed = start_step > schedule.split_step
     for step in range(start_step):  # the rotary tables as the windows grew
         windows.advance(step)

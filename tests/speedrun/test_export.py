@@ -76,6 +76,95 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     assert "r18_layer_pattern = layer_pattern" in text  # the renamed lazy import, bound where it stood
 
 
+def test_r18_export_folds_away_the_modules_of_its_studies_that_are_off(tmp_path):
+    baseline = inlined_sections(export(tmp_path, T, "--base", "r18"))
+    assert not [s for s in baseline if s.removeprefix("speedrun/").removesuffix(".py") in STUDY_MODULES]
+    with_laurel = inlined_sections(export(tmp_path, T, "--base", "r18", "--laurel", "rw"))
+    assert "speedrun/laurel.py" in with_laurel
+    assert "speedrun/backout.py" not in with_laurel and "speedrun/dlo.py" not in with_laurel
+
+
+def test_the_file_leaves_out_the_run_flags_its_run_does_not_use(tmp_path):
+    """--resume, --init-from, --checkpoint-every and --profile-steps, and the code only they reach; the config keeps
+    their values (set_defaults) and --save-final-checkpoint stays."""
+    text = export(tmp_path, T)
+    def parses(flag):
+        return f'add_argument("{flag}"' in text
+
+    for flag in ("--resume", "--init-from", "--checkpoint-every", "--profile-steps", "--init-schedule"):
+        assert not parses(flag), flag
+    for gone in ("def load_resume_state", "def restore_run_state", "class StepProfiler", "def load_checkpoint"):
+        assert gone not in text, gone
+    assert "set_defaults(resume=None)" in text and "set_defaults(profile_steps=0)" in text
+    assert parses("--save-final-checkpoint") and "def save_checkpoint" in text
+    text = export(tmp_path, T, "--init-from", __file__)  # a run from a checkpoint keeps that code
+    assert parses("--init-from") and parses("--init-schedule") and "def load_checkpoint" in text
+    assert not parses("--resume")
+
+
+def test_the_file_has_no_docstrings_and_single_blank_lines(tmp_path):
+    text = export(tmp_path, T)
+    tree = ast.parse(text)
+    documented = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                  and ast.get_docstring(n) is not None]
+    assert documented == [] and ast.get_docstring(tree) is not None  # the file's own header stays
+    assert "\n\n\n" not in text
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("if config.resume:\n    a()\nb()\n", "b()\n"),
+    ("if not config.resume:\n    a()\nelse:\n    c()\n", "a()\n"),
+    ("x = load(config.resume) if config.resume else None\n", "x = None\n"),
+    ("if studies is None or not studies.dlo_groups:\n    a()\n", "a()\n"),  # a part that only reads names
+    ("if f() or not studies.dlo_groups:\n    a()\n", None),  # a call would still run: not folded
+    ("if config.backout_layers == ('none',):\n    a()\nb()\n", "b()\n"),
+    ("def f():\n    for s in STUDIES:\n        a(s)\n", "def f():\n    pass\n"),
+    ("if config.seed:\n    a()\n", None),  # a field the file's command line sets
+])
+def test_tests_the_export_knows_are_folded(source, expected):
+    from speedrun.export import fold_ifs
+    folds = {"config.resume": None, "studies.dlo_groups": 0, "config.backout_layers": None, "STUDIES": ()}
+    assert fold_ifs(source, folds, "x.py") == (source if expected is None else expected)
+
+
+def test_a_field_of_a_study_that_is_off_read_outside_a_folded_test_is_refused():
+    from types import SimpleNamespace
+
+    from speedrun.export import ROOT, check_off_study_fields
+    from speedrun.studies import STUDIES
+    module = SimpleNamespace(path=ROOT / "speedrun" / "x.py")
+
+    def program(source):
+        return SimpleNamespace(kept_statements=lambda m: [SimpleNamespace(node=n) for n in ast.parse(source).body])
+    check_off_study_fields([module], program("y = config.seed + flag.laurel"), active=[])
+    laurel = next(study for study in STUDIES if study.name == "laurel")
+    check_off_study_fields([module], program("y = config.laurel"), active=[laurel])
+    with pytest.raises(UsageError, match="speedrun/x.py reads config.laurel of a study that is off"):
+        check_off_study_fields([module], program("y = config.laurel"), active=[])
+
+
+def test_what_folding_leaves_unused_goes_with_its_comments():
+    from speedrun.export import drop_dead_constants, fold_ifs
+    source = ("def f(config):\n    # loads it\n    state = load(config.resume) if config.resume else None\n"
+              "    # the study's own\n    if config.resume:\n        use(state)\n    kept = None\n    return kept\n")
+    folded = fold_ifs(source, {"config.resume": None}, "x.py")
+    assert folded == "def f(config):\n    # loads it\n    state = None\n    kept = None\n    return kept\n"
+    assert drop_dead_constants(folded) == "def f(config):\n    kept = None\n    return kept\n"
+    assert drop_dead_constants("def g():\n    a = 1\n    b = 2\n") == "def g():\n    pass\n"
+    nested = "def h():\n    a = None\n    def inner():\n        return a\n    return inner\n"
+    assert drop_dead_constants(nested) == nested  # read by a nested function
+
+
+def test_an_omitted_flag_becomes_its_default_in_the_parser():
+    from speedrun.export import omit_arguments
+    source = ('def make(p):\n    p.add_argument("--resume", default=None,\n                   help="x")\n'
+              '    p.add_argument("--save-final-checkpoint", action="store_true")\n'
+              '    p.add_argument("--checkpoint-every", type=int, default=0)\n')
+    assert omit_arguments(source, ("--resume", "--save-final-checkpoint")) == (
+        'def make(p):\n    p.set_defaults(resume=None)\n    p.set_defaults(save_final_checkpoint=False)\n'
+        '    p.add_argument("--checkpoint-every", type=int, default=0)\n')
+
+
 def test_small_track_export_keeps_its_track_flag(tmp_path):
     text = export(tmp_path, S, "--fp8-head", "off", "--seed", "3")
     assert fixed_flags_of(text) == ("--fp8-head", "off")  # --seed stays a run flag of the file
