@@ -22,6 +22,8 @@ CONFIGS = {
     "small": (SMALL_SCRIPT, ["--fp8-head", "off"], [], 1),
     # the record's backout (at layer 4 of the tiny 6), on 2 ranks
     "r14-backout-2ranks": (MEDIUM_SCRIPT, ["--backout-layers", "4"], [], 2),
+    # #18 as the record ran it: every study's code folded out of the file (its own backout stays, on by default)
+    "r18-baseline": (MEDIUM_SCRIPT, ["--base", "r18"], [], 1),
     # #18 with its own backout (on by default there) and LAuReL on its blocks: the r18 package and its study wiring
     "r18-laurel": (MEDIUM_SCRIPT, ["--base", "r18", "--laurel", "rw+lr"], [], 1),
 }
