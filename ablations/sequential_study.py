@@ -278,12 +278,10 @@ def verdict_line(state: dict, stale: dict[str, str] | None = None) -> str:
     """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values. A stale
     look (`stale`: of runs the study no longer asks for) is no evidence: its arm has no claim and enters the family
     as an arm not yet looked at."""
-    from analysis.sequential import family_phrase, study_verdicts
+    from analysis.sequential import family_phrase, study_verdicts, verdict_text
 
     stale = stale or {}
     current = dict(state, looks={arm: [] if arm in stale else looks for arm, looks in state["looks"].items()})
     return family_phrase(state["design"]) + ": " + "; ".join(
-        f"{arm}: no claim (stale look)" if arm in stale else
-        f"{arm}: {v['claim'] or 'no claim (' + v['decision'] + ')'} after {v['n']} seeds"
-        + (f", sequential p {v['adjusted_p']:.3g}, family p {v['family_p']:.3g}" if v["adjusted_p"] is not None
-           else "") for arm, v in study_verdicts(current).items())
+        f"{arm}: no claim (stale look)" if arm in stale else verdict_text(arm, v)
+        for arm, v in study_verdicts(current).items())

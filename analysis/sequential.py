@@ -417,6 +417,18 @@ def study_verdicts(state: dict) -> dict:
     return verdicts
 
 
+# What a fixed-sample p-value is once a study has looked at its runs sequentially: its level is no longer alpha
+AFTER_LOOKING = "fixed-sample, not valid after the sequential looks"
+
+
+def verdict_text(arm: str, verdict: dict) -> str:
+    """One arm's sequential verdict in a few words: its claim (or why none), runs, sequential and family p."""
+    text = f"{arm}: {verdict['claim'] or 'no claim (' + verdict['decision'] + ')'} after {verdict['n']} seeds"
+    if verdict["adjusted_p"] is not None:
+        text += f", sequential p {verdict['adjusted_p']:.3g}, family p {verdict['family_p']:.3g}"
+    return text
+
+
 def family_phrase(design: dict) -> str:
     """What the study's claims are controlled as, in a few words."""
     size = design.get("family_size", 1)
