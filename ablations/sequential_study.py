@@ -32,17 +32,23 @@ def batch_seeds(study: Study, options: Options) -> int:
 
 
 def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | None,
-         max_factor: float | None = None) -> dict:
+         max_factor: float | None = None, recorded: dict | None = None) -> dict:
     """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input. The most seeds per
     arm: `max_seeds`, or `max_factor` times the study's seed count (its fixed-n design), else the study's keys of
-    the same names, else its seed count."""
-    from analysis.sequential import sequential_max_seeds  # the analysis package sits next to this one
+    the same names, else DEFAULT_MAX_FACTOR times its seed count. `recorded`: the design of the study's record;
+    one the old default planned (factor 1: the seed count) keeps that maximum, so a study started before the
+    default changed resumes with the boundaries it was looked at with."""
+    from analysis.sequential import DEFAULT_MAX_FACTOR, sequential_max_seeds  # the analysis package sits next door
 
     alpha = study.alpha if alpha is None else alpha
     if max_seeds is not None and max_factor is not None:
         raise StudyError("--max-seeds and --max-factor both set the most seeds per arm: give one")
     if max_seeds is None and max_factor is None:
         max_seeds, max_factor = study.max_seeds, study.max_factor
+    if max_seeds is None and max_factor is None:
+        old_default = (recorded is not None and recorded.get("max_factor", 1.0) == 1.0
+                       and recorded.get("max_seeds") == len(study.seeds))
+        max_seeds, max_factor = (len(study.seeds), None) if old_default else (None, DEFAULT_MAX_FACTOR)
     if not 0 < alpha < 1:
         raise StudyError(f"--until-decided: alpha {alpha:g} is not strictly between 0 and 1")
     if max_factor is not None:
@@ -50,8 +56,6 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
             raise StudyError(f"--max-factor {max_factor:g} is not a number of at least 1 (the most seeds per arm "
                              f"over the study's {len(study.seeds)} seeds of the fixed-n design)")
         max_seeds = sequential_max_seeds(len(study.seeds), max_factor)
-    elif max_seeds is None:
-        max_seeds = len(study.seeds)
     batch = batch_seeds(study, options)
     if max_seeds < max(2, batch):
         raise StudyError(f"at most {max_seeds} seeds per arm is below one batch ({max(2, batch)} seeds per arm: "

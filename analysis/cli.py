@@ -19,8 +19,8 @@ from .compare import claims, compare_arms, render_compare
 from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .sequential import (AFTER_LOOKING, family_phrase, read_record, sequential_max_seeds, study_verdicts,
-                         verdict_text)
+from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, read_record, sequential_max_seeds,
+                         study_verdicts, verdict_text)
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
@@ -571,7 +571,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "each at alpha / M (1)")
     p.add_argument("--max-factor", type=at_least_one, metavar="F",
                    help="also the most seeds of a group-sequential study (--until-decided --max-factor F) allowed "
-                        "F times the fixed-n design's seeds")
+                        f"F times the fixed-n design's seeds, to the nearest seed (the runner's default F: "
+                        f"{DEFAULT_MAX_FACTOR:g})")
     p.add_argument("--json", action="store_true", help="also print JSON")
     p.set_defaults(handler=cmd_plan)
 
