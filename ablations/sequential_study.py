@@ -35,9 +35,9 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
          max_factor: float | None = None, recorded: dict | None = None) -> dict:
     """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input. The most seeds per
     arm: `max_seeds`, or `max_factor` times the study's seed count (its fixed-n design), else the study's keys of
-    the same names, else DEFAULT_MAX_FACTOR times its seed count. `recorded`: the design of the study's record;
-    one the old default planned (factor 1: the seed count) keeps that maximum, so a study started before the
-    default changed resumes with the boundaries it was looked at with."""
+    the same names, else DEFAULT_MAX_FACTOR times its seed count. `recorded`: the design of the study's record; a
+    maximum the same request gave before the rule changed (no factor: the seed count; a factor: rounded up) is
+    kept, so a study started then resumes with the boundaries it was looked at with."""
     from analysis.sequential import DEFAULT_MAX_FACTOR, sequential_max_seeds  # the analysis package sits next door
 
     alpha = study.alpha if alpha is None else alpha
@@ -45,17 +45,20 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
         raise StudyError("--max-seeds and --max-factor both set the most seeds per arm: give one")
     if max_seeds is None and max_factor is None:
         max_seeds, max_factor = study.max_seeds, study.max_factor
+    seeds = len(study.seeds)
+    earlier_rule = None  # (max_seeds, max_factor) the same request planned before
     if max_seeds is None and max_factor is None:
-        old_default = (recorded is not None and recorded.get("max_factor", 1.0) == 1.0
-                       and recorded.get("max_seeds") == len(study.seeds))
-        max_seeds, max_factor = (len(study.seeds), None) if old_default else (None, DEFAULT_MAX_FACTOR)
+        earlier_rule, max_factor = (seeds, 1.0), DEFAULT_MAX_FACTOR
     if not 0 < alpha < 1:
         raise StudyError(f"--until-decided: alpha {alpha:g} is not strictly between 0 and 1")
     if max_factor is not None:
         if not 1 <= max_factor < math.inf:
             raise StudyError(f"--max-factor {max_factor:g} is not a number of at least 1 (the most seeds per arm "
-                             f"over the study's {len(study.seeds)} seeds of the fixed-n design)")
-        max_seeds = sequential_max_seeds(len(study.seeds), max_factor)
+                             f"over the study's {seeds} seeds of the fixed-n design)")
+        max_seeds = sequential_max_seeds(seeds, max_factor)
+        earlier_rule = earlier_rule or (math.ceil(max_factor * seeds - 1e-9), max_factor)
+    if recorded is not None and (recorded.get("max_seeds"), recorded.get("max_factor", 1.0)) == earlier_rule:
+        max_seeds, max_factor = earlier_rule
     batch = batch_seeds(study, options)
     if max_seeds < max(2, batch):
         raise StudyError(f"at most {max_seeds} seeds per arm is below one batch ({max(2, batch)} seeds per arm: "
