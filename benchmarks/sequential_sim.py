@@ -15,7 +15,7 @@ alpha / family size per arm, conditional-power futility, stagewise p-values, Hol
    the helpful arms' power and the family-wise false-claim rate, against the fixed design of power 0.8 at the same
    family-wise alpha (Bonferroni seeds per arm, Holm claims). The sequential design is the runner's default:
    at most DEFAULT_MAX_FACTOR (1.15) x the fixed design's seeds, to the nearest seed, and a look after every
-   `--batch` seeds per arm (1: what the runner gives 5 or 10 arms on one 8-GPU node, max(1, slots // arms)).
+   `--batch` seeds per arm (1: what the runner, max(1, slots // arms), gives 5 or 10 arms on one 8-GPU node).
 `+-` is two Monte Carlo standard errors. tests/benchmarks/test_claims_simulation.py runs a smaller version."""
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from speedrun.errors import OneLineErrorParser  # noqa: E402
 ALPHA = 0.01
 STD = 0.0015  # medium track seed-to-seed std (records/published_seed_losses.csv: 0.0014-0.0016)
 EFFECTS = (0.004, 0.002, 0.001)  # planned final-loss effects (d = 2.7, 1.3, 0.67)
-# Seeds per arm between looks: the runner's batch is max(1, slots // arms), and one 8-GPU node has at most 8 slots,
-# so every study simulated here (5 or 10 arms) gets 1
+# Seeds per arm between looks: the runner's batch is max(1, slots // arms); a medium-track run takes all 8 GPUs of a
+# node (1 slot), and even single-GPU runs give an 8-GPU node's 5 or 10 arms 1 seed per look
 BATCH = 1
 
 
