@@ -56,10 +56,12 @@ def make_parser() -> argparse.ArgumentParser:
                           "arms (Holm; study key family = false: exploratory), t-calibrated alpha t^3 spending; study "
                           "key until_decided = true")
     run.add_argument("--max-seeds", type=int, metavar="N",
-                     help="--until-decided: the most seeds per arm (default: study key max_seeds, else its seeds)")
+                     help="--until-decided: the most seeds per arm (default: study key max_seeds, else "
+                          "--max-factor's)")
     run.add_argument("--max-factor", type=float, metavar="F",
                      help="--until-decided: the most seeds per arm as F times the study's seed count, the fixed-n "
-                          "design's (instead of --max-seeds; study key max_factor)")
+                          "design's, to the nearest seed (instead of --max-seeds; study key max_factor; default 1.15, "
+                          "analysis/sequential.py DEFAULT_MAX_FACTOR: power 0.8 after looks and futility)")
     run.add_argument("--alpha", type=float, help="--until-decided: type I error (default: study key alpha, 0.01)")
     run.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="step progress lines at most this often (validation steps always; default 30)")
@@ -216,7 +218,9 @@ def cmd_run(args) -> int:
     if sequential:
         if args.arms:
             raise StudyError("--until-decided tests every arm of the study: leave out --arms")
-        design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha, args.max_factor)
+        record = sequential_study.read_state(args.runs_dir / study.name / sequential_study.STATE_FILE)
+        design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha, args.max_factor,
+                                       record["design"] if record else None)
         study.seeds = list(range(design["max_seeds"]))
     elif args.max_seeds is not None or args.alpha is not None or args.max_factor is not None:
         raise StudyError("--max-seeds, --max-factor and --alpha belong to --until-decided")

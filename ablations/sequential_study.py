@@ -32,26 +32,33 @@ def batch_seeds(study: Study, options: Options) -> int:
 
 
 def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | None,
-         max_factor: float | None = None) -> dict:
+         max_factor: float | None = None, recorded: dict | None = None) -> dict:
     """The design of a sequential study, checked: StudyError (one line, exit 2) on bad input. The most seeds per
     arm: `max_seeds`, or `max_factor` times the study's seed count (its fixed-n design), else the study's keys of
-    the same names, else its seed count."""
-    from analysis.sequential import sequential_max_seeds  # the analysis package sits next to this one
+    the same names, else DEFAULT_MAX_FACTOR times its seed count. `recorded`: the design of the study's record; a
+    maximum the same request gave before the rule changed (no factor: the seed count; a factor: rounded up) is
+    kept, so a study started then resumes with the boundaries it was looked at with."""
+    from analysis.sequential import DEFAULT_MAX_FACTOR, sequential_max_seeds  # the analysis package sits next door
 
     alpha = study.alpha if alpha is None else alpha
     if max_seeds is not None and max_factor is not None:
         raise StudyError("--max-seeds and --max-factor both set the most seeds per arm: give one")
     if max_seeds is None and max_factor is None:
         max_seeds, max_factor = study.max_seeds, study.max_factor
+    seeds = len(study.seeds)
+    earlier_rule = None  # (max_seeds, max_factor) the same request planned before
+    if max_seeds is None and max_factor is None:
+        earlier_rule, max_factor = (seeds, 1.0), DEFAULT_MAX_FACTOR
     if not 0 < alpha < 1:
         raise StudyError(f"--until-decided: alpha {alpha:g} is not strictly between 0 and 1")
     if max_factor is not None:
         if not 1 <= max_factor < math.inf:
             raise StudyError(f"--max-factor {max_factor:g} is not a number of at least 1 (the most seeds per arm "
-                             f"over the study's {len(study.seeds)} seeds of the fixed-n design)")
-        max_seeds = sequential_max_seeds(len(study.seeds), max_factor)
-    elif max_seeds is None:
-        max_seeds = len(study.seeds)
+                             f"over the study's {seeds} seeds of the fixed-n design)")
+        max_seeds = sequential_max_seeds(seeds, max_factor)
+        earlier_rule = earlier_rule or (math.ceil(max_factor * seeds - 1e-9), max_factor)
+    if recorded is not None and (recorded.get("max_seeds"), recorded.get("max_factor", 1.0)) == earlier_rule:
+        max_seeds, max_factor = earlier_rule
     batch = batch_seeds(study, options)
     if max_seeds < max(2, batch):
         raise StudyError(f"at most {max_seeds} seeds per arm is below one batch ({max(2, batch)} seeds per arm: "
@@ -278,12 +285,10 @@ def verdict_line(state: dict, stale: dict[str, str] | None = None) -> str:
     """The study's verdicts in one line: the family, then per arm its claim (or why none) and p-values. A stale
     look (`stale`: of runs the study no longer asks for) is no evidence: its arm has no claim and enters the family
     as an arm not yet looked at."""
-    from analysis.sequential import family_phrase, study_verdicts
+    from analysis.sequential import family_phrase, study_verdicts, verdict_text
 
     stale = stale or {}
     current = dict(state, looks={arm: [] if arm in stale else looks for arm, looks in state["looks"].items()})
     return family_phrase(state["design"]) + ": " + "; ".join(
-        f"{arm}: no claim (stale look)" if arm in stale else
-        f"{arm}: {v['claim'] or 'no claim (' + v['decision'] + ')'} after {v['n']} seeds"
-        + (f", sequential p {v['adjusted_p']:.3g}, family p {v['family_p']:.3g}" if v["adjusted_p"] is not None
-           else "") for arm, v in study_verdicts(current).items())
+        f"{arm}: no claim (stale look)" if arm in stale else verdict_text(arm, v)
+        for arm, v in study_verdicts(current).items())

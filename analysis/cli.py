@@ -19,7 +19,8 @@ from .compare import claims, compare_arms, render_compare
 from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .sequential import family_phrase, read_record, sequential_max_seeds, study_verdicts
+from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, read_record, sequential_max_seeds,
+                         study_verdicts, verdict_text)
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
@@ -180,6 +181,10 @@ def cmd_summarize(args):
     runs, unreadable = _load(args.paths, args.jobs, by=args.by)
     target = _target(args, runs)
     result = summarize(runs, target, unreadable, by=args.by)
+    state = read_record(args.paths[0]) if len(args.paths) == 1 else None
+    if state is not None:  # the groups' p is fixed-sample: the study's claims are the sequential verdicts
+        result["p_value_note"] = AFTER_LOOKING
+        result["sequential"] = {"family": family_phrase(state["design"]), "verdicts": study_verdicts(state)}
     if args.json:
         _print_json(result)
         return 0
@@ -192,10 +197,16 @@ def cmd_summarize(args):
     group_rows = [[g["variant"], _n_text(g), num(g["mean_val_loss"]), num(g["std_val_loss"], 5), pval(g["p_value"]),
                    num(g["mean_time_s"], 2), num(g["std_time_s"], 2), f"{g['n_reached_target']}/{g['n']}",
                    num(g["mean_time_to_target_s"], 2)] for g in result["groups"]]
-    print(f"groups (complete runs only; std: n-1; p: one-sided t-test of mean < {target:g}; diverged runs "
-          f"count in n, not in mean/std, and leave p empty)")
-    print(table(["variant", "n", "mean loss", "std loss", "p", "mean time s", "std time s", "reached",
-                 "mean time to target s"], group_rows) if group_rows else "no complete runs")
+    after_looking = f" ({AFTER_LOOKING})" if state is not None else ""
+    print(f"groups (complete runs only; std: n-1; p: one-sided t-test of mean < {target:g}{after_looking}; "
+          f"diverged runs count in n, not in mean/std, and leave p empty)")
+    print(table(["variant", "n", "mean loss", "std loss", "p fixed-sample" if state is not None else "p",
+                 "mean time s", "std time s", "reached", "mean time to target s"], group_rows)
+          if group_rows else "no complete runs")
+    if state is not None:
+        print(f"sequential verdicts ({result['sequential']['family']}):")
+        for arm, verdict in result["sequential"]["verdicts"].items():
+            print(f"  {verdict_text(arm, verdict)}")
     for item in result["runs"]:
         if not item["complete"]:
             print(f"unfinished: {item['path']}: {item['problem']}")
@@ -560,7 +571,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "each at alpha / M (1)")
     p.add_argument("--max-factor", type=at_least_one, metavar="F",
                    help="also the most seeds of a group-sequential study (--until-decided --max-factor F) allowed "
-                        "F times the fixed-n design's seeds")
+                        f"F times the fixed-n design's seeds, to the nearest seed (the runner's default F: "
+                        f"{DEFAULT_MAX_FACTOR:g})")
     p.add_argument("--json", action="store_true", help="also print JSON")
     p.set_defaults(handler=cmd_plan)
 

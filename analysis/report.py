@@ -11,7 +11,7 @@ from . import plots
 from .atomic import write_text_atomically
 from .compare import claims, compare_arms, render_compare
 from .logs import Duplicate, group_runs
-from .sequential import read_record, render_markdown
+from .sequential import AFTER_LOOKING, read_record, render_markdown
 from .studies import render_resource_table, selection_order, skip_layers
 from .summary import summarize
 from .textfmt import num, pval, table
@@ -28,8 +28,9 @@ def _shown(path: Path, study_dir: Path) -> str:
         return str(path)
 
 
-def _arm_table(summary: dict, runs) -> str:
-    """Every arm with a log, also those with no complete run (their figures show as '-')."""
+def _arm_table(summary: dict, runs, after_looking: bool = False) -> str:
+    """Every arm with a log, also those with no complete run (their figures show as '-'). `after_looking`: the
+    study ran sequentially, so the p column is labelled as the fixed-sample p it is."""
     unfinished = {}
     for run in runs:
         unfinished.setdefault(run.variant, 0)
@@ -43,7 +44,8 @@ def _arm_table(summary: dict, runs) -> str:
              num(g["std_val_loss"], 5), pval(g["p_value"]), num(g["mean_time_s"], 2), num(g["std_time_s"], 2),
              f"{g['n_reached_target']}/{g['n']}", num(g["mean_time_to_target_s"], 2),
              num(g["mean_step_to_target"], 1)] for g in groups]
-    return table(["arm", "complete", "diverged", "unfinished", "mean loss", "std loss", "p (mean < target)",
+    p_label = f"p (mean < target; {AFTER_LOOKING})" if after_looking else "p (mean < target)"
+    return table(["arm", "complete", "diverged", "unfinished", "mean loss", "std loss", p_label,
                   "mean time s", "std time s", "reached target", "mean time to target s", "mean step to target"],
                  rows, markdown=True)
 
@@ -94,14 +96,18 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
         summary["groups"].sort(key=lambda g: g["variant"] != baseline)
     complete = sum(run.complete for run in runs)
+    state = read_record(study_dir)
+    after_looking = (f" The study ran sequentially (`--until-decided`): that p is {AFTER_LOOKING}; its claims are "
+                     f"the sequential verdicts (Comparisons, Sequential looks)." if state is not None else "")
     lines = [f"# Study report: {study_dir.name}", "",
              f"Generated {datetime.date.today().isoformat()} from `{study_dir}`; target validation loss {target:g}. "
              f"{len(runs)} run logs: {complete} complete, {len(runs) - complete} unfinished; "
              f"{len(unreadable)} unreadable file(s), {len(duplicates)} duplicate log(s) counted once, "
              f"{len(left_out)} log(s) of arms the study no longer has left out. Only complete runs enter the "
              f"statistics; std is the sample standard deviation (n-1); p is the one-sided one-sample t-test of the "
-             f"mean final loss against the target. A diverged run (final loss nan) counts as complete; the loss figures are of the other runs.",
-             "", "## Arms", "", _arm_table(summary, runs), ""]
+             f"mean final loss against the target.{after_looking} A diverged run (final loss nan) counts as "
+             f"complete; the loss figures are of the other runs.",
+             "", "## Arms", "", _arm_table(summary, runs, state is not None), ""]
     if summary["warnings"]:
         lines += [f"> **Warning:** {warning}" for warning in summary["warnings"]] + [""]
 
@@ -110,7 +116,7 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         lines.append("No complete runs to compare.")
     elif baseline in groups and len(groups) > 1:
         compared = compare_arms(groups, baseline)
-        compared["claims"] = claims(compared, 1 - compared["confidence"], family, read_record(study_dir))
+        compared["claims"] = claims(compared, 1 - compared["confidence"], family, state)
         lines.append(render_compare(compared, markdown=True, arm_table=False))
     elif baseline in groups:
         lines.append(f"Only the baseline arm `{baseline}` has complete runs.")

@@ -16,7 +16,7 @@ from speedrun.errors import OneLineErrorParser, UsageError
 from .cli import STALE_HELP, comma_list, positive_float, split_stale
 from .compare import claims, compare_arms
 from .logs import MixedTracks, group_runs, load_runs
-from .sequential import read_record
+from .sequential import AFTER_LOOKING, read_record
 from .summary import summarize
 from .textfmt import interval, num, pval, table
 
@@ -52,12 +52,14 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
                      num(versus["loss_diff"], signed=True) if versus else "-",
                      interval(versus["loss_ci"]) if versus else "-",
                      pval(versus["loss_p"]) if versus else "-", _to_target(arm)])
-    lines.append(table(["arm", "n", "final val loss (mean +- std)", f"diff vs {baseline}", "99% CI",
-                        "p (Welch, unadjusted)", f"to target {target:g}"], rows))
+    state = read_record(study_dir)
+    p_label = f"p (Welch, {AFTER_LOOKING})" if state is not None else "p (Welch, unadjusted)"
+    lines.append(table(["arm", "n", "final val loss (mean +- std)", f"diff vs {baseline}", "99% CI", p_label,
+                        f"to target {target:g}"], rows))
     if baseline not in groups:
         lines.append(f"no complete runs of a baseline arm '{baseline}': no comparison")
     if compared:
-        verdicts = claims(compared, 1 - CONFIDENCE, family, read_record(study_dir))
+        verdicts = claims(compared, 1 - CONFIDENCE, family, state)
         lines.append(f"claims: {verdicts['family']}")
         lines += [arm["text"] for arm in verdicts["arms"]]
     lines += [f"not counted: {entry.path}: {entry.problem}" for entry in left_out]

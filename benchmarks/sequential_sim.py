@@ -1,7 +1,8 @@
 """Simulated studies: does every claim the analysis prints hold its stated error rate, and how many runs do the
 sequential studies of `--until-decided` save where most ideas fail?
 
-    python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--seed 0] [--out FILE]
+    python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--batch 1] [--seed 0]
+                                        [--out FILE]
 
 Each simulated study draws final losses as normal with the seed-to-seed std (medium track, 0.0015) and applies the
 project's own rules to them: the fixed-sample comparison (Welch t-tests, Holm over the arms, as `compare` and the
@@ -12,7 +13,9 @@ alpha / family size per arm, conditional-power futility, stagewise p-values, Hol
 2. the record claim's false-claim rate under sequential looks at most 5, 9 and 26 seeds (a look after every seed);
 3. the mix of ideas (60% of arms no effect, 20% harmful by the planned effect, 20% helpful by it): runs per study,
    the helpful arms' power and the family-wise false-claim rate, against the fixed design of power 0.8 at the same
-   family-wise alpha (Bonferroni seeds per arm, Holm claims).
+   family-wise alpha (Bonferroni seeds per arm, Holm claims). The sequential design is the runner's default:
+   at most DEFAULT_MAX_FACTOR (1.15) x the fixed design's seeds, to the nearest seed, and a look after every
+   `--batch` seeds per arm (1: what the runner, max(1, slots // arms), gives 5 or 10 arms on one 8-GPU node).
 `+-` is two Monte Carlo standard errors. tests/benchmarks/test_claims_simulation.py runs a smaller version."""
 from __future__ import annotations
 
@@ -27,17 +30,18 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis import power  # noqa: E402
-from analysis.cli import at_least_two  # noqa: E402
-from analysis.sequential import (Design, _null_p_values, calibrated_thresholds, decide, look_counts,  # noqa: E402
-                                 look_p_values, sequential_max_seeds)
+from analysis.cli import at_least_two, positive_int  # noqa: E402
+from analysis.sequential import (DEFAULT_MAX_FACTOR, Design, _null_p_values, calibrated_thresholds,  # noqa: E402
+                                 decide, look_counts, look_p_values, sequential_max_seeds)
 from analysis.stats import holm  # noqa: E402
 from speedrun.errors import OneLineErrorParser  # noqa: E402
 
 ALPHA = 0.01
 STD = 0.0015  # medium track seed-to-seed std (records/published_seed_losses.csv: 0.0014-0.0016)
 EFFECTS = (0.004, 0.002, 0.001)  # planned final-loss effects (d = 2.7, 1.3, 0.67)
-MAX_FACTOR = 1.15  # sequential maximum over the fixed design's seeds: buys back the power looks and futility cost
-BATCH = 2  # seeds per arm between looks
+# Seeds per arm between looks: the runner's batch is max(1, slots // arms); a medium-track run takes all 8 GPUs of a
+# node (1 slot), and even single-GPU runs give an 8-GPU node's 5 or 10 arms 1 seed per look
+BATCH = 1
 
 
 @dataclass
@@ -125,7 +129,7 @@ def fixed_seeds(effect: float, arms: int, alpha: float = ALPHA, wanted: float = 
 
 
 def sequential_design(effect: float, arms: int, alpha: float = ALPHA, batch: int = BATCH,
-                      max_factor: float = MAX_FACTOR) -> Design:
+                      max_factor: float = DEFAULT_MAX_FACTOR) -> Design:
     """The sequential design whose fixed counterpart has power 0.8 at `effect`, at most max_factor its seeds."""
     fixed = fixed_seeds(effect, arms, alpha)
     return Design(alpha=alpha, max_seeds=sequential_max_seeds(fixed, max_factor), batch=batch,
@@ -149,11 +153,12 @@ def share(rate: float, studies: int) -> str:
     return f"{rate:.4f} +-{2 * math.sqrt(max(rate * (1 - rate), 1e-12) / studies):.4f}"
 
 
-def null_rates(studies: int, rng, arm_counts=(1, 5, 15), effect: float = EFFECTS[1]) -> list[str]:
+def null_rates(studies: int, rng, arm_counts=(1, 5, 15), effect: float = EFFECTS[1],
+               batch: int = BATCH) -> list[str]:
     lines = [f"{'arms':>4} {'fixed seeds':>11} {'fixed: P(any false claim)':>26} {'max seeds':>9} "
              f"{'sequential: P(any false claim)':>31}"]
     for arms in arm_counts:
-        seeds, design = fixed_seeds(effect, arms), sequential_design(effect, arms)
+        seeds, design = fixed_seeds(effect, arms), sequential_design(effect, arms, batch=batch)
         fixed = fixed_study(np.zeros(arms), seeds, studies, rng).rate()
         sequential = sequential_study(np.zeros(arms), design, studies, rng).rate()
         lines.append(f"{arms:>4} {seeds:>11} {share(fixed, studies):>26} {design.max_seeds:>9} "
@@ -170,13 +175,13 @@ def record_rates(studies: int, rng, maxima=(5, 9, 26)) -> list[str]:
     return lines
 
 
-def mix_rows(studies: int, rng, arm_counts=(5, 10), effects=EFFECTS) -> list[str]:
+def mix_rows(studies: int, rng, arm_counts=(5, 10), effects=EFFECTS, batch: int = BATCH) -> list[str]:
     lines = [f"{'arms':>4} {'effect':>7} {'fixed n':>7} {'fixed runs':>10} {'fixed power':>16} {'max n':>5} "
              f"{'seq runs':>8} {'saved':>6} {'seq power':>16} {'seq P(any false claim)':>23}"]
     for arms in arm_counts:
         for effect in effects:
             mix = mix_effects(arms, effect)
-            seeds, design = fixed_seeds(effect, arms), sequential_design(effect, arms)
+            seeds, design = fixed_seeds(effect, arms), sequential_design(effect, arms, batch=batch)
             fixed = fixed_study(mix, seeds, studies, rng)
             sequential = sequential_study(mix, design, studies, rng)
             helpful = sequential.helpful_claimed.size
@@ -195,24 +200,26 @@ def main(argv=None) -> int:
     parser.add_argument("--record-studies", type=at_least_two, default=200_000,
                         help="simulated record claims per row of section 2 (200000: its Monte Carlo error must be "
                              "small beside the 1.09-1.18%% it once measured)")
+    parser.add_argument("--batch", type=positive_int, default=BATCH,
+                        help=f"seeds per arm between the looks of sections 1 and 3 ({BATCH})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the numpy Generator (0)")
     parser.add_argument("--out", type=Path, help="also write the output to this file")
     args = parser.parse_args(argv)
     started = time.time()
     rng = np.random.default_rng(args.seed)
     lines = [f"std {STD}, family-wise alpha {ALPHA}, {args.studies} simulated studies per row, numpy Generator seed "
-             f"{args.seed}; sequential: batch {BATCH} seeds per arm, at most {MAX_FACTOR} x the fixed design's "
-             f"seeds, futility: conditional power toward a lower loss < "
+             f"{args.seed}; sequential: batch {args.batch} seed(s) per arm, at most {DEFAULT_MAX_FACTOR} x the "
+             f"fixed design's seeds (nearest seed), futility: conditional power toward a lower loss < "
              f"{Design.futility_power:g}", "",
              "1. No effect in any arm: the chance of any false claim (fixed: Holm over Welch p; sequential: Holm "
              f"over the arms' stagewise p), effect planned {EFFECTS[1]}", ""]
-    lines += null_rates(args.studies, rng)
+    lines += null_rates(args.studies, rng, batch=args.batch)
     lines += ["", "2. The record claim (mean below the target) under sequential looks after every seed, no effect "
                   f"({args.record_studies} simulated claims per row)", ""]
     lines += record_rates(args.record_studies, rng)
     lines += ["", "3. The mix: 60% of arms no effect, 20% harmful, 20% helpful by the planned effect; runs per study "
                   "(arms and baseline) against the fixed design of power 0.8 at the same family-wise alpha", ""]
-    lines += mix_rows(args.studies, rng)
+    lines += mix_rows(args.studies, rng, batch=args.batch)
     lines += ["", f"{time.time() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)

@@ -2,6 +2,7 @@
 seeds, the looks are recorded and replayed after a kill, bad input is refused in one line."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ablations.cli import main
+from ablations.sequential_study import RULE
 from analysis.sequential import describe_look
 from runner_support import REPO, ablations, read_events, runner_env, start_ablations, wait_for, write_study
 
@@ -101,9 +103,32 @@ def test_killed_study_resumes_with_its_looks(tmp_path):
 
 
 def test_max_factor_sets_the_most_seeds_from_the_studys_own(tmp_path):
-    """--max-factor F (study key max_factor): at most ceil(F x the study's seed count) seeds per arm, here 1.5 x 4;
-    --dry-run lists every run the design may start, and nothing runs."""
+    """--max-factor F (study key max_factor): at most F x the study's seed count seeds per arm (nearest seed), here
+    1.5 x 4; without either, 1.15 x (power 0.8: benchmarks/sequential_sim.py), but a study recorded under the old
+    rule (1 x by default, a factor rounded up) keeps its maximum; --dry-run lists every run the design may start,
+    and nothing runs."""
     study = write_study(tmp_path, "s", ARMS, seeds=range(4), flags=FLAGS)
+    default = ablations(["run", study, "--until-decided", "--dry-run"], tmp_path, runner_env())
+    assert default.returncode == 0, default.stderr
+    assert sum("--seed 4" in line for line in default.stdout.splitlines()) == 2  # round(1.15 x 4) = 5 seeds
+    assert "up to 5 seeds per arm (1.15 x the fixed-n design's seeds)" in default.stdout
+    old = {"alpha": 0.01, "max_seeds": 4, "batch": 1, "claim": "vs-baseline", "baseline": "baseline",
+           "target": None, "arms": ["backout-L4"], "family": True, "family_size": 1, "rule": RULE}  # no max_factor
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    (tmp_path / "runs" / "s" / "sequential.json").write_text(json.dumps({"design": old, "looks": {"backout-L4": []}}))
+    resumed = ablations(["run", study, "--until-decided", "--dry-run"], tmp_path, runner_env())
+    assert resumed.returncode == 0, resumed.stderr
+    assert not any("--seed 4" in line for line in resumed.stdout.splitlines()) and "up to 4 seeds" in resumed.stdout
+    # a factor's maximum was rounded up: 1.1 x 4 gave 5 seeds then, 4 now; a record of then keeps its 5
+    nearest = ablations(["run", study, "--until-decided", "--max-factor", "1.1", "--dry-run"], tmp_path, runner_env())
+    assert nearest.returncode == 2 and "max_factor 1.0, now 1.1" in nearest.stderr  # the old record: another design
+    (tmp_path / "runs" / "s" / "sequential.json").write_text(json.dumps(
+        {"design": old | {"max_seeds": 5, "max_factor": 1.1}, "looks": {"backout-L4": []}}))
+    rounded_up = ablations(["run", study, "--until-decided", "--max-factor", "1.1", "--dry-run"], tmp_path,
+                           runner_env())
+    assert rounded_up.returncode == 0, rounded_up.stderr
+    assert "up to 5 seeds per arm (1.1 x" in rounded_up.stdout
+    shutil.rmtree(tmp_path / "runs")
     listed = ablations(["run", study, "--until-decided", "--max-factor", "1.5", "--dry-run"], tmp_path, runner_env())
     assert listed.returncode == 0, listed.stderr
     assert sum("--seed 5" in line for line in listed.stdout.splitlines()) == 2  # both arms, seeds 0-5

@@ -90,8 +90,12 @@ def test_record_claim_is_one_sided_against_the_target():
 def test_max_factor_sets_the_maximum_and_the_planned_drift():
     assert sequential.sequential_max_seeds(10, 1.1) == 11 and sequential.sequential_max_seeds(5, 1.5) == 8
     assert sequential.sequential_max_seeds(383, 1.0) == 383
+    # to the nearest seed, halves up: rounding up made 7 x 1.15 = 8.05 a 9-seed maximum, 1.29 x the fixed design's
+    assert sequential.sequential_max_seeds(7, 1.15) == 8 and sequential.sequential_max_seeds(10, 1.15) == 12
+    assert sequential.sequential_max_seeds(3, 1.1) == 3 and sequential.sequential_max_seeds(72, 1.15) == 83
     assert sequential.look_counts(7, 3) == [3, 6, 7] and sequential.look_counts(5, 1) == [3, 4, 5]
-    fixed = Design(alpha=0.01, max_seeds=10, batch=2)
+    assert Design(alpha=0.01, max_seeds=12, batch=2).max_factor == sequential.DEFAULT_MAX_FACTOR == 1.15
+    fixed = Design(alpha=0.01, max_seeds=10, batch=2, max_factor=1.0)
     wider = Design(alpha=0.01, max_seeds=15, batch=2, max_factor=1.5)
     # the effect the 10-seed fixed design detects with power 0.8, on the z scale at the last look of each
     assert fixed.drift() == pytest.approx(stats.norm.isf(0.005) + stats.norm.isf(0.2))

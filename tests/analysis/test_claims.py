@@ -103,6 +103,40 @@ def test_after_a_sequential_study_every_command_gives_its_verdict(capsys, tmp_pa
     assert "fixed-sample p-values and CIs, not valid after the sequential looks" in out
 
 
+AFTER_LOOKING = "fixed-sample, not valid after the sequential looks"
+
+
+def test_after_a_sequential_study_every_arm_level_p_is_labelled_fixed_sample(capsys, tmp_path):
+    """Case 3 for the arm tables: summarize's groups, the report's Arms and the terminal's table printed the arm's
+    fixed-sample p (1e-5 here) bare beside a sequential verdict of "not shown"; each is now labelled, and summarize
+    gives the sequential verdicts themselves."""
+    root = write_arms(tmp_path / "s", {"baseline": FAMILY["baseline"], "lucky": [2.9170, 2.9172, 2.9168, 2.9171,
+                                                                                 2.9169]})
+    sequential_record(root, "not shown", p=1e-5, adjusted=0.02)
+    status, out, err = run_cli(capsys, "summarize", root, "--target", "2.92")
+    assert status == 0, err
+    assert f"mean < 2.92 ({AFTER_LOOKING})" in out and "p fixed-sample" in out
+    assert "lucky: no claim (not shown) after 5 seeds, sequential p 0.02, family p 0.02" in out
+    status, out, _ = run_cli(capsys, "summarize", root, "--target", "2.92", "--json")
+    result = json.loads(out)
+    assert result["p_value_note"] == AFTER_LOOKING and result["sequential"]["verdicts"]["lucky"]["claim"] is None
+    from analysis.terminal import terminal_summary
+    assert f"p (Welch, {AFTER_LOOKING})" in terminal_summary(root, load_runs([root])[0], 2.92)
+    status, _, err = run_cli(capsys, "report", root, "--target", "2.92")
+    assert status == 0, err
+    report = (root / "report.md").read_text()
+    assert f"p (mean < target; {AFTER_LOOKING})" in report and f"that p is {AFTER_LOOKING}" in report
+    assert "p (mean < target) |" not in report
+
+
+def test_without_a_sequential_record_the_arm_tables_keep_their_plain_p(capsys, tmp_path):
+    root = write_arms(tmp_path / "s", {"baseline": FAMILY["baseline"], "lucky": FAMILY["lucky"]})
+    status, out, _ = run_cli(capsys, "summarize", root, "--target", "2.92")
+    assert status == 0 and AFTER_LOOKING not in out and "sequential verdicts" not in out
+    from analysis.terminal import terminal_summary
+    assert "p (Welch, unadjusted)" in terminal_summary(root, load_runs([root])[0], 2.92)
+
+
 def test_record_check_gives_the_sequential_verdict(capsys, tmp_path):
     root = write_arms(tmp_path / "s", {"claim": [2.9170, 2.9172, 2.9168, 2.9171, 2.9169]})
     sequential_record(root, "not shown", p=1e-6, adjusted=0.03, claim="below-target", arms=("claim",))

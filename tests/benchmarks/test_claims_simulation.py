@@ -49,11 +49,15 @@ def test_the_record_claim_holds_alpha_under_a_look_after_every_seed(most):
 
 
 @pytest.mark.slow
-def test_the_mix_saves_runs_with_power_and_family_wise_alpha():
-    """Case 8: 11-25% fewer runs than the fixed design, never 30%. Here: 60% null, 20% harmful, 20% helpful arms."""
+@pytest.mark.parametrize("effect", sim.EFFECTS[:2])
+def test_the_mix_saves_runs_with_power_and_family_wise_alpha(effect):
+    """Case 8: 11-25% fewer runs than the fixed design, never 30%. Here: 60% null, 20% harmful, 20% helpful arms,
+    with the runner's default design (1.15 x the fixed seeds to the nearest seed, a look after every seed). The
+    7-seed design (effect 0.004) saved 25.5% with a 9-seed maximum (rounded up) and batches of 2 seeds. The 72-seed
+    design, whose power set the default factor (0.808 +-0.006), is too slow for this tier: benchmarks/results."""
     studies = 2500
     rng = np.random.default_rng(8)
-    arms, effect = 5, sim.EFFECTS[1]
+    arms = 5
     mix = sim.mix_effects(arms, effect)
     fixed = sim.fixed_study(mix, sim.fixed_seeds(effect, arms), studies, rng)
     sequential = sim.sequential_study(mix, sim.sequential_design(effect, arms), studies, rng)
