@@ -4,6 +4,8 @@ format (docs/log-format.md, written with speedrun/logformat.py's builders), no m
 It writes a run log line by line (source, separator, environment and config lines, separator, step and scalars
 lines, the final peak-memory line) and a checkpoint when asked. Environment knobs for tests:
   FAKE_TRAIN_STEP_SECONDS   sleep this long per step (to have time to kill things)
+  FAKE_TRAIN_HOLD           a path: while that file exists, the run waits between steps (a run kept part-way for
+                            as long as a test needs, however slowly a loaded machine starts its next process)
   FAKE_TRAIN_FAIL_VARIANT   fail (exit 1, message on stderr) in runs of this variant ...
   FAKE_TRAIN_FAIL_AT        ... at this step (default 1)
   FAKE_TRAIN_IGNORE_SIGTERM ignore SIGTERM (a process that outlives its runner)
@@ -88,8 +90,16 @@ def main():
     if args.resume:
         with open(args.resume) as f:
             state = json.load(f)
+    hold = os.environ.get("FAKE_TRAIN_HOLD")
+
+    def next_step_after_a_pause():
+        while hold and os.path.exists(hold):
+            time.sleep(0.05)
+        time.sleep(step_seconds)
+
     if rank != 0:
-        time.sleep(step_seconds * (last - state["step"]))
+        for _ in range(last - state["step"]):
+            next_step_after_a_pause()
         return
     os.makedirs(args.log_dir, exist_ok=True)
     log = open(os.path.join(args.log_dir, f"{args.run_name}.txt"), "w")
@@ -134,7 +144,7 @@ def main():
         if fail_at is not None and step + 1 >= fail_at:
             print(f"fake_train.py: failing at step {step + 1} as asked", file=sys.stderr)
             sys.exit(1)
-        time.sleep(step_seconds)
+        next_step_after_a_pause()
     if args.checkpoint_every:
         save_checkpoint(checkpoint_path, state)
     emit(peak_line(0, 0), keep=False)

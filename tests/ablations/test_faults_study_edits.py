@@ -102,20 +102,23 @@ def test_bad_shards_are_refused_before_any_torchrun_launch(tmp_path, shard_dir):
 @pytest.mark.slow
 def test_a_deleted_lock_never_lets_a_second_runner_start_the_run(tmp_path):
     """Guards: a second runner watches a live run whose .lock was deleted instead of starting it twice (2 processes)."""
-    starts = tmp_path / "starts.jsonl"
-    env = runner_env(starts, FAKE_TRAIN_STEP_SECONDS=0.2)
+    starts, hold = tmp_path / "starts.jsonl", tmp_path / "hold"
+    env = runner_env(starts, FAKE_TRAIN_STEP_SECONDS=0.2, FAKE_TRAIN_HOLD=str(hold))
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags={"num-iterations": 20, "val-every": 5,
                                                                            "checkpoint-every": 2})
     first = start_ablations(["run", study], tmp_path, env, tmp_path / "first.out")
     log = run_dir(tmp_path) / "seed0.txt"
     wait_for(lambda: log.exists() and "step:3/20" in log.read_text(), 60, "the run to be part-way")
+    hold.touch()  # the run stays part-way until the second runner watches it, however slowly that one starts
     (run_dir(tmp_path) / "seed0.lock").unlink()
     assert status_of(tmp_path, study)["running"] == 1
-    second = ablations(["run", study], tmp_path, env, timeout=120)
+    second = start_ablations(["run", study], tmp_path, env, tmp_path / "second.out")
+    watching = "running in another process; watching it"
+    wait_for(lambda: watching in (tmp_path / "second.out").read_text(), 120, "the second runner to watch the run")
+    hold.unlink()
     assert first.wait(timeout=120) == 0, (tmp_path / "first.out").read_text()
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "running in another process; watching it" in second.stdout
-    assert "finished in another process" in second.stdout
+    assert second.wait(timeout=120) == 0, (tmp_path / "second.out").read_text()
+    assert "finished in another process" in (tmp_path / "second.out").read_text()
     assert starts_per_run(starts) == {("baseline", 0): 1}
     assert is_complete(log)
 

@@ -39,13 +39,16 @@ def processes_of(log_dir: Path) -> list[int]:
 
 
 def start_torchrun_study(tmp_path: Path):
-    """A 2-process torchrun run of the stand-in script, part-way; returns (study, runner, agent pid, worker pids)."""
+    """A 2-process torchrun run of the stand-in script, held part-way for good (its workers wait on a file that
+    stays); returns (study, runner, the env of later commands (their runs are not held), agent pid, worker pids)."""
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.3)
+    hold = tmp_path / "hold"
     study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS, launcher="torchrun", nproc=2)
     runner = start_ablations(["run", study, "--gpus", "0", "--grace", "5"],
-                             tmp_path, env, tmp_path / "runner1.out")
+                             tmp_path, {**env, "FAKE_TRAIN_HOLD": str(hold)}, tmp_path / "runner1.out")
     log = run_dir(tmp_path) / "seed0.txt"
     wait_for(lambda: log.exists() and "step:2/12" in log.read_text(), 60, "the run to be part-way")
+    hold.touch()  # 3 s of steps were left: on a loaded machine the next process may take that long to start
     workers = wait_for(lambda: processes_of(Path("runs/s/baseline")) if len(
         processes_of(Path("runs/s/baseline"))) == 2 else None, 30, "both workers")
     agent = json.loads((run_dir(tmp_path) / "seed0.lock").read_text())["pid"]

@@ -33,13 +33,19 @@ def mid_study(tmp_path, env, output_name="runner1.out"):
 def finish_and_check(tmp_path, study, env, first_log: bytes):
     result = ablations(["run", study], tmp_path, env)
     assert result.returncode == 0, result.stdout + result.stderr
+    return every_run_done_once(tmp_path, first_log)
+
+
+def every_run_done_once(tmp_path, first_log: bytes):
+    """Checks every run of the study is complete once and the first was never rerun; (starts per run, logs kept
+    aside)."""
     complete = [log for log in logs(tmp_path) if ".unfinished-" not in log.name]
     kept = [log for log in logs(tmp_path) if ".unfinished-" in log.name]
     assert {(log.parent.name, int(log.stem[4:])) for log in complete} == RUNS
     assert all(is_complete(log) for log in complete) and len(complete) == len(RUNS)
     assert (tmp_path / "runs" / "s" / "baseline" / "seed0.txt").read_bytes() == first_log  # never rerun
     assert not any(is_complete(log) for log in kept)
-    return starts_per_run(tmp_path / "starts.jsonl"), kept, result.stdout
+    return starts_per_run(tmp_path / "starts.jsonl"), kept
 
 
 @pytest.mark.slow
@@ -54,7 +60,7 @@ def test_stopping_signal_stops_children_and_rerun_completes(tmp_path, sig):
     output = (tmp_path / "runner1.out").read_text()
     assert f"got {signal.Signals(sig).name}" in output and "interrupted" in output
 
-    starts, kept, _ = finish_and_check(tmp_path, study, env, first_log)
+    starts, kept = finish_and_check(tmp_path, study, env, first_log)
     assert starts == {("baseline", 0): 1, ("backout", 0): 2, ("baseline", 1): 1, ("backout", 1): 1}
     assert [k.name.split(".")[0] for k in kept] == ["seed0"] and kept[0].parent.name == "backout"
 
@@ -68,7 +74,7 @@ def test_sigkill_of_the_runner_takes_its_runs_down_and_rerun_completes(tmp_path)
     runner.wait(timeout=10)
     wait_for(lambda: not pid_alive(child), 10, "the orphaned run to get its parent-death signal")
 
-    starts, kept, _ = finish_and_check(tmp_path, study, env, first_log)
+    starts, kept = finish_and_check(tmp_path, study, env, first_log)
     assert starts[("backout", 0)] == 2 and sum(starts.values()) == 5
     assert len(kept) == 1
 
@@ -77,9 +83,10 @@ def test_sigkill_of_the_runner_takes_its_runs_down_and_rerun_completes(tmp_path)
 def test_run_outliving_a_killed_runner_is_not_started_twice(tmp_path):
     """A training process that survives its runner (it ignores SIGTERM) still holds its run's lock: a new runner
     watches it instead of starting a duplicate, and counts it once it finishes."""
-    # Slow steps: the orphan must still be running when the second runner starts, even on a loaded machine.
     env = runner_env(tmp_path / "starts.jsonl", FAKE_TRAIN_STEP_SECONDS=0.4, FAKE_TRAIN_IGNORE_SIGTERM=1)
-    study, runner, first_log, child = mid_study(tmp_path, env)
+    hold = tmp_path / "hold"
+    study, runner, first_log, child = mid_study(tmp_path, {**env, "FAKE_TRAIN_HOLD": str(hold)})
+    hold.touch()  # the orphan stays part-way until the second runner watches it, however slowly that one starts
     runner.kill()
     runner.wait(timeout=10)
     assert pid_alive(child)
@@ -87,11 +94,15 @@ def test_run_outliving_a_killed_runner_is_not_started_twice(tmp_path):
     status = json.loads(ablations(["status", study, "--json"], tmp_path, env).stdout)
     assert [item["seed"] for item in status["arms"]["backout"]["running"]] == [0]
 
-    starts, kept, output = finish_and_check(tmp_path, study, env, first_log)
+    second = start_ablations(["run", study], tmp_path, env, tmp_path / "runner2.out")
+    watching = "backout/seed0 is running in another process; watching it"
+    wait_for(lambda: watching in (tmp_path / "runner2.out").read_text(), 120, "the second runner to watch the orphan")
+    hold.unlink()
+    assert second.wait(timeout=120) == 0, (tmp_path / "runner2.out").read_text()
+    starts, kept = every_run_done_once(tmp_path, first_log)
     assert starts == {run: 1 for run in RUNS}
     assert kept == []
-    assert "backout/seed0 is running in another process; watching it" in output
-    assert "backout/seed0 finished in another process" in output
+    assert "backout/seed0 finished in another process" in (tmp_path / "runner2.out").read_text()
 
 
 @pytest.mark.slow

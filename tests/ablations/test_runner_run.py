@@ -152,7 +152,8 @@ def test_gpu_slices_for_packed_runs(tmp_path):
     """Four 1-GPU runs on the two GPUs Slurm would hand out: side by side, never two on one GPU."""
     study = write_study(tmp_path, "s", ARMS, flags=FLAGS)
     starts = tmp_path / "starts.jsonl"
-    env = runner_env(starts, CUDA_VISIBLE_DEVICES="5,7", FAKE_TRAIN_STEP_SECONDS=0.08)
+    # 3 s runs: two must overlap even when a loaded machine takes seconds to start each
+    env = runner_env(starts, CUDA_VISIBLE_DEVICES="5,7", FAKE_TRAIN_STEP_SECONDS=0.25)
     result = ablations(["run", study], tmp_path, env)
     assert result.returncode == 0, result.stdout
     assert "GPUs 5,7" in result.stdout
