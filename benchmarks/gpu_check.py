@@ -21,6 +21,7 @@ Exit status: 0 all passed, 1 something failed, 2 bad input or no CUDA.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -365,7 +366,7 @@ def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT, grace
     try:
         while any(p.poll() is None for _, p, _, _ in started) and time.monotonic() < deadline:
             time.sleep(poll_s)
-    finally:  # past the limit, or this process told to stop (exit_on_sigterm): no child outlives the stage
+    finally:  # past the limit, or this process told to stop (exiting_on_sigterm): no child outlives the stage
         for job, process, _, _ in started:
             if process.poll() is None:
                 timed_out.add(job.name)
@@ -385,10 +386,16 @@ def run_stage(stage: Stage, out_dir: Path, env=None, poll_s=1.0, cwd=ROOT, grace
     return results
 
 
-def exit_on_sigterm():
-    """SIGTERM (a driver's `timeout`) exits through Python, so run_stage stops its children on the way out (they run
-    in process groups of their own, which the signal does not reach)."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+@contextlib.contextmanager
+def exiting_on_sigterm():
+    """Within: SIGTERM (a driver's `timeout`) exits through Python, so run_stage stops its children on the way out
+    (they run in process groups of their own, which the signal does not reach). The previous handler comes back
+    after: a caller in the same process (a test) keeps its own."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def append_results(path: Path, stage: Stage, results, elapsed_s):
@@ -527,7 +534,6 @@ def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     if args.attention_check:
         return attention_check_main(args.attention_check)
-    exit_on_sigterm()
     if args.budget < 60:
         print(f"error: --budget {args.budget:g}: at least 60 seconds", file=sys.stderr)
         return 2
@@ -564,7 +570,8 @@ def main(argv=None) -> int:
                     f"device: {device}, torch {torch.__version__}, {free_gib:.0f} GiB free at the start\n"
                     f"command: {' '.join(shlex.quote(a) for a in sys.argv)}\n"
                     f"coordinate-descent tuning: off in every run\n{render_plan(plan)}\n")
-        results = run_plan(plan, results_path, out_dir, report=lambda line: print(line, flush=True))
+        with exiting_on_sigterm():
+            results = run_plan(plan, results_path, out_dir, report=lambda line: print(line, flush=True))
         line = summary(results)
         with results_path.open("a") as f:
             f.write(f"\n{line}\n")

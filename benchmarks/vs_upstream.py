@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_check import (VALIDATION_TOKENS, Job, Stage, exit_on_sigterm, run_stage,  # noqa: E402
+from benchmarks.gpu_check import (VALIDATION_TOKENS, Job, Stage, exiting_on_sigterm, run_stage,  # noqa: E402
                                   steady_step_ms)
 from speedrun.logformat import SEPARATOR  # noqa: E402  (upstream's logs use the same line of 100 '=')
 LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1")
@@ -278,11 +278,12 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         device = torch.cuda.get_device_name(0)
-        exit_on_sigterm()
         make_data(work_dir, args.steps)
-        ours = run_alone("ours", ours_cmd, work_dir, round(args.budget * OURS_SHARE), args.skip,
-                         work_dir / "ours" / "ours.txt")
-        upstream = run_alone("upstream", upstream_cmd, work_dir, round(args.budget * (1 - OURS_SHARE)), args.skip)
+        with exiting_on_sigterm():
+            ours = run_alone("ours", ours_cmd, work_dir, round(args.budget * OURS_SHARE), args.skip,
+                             work_dir / "ours" / "ours.txt")
+            upstream = run_alone("upstream", upstream_cmd, work_dir, round(args.budget * (1 - OURS_SHARE)),
+                                 args.skip)
         figures = comparison_lines(record, device, ours, upstream, GOALS[record.name])
         figures.append(f"(mean step time of steps {args.skip}..{args.steps}, each script alone after its own "
                        f"kernel warm-up; torch {torch.__version__})")

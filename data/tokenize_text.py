@@ -166,8 +166,11 @@ def _encoded_batches(documents: Iterable[str], workers: int) -> Iterator[tuple[i
         for batch in _batches(documents):
             yield len(batch), encode_documents(batch)
         return
-    # Ctrl-C reaches the whole process group: the workers leave it to this process, which stops them.
-    with multiprocessing.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+    # Spawned, not forked: a forked worker inherits the parent's signal handlers and any lock another thread held
+    # (a pool forked inside a test process once waited forever on its queue's lock). Ctrl-C reaches the whole
+    # process group: the workers leave it to this process, which stops them.
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=signal.signal,
+                                                   initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
         # First in, first out keeps the order; the bounded queue bounds memory.
         pending: collections.deque = collections.deque()
         for batch in _batches(documents):

@@ -250,7 +250,9 @@ def test_a_call_writes_its_header_each_stage_and_the_summary(tmp_path, monkeypat
                     free_gib, budget_s)
     monkeypatch.setattr(gpu_check, "make_plan", stand_in_plan)
     results = tmp_path / "results.txt"
+    handler = signal.getsignal(signal.SIGTERM)
     assert main(["--budget", "300", "--results", str(results), "--out-dir", str(tmp_path / "out")]) == 0
+    assert signal.getsignal(signal.SIGTERM) is handler  # a caller in the process keeps its own (this test's pytest)
     assert planned == [(300, 139, False)]  # the plan comes before the shards
     assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir()) == ["synthetic_train_000001.bin",
                                                                              "synthetic_val_000000.bin"]
@@ -271,10 +273,10 @@ def test_a_checker_told_to_stop_stops_its_children_first(tmp_path):
     checker = subprocess.Popen([sys.executable, "-c", f"""
 import sys; sys.path.insert(0, {str(REPO)!r})
 from pathlib import Path
-from benchmarks.gpu_check import Job, Stage, exit_on_sigterm, run_stage
-exit_on_sigterm()
+from benchmarks.gpu_check import Job, Stage, exiting_on_sigterm, run_stage
 job = Job("stuck", [sys.executable, "-c", {grandchild!r}], "console")
-run_stage(Stage("stage", "alone", [job], 300, 300), Path({str(tmp_path / 'out')!r}), poll_s=0.1, grace_s=2)
+with exiting_on_sigterm():
+    run_stage(Stage("stage", "alone", [job], 300, 300), Path({str(tmp_path / 'out')!r}), poll_s=0.1, grace_s=2)
 """])
     began = time.monotonic()
     while not pid_file.exists() or not pid_file.read_text():

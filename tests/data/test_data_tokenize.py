@@ -1,5 +1,8 @@
 import json
+import multiprocessing
 import random
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -232,8 +235,31 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, inputs, flags, message)
     (tmp_path / "ok.txt").write_text("some text", encoding="utf-8")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\nnot json\n', encoding="utf-8")
     out_dir = tmp_path / "o"
-    args = [str(tmp_path / name) for name in inputs] + ["--out-dir", str(out_dir)] + flags
+    # one worker: no pool of processes in the fast tier (the pool's own stop is the slow test below)
+    args = [str(tmp_path / name) for name in inputs] + ["--out-dir", str(out_dir), "--workers", "1"] + flags
     assert run_cli(args) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err
     assert not out_dir.exists() or not list(out_dir.glob("*.bin"))
+
+
+@pytest.mark.slow
+def test_bad_input_stops_the_worker_pool_whatever_sigterm_handler_the_caller_has(tmp_path, capsys):
+    """Guards: bad input mid-stream stops the 2-worker pool: exit 2, one line, no worker left, whatever the caller's
+    SIGTERM handler. (A forked pool once hung in CI, a worker waiting on its queue's lock; that race was not
+    reproduced here, so this checks the stop path the spawned pool now takes.)"""
+    (tmp_path / "ok.txt").write_text("some text " * 20000, encoding="utf-8")
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\nnot json\n', encoding="utf-8")
+    args = [str(tmp_path / "ok.txt"), str(tmp_path / "bad.jsonl"), "--out-dir", str(tmp_path / "o"),
+            "--val-tokens", "0", "--workers", "2"]
+    statuses = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as a test process may have one
+    try:
+        caller = threading.Thread(target=lambda: statuses.append(run_cli(args)), daemon=True)
+        caller.start()
+        caller.join(timeout=120)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert statuses == [2], "the pool never stopped"
+    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+    assert multiprocessing.active_children() == []
