@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -359,7 +360,8 @@ def load_runs(paths, jobs: int | None = None, by: str = "variant"):
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if jobs > 1 and len(files) >= _PARALLEL_MIN_FILES:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawned workers: a fork of a process with other threads (torch's, a test runner's) can inherit a held lock
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(_parse_or_unreadable, files, chunksize=max(1, len(files) // (jobs * 8))))
     else:
         results = [_parse_or_unreadable(path) for path in files]
