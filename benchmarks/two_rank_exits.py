@@ -37,8 +37,9 @@ def main(argv=None):
                    str(ROOT / "train_gpt_medium.py"), *RUN, "--log-dir", tmp, "--run-name", f"run{i}"]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
             aborted = "SIGABRT" in res.stderr or "terminate called" in res.stderr
-            statuses["SIGABRT" if aborted else f"exit {res.returncode}"] += 1
-            print(f"run {i + 1}/{args.runs}: {'SIGABRT' if aborted else f'exit {res.returncode}'}", flush=True)
+            outcome = "SIGABRT" if aborted else f"exit {res.returncode}"
+            statuses[outcome] += 1
+            print(f"run {i + 1}/{args.runs}: {outcome}", flush=True)
     print(f"{args.runs} runs in {time.perf_counter() - start:.0f} s: "
           + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())))
     return 0 if set(statuses) == {"exit 0"} else 1
