@@ -275,12 +275,13 @@ def own_blocks(function):
     blocks, todo = [], [function]
     while todo:
         node = todo.pop()
-        for name in ("body", "orelse", "finalbody", "handlers"):
+        for name in ("body", "orelse", "finalbody"):
             block = getattr(node, name, None)
             if isinstance(block, list):
-                blocks.append(block) if name != "handlers" else None
+                blocks.append(block)
                 todo += [s for s in block if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                 ast.ClassDef))]
+        todo += getattr(node, "handlers", [])  # an except clause's body is a block of the function's too
     return blocks
 
 
