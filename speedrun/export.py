@@ -79,8 +79,9 @@ def folded_tests(config, omitted=(), active=()):
     value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
     studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
     base = getattr(config, "base", None)
+    # The file imports no project module, so its log embeds none (runlog.package_sources would find none).
     folds = {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
-             "asks_for_export(argv)": False}
+             "asks_for_export(argv)": False, "package_sources()": ()}
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:
             folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})

@@ -47,6 +47,10 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert fixed_flags_of(text) == ("--base", "r14")
     # tree-shaken: the log readers of logformat.py and the exporter are not in the file
     assert "def parse_float" not in text and "def export_main" not in text and "def asks_for_export" not in text
+    # the file's log embeds no project module (it imports none): the search for them is folded away
+    assert "def package_sources" not in text and "def write_sources" in text
+    # and StudyGPT's hooks with no study on: the calls fold to None, the methods nothing names go
+    assert "mlp_router" not in text and "block_residuals" not in text and "def expansion_scalars" not in text
     # the allocator setting comes before torch is imported, as in the modular script
     assert text.index("PYTORCH_ALLOC_CONF") < text.index("import torch")
 
