@@ -9,7 +9,11 @@ torch) are merged at the top. It holds only what the run executes:
   reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
   add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
-- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block);
+- a method whose body computes a constant from folded values (StudyGPT.mlp_router: None with no study on) is
+  folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
+  fold too (fold_constants);
+- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block),
+  and every method of a kept class that no kept code names and no library base class has (Program);
 - docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
