@@ -26,6 +26,7 @@ import builtins
 import functools
 import importlib
 import json
+import math
 import operator
 import re
 import sys
@@ -243,7 +244,8 @@ def replace_span(text, node, by):
 
 
 def is_scalar(value):
-    return value is None or isinstance(value, (bool, int, float, str))
+    """Whether a value is one whose repr is its literal (None, a bool, a number, a string)."""
+    return value is None or isinstance(value, (bool, int, str)) or isinstance(value, float) and math.isfinite(value)
 
 
 def constant_methods(tree, folds):
@@ -686,9 +688,9 @@ class Program:
                 work.append((module, s.own_nodes))
                 self.kept_methods[id(s)] = set()
                 called_by_library = self.library_methods(module, s) if s.methods else set()
-                named_in_class_body = names_in(s.own_nodes) if s.methods else set()
+                named = self.named | (names_in(s.own_nodes) if s.methods else set())  # the class body's names too
                 for name in s.methods:
-                    if called_by_library is None or name in called_by_library or name in self.named | named_in_class_body:
+                    if called_by_library is None or name in called_by_library or name in named:
                         self.keep_method(module, s, name, work)
                     else:
                         self.waiting.setdefault(name, []).append((module, s))

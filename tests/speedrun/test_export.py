@@ -345,7 +345,8 @@ def test_values_the_export_decides(source, value):
 
 
 def test_a_folded_method_another_class_overrides_is_refused(tmp_path, monkeypatch):
-    library = "class Base:\n    def hook(self):\n        return None\n\n    def run(self):\n        return self.hook()\n"
+    library = ("class Base:\n    def hook(self):\n        return None\n\n"
+               "    def run(self):\n        return self.hook()\n")
     script = ("from speedrun.lib import Base\n\n\nclass Mine(Base):\n    def hook(self):\n        return 1\n\n\n"
               "if __name__ == '__main__':\n    print(Mine().run())\n")
     with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
