@@ -776,6 +776,46 @@ class Program:
         return [self.modules[name] for name in done]
 
 
+CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def class_constants(program):
+    """`self.NAME` -> value of each upper-case class attribute the kept classes set, at class level only, to one
+    literal value (a track's `USE_SNOO = False`): whatever class `self` is, it reads that value. None where the kept
+    code calls setattr with a name it does not spell out."""
+    values, assigned = {}, set()
+    for module in program.modules.values():
+        for statement in program.kept_statements(module):
+            for node in ast.walk(statement.node):
+                if isinstance(node, ast.ClassDef):
+                    for item in node.body:
+                        targets = item.targets if isinstance(item, ast.Assign) else []
+                        if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                            try:
+                                values.setdefault(targets[0].id, []).append(ast.literal_eval(item.value))
+                            except ValueError:
+                                assigned.add(targets[0].id)
+                elif isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+                    assigned.add(node.attr)
+                elif isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr":
+                    name = node.args[1] if len(node.args) > 1 else None
+                    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                        return None
+                    assigned.add(name.value)
+    return {f"self.{name}": found[0] for name, found in values.items()
+            if CONSTANT_NAME.fullmatch(name) and name not in assigned and is_scalar(found[0])
+            and all(type(value) is type(found[0]) and value == found[0] for value in found)}
+
+
+def folded_program(script_module, folds, registries, omitted=()):
+    """The Program, shaken again with the class constants of its kept classes folded where they are tested."""
+    program = Program(script_module, folds, registries, omitted)
+    constants = class_constants(program) or {}
+    if not set(constants) - set(folds):
+        return program
+    return Program(script_module, {**constants, **folds}, registries, omitted)
+
+
 # ----- the file ---------------------------------------------------------------------------------------------------
 
 def used_imports(module, statements):
@@ -871,7 +911,7 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = Program(script_module, folded_tests(config, omitted, active), registries, omitted)
+    program = folded_program(script_module, folded_tests(config, omitted, active), registries, omitted)
     modules = program.order()
     check_names(modules, program)
     check_off_study_fields(modules, program, active)

@@ -246,7 +246,7 @@ def exported_program(tmp_path, monkeypatch, library, script):
     (tmp_path / "speedrun" / "__init__.py").write_text("")
     (tmp_path / "speedrun" / "lib.py").write_text(library)
     (tmp_path / "script.py").write_text(script)
-    program = export_module.Program("script", {}, {})
+    program = export_module.folded_program("script", {}, {})
     return "\n".join(s.text for m in program.order() for s in program.kept_statements(m))
 
 
@@ -351,3 +351,30 @@ def test_a_folded_method_another_class_overrides_is_refused(tmp_path, monkeypatc
               "if __name__ == '__main__':\n    print(Mine().run())\n")
     with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
         exported_program(tmp_path, monkeypatch, library, script)
+
+
+CONSTANTS = '''class Base:
+    def __init__(self):
+        self.extra = self.make_extra() if self.USE_EXTRA else None
+
+    def make_extra(self):
+        return Extra()
+
+
+class Extra:
+    pass
+'''
+
+
+@pytest.mark.parametrize("subclasses, folded", [
+    ("class Mine(Base):\n    USE_EXTRA = False\n", True),
+    ("class Mine(Base):\n    USE_EXTRA = False\n\n\nclass Other(Base):\n    USE_EXTRA = True\n", False),
+    ("class Mine(Base):\n    USE_EXTRA = False\n\n\nMine.USE_EXTRA = True\n", False),  # set elsewhere
+    ("class Mine(Base):\n    USE_EXTRA = False\n\n\nNAME = 'USE_EXTRA'\nsetattr(Mine, NAME, True)\n", False),
+])
+def test_a_class_constant_the_kept_classes_agree_on_folds(tmp_path, monkeypatch, subclasses, folded):
+    uses = "print(Mine().extra" + (", Other().extra)" if "Other" in subclasses else ")")
+    script = f"from speedrun.lib import Base\n\n\n{subclasses}\n\nif __name__ == '__main__':\n    {uses}\n"
+    text = exported_program(tmp_path, monkeypatch, CONSTANTS, script)
+    assert ("self.extra = None" in text and "make_extra" not in text and "class Extra" not in text) == folded
+    assert ("self.extra = self.make_extra() if self.USE_EXTRA else None" in text) != folded
