@@ -11,7 +11,8 @@ torch) are merged at the top. It holds only what the run executes:
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
 - a method whose body computes a constant from folded values (StudyGPT.mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
-  fold too (fold_constants);
+  fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
+  (class_constants: the small track's USE_SNOO = False);
 - every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block),
   and every method of a kept class that no kept code names and no library base class has (Program);
 - docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
