@@ -378,3 +378,10 @@ def test_a_class_constant_the_kept_classes_agree_on_folds(tmp_path, monkeypatch,
     text = exported_program(tmp_path, monkeypatch, CONSTANTS, script)
     assert ("self.extra = None" in text and "make_extra" not in text and "class Extra" not in text) == folded
     assert ("self.extra = self.make_extra() if self.USE_EXTRA else None" in text) != folded
+
+
+def test_a_local_is_read_as_its_value_only_where_a_literal_spells_it():
+    from speedrun.export import propagate_locals
+    source = "def f(self):\n    x = g()\n    return h(x)\n"
+    assert propagate_locals(source, {"g()": 2}) == "def f(self):\n    x = 2\n    return h(2)\n"
+    assert propagate_locals(source, {"g()": float("inf")}) == source  # repr 'inf' would be a name
