@@ -9,7 +9,12 @@ torch) are merged at the top. It holds only what the run executes:
   reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
   add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
-- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block);
+- a method whose body computes a constant from folded values (StudyGPT.mlp_router: None with no study on) is
+  folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
+  fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
+  (class_constants: the small track's USE_SNOO = False);
+- every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block),
+  and every method of a kept class that no kept code names and no library base class has (Program);
 - docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
@@ -20,7 +25,9 @@ it cannot export is refused in one line.
 import ast
 import builtins
 import functools
+import importlib
 import json
+import math
 import operator
 import re
 import sys
@@ -78,8 +85,9 @@ def folded_tests(config, omitted=(), active=()):
     value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
     studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
     base = getattr(config, "base", None)
+    # The file imports no project module, so its log embeds none (runlog.package_sources would find none).
     folds = {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
-             "asks_for_export(argv)": False}
+             "asks_for_export(argv)": False, "package_sources()": ()}
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:
             folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})
@@ -104,17 +112,40 @@ def only_reads(node):
                               ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
 
 
-def folded_value(node, folds):
-    """The value of an expression made of folds, constants, `not`, `and`/`or` and one comparison; UNKNOWN when
-    any part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where
-    that part just reads names."""
+# Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
+PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool}
+
+
+def folded_value(node, folds, test=True):
+    """The value of an expression made of folds, constants, `not`, `and`/`or`, one comparison, a conditional
+    expression, a comprehension over an empty sequence, len/any/all/bool of a decided value, and calls of methods
+    that compute a constant (`self.name()` in folds, constant_methods) with arguments that only read names;
+    UNKNOWN when any part that decides it is not. `and`/`or` are decided left to right, past a part left unknown
+    only where that part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
+    `and`/`or` is decided as a bool (`x or "sum"` is true, its value unknown)."""
     text = ast.unparse(node)
     if text in folds:
         return folds[text]
     if isinstance(node, ast.Constant):
         return node.value
+    if isinstance(node, ast.IfExp):
+        taken = folded_value(node.test, folds)
+        return UNKNOWN if taken is UNKNOWN else folded_value(node.body if taken else node.orelse, folds, test)
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
+        iterated = folded_value(node.generators[0].iter, folds)  # the one part evaluated before any item
+        if isinstance(iterated, (tuple, list)) and not iterated:
+            return [] if isinstance(node, ast.ListComp) else ()
+        return UNKNOWN
+    if isinstance(node, ast.Call):
+        called = ast.unparse(node.func)
+        if f"{called}()" in folds and all(only_reads(a) for a in node.args + [k.value for k in node.keywords]):
+            return folds[f"{called}()"]
+        if called in PURE_BUILTINS and len(node.args) == 1 and not node.keywords:
+            argument = folded_value(node.args[0], folds, test=called == "bool")  # decided: no effect
+            return UNKNOWN if argument is UNKNOWN else PURE_BUILTINS[called](argument)
+        return UNKNOWN
     if isinstance(node, (ast.Tuple, ast.List)):
-        items = [folded_value(item, folds) for item in node.elts]
+        items = [folded_value(item, folds, test=False) for item in node.elts]
         return UNKNOWN if UNKNOWN in items else tuple(items)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         value = folded_value(node.operand, folds)
@@ -122,16 +153,16 @@ def folded_value(node, folds):
     if isinstance(node, ast.BoolOp):
         skipped = False  # a part left unknown that only reads names (it could run first and change nothing)
         for part in node.values:
-            value = folded_value(part, folds)
+            value = folded_value(part, folds, test)
             if value is UNKNOWN:
                 if not only_reads(part):
                     return UNKNOWN
                 skipped = True
             elif bool(value) == isinstance(node.op, ast.Or):
-                return bool(value) if skipped else value
+                return UNKNOWN if skipped and not test else bool(value) if skipped else value
         return UNKNOWN if skipped else value
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in COMPARISONS:
-        left, right = folded_value(node.left, folds), folded_value(node.comparators[0], folds)
+        left, right = (folded_value(side, folds, test=False) for side in (node.left, node.comparators[0]))
         if UNKNOWN not in (left, right):
             try:
                 return COMPARISONS[type(node.ops[0])](left, right)
@@ -194,18 +225,120 @@ def only_statement(tree, node):
                for block in (getattr(parent, name, None) for name in ("body", "orelse", "finalbody")))
 
 
-def replace_span(text, node, by):
-    """The source with the expression `node` replaced by the source of the expression `by` (ast's columns count
-    UTF-8 bytes)."""
+def replace_spans(text, edits):
+    """The source with each expression node of `edits` [(node, its new source)] replaced (the nodes apart; ast's
+    columns count UTF-8 bytes)."""
     encoded = text.encode()
     starts = [0]
     for line in encoded.split(b"\n"):
         starts.append(starts[-1] + len(line) + 1)
+    spans = [(starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset, new.encode())
+             for n, new in edits]
+    for first, last, new in sorted(spans, key=lambda span: span[0], reverse=True):
+        encoded = encoded[:first] + new + encoded[last:]
+    return encoded.decode()
 
-    def span(n):
-        return starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset
-    (first, last), (by_first, by_last) = span(node), span(by)
-    return (encoded[:first] + encoded[by_first:by_last] + encoded[last:]).decode()
+
+def replace_span(text, node, by):
+    """The source with the expression `node` replaced by the source of the expression `by`."""
+    return replace_spans(text, [(node, ast.get_source_segment(text, by))])
+
+
+def is_scalar(value):
+    """Whether a value is one whose repr is its literal (None, a bool, a number, a string)."""
+    return value is None or isinstance(value, (bool, int, str)) or isinstance(value, float) and math.isfinite(value)
+
+
+def constant_methods(tree, folds):
+    """{`self.name()`: value}, {name: its class} of each method whose body (a docstring aside) is assignments of
+    decided values to names, asserts decided true and a `return` of a decided scalar: calling it computes nothing
+    else (StudyGPT.mlp_router is None with no study on). The value holds whatever arguments the call passes. A name
+    two classes of the module define is left out (Program.check_constant_methods: nor may a class of another)."""
+    found, owners = {}, {}
+    classes = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+    defined = [m.name for c in classes for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for owner, method in ((c, m) for c in classes for m in c.body
+                          if isinstance(m, ast.FunctionDef) and not m.decorator_list and m.args.args
+                          and m.args.args[0].arg == "self" and defined.count(m.name) == 1):
+        local = dict(folds)
+        body = method.body[1:] if ast.get_docstring(method, clean=False) is not None else method.body
+        for statement in body:
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                    and isinstance(statement.targets[0], ast.Name):
+                local[statement.targets[0].id] = folded_value(statement.value, local, test=False)
+            elif isinstance(statement, ast.Assert) and folded_value(statement.test, local) is True:
+                continue
+            elif isinstance(statement, ast.Return) and statement.value is not None:
+                value = folded_value(statement.value, local, test=False)
+                if value is not UNKNOWN and is_scalar(value):
+                    found[f"self.{method.name}()"], owners[method.name] = value, owner.name
+                break
+            else:
+                break
+    return found, owners
+
+
+def own_blocks(function):
+    """The statement lists of a function outside its nested functions and classes."""
+    blocks, todo = [], [function]
+    while todo:
+        node = todo.pop()
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                blocks.append(block)
+                todo += [s for s in block if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                ast.ClassDef))]
+        todo += getattr(node, "handlers", [])  # an except clause's body is a block of the function's too
+    return blocks
+
+
+def propagate_locals(text, folds):
+    """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
+    self.mlp_router()`), assigned that value as a literal and read as it in the statements after it in its block
+    (where it is not called nor its attribute or item read): the tests on it then fold, and the assignment is left
+    unread (drop_dead_constants). A local assigned a literal in the source is left as it is."""
+    tree = ast.parse(text)
+    edits = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        stores = [n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+        stores += [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
+                   for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None]
+        stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+        for block in own_blocks(function):
+            for i, statement in enumerate(block):
+                if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                        and isinstance(statement.targets[0], ast.Name) and stores.count(statement.targets[0].id) == 1
+                        and not isinstance(statement.value, ast.Constant)):
+                    continue
+                value = folded_value(statement.value, folds, test=False)
+                if value is UNKNOWN or not is_scalar(value):
+                    continue
+                name = statement.targets[0].id
+                edits.append((statement.value, repr(value)))
+                held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
+                        if isinstance(n, (ast.Attribute, ast.Subscript))}
+                held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
+                edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
+                          if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                          and id(n) not in held]
+    return replace_spans(text, edits)
+
+
+def fold_constants(text, folds, where):
+    """(the source, {method name: class}): fold_ifs and propagate_locals, with the module's constant methods, until
+    nothing changes."""
+    folded_methods = {}
+    while True:
+        tree = ast.parse(text)
+        methods, owners = constant_methods(tree, folds)
+        called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        folded_methods.update({name: owner for name, owner in owners.items() if f"self.{name}" in called})
+        module_folds = dict(folds, **methods)
+        folded = propagate_locals(fold_ifs(text, module_folds, where), module_folds)
+        if folded == text:
+            return text, folded_methods
+        text = folded
 
 
 def omit_arguments(text, omitted):
@@ -245,8 +378,9 @@ def drop_unreachable(text):
 
 
 def first_line_with_comments(lines, node):
-    """The 1-based first line of a statement counting the comment lines right above it (its own comments)."""
-    first = node.lineno
+    """The 1-based first line of a statement counting its decorators and the comment lines right above it (its own
+    comments)."""
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     while first > 1 and lines[first - 2].strip().startswith("#") \
             and len(lines[first - 2]) - len(lines[first - 2].lstrip()) == node.col_offset:
         first -= 1
@@ -342,10 +476,76 @@ class Statement:
     text: str  # its lines, with the comments and blank lines before it
     defines: set = field(default_factory=set)
     refs: set = field(default_factory=set)
+    # A class's methods (dunders aside) by name: each is kept only when the kept code names it (Program.shake).
+    methods: dict = field(default_factory=dict)
 
     @property
     def is_definition(self):
         return bool(self.defines)
+
+    @property
+    def own_nodes(self):
+        """The parts of the statement that are kept with it: all of it, or a class less its methods."""
+        if not self.methods:
+            return [self.node]
+        node = self.node
+        return node.decorator_list + node.bases + node.keywords + [s for s in node.body if not is_method(s)]
+
+
+def is_method(node):
+    """Whether a statement of a class body is a method the export may leave out (a dunder is always kept)."""
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
+        node.name.startswith("__") and node.name.endswith("__"))
+
+
+def names_in(nodes):
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def attributes_in(nodes):
+    """Every attribute name and string constant in these nodes: whatever can reach a method by its name
+    (`x.step()`, `getattr(x, "step")`; a class body's own statements reach its methods by plain names too)."""
+    found = set()
+    for n in (n for node in nodes for n in ast.walk(node)):
+        if isinstance(n, ast.Attribute):
+            found.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            found.add(n.value)
+    return found
+
+
+def library_class(module, dotted):
+    """The class a dotted name of a module's plain imports or the builtins denotes, or None."""
+    head, *rest = dotted.split(".")
+    line = module.plain_imports.get(head)
+    try:
+        if line is None:
+            found = getattr(builtins, head, None)
+        elif isinstance(line, str):  # `import a.b as c` binds a.b; `import a.b` binds a
+            imported = line.split()[1]
+            found = importlib.import_module(imported if " as " in line else imported.split(".")[0])
+        else:
+            source, name, _ = line
+            found = getattr(importlib.import_module(source), name, None)
+    except ImportError:
+        return None
+    for part in rest:
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def without_methods(statement, dropped):
+    """A class statement with the methods named in `dropped` cut, with their decorators and comments."""
+    lines = statement.text.split("\n")
+    node = ast.parse(statement.text).body[0]
+    cut = [item for item in node.body if is_method(item) and item.name in dropped]
+    for item in reversed(cut):
+        empties = len(cut) == len(node.body) and item is cut[0]  # the body keeps a `pass`
+        lines = replace_lines(lines, first_line_with_comments(lines, item), item.end_lineno,
+                              [" " * item.col_offset + "pass"] if empties else [])
+    text = "\n".join(lines)
+    node = ast.parse(text).body[0]
+    return Statement(node, text, statement.defines, names_in([node]))
 
 
 @dataclass
@@ -357,6 +557,7 @@ class Module:
     plain_imports: dict  # bound name -> import line (stdlib, numpy, torch)
     project_imports: dict  # bound name -> (module, name), at any depth (lazy imports included)
     import_order: list  # project modules in the order this one imports them
+    constant_methods: dict = field(default_factory=dict)  # method name -> its class, its calls folded (fold_constants)
 
     def definers(self, name):
         return [s for s in self.statements if name in s.defines]
@@ -387,7 +588,8 @@ def load_module(name, folds, registries, omitted=()):
 def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text = drop_dead_constants(drop_unreachable(fold_ifs(omit_arguments(source, omitted), dict(folds), where)))
+    text, folded_methods = fold_constants(omit_arguments(source, omitted), dict(folds), where)
+    text = drop_dead_constants(drop_unreachable(text))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
     docstring = ast.get_docstring(ast.parse(text), clean=True)
@@ -396,7 +598,7 @@ def parsed_module(name, source, folds, registries, omitted):
     lines = text.split("\n")
     body = list(tree.body)
     previous_end = 0
-    module = Module(name, path, docstring, [], {}, {}, [])
+    module = Module(name, path, docstring, [], {}, {}, [], folded_methods)
     for node in ast.walk(tree):  # project imports at any depth: lazy ones resolve names too
         if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
             for alias in node.names:
@@ -429,7 +631,10 @@ def parsed_module(name, source, folds, registries, omitted):
                 isinstance(n, (ast.Name, ast.Tuple, ast.Store)) for t in
                 (node.targets if isinstance(node, ast.Assign) else [node.target]) for n in ast.walk(t)):
             statement.defines = assigned_names(node)
-        statement.refs = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        statement.refs = names_in([node])
+        if isinstance(node, ast.ClassDef):
+            for item in (item for item in node.body if is_method(item)):
+                statement.methods.setdefault(item.name, []).append(item)
         module.statements.append(statement)
     return module
 
@@ -437,14 +642,20 @@ def parsed_module(name, source, folds, registries, omitted):
 # ----- what the run needs ---------------------------------------------------------------------------------------
 
 class Program:
-    """The modules reachable from the script and, of each, the statements something kept refers to."""
+    """The modules reachable from the script and, of each, the statements something kept refers to; of a kept
+    class, the methods that the kept code names (by a name, an attribute or a string: `x.step()`) or that a library
+    base class has (nn.Module's forward, argparse's error: the library calls them)."""
 
     def __init__(self, script_module, folds, registries, omitted=()):
         self.folds, self.registries, self.omitted = folds, registries, omitted
         self.modules = {}
         self.kept = {}  # module name -> set of statement ids
+        self.kept_methods = {}  # id(class statement) -> the names of its methods kept
+        self.named = set()  # every attribute name and string of the kept code (attributes_in)
+        self.waiting = {}  # method name -> [(module, class statement)]: kept once the kept code names it
         self.script = self.load(script_module)
         self.shake()
+        self.check_constant_methods()
 
     def load(self, name):
         if name not in self.modules:
@@ -475,21 +686,77 @@ class Program:
         for s in fresh:
             if id(s) not in self.kept[module.name]:
                 self.kept[module.name].add(id(s))
-                work.append((module, s))
+                work.append((module, s.own_nodes))
+                self.kept_methods[id(s)] = set()
+                called_by_library = self.library_methods(module, s) if s.methods else set()
+                named = self.named | (names_in(s.own_nodes) if s.methods else set())  # the class body's names too
+                for name in s.methods:
+                    if called_by_library is None or name in called_by_library or name in named:
+                        self.keep_method(module, s, name, work)
+                    else:
+                        self.waiting.setdefault(name, []).append((module, s))
+
+    def keep_method(self, module, statement, name, work):
+        self.kept_methods[id(statement)].add(name)
+        work.append((module, statement.methods[name]))
+
+    def library_methods(self, module, statement, depth=0):
+        """The attribute names of the library classes a class derives from, through project classes; None where a
+        base is neither (a call, a subscript, a metaclass): then every method is kept."""
+        node = statement.node
+        if node.keywords or depth > 20:
+            return None
+        names = set()
+        for base in node.bases:
+            dotted = ast.unparse(base)
+            if not re.fullmatch(r"[\w.]+", dotted):
+                return None
+            found = self.resolve(module, dotted) if "." not in dotted else None
+            if found is not None:
+                target, definers = found
+                if len(definers) != 1 or not isinstance(definers[0].node, ast.ClassDef):
+                    return None
+                inherited = self.library_methods(target, definers[0], depth + 1)
+            else:
+                library = library_class(module, dotted)
+                inherited = None if library is None else set(dir(library))
+            if inherited is None:
+                return None
+            names |= inherited
+        return names
 
     def shake(self):
         work = []
         self.keep(self.script, [s for s in self.script.statements if not s.is_definition], work)
         while work:
-            module, statement = work.pop()
-            for name in sorted(statement.refs):
+            module, nodes = work.pop()
+            for name in sorted(names_in(nodes)):
                 found = self.resolve(module, name)
                 if found is not None:
                     target, definers = found
                     self.keep(target, definers, work)
+            for name in sorted(attributes_in(nodes) - self.named):
+                self.named.add(name)
+                for owner_module, statement in self.waiting.pop(name, []):
+                    self.keep_method(owner_module, statement, name, work)
+
+    def check_constant_methods(self):
+        """Raises UsageError where a kept class defines a method another class's calls of it were folded for (a
+        subclass overriding it: `self.name()` may call either)."""
+        for module in self.modules.values():
+            for name, owner in module.constant_methods.items():
+                for other in self.modules.values():
+                    overriding = [s.node.name for s in self.kept_statements(other) if name in s.methods
+                                  and (other, s.node.name) != (module, owner)]
+                    if overriding:
+                        raise UsageError(f"{EXPORT_FLAG}: {owner}.{name} was folded to its value, but "
+                                         f"{other.path.name}'s {overriding[0]} defines {name} too: rename one")
 
     def kept_statements(self, module):
-        return [s for s in module.statements if id(s) in self.kept[module.name]]
+        """The kept statements of a module, each class without the methods left out."""
+        kept = [s for s in module.statements if id(s) in self.kept[module.name]]
+        return [without_methods(s, set(s.methods) - self.kept_methods[id(s)])
+                if set(s.methods) - self.kept_methods[id(s)] else s for s in kept]
 
     def order(self):
         """The kept modules, each after those it imports (packages' __init__ first), the script last."""
@@ -508,6 +775,46 @@ class Program:
                 visit(name)
         visit(self.script.name)
         return [self.modules[name] for name in done]
+
+
+CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def class_constants(program):
+    """`self.NAME` -> value of each upper-case class attribute the kept classes set, at class level only, to one
+    literal value (a track's `USE_SNOO = False`): whatever class `self` is, it reads that value. None where the kept
+    code calls setattr with a name it does not spell out."""
+    values, assigned = {}, set()
+    for module in program.modules.values():
+        for statement in program.kept_statements(module):
+            for node in ast.walk(statement.node):
+                if isinstance(node, ast.ClassDef):
+                    for item in node.body:
+                        targets = item.targets if isinstance(item, ast.Assign) else []
+                        if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                            try:
+                                values.setdefault(targets[0].id, []).append(ast.literal_eval(item.value))
+                            except ValueError:
+                                assigned.add(targets[0].id)
+                elif isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+                    assigned.add(node.attr)
+                elif isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr":
+                    name = node.args[1] if len(node.args) > 1 else None
+                    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                        return None
+                    assigned.add(name.value)
+    return {f"self.{name}": found[0] for name, found in values.items()
+            if CONSTANT_NAME.fullmatch(name) and name not in assigned and is_scalar(found[0])
+            and all(type(value) is type(found[0]) and value == found[0] for value in found)}
+
+
+def folded_program(script_module, folds, registries, omitted=()):
+    """The Program, shaken again with the class constants of its kept classes folded where they are tested."""
+    program = Program(script_module, folds, registries, omitted)
+    constants = class_constants(program) or {}
+    if not set(constants) - set(folds):
+        return program
+    return Program(script_module, {**constants, **folds}, registries, omitted)
 
 
 # ----- the file ---------------------------------------------------------------------------------------------------
@@ -605,7 +912,7 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = Program(script_module, folded_tests(config, omitted, active), registries, omitted)
+    program = folded_program(script_module, folded_tests(config, omitted, active), registries, omitted)
     modules = program.order()
     check_names(modules, program)
     check_off_study_fields(modules, program, active)

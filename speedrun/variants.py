@@ -4,10 +4,10 @@ pool under one name in analysis. `--variant` overrides it; only a run without st
 from speedrun.studies import STUDIES
 
 
-def given_study_flags(parsed, studies=STUDIES):
+def given_study_flags(parsed):
     """[(study name, flag, value)] of the study flags set on the command line (value not the unset one), in
     --help order. `parsed`: the parsed flags (a dict) before resolution fills in any default."""
-    return [(study.name, flag.name, parsed[flag.dest]) for study in studies for flag in study.flags
+    return [(study.name, flag.name, parsed[flag.dest]) for study in STUDIES for flag in study.flags
             if parsed[flag.dest] != flag.unset]
 
 
@@ -24,12 +24,12 @@ def flag_piece(prefix, flag, value):
     return f"{name}{value}" if isinstance(value, int) else f"{name}-{value}"
 
 
-def default_variant(given, config, extra=(), studies=STUDIES):
+def default_variant(given, config, extra=()):
     """`extra` pieces (e.g. a changed layer count), then one part per study with a given flag: the study's
     variant_name(config) (config resolved) where it has one, else the generic `name-piece-piece...`; parts joined
     by `_`."""
     parts = list(extra)
-    for study in studies:
+    for study in STUDIES:  # a loop over the registry: an export with no study on folds it away
         pieces = [flag_piece(study.name, f, v) for name, f, v in given if name == study.name]
         if not pieces:
             continue

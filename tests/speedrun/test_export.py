@@ -47,6 +47,10 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert fixed_flags_of(text) == ("--base", "r14")
     # tree-shaken: the log readers of logformat.py and the exporter are not in the file
     assert "def parse_float" not in text and "def export_main" not in text and "def asks_for_export" not in text
+    # the file's log embeds no project module (it imports none): the search for them is folded away
+    assert "def package_sources" not in text and "def write_sources" in text
+    # and StudyGPT's hooks with no study on: the calls fold to None, the methods nothing names go
+    assert "mlp_router" not in text and "block_residuals" not in text and "def expansion_scalars" not in text
     # the allocator setting comes before torch is imported, as in the modular script
     assert text.index("PYTORCH_ALLOC_CONF") < text.index("import torch")
 
@@ -232,3 +236,152 @@ def test_the_flags_of_a_logged_config_resolve_to_that_config(script_module, arm)
     extra = ["--init-from", __file__] if "--init-from" in arm else []  # a run flag DLO's resolution needs
     argv = flags_of_config(logged, script_module.TRACK_FLAGS, script_module.resolve_args, extra)
     assert script_module.resolve_args(argv + extra + ["--run-name", "r"]) == config
+
+
+def exported_program(tmp_path, monkeypatch, library, script):
+    """The kept source of a program of two files, speedrun/lib.py and script.py, in a project rooted at tmp_path."""
+    from speedrun import export as export_module
+    monkeypatch.setattr(export_module, "ROOT", tmp_path)
+    (tmp_path / "speedrun").mkdir()
+    (tmp_path / "speedrun" / "__init__.py").write_text("")
+    (tmp_path / "speedrun" / "lib.py").write_text(library)
+    (tmp_path / "script.py").write_text(script)
+    program = export_module.folded_program("script", {}, {})
+    return "\n".join(s.text for m in program.order() for s in program.kept_statements(m))
+
+
+LIBRARY = '''import torch.nn as nn
+
+
+def helper():
+    return 1
+
+
+class Net(nn.Module):
+    def forward(self, x):  # nn.Module.__call__ calls it: kept
+        return x
+
+    def used(self):
+        return getattr(self, "by_string")()
+
+    def by_string(self):
+        return 2
+
+    # the only caller of helper
+    @staticmethod
+    def unused():
+        return helper()
+
+
+class Plain:
+    def __init__(self):
+        self.n = 0
+
+    def unused(self):
+        return 3
+'''
+
+
+def test_methods_nothing_names_are_left_out_with_what_only_they_use(tmp_path, monkeypatch):
+    script = "from speedrun.lib import Net, Plain\n\nif __name__ == '__main__':\n    print(Net().used(), Plain().n)\n"
+    text = exported_program(tmp_path, monkeypatch, LIBRARY, script)
+    for kept in ("def forward", "def used", "def by_string", "def __init__"):
+        assert kept in text
+    assert "unused" not in text and "helper" not in text and "@staticmethod" not in text
+    ast.parse(text)
+
+
+def test_a_class_whose_methods_all_go_keeps_a_pass(tmp_path, monkeypatch):
+    script = "from speedrun.lib import Plain\n\nif __name__ == '__main__':\n    print(Plain)\n"
+    library = "class Plain:\n    def unused(self):\n        return 3\n"
+    assert exported_program(tmp_path, monkeypatch, library, script).startswith("class Plain:\n    pass\n")
+
+
+HOOKS = '''class Model:
+    def router(self):
+        found = [r for r in (part.router(self) for part in self.parts) if r is not None]
+        assert len(found) <= 1, "two parts route"
+        return found[0] if found else None
+
+    def routes(self):
+        return any(part.routes for part in self.parts)
+
+    def forward(self, x):
+        router = self.router()
+        mode = self.mode or "sum"
+        if router is None:
+            x = self.block(x, extra=router, mode=mode)
+        else:
+            x = router(x)
+        if self.routes():
+            x = x + 1
+        return x
+'''
+
+
+def test_a_method_that_computes_a_constant_folds_where_it_is_called_and_through_locals():
+    from speedrun.export import drop_dead_constants, fold_constants
+    text, folded = fold_constants(HOOKS, {"self.parts": ()}, "x.py")
+    text = drop_dead_constants(text)
+    assert text[text.index("    def forward"):] == ('    def forward(self, x):\n        mode = self.mode or "sum"\n'
+                                            '        x = self.block(x, extra=None, mode=mode)\n        return x\n')
+    assert folded == {"router": "Model", "routes": "Model"}
+    assert fold_constants(HOOKS, {}, "x.py") == (HOOKS, {})  # parts not known: nothing folds
+
+
+@pytest.mark.parametrize("source, value", [
+    ("x or 'sum'", "UNKNOWN"),  # true, but of unknown value
+    ("(x or 'sum') == 'sum'", "UNKNOWN"),
+    ("len([a for a in ()])", 0),
+    ("any(p for p in ())", False),
+    ("None if () else 3", 3),
+    ("self.hook(a, b)", None),
+    ("self.hook(f())", "UNKNOWN"),  # the argument's call would still run
+])
+def test_values_the_export_decides(source, value):
+    from speedrun.export import UNKNOWN, folded_value
+    found = folded_value(ast.parse(source, mode="eval").body, {"self.hook()": None}, test=False)
+    assert found == value if value != "UNKNOWN" else found is UNKNOWN
+
+
+def test_a_folded_method_another_class_overrides_is_refused(tmp_path, monkeypatch):
+    library = ("class Base:\n    def hook(self):\n        return None\n\n"
+               "    def run(self):\n        return self.hook()\n")
+    script = ("from speedrun.lib import Base\n\n\nclass Mine(Base):\n    def hook(self):\n        return 1\n\n\n"
+              "if __name__ == '__main__':\n    print(Mine().run())\n")
+    with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
+        exported_program(tmp_path, monkeypatch, library, script)
+
+
+CONSTANTS = '''class Base:
+    def __init__(self):
+        self.extra = self.make_extra() if self.USE_EXTRA else None
+
+    def make_extra(self):
+        return Extra()
+
+
+class Extra:
+    pass
+'''
+
+
+@pytest.mark.parametrize("subclasses, folded", [
+    ("class Mine(Base):\n    USE_EXTRA = False\n", True),
+    ("class Mine(Base):\n    USE_EXTRA = False\n\n\nclass Other(Base):\n    USE_EXTRA = True\n", False),
+    ("class Mine(Base):\n    USE_EXTRA = False\n\n\nMine.USE_EXTRA = True\n", False),  # set elsewhere
+    ("class Mine(Base):\n    USE_EXTRA = False\n\n\nNAME = 'USE_EXTRA'\nsetattr(Mine, NAME, True)\n", False),
+])
+def test_a_class_constant_the_kept_classes_agree_on_folds(tmp_path, monkeypatch, subclasses, folded):
+    uses = "print(Mine().extra" + (", Other().extra)" if "Other" in subclasses else ")")
+    script = f"from speedrun.lib import Base\n\n\n{subclasses}\n\nif __name__ == '__main__':\n    {uses}\n"
+    text = exported_program(tmp_path, monkeypatch, CONSTANTS, script)
+    assert ("self.extra = None" in text and "make_extra" not in text and "class Extra" not in text) == folded
+    assert ("self.extra = self.make_extra() if self.USE_EXTRA else None" in text) != folded
+
+
+def test_a_local_is_read_as_its_value_only_where_a_literal_spells_it():
+    from speedrun.export import propagate_locals
+    source = "def f(self):\n    x = g()\n    return h(x)\n"
+    assert propagate_locals(source, {"g()": 2}) == "def f(self):\n    x = 2\n    return h(2)\n"
+    assert propagate_locals(source, {"g()": float("inf")}) == source  # repr 'inf' would be a name
