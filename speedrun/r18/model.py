@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
-from speedrun.r18.studies import SCALAR_MULTIPLIERS, label_study_parameters, part_config
+from speedrun.r18.studies import MATRIX_MULTIPLIERS, SCALAR_MULTIPLIERS, part_config
 from speedrun.studies import STUDIES
 from speedrun.study import added_params_by_study, one_part_hook, reserve_scalars
 
@@ -226,8 +226,8 @@ class R18DepthExpansion:
     @staticmethod
     def unexpanded_model(model, max_seq_len=None):
         """The record's model, on the model's device and dtype (max_seq_len: the config's)."""
-        base = type(model)(model.cfg).to(model.lm_head.weight.device)
-        return base.cast_low_precision(model.embed.weight.dtype)
+        device, dtype = model.lm_head.weight.device, model.embed.weight.dtype
+        return type(model)(model.cfg).to(device).cast_low_precision(dtype)
 
     @staticmethod
     def output_projections(block):
@@ -237,9 +237,8 @@ class R18DepthExpansion:
     @staticmethod
     def weight_matrices(block):
         """Every weight matrix on its own, q, k, v and o apart."""
-        dim = block.attn.dim
-        return list(block.attn.qkvo_w.view(4, dim, dim)) + [p for p in block.parameters()
-                                                             if p is not block.attn.qkvo_w]
+        qkvo_w, dim = block.attn.qkvo_w, block.attn.dim
+        return list(qkvo_w.view(4, dim, dim)) + [p for p in block.parameters() if p is not qkvo_w]
 
 
 class R18GPT(nn.Module):
@@ -293,7 +292,9 @@ class R18GPT(nn.Module):
         for study in in_model:
             self.study[study.name] = study.r18_part(self, self.study_cfg)
             self.parts.append(self.study[study.name])
-        label_study_parameters(self.parts)
+        for part in self.parts:  # what a study adds trains by its shape (speedrun.r18.studies)
+            for p in part.parameters():
+                p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS
         if self._study_scalar_inits:
             self.study_scalars = nn.Parameter(torch.cat(self._study_scalar_inits))
             self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = SCALAR_MULTIPLIERS

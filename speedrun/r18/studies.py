@@ -49,9 +49,3 @@ def part_config(config):
         cfg = replace(cfg, **study.model_config(cfg, config))
     return cfg
 
-
-def label_study_parameters(parts):
-    """The optimiser group of every parameter the parts add, by its shape (this module's rule)."""
-    for part in parts:
-        for p in part.parameters():
-            p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS
