@@ -133,7 +133,9 @@ class ModelPart(nn.Module):
     """What a study adds to the model (Study.model_part), built as model_part(model, model_cfg) in the model's
     __init__ when the study's first model field is not its default (in registry order, built_last parts after the
     others), and kept in model.study[study name]; the model and the training loop reach it only through the hooks
-    below. Backout, rolling skip, LAuReL, DLO and the gated skip are all written this way. Its
+    below, on every track's model alike (speedrun.model.StudyGPT, and --base r18's R18GPT, where x_embed is #18's
+    x0 and a study runs unless Study.on_r18 refuses it). Backout, rolling skip, LAuReL, DLO and the gated skip are
+    all written this way. Its
     parameters are then counted in added_params and trained (matrices by Muon, the rest by Adam). A scalar goes
     into the model's scalar vector instead, with model.add_scalars(name, init) during __init__ (Adam's scalar group,
     counted under its name's first part). Every hook is optional; the defaults change nothing.
