@@ -27,7 +27,6 @@ from speedrun.optimizers import TrackOptimizers
 from speedrun.study import Flag
 # check_data: the study runner's
 from speedrun.training import Track, check_data, run_training, train_step  # noqa: F401
-from speedrun.variants import given_study_flags
 
 TRACK = "medium"
 
@@ -143,8 +142,8 @@ TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent 
                                                    "default: on for r14 as its record, off for r18 as its record)",
                     resume=False, kind=str, options=dict(choices=["on", "off"], default=None)),
                Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
-                              "(speedrun/r18: its model, optimisers, batches and schedules; the backout, LAuReL and "
-                              "DLO flags by the rule in speedrun/r18/studies.py)",
+                              "(speedrun/r18: its model, optimisers, batches and schedules; the study flags by the "
+                              "rule in speedrun/r18/studies.py)",
                     resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
                # resume=False: another attention computes the same function, so a run may resume on another node;
                # its log then names both kernels and the step between (speedrun.r18.attention.kernel_history)
@@ -182,16 +181,15 @@ def resolve_r18_args(parser, given, parsed):
     # Imported here: only r18 runs import (and log) the r18 package.
     from speedrun.r18.attention import resolve_attention
     from speedrun.r18.model import NUM_LAYERS, layer_pattern as r18_layer_pattern
-    from speedrun.r18.studies import check_r18_backout_args, check_r18_studies
+    from speedrun.r18.studies import check_r18_studies
     if parsed["num_layers"] not in (None, NUM_LAYERS):
         raise UsageError(f"--num-layers {parsed['num_layers']}: --base r18 has the record's {NUM_LAYERS} layers")
-    check_r18_studies(given_study_flags(parsed))
     # #18 validates every 250 steps (#14 every 125)
     presets = {name: dict(values, num_layers=NUM_LAYERS,
                           **(dict(val_every=R18_RECORD_VAL_EVERY) if name == "full" else {}))
                for name, values in PRESETS.items()}
     config = resolve_track_args(parser, given, presets, __file__, r18_layer_pattern, TRACK_FLAGS)
-    check_r18_backout_args(config)
+    check_r18_studies(config)
     # #18 was timed without it (upstream banned it for new records: it makes compiling take ~30 min)
     config = replace(config, coordinate_descent_tuning=config.coordinate_descent_tuning or "off")
     if config.init_schedule == "continue":

@@ -42,8 +42,7 @@ def mixed_head_input(mode, x, head_in, sources, x_lambda, skip_lambdas, norm_aft
 
 
 class BackoutLambdas:
-    """The sum and subtract backouts' lambdas, for the module parts of both models (#14's Backout, r18's
-    R18Backout): x_lambda (sum mode) and one lambda per source, learned in the model's scalar vector
+    """The sum and subtract backouts' lambdas, for the parts of both models (#14's Backout, r18's R18Backout): x_lambda (sum mode) and one lambda per source, learned in the model's scalar vector
     ("backout.x", "backout.skip", reserved with model.add_scalars) or buffers of the part when frozen (x_lambda
     also with a fixed x)."""
 
@@ -171,6 +170,51 @@ class Backout(BackoutLambdas, ModelPart):
             for label, (cos, rel_l2) in zip(labels, self.similarity.tolist()):
                 out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
         return out
+
+
+class R18Backout(BackoutLambdas, ModelPart):
+    """The backout on --base r18 (Study.r18_model_part): any sources replace #18's own backout (x -= lambda*out[11],
+    its lambda then unused), `--backout-layers none` removes it; the sum and subtract mixes over untransformed
+    sources, `embed` being #18's x0 (the smeared and normed embedding), its lambdas as on #14."""
+
+    def __init__(self, model, cfg):
+        super().__init__()
+        model.own_backout = False
+        self.sources = () if cfg.backout_layers == ("none",) else tuple(cfg.backout_layers)
+        self.norm_after_sum = cfg.backout_norm_after_sum
+        if self.sources:
+            self.reserve_lambdas(model, cfg.backout_mode, len(self.sources), cfg.backout_x_init,
+                                 cfg.backout_skip_init, cfg.backout_fixed_x, cfg.backout_freeze)
+
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
+        """head_in is norm(x), x = outputs[-1] the final residual (#18's own backout off)."""
+        if not self.sources:
+            return head_in
+        sources = [x_embed if s == "embed" else outputs[s] for s in self.sources]
+        if self.mode == "sum":  # the sum mixes normed vectors
+            sources = [norm(s) for s in sources]
+        x_lambda, skips = self.lambdas(model)
+        return mixed_head_input(self.mode, outputs[-1], head_in, sources, x_lambda, skips, self.norm_after_sum)
+
+    def named_scalars(self, model):
+        return self.lambda_scalars(model, self.sources) if self.sources else {}
+
+
+BACKOUT_MODES_ON_R18 = ("sum", "subtract")
+
+
+def backout_on_r18(config):
+    """Why a resolved backout does not run on --base r18 (Study.on_r18), or None: R18Backout runs it."""
+    if config.backout_layers == ("none",):
+        return None
+    if config.backout_mode not in BACKOUT_MODES_ON_R18:
+        return f"--backout-mode {config.backout_mode}: on --base r18 only {' and '.join(BACKOUT_MODES_ON_R18)} run"
+    if config.backout_transform != "none":
+        return (f"--backout-transform {config.backout_transform}: on --base r18 the sources are mixed in "
+                f"untransformed")
+    if "new-embed" in config.backout_layers:
+        return "--backout-layers new-embed: not on --base r18 (its sources: layers and `embed`)"
+    return None
 
 
 BACKOUT_MODES = ["sum", "subtract", "concat-head", "concat-mlp"]

@@ -255,15 +255,54 @@ def slerp(a, b, t, eps=1e-8):
     return (torch.sin((1 - t) * omega) * a + torch.sin(t * omega) * b) / torch.sin(omega)
 
 
-def init_expanded_block(block, source, members, policy, slerp_t):
-    """Initialises a new layer from its source layer and its group's original layers `members`. The blocks say
-    which are their matrices (weight_matrices) and output projections (output_projections)."""
+class StudyTrackExpansion:
+    """How DLO reads a model of the tracks built on speedrun.model (StudyGPT: #14 and the small track). A track
+    with other blocks or scalars declares its own as its model class's `depth_expansion` (#18's: R18GPT)."""
+
+    @staticmethod
+    def expansion_scalars(model):
+        """The per-layer scalars as expand_model reads them: the block lambdas pass the residual at (1, 0, ...),
+        the value lambdas are the layer's own."""
+        L = model.cfg.num_layers
+        block = model.scalar_slice("block").view(L, -1)
+        pass_through = torch.zeros(block.shape[1])
+        pass_through[0] = 1.0
+        return ("scalars",), [("shared", model.scalar_slice("unet"), None), ("residual", block, pass_through),
+                              ("source", model.scalar_slice("value").view(L, 2), None)]
+
+    @staticmethod
+    def unexpanded_model(model, max_seq_len):
+        """The model a part that grows this one (ModelPart.base_config) grows from, on its device and dtype."""
+        (cfg,) = [c for c in (part.base_config(model.cfg) for part in model.parts) if c is not None]
+        base = type(model)(cfg, max_seq_len).to(model.lm_head_w.device)
+        base.cast_low_precision(model.embedding_params()[0].dtype)
+        return base
+
+    @staticmethod
+    def output_projections(block):
+        """(attention's output matrix or None, the MLP's): zeroed, they make the block the identity."""
+        return (None if block.attn is None else block.attn.qkvo_w[3]), block.mlp.proj_w
+
+    @staticmethod
+    def weight_matrices(block):
+        """Every weight matrix on its own, q, k, v and o apart (the random init)."""
+        return [m for p in block.parameters() for m in (p if p.ndim == 3 else [p])]
+
+
+def depth_expansion(model):
+    """The model's track's expansion rules (StudyTrackExpansion or the model class's own depth_expansion)."""
+    return getattr(model, "depth_expansion", StudyTrackExpansion)
+
+
+def init_expanded_block(block, source, members, policy, slerp_t, expansion):
+    """Initialises a new layer from its source layer and its group's original layers `members`. The track's
+    expansion rules say which are a block's matrices (weight_matrices) and output projections."""
     if policy == "random":  # Xavier uniform on every matrix (each of q, k, v, o on its own)
-        for matrix in block.weight_matrices():
+        for matrix in expansion.weight_matrices(block):
             nn.init.xavier_uniform_(matrix)
     elif policy in ("copy", "identity", "strict-identity") + EXPANSION_BASELINES:
         block.load_state_dict(source.state_dict())
-        attention_out, mlp_out = block.output_projections()
+        attention_out, mlp_out = expansion.output_projections(block)
         if policy in ("identity", "strict-identity") and attention_out is not None:
             attention_out.zero_()
         if policy == "strict-identity":
@@ -290,13 +329,15 @@ def expand_model(base, model, policy, slerp_t):
     their expanded positions with their scalars, new layers by `policy` with the residual scalars that pass the
     residual unchanged (#14's block lambdas (1, 0, ...)) and, except for random, the source's own scalars (#14's
     value lambdas); the expansion baselines (exact duplicates) take all the source's scalars. Routers keep their
-    initialisation. Each model says where its per-layer scalars are: expansion_scalars() -> (the state keys that
-    hold them, [(rule, tensor, pass_through)]), rule "shared" (copied whole), "residual" (a [layers, k] view; new
-    layers start at pass_through) or "source" (a [layers, k] view; new layers take their source's)."""
+    initialisation. Each track says where its per-layer scalars are (depth_expansion): expansion_scalars(model) ->
+    (the state keys that hold them, [(rule, tensor, pass_through)]), rule "shared" (copied whole), "residual" (a
+    [layers, k] view; new layers start at pass_through) or "source" (a [layers, k] view; new layers take their
+    source's)."""
     pat = model.pattern
     own = model.state_dict()
-    scalar_keys, parts = model.expansion_scalars()
-    _, base_parts = base.expansion_scalars()
+    expansion = depth_expansion(model)
+    scalar_keys, parts = expansion.expansion_scalars(model)
+    _, base_parts = expansion.expansion_scalars(base)
     for key, value in base.state_dict().items():
         if not key.startswith("blocks.") and key not in scalar_keys:
             own[key].copy_(value)
@@ -315,7 +356,7 @@ def expand_model(base, model, policy, slerp_t):
         model.blocks[p].load_state_dict(base.blocks[i].state_dict())
     for q, src in pat["dlo_new_layers"].items():
         init_expanded_block(model.blocks[q], base.blocks[src], [base.blocks[j] for j in pat["dlo_group_members"][q]],
-                            policy, slerp_t)
+                            policy, slerp_t, expansion)
 
 
 def dlo_base_config(cfg):
@@ -336,9 +377,9 @@ def dlo_added_params(cfg, model_class):
 
 
 def dlo_expand_from_checkpoint(model, state, args, max_seq_len):
-    """Builds the unexpanded model (the model's unexpanded_model), loads the checkpoint into it (strict shapes),
+    """Builds the unexpanded model (the track's unexpanded_model), loads the checkpoint into it (strict shapes),
     then expands into `model`."""
-    base = model.unexpanded_model(max_seq_len)
+    base = depth_expansion(model).unexpanded_model(model, max_seq_len)
     load_model_weights(base, state, args.init_from)
     expand_model(base, model, args.dlo_init, args.dlo_slerp_t)
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
 from speedrun.studies import STUDIES
-from speedrun.study import reserve_scalars
+from speedrun.study import added_params_by_study, one_part_hook, reserve_scalars
 
 
 def cast_model(model, dtype):
@@ -80,14 +80,6 @@ class StudyBlock(nn.Module):
     def add_skip(x, skip):
         """The U-net skip into a block: skip = (weight, an earlier layer's output), or None."""
         return x if skip is None else x + skip[0] * skip[1]
-
-    def output_projections(self):
-        """(attention's output matrix or None, the MLP's): zeroed, they make the block the identity (DLO)."""
-        return (None if self.attn is None else self.attn.qkvo_w[3]), self.mlp.proj_w
-
-    def weight_matrices(self):
-        """Every weight matrix on its own, q, k, v and o apart (DLO's random init)."""
-        return [m for p in self.parameters() for m in (p if p.ndim == 3 else [p])]
 
     def forward(self, x, *mix_inputs, skip=None, mlp_extra=None, augment=None):
         # The skip is added here rather than before the call so that --compile regional fuses it into the mix.
@@ -166,33 +158,9 @@ class StudyGPT(nn.Module):
         a, b = self.scalar_layout[name]
         return self.scalars[a:b]
 
-    def expansion_scalars(self):
-        """The per-layer scalars as DLO's expansion reads them (speedrun.dlo.expand_model): the block lambdas pass
-        the residual at (1, 0, ...), the value lambdas are the layer's own."""
-        L = self.cfg.num_layers
-        block = self.scalar_slice("block").view(L, -1)
-        pass_through = torch.zeros(block.shape[1])
-        pass_through[0] = 1.0
-        return ("scalars",), [("shared", self.scalar_slice("unet"), None), ("residual", block, pass_through),
-                              ("source", self.scalar_slice("value").view(L, 2), None)]
-
-    def unexpanded_model(self, max_seq_len):
-        """The model a part that grows this one (ModelPart.base_config) grows from, on its device and dtype."""
-        (cfg,) = [c for c in (part.base_config(self.cfg) for part in self.parts) if c is not None]
-        base = type(self)(cfg, max_seq_len).to(self.lm_head_w.device)
-        base.cast_low_precision(self.embedding_params()[0].dtype)
-        return base
-
     def added_params(self):
         """Parameters added by each study variant: its modules plus its scalar slices ("name" or "name.*")."""
-        counts = {name: sum(p.numel() for p in module.parameters()) for name, module in self.study.items()}
-        # a scalar slice named after its study with `_` for `-` (gated_skip) counts under the study's name, once
-        study_names = {name.replace("-", "_"): name for name in self.study}
-        for key, (a, b) in self.scalar_layout.items():
-            variant = key.split(".")[0]
-            variant = study_names.get(variant.replace("-", "_"), variant)
-            if variant not in TRACK_SCALARS:
-                counts[variant] = counts.get(variant, 0) + (b - a)
+        counts = added_params_by_study(self.study, self.scalar_layout, TRACK_SCALARS)
         for variant, n in self.extra_param_counts.items():
             counts[variant] = counts.get(variant, 0) + n
         # A part that grows the model from a base config counts everything beyond it, its new layers included.
@@ -279,10 +247,8 @@ class StudyGPT(nn.Module):
 
     def mlp_extra(self, i, outputs, x_embed, input_seq):
         """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
-        found = [e for e in (part.mlp_extra(self, i, outputs, x_embed, input_seq) for part in self.parts)
-                 if e is not None]
-        assert len(found) <= 1, f"two study parts widen layer {i}'s MLP input"
-        return found[0] if found else None
+        return one_part_hook(self.parts, "mlp_extra", self, i, outputs, x_embed, input_seq,
+                             what=f"widen layer {i}'s MLP input")
 
     def head_input(self, x, outputs, x_embed, input_seq=None):
         head_in = norm(x)
@@ -297,9 +263,7 @@ class StudyGPT(nn.Module):
 
     def mlp_router(self):
         """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
-        found = [r for r in (part.mlp_router(self) for part in self.parts) if r is not None]
-        assert len(found) <= 1, "two study parts route the MLPs"
-        return found[0] if found else None
+        return one_part_hook(self.parts, "mlp_router", self, what="route the MLPs")
 
     def routes_mlp(self):
         return any(part.routes_mlp for part in self.parts)
@@ -307,9 +271,7 @@ class StudyGPT(nn.Module):
     def block_residuals(self):
         """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
         that augments the residuals, or None: every residual plain."""
-        found = [f for f in (part.residuals(self) for part in self.parts) if f is not None]
-        assert len(found) <= 1, "two study parts augment the residuals"
-        return found[0] if found else None
+        return one_part_hook(self.parts, "residuals", self, what="augment the residuals")
 
     def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, augment=None):
         lambdas, v_lambdas = scalars

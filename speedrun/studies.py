@@ -1,8 +1,8 @@
 """The bundled studies (speedrun/study.py says what a study declares), in the order their flags appear in --help
 and their parts in a default variant name."""
 
-from speedrun.backout import (BACKOUT_FLAGS, BACKOUT_MODEL_FIELDS, Backout, backout_added_params, backout_config,
-                              backout_variant_name, resolve_backout_args)
+from speedrun.backout import (BACKOUT_FLAGS, BACKOUT_MODEL_FIELDS, Backout, R18Backout, backout_added_params,
+                              backout_config, backout_on_r18, backout_variant_name, resolve_backout_args)
 from speedrun.dlo import (DLO_DESCRIPTION, DLO_EXCLUDES, DLO_FLAGS, DLO_MODEL_FIELDS, DLORouters, dlo_added_params,
                          dlo_model_config, resolve_dlo_args)
 from speedrun.gated_skip import GATED_SKIP
@@ -16,7 +16,7 @@ STUDIES = (
     Study(name="backout", title="backout (docs/backout.md; every flag needs --backout-layers)", description=None,
           flags=BACKOUT_FLAGS, resolve=resolve_backout_args, model_config=backout_config,
           added_params=backout_added_params, model_fields=BACKOUT_MODEL_FIELDS, variant_name=backout_variant_name,
-          model_part=Backout),
+          model_part=Backout, on_r18=backout_on_r18, r18_model_part=R18Backout),
     Study(name="rolling", title="rolling skip (docs/backout.md)", description=None, flags=ROLLING_SKIP_FLAGS,
           resolve=resolve_rolling_skip_args, model_config=rolling_skip_config,
           added_params=rolling_skip_added_params, model_fields=ROLLING_SKIP_MODEL_FIELDS,

@@ -51,7 +51,12 @@ class Study:
     model_fields: (name, type, default) of the model config fields; the defaults mean off.
     model_part: its ModelPart class (below), built into a model whose config has the study on.
     variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
-      flags as given (e.g. dlo-groups2-init-slerp)."""
+      flags as given (e.g. dlo-groups2-init-slerp).
+    on_r18(config) -> None, or the one-line reason this resolved config does not run on --base r18 (record #18's
+      model, speedrun/r18): None (the default) runs the study there through the same hooks; a part whose hooks
+      #18's model cannot honour (mlp_extra: its blocks have no MLP input to widen) is refused there in one line.
+    r18_model_part: its ModelPart on --base r18 where that differs from model_part (backout's R18Backout replaces
+      #18's own backout)."""
     name: str  # the word the generic variant name starts with
     title: str  # the --help group's title
     description: str | None
@@ -64,6 +69,12 @@ class Study:
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
     excludes_why: str = ""
     model_part: type | None = None  # a ModelPart subclass: the study's parameters and model hooks
+    on_r18: Callable | None = None
+    r18_model_part: type | None = None
+
+    @property
+    def r18_part(self):
+        return self.r18_model_part or self.model_part
 
     def active(self, config):
         return is_set(getattr(config, self.flags[0].dest))
@@ -92,6 +103,27 @@ def reserve_scalars(inits, layout, name, init):
     layout[name] = (start, start + init.numel())
 
 
+def added_params_by_study(parts, scalar_layout, track_scalars=()):
+    """Parameters each study adds, named once by its study: the modules of its part (parts: {study name: part}) plus
+    its slices of the model's scalar vector, a slice counted under its name up to the first `.`, with `_` read as
+    `-` (the gated skip's `gated_skip` under `gated-skip`); the track's own slices (track_scalars) are not counted."""
+    counts = {name: sum(p.numel() for p in part.parameters()) for name, part in parts.items()}
+    study_names = {name.replace("-", "_"): name for name in parts}
+    for key, (start, end) in scalar_layout.items():
+        prefix = key.split(".")[0]
+        if prefix not in track_scalars:
+            name = study_names.get(prefix.replace("-", "_"), prefix)
+            counts[name] = counts.get(name, 0) + (end - start)
+    return counts
+
+
+def one_part_hook(parts, hook, *args, what):
+    """The one part's non-None answer to a hook only one part may answer (`what` it does, for the error), or None."""
+    found = [answer for answer in (getattr(part, hook)(*args) for part in parts) if answer is not None]
+    assert len(found) <= 1, f"two study parts {what}"
+    return found[0] if found else None
+
+
 def is_set(value):
     """Whether a flag's value turns something on: not None, False or an empty tuple (0 is a value: layer 0)."""
     return value is not None and value is not False and value != ()
@@ -101,7 +133,9 @@ class ModelPart(nn.Module):
     """What a study adds to the model (Study.model_part), built as model_part(model, model_cfg) in the model's
     __init__ when the study's first model field is not its default (in registry order, built_last parts after the
     others), and kept in model.study[study name]; the model and the training loop reach it only through the hooks
-    below. Backout, rolling skip, LAuReL, DLO and the gated skip are all written this way. Its
+    below, on every track's model alike (speedrun.model.StudyGPT, and --base r18's R18GPT, where x_embed is #18's
+    x0 and a study runs unless Study.on_r18 refuses it). Backout, rolling skip, LAuReL, DLO and the gated skip are
+    all written this way. Its
     parameters are then counted in added_params and trained (matrices by Muon, the rest by Adam). A scalar goes
     into the model's scalar vector instead, with model.add_scalars(name, init) during __init__ (Adam's scalar group,
     counted under its name's first part). Every hook is optional; the defaults change nothing.

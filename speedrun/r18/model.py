@@ -12,8 +12,8 @@ What differs from the #14 model (speedrun.model / train_gpt_medium.py):
 - 3 gated U-net skips (2->11, 4->10, 6->9), backout `x -= lambda * out[11]` (lambda init 0.5);
 - logits `23*sigmoid((z+5)/7.5)`; training loss summed (not averaged), multi-token in the first part of training.
 
-The structure is the record's 16-layer one (layer_pattern); the tiny preset shrinks widths, not depth. DLO
-(speedrun.dlo) expands it: the model then follows DLO's pattern of the record's (R18GPT.pattern).
+The structure is the record's 16-layer one (layer_pattern); the tiny preset shrinks widths, not depth. A study
+part may change it (ModelPart.layer_pattern: DLO's expansion): the model then follows the part's (R18GPT.pattern).
 """
 
 import math
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
-from speedrun.dlo import DLORouters
-from speedrun.r18.studies import attach_r18_studies, r18_dlo_config
-from speedrun.study import reserve_scalars
+from speedrun.r18.studies import MATRIX_MULTIPLIERS, SCALAR_MULTIPLIERS, part_config
+from speedrun.studies import STUDIES
+from speedrun.study import added_params_by_study, one_part_hook, reserve_scalars
 
 NUM_LAYERS = 16
 VALUE_EMBED_LAYERS = (0, 1, 2, 3, 4, 11, 12, 13, 14, 15)  # ve[0..4] twice: layers 0-4 and 11-15
@@ -61,13 +61,6 @@ def layer_pattern(num_layers):
         ve_index[layer] = j % NUM_VALUE_EMBEDS
     return dict(num_value_embeds=NUM_VALUE_EMBEDS, ve_index=ve_index, long_window_layers=list(LONG_WINDOW_LAYERS),
                 no_attention_layer=None, unet_pairs=list(SKIP_PAIRS), backout_layer=BACKOUT_LAYER)
-
-
-def model_layer_pattern(studies):
-    """The pattern of the model a run config builds: the record's, or with --dlo-groups DLO's expansion of it."""
-    if studies is None or not studies.dlo_groups:
-        return layer_pattern(NUM_LAYERS)
-    return DLORouters.layer_pattern(r18_dlo_config(studies), layer_pattern)
 
 
 class Yarn(nn.Module):
@@ -193,23 +186,15 @@ class Block(nn.Module):
         self.attn = Attention(cfg, has_value_embed)
         self.mlp = TransposedMLP(cfg.model_dim)
 
-    def output_projections(self):
-        """(attention's output matrix, the MLP's): zeroed, they make the block the identity (DLO)."""
-        return self.attn.qkvo_w[3 * self.attn.dim:], self.mlp.c_proj
-
-    def weight_matrices(self):
-        """Every weight matrix on its own, q, k, v and o apart (DLO's random init)."""
-        dim = self.attn.dim
-        return list(self.attn.qkvo_w.view(4, dim, dim)) + [p for p in self.parameters() if p is not self.attn.qkvo_w]
-
-    def forward(self, x, *attn_args, laurel=None, routed_mlp=None):
-        """laurel: LAuReL's residual function of this layer (speedrun.laurel), or None for the plain residuals.
-        routed_mlp: h -> the MLP residual computed by DLO's routers (ModelPart.mlp_router), or None."""
-        if laurel is None:
+    def forward(self, x, *attn_args, augment=None, routed_mlp=None):
+        """augment: None (plain residuals) or a function (x, f(x), site) -> the residual at site "attn" or "mlp"
+        (ModelPart.residuals). routed_mlp: h -> the MLP residual a part's router computes (ModelPart.mlp_router),
+        or None."""
+        if augment is None:
             x = x + self.attn(norm(x), *attn_args)
             return x + self.mlp(norm(x)) if routed_mlp is None else routed_mlp(x)
-        x = laurel(x, self.attn(norm(x), *attn_args), "attn")
-        return laurel(x, self.mlp(norm(x)), "mlp")
+        x = augment(x, self.attn(norm(x), *attn_args), "attn")
+        return augment(x, self.mlp(norm(x)), "mlp")
 
 
 def scalar_layout(num_layers):
@@ -223,17 +208,59 @@ def logit_map(logits):
     return 23 * torch.sigmoid((logits + 5) / 7.5)
 
 
+class R18DepthExpansion:
+    """How a depth-growing study part (DLO, speedrun.dlo.depth_expansion) reads #18's model: its per-layer scalars,
+    the record's model it grows from, and each block's output projections and weight matrices."""
+
+    @staticmethod
+    def expansion_scalars(model):
+        """The residual decay passes the residual at 1 and the re-injection at 0, the sa_lambdas are the layer's
+        own; the smear, backout and skip weights are shared (the padding keeps its init)."""
+        L, layout = model.cfg.num_layers, scalar_layout(model.cfg.num_layers)
+        return ("scalars", "x0_lambdas"), [
+            ("residual", model.scalars[layout["resid"]].view(L, 1), torch.ones(1)),
+            ("residual", model.x0_lambdas.view(L, 2), torch.zeros(2)),
+            ("source", model.scalars[layout["sa"]].view(L, 2), None),
+            ("shared", model.scalars[layout["sa"].stop:layout["used"]], None)]
+
+    @staticmethod
+    def unexpanded_model(model, max_seq_len=None):
+        """The record's model, on the model's device and dtype (max_seq_len: the config's)."""
+        device, dtype = model.lm_head.weight.device, model.embed.weight.dtype
+        return type(model)(model.cfg).to(device).cast_low_precision(dtype)
+
+    @staticmethod
+    def output_projections(block):
+        """(attention's output matrix, the MLP's): zeroed, they make the block the identity."""
+        return block.attn.qkvo_w[3 * block.attn.dim:], block.mlp.c_proj
+
+    @staticmethod
+    def weight_matrices(block):
+        """Every weight matrix on its own, q, k, v and o apart."""
+        qkvo_w, dim = block.attn.qkvo_w, block.attn.dim
+        return list(qkvo_w.view(4, dim, dim)) + [p for p in block.parameters() if p is not qkvo_w]
+
+
 class R18GPT(nn.Module):
     """Parameters are created in the record's order with the same initialisers, so one seed gives the record's
     initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`.
-    `studies`: a resolved run config whose study flags add their parts (speedrun.r18.studies), after the record's
-    parameters (so the record's initial weights stay those of the seed). The layers follow `pattern`
-    (model_layer_pattern: the record's unless DLO expands it)."""
+    `studies`: a resolved run config whose studies add their parts (speedrun.r18.studies states the rule) after
+    the record's parameters (so the record's initial weights stay those of the seed); the model calls their hooks
+    (ModelPart, speedrun/study.py) as the #14 model does, its x0 being the embedding the residual starts from. The
+    layers follow `pattern`: the record's, or a part's (ModelPart.layer_pattern, e.g. DLO's expansion)."""
+
+    depth_expansion = R18DepthExpansion
 
     def __init__(self, cfg: R18Config, studies=None):
         super().__init__()
+        # The config the parts are built from, and the studies in it: registry order, built_last ones after the others.
+        self.study_cfg = None if studies is None else part_config(studies)
+        in_model = [] if studies is None else sorted([study for study in STUDIES if study.in_model(self.study_cfg)],
+                                                     key=lambda study: study.r18_part.built_last)
         # What a study part reads of the layer pattern, and the layers' value embeddings, windows, skips, backout.
-        self.pattern = model_layer_pattern(studies)
+        own = [pattern for pattern in (study.r18_part.layer_pattern(self.study_cfg, layer_pattern)
+                                       for study in in_model) if pattern is not None]
+        self.pattern = own[0] if own else layer_pattern(NUM_LAYERS)
         self.cfg = cfg = replace(cfg, num_layers=len(self.pattern["ve_index"]))
         L, dim, vocab = cfg.num_layers, cfg.model_dim, padded_vocab(cfg.vocab_size)
         self.smear_gate = Gate(1)
@@ -259,13 +286,18 @@ class R18GPT(nn.Module):
             torch.ones(pad)]))
         self.split_embed = False
         self._label_parameters()
-        self.study = nn.ModuleDict()
+        self.own_backout = True  # x -= lambda*out[11] before the head; a part that replaces it turns it off
+        self.study, self.parts = nn.ModuleDict(), []
         self._study_scalar_inits, self.study_scalar_layout = [], {}
-        if studies is not None:
-            attach_r18_studies(self, studies)
+        for study in in_model:
+            self.study[study.name] = study.r18_part(self, self.study_cfg)
+            self.parts.append(self.study[study.name])
+        for part in self.parts:  # what a study adds trains by its shape (speedrun.r18.studies)
+            for p in part.parameters():
+                p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS
         if self._study_scalar_inits:
             self.study_scalars = nn.Parameter(torch.cat(self._study_scalar_inits))
-            self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = "scalars", 5.0, 0.0
+            self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = SCALAR_MULTIPLIERS
         del self._study_scalar_inits
 
     def add_scalars(self, name, init):
@@ -273,42 +305,36 @@ class R18GPT(nn.Module):
         the #14 model."""
         reserve_scalars(self._study_scalar_inits, self.study_scalar_layout, name, init)
 
-    def expansion_scalars(self):
-        """The per-layer scalars as DLO's expansion reads them (speedrun.dlo.expand_model): the residual decay
-        passes the residual at 1 and the re-injection at 0, the sa_lambdas are the layer's own; the smear, backout
-        and skip weights are shared (the padding keeps its init)."""
-        L, layout = self.cfg.num_layers, scalar_layout(self.cfg.num_layers)
-        return ("scalars", "x0_lambdas"), [
-            ("residual", self.scalars[layout["resid"]].view(L, 1), torch.ones(1)),
-            ("residual", self.x0_lambdas.view(L, 2), torch.zeros(2)),
-            ("source", self.scalars[layout["sa"]].view(L, 2), None),
-            ("shared", self.scalars[layout["sa"].stop:layout["used"]], None)]
-
     def block_matrix_params(self, block):
         """A block's hidden matrices with their weight-decay multipliers (DLO's layer-wise rates scale them)."""
         return [(p, p.wd_mul) for p in (block.attn.qkvo_w, block.mlp.c_fc, block.mlp.c_proj)]
-
-    def unexpanded_model(self, max_seq_len=None):
-        """The record's model DLO expands into this one, on its device and dtype (max_seq_len: the config's)."""
-        base = R18GPT(self.cfg).to(self.lm_head.weight.device)
-        return base.cast_low_precision(self.embed.weight.dtype)
 
     def scalar_slice(self, name):
         a, b = self.study_scalar_layout[name]
         return self.study_scalars[a:b]
 
     def added_params(self):
-        """Parameters each study adds: its modules plus its slices of `study_scalars` (counted under the name's
-        first part), as the #14 model reports them."""
-        counts = {name: sum(p.numel() for p in module.parameters()) for name, module in self.study.items()}
-        for key, (a, b) in self.study_scalar_layout.items():
-            study = key.split(".")[0]
-            counts[study] = counts.get(study, 0) + (b - a)
-        if "dlo" in self.study:  # its routers and everything the expansion adds to the record's model
-            with torch.device("meta"):
-                record = sum(p.numel() for p in R18GPT(self.cfg).parameters())
-            counts["dlo"] = sum(p.numel() for p in self.parameters()) - record
+        """Parameters each study adds, named as on the #14 model (speedrun.study.added_params_by_study); a part that
+        grows the model (ModelPart.base_config) counts everything beyond the record's model, its new layers
+        included."""
+        counts = added_params_by_study(self.study, self.study_scalar_layout)
+        for name, part in self.study.items():
+            if part.base_config(self.study_cfg) is not None:
+                with torch.device("meta"):
+                    record = sum(p.numel() for p in R18GPT(self.cfg).parameters())
+                counts[name] = sum(p.numel() for p in self.parameters()) - record
         return counts
+
+    def named_scalars(self):
+        """The record's smear, skip and (unless a part replaced it) backout scalars, then every part's."""
+        layout = scalar_layout(len(self.blocks))
+        s = self.scalars.detach().float().cpu()
+        out = dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6)) if self.own_backout else {}
+        out.update(smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
+                   skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)])
+        for part in self.parts:
+            out.update({name: round(value, 6) for name, value in part.named_scalars(self).items()})
+        return out
 
     def _label_parameters(self):
         def mark(p, label, lr_mul=1.0, wd_mul=1.0):
@@ -363,40 +389,36 @@ class R18GPT(nn.Module):
         x = x0 = norm(x[None])
         x02 = norm(self.embed2(input_seq)[None])
 
-        skip_from = {src: k for k, (src, _) in enumerate(pattern["unet_pairs"])}
-        skip_to = {dst: k for k, (_, dst) in enumerate(pattern["unet_pairs"])}
-        backout = self.study["backout"] if "backout" in self.study else None
-        backout_layers = (pattern["backout_layer"],) if backout is None else backout.sources
-        laurel = self.study["laurel"].residuals(self) if "laurel" in self.study else None
-        router = self.study["dlo"].mlp_router(self) if "dlo" in self.study else None
-        stored, outputs = {}, {}
+        skip_into = {dst: (k, src) for k, (src, dst) in enumerate(pattern["unet_pairs"])}
+        residuals = one_part_hook(self.parts, "residuals", self, what="augment the residuals")
+        router = one_part_hook(self.parts, "mlp_router", self, what="route the MLPs")
+        outputs = []
         for i, block in enumerate(self.blocks):
-            if i in skip_to:
-                k = skip_to[i]
+            for part in self.parts:
+                x = part.block_input(self, i, x, outputs)
+            if i in skip_into:
+                k, src = skip_into[i]
                 weight = torch.sigmoid(skip_lambdas[k]) * 2 * torch.sigmoid(gate(self.skip_gates[k], x0))
-                x = x + weight * stored[k]
+                x = x + weight * outputs[src]
             if i == 0:
                 x = (resid_lambdas[0] + x0_lambdas[0, 0]) * x + x0_lambdas[0, 1] * x02
             else:
                 x = resid_lambdas[i] * x + x0_lambdas[i, 0] * x0 + x0_lambdas[i, 1] * x02
             x = block(x, ve_at.get(i), sa_lambdas[i], cu_seqlens, max_len, windows[i], self.yarn, attention,
-                      i in pattern["long_window_layers"], laurel=laurel(i) if laurel is not None else None,
+                      i in pattern["long_window_layers"], augment=None if residuals is None else residuals(i),
                       routed_mlp=None if router is None else partial(router, i, block))
-            if i in skip_from:
-                stored[skip_from[i]] = x
-            if i in backout_layers:
-                outputs[i] = x
-        if backout is None:
-            x = norm(x - backout_lambda * outputs[pattern["backout_layer"]])
-        else:
-            x = backout.head_input(self, x, outputs, x0)
-        loss = self.head_loss(x, target_seq, mtp_weights)
-        if router is None:
-            return loss
-        skip_losses = []
-        router.finish(input_seq, ws_long, skip_losses)  # none in eval mode
-        # The training loss is summed over tokens, the skip loss a mean: per token it weighs as on #14.
-        return loss + input_seq.numel() * sum(skip_losses) if skip_losses else loss
+            for part in self.parts:
+                x = part.block_output(self, i, x, outputs)
+            outputs.append(x)
+        head_in = norm(x - backout_lambda * outputs[pattern["backout_layer"]]) if self.own_backout else norm(x)
+        for part in self.parts:
+            head_in = part.head_input(self, head_in, outputs, x0, input_seq)
+        loss = self.head_loss(head_in, target_seq, mtp_weights)
+        aux_losses = []
+        if router is not None:
+            router.finish(input_seq, ws_long, aux_losses)  # none in eval mode
+        # The training loss is summed over tokens, an auxiliary loss a mean: per token it weighs as on #14.
+        return loss + input_seq.numel() * sum(aux_losses) if aux_losses else loss
 
     def head_loss(self, x, target_seq, mtp_weights):
         if not self.training:  # mean over 4 chunks (memory), logits in fp32

@@ -4,8 +4,8 @@ batches and schedules) with the run log, checkpoints and resume of the #14 path 
 Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
 sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
 8 x --train-seq-len tokens at the end of the batch ramp (131k/524k of that at the start, as the record).
-The study flags that run on r18 add to its model by the rule of speedrun.r18.studies. --init-from loads a
-checkpoint's model weights (DLO's routers expand it instead, speedrun.dlo).
+The studies add to its model by the rule of speedrun.r18.studies, through the ModelPart hooks as on #14.
+--init-from loads a checkpoint's model weights (unless a study part loads it: DLO's routers expand it).
 
 --compile on (auto: on CUDA) compiles the whole model as the record does (fullgraph, dynamic=False) for training
 and validation; --compile off runs it eager. The compiled model is specialised on the batch size, both windows,
@@ -25,10 +25,9 @@ from speedrun.data import VIRTUAL_RANKS, find_shards
 from speedrun.errors import UsageError
 from speedrun.r18.attention import kernel_history, resolve_attention
 from speedrun.r18.data import MAX_DOC_TOKENS, BosAlignedStream, ValidationStream
-from speedrun.r18.model import R18Config, R18GPT, scalar_layout
+from speedrun.r18.model import R18Config, R18GPT
 from speedrun.r18.optim import R18Optimizers
 from speedrun.r18.schedule import R18Schedule
-from speedrun.r18.studies import study_named_scalars
 from speedrun.logformat import added_params_line
 from speedrun.runlog import LogWriter, write_preamble
 from speedrun.training import (check_data, check_log_dir, compiles_model, configure_inductor, kernel_warmup,
@@ -57,16 +56,6 @@ def r18_config(args):
                          f"({args.num_heads} x {args.head_dim} != {args.model_dim})")
     return R18Config(model_dim=args.model_dim, num_heads=args.num_heads, head_dim=args.head_dim,
                      block_size=args.block_size, max_seq_len=max(args.val_seq_len, args.train_seq_len * 8))
-
-
-def named_scalars(model):
-    layout = scalar_layout(len(model.blocks))
-    s = model.scalars.detach().float().cpu()
-    # A backout study replaces the record's: its lambdas are reported instead (under backout.*).
-    own_backout = {} if "backout" in model.study else dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6))
-    return dict(**own_backout, smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
-                skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)],
-                **{name: round(value, 6) for name, value in study_named_scalars(model).items()})
 
 
 class Windows:
@@ -285,8 +274,8 @@ def run_r18(args, proc, script):
     args = replace(args, warmup_steps=len(graphs) if warm_up else 0)  # the config line says what ran
     torch.manual_seed(args.seed)
     model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
-    routers = model.study["dlo"] if "dlo" in model.study else None
-    if args.init_from and not (routers is not None and routers.init_from(model, init_state, args)):
+    # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
+    if args.init_from and not any(part.init_from(model, init_state, args) for part in model.parts):
         load_model_weights(model, init_state, args.init_from)
     if args.resume:
         load_model_weights(model, resume_state, args.resume)
@@ -323,16 +312,16 @@ def run_r18(args, proc, script):
 
     def validate_and_log(step, _, train_ms):
         val_loss = validate(train_model, args, proc, validation_windows(schedule, step, N), attention)
-        log_validation(log, step, N, val_loss, train_ms, named_scalars(model))
+        log_validation(log, step, N, val_loss, train_ms, model.named_scalars())
 
     def train(step, _):
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
-        if routers is not None:
-            routers.before_step(model, args, step)
+        for part in model.parts:
+            part.before_step(model, args, step)
         forward_backward(train_model, stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size),
                          mtp, (windows.short, windows.long), attention, proc)
-        if routers is not None:
-            routers.after_step(model, opts, args, proc)
+        for part in model.parts:
+            part.after_step(model, opts, args, proc)
         opts.step(step)
 
     def save(steps_done, train_ms):

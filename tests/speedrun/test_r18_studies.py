@@ -1,6 +1,6 @@
 """Study flags on --base r18 (speedrun/r18/studies.py states the rule): each accepted flag builds, runs forward and
 backward at a tiny size from its init, equals the record's loss there where the study starts as the identity,
-counts its parameters, trains them in the stated optimiser groups; the others are refused in one line."""
+counts its parameters, trains them in the stated optimiser groups; what a study refuses there is one line."""
 
 import pytest
 import torch
@@ -60,6 +60,9 @@ AT_INIT = [
     (["--laurel", "rw+pa", "--laurel-where", "block"], "record"),
     (["--laurel", "rw+lr+pa"], "record"),
     (["--laurel", "rw", "--backout-layers", "11", "--backout-mode", "subtract"], "record"),
+    (["--rolling-skip"], "record"),  # a = 0, b = 1: the plain hand-over
+    (["--gated-skip-layer", "3"], "differs"),  # the gate starts at 0.018
+    (["--rolling-skip", "--laurel", "rw", "--gated-skip-layer", "9"], "differs"),
 ]
 
 
@@ -73,6 +76,14 @@ def test_each_accepted_study_flag_runs_forward_and_backward_from_its_init(flags,
         assert not torch.equal(loss, record_loss)
 
 
+@pytest.mark.parametrize("flags", [["--rolling-skip"], ["--gated-skip-layer", "3"]])
+def test_studies_of_the_generic_hooks_train_their_scalars_on_r18(flags):
+    """Rolling and gated skip declare nothing for r18: its block_input and head_input hooks run them there."""
+    model = model_of(run_config(*flags))
+    loss_and_grads(model)
+    assert model.study_scalars.grad is not None and (model.study_scalars.grad != 0).all()
+
+
 def test_no_backout_equals_a_sum_backout_whose_sources_start_at_zero():
     none, _ = loss_and_grads(model_of(run_config("--backout-layers", "none")))
     zero_sum, _ = loss_and_grads(model_of(run_config("--backout-layers", "3")))  # x_lambda 1, lambda 0
@@ -83,7 +94,9 @@ def test_variant_names_and_added_params_as_on_r14():
     cases = {("--backout-layers", "10,embed"): ("backout-L10+embed", {"backout": 3}),
              ("--backout-layers", "none"): ("backout-none", {"backout": 0}),
              ("--laurel", "rw", "--laurel-where", "both"): ("laurel-rw-where-both", {"laurel": 16 * 2 * 2}),
-             ("--laurel", "lr"): ("laurel-lr-r32", {"laurel": 16 * 2 * 32 * 64})}
+             ("--laurel", "lr"): ("laurel-lr-r32", {"laurel": 16 * 2 * 32 * 64}),
+             ("--rolling-skip",): ("rolling-skip", {"rolling": 2 * 13}),
+             ("--gated-skip-layer", "3"): ("gated-skip-L3", {"gated-skip": 1})}
     for flags, (variant, added) in cases.items():
         config = run_config(*flags)
         assert (config.variant, model_of(config).added_params()) == (variant, added)
@@ -105,8 +118,6 @@ def test_added_parameters_join_the_groups_the_rule_states():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--gated-skip-layer", "3"], "--gated-skip-layer: this study does not run on --base r18 yet"),
-    (["--rolling-skip"], "--rolling-skip: this study does not run on --base r18 yet"),
     (["--dlo-groups", "2"], "--dlo-groups needs --init-from CHECKPOINT"),  # DLO runs on r18 (test_r18_dlo.py)
     (["--dlo-groups", "2", "--laurel", "rw"], "--dlo-groups cannot be combined with --laurel"),
     (["--dlo-groups", "2", "--backout-layers", "10"], "--dlo-groups cannot be combined with --backout-layers"),

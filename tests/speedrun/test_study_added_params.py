@@ -67,3 +67,28 @@ def test_declared_count_of_flag_sets_beyond_the_arms(flags):
     cfg = track.model_config(track.resolve_args(["--preset", "tiny"] + flags))
     declared = sum(study.added_params(cfg, track.GPT) for study in STUDIES)
     assert declared == params(track.GPT, cfg) - params(track.GPT, replace(cfg, **STUDY_OFF))
+
+
+# One flag set per bundled study on --base r18 (a new bundled study must add its own).
+R18_FLAGS = {"backout": ["--backout-layers", "10,embed"], "rolling": ["--rolling-skip"],
+             "laurel": ["--laurel", "rw+lr+pa"], "dlo": ["--dlo-groups", "2", "--init-from", __file__],
+             "gated-skip": ["--gated-skip-layer", "3"]}
+
+
+def r18_model(*flags):
+    import train_gpt_medium as T
+    from speedrun.r18.model import R18GPT
+    from speedrun.r18.train import r18_config
+    config = T.resolve_args(["--preset", "tiny", "--base", "r18", *flags])
+    with torch.device("meta"):
+        return R18GPT(r18_config(config), studies=config)
+
+
+def test_every_bundled_study_is_named_once_on_r18():
+    """The added_params line on --base r18 names the study once, under its name, with everything it adds beyond the
+    record's model (the naming rule is the #14 model's: speedrun.study.added_params_by_study)."""
+    assert set(R18_FLAGS) == {study.name for study in STUDIES}
+    record = sum(p.numel() for p in r18_model().parameters())
+    for name, flags in R18_FLAGS.items():
+        model = r18_model(*flags)
+        assert model.added_params() == {name: sum(p.numel() for p in model.parameters()) - record}, name

@@ -1,0 +1,125 @@
+"""A study written as one module (here, in the test: a Study with a one-scalar ModelPart) runs on --base r18 and on
+#14 through the ModelPart hooks, with no edit of speedrun/r18/ or speedrun/model.py; a study that refuses r18 in
+its own declaration (Study.on_r18), or whose part needs a hook #18's model has no place for, is refused in one
+line. CPU, tiny preset; the new study is registered by replacing STUDIES where the models read it."""
+
+from dataclasses import field, fields, make_dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import speedrun.model
+import speedrun.r18.model
+import speedrun.r18.studies
+import train_gpt_medium as T
+from speedrun.errors import UsageError
+from speedrun.model import GPTConfig
+from speedrun.r18.studies import check_r18_studies
+from speedrun.studies import STUDIES
+from speedrun.study import Flag, ModelPart, Study
+from test_r18_studies import loss_and_grads, model_of
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: thread overhead dominates
+
+
+class HeadScale(ModelPart):
+    """The head reads (1 + s) * its input, s one learned scalar (0 at init), reserved as `head_scale`."""
+
+    def __init__(self, model, cfg):
+        super().__init__()
+        model.add_scalars("head_scale", torch.zeros(1))
+
+    def head_input(self, model, head_in, outputs, x_embed, input_seq):
+        return head_in * (1 + model.scalar_slice("head_scale")[0]).type_as(head_in)
+
+    def named_scalars(self, model):
+        return {"head-scale.s": model.scalar_slice("head_scale")[0].item()}
+
+
+def new_study(name="head-scale", **declared):
+    """The hyphenated study (its scalar slice named with `_`), with what the keywords declare."""
+    return Study(name=name, title=name, description=None,
+                 flags=(Flag(f"--{name}", "the head reads (1 + s) x its input", resume=True, kind=bool,
+                             options=dict(action="store_true")),),
+                 resolve=lambda config, pattern: {},
+                 model_config=lambda model_cfg, config: dict(head_scale=True) if config.head_scale else {},
+                 added_params=lambda model_cfg, model_class: int(model_cfg.head_scale),
+                 model_fields=(("head_scale", bool, False),), **{"model_part": HeadScale, **declared})
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """Registers a study (new_study's keywords) where the models and r18's study rule read the registry."""
+    def register(**declared):
+        studies = STUDIES + (new_study(**declared),)
+        for module in (speedrun.model, speedrun.r18.model, speedrun.r18.studies):
+            monkeypatch.setattr(module, "STUDIES", studies)
+        return studies[-1]
+    return register
+
+
+def r18_config_with_the_study(on=True):
+    """The tiny r18 run config (resolved before the study is registered) with the new study's flag."""
+    return SimpleNamespace(**vars(T.resolve_args(["--preset", "tiny", "--base", "r18"])), head_scale=on)
+
+
+def scalar_grad(model, vector):
+    start, end = model.scalar_layout["head_scale"] if hasattr(model, "scalar_layout") \
+        else model.study_scalar_layout["head_scale"]
+    return vector.grad[start:end]
+
+
+def test_a_new_study_runs_on_r18_through_the_hooks(registered):
+    config = r18_config_with_the_study()
+    registered()
+    check_r18_studies(config)  # declares nothing: runs
+    model = model_of(config)
+    loss, _ = loss_and_grads(model)
+    assert torch.isfinite(loss) and scalar_grad(model, model.study_scalars).abs().item() > 0
+    assert model.added_params() == {"head-scale": 1}  # once, under the study's name
+    assert model.named_scalars()["head-scale.s"] == 0.0
+
+
+def test_a_new_study_runs_on_r14_through_the_hooks(registered):
+    base = T.model_config(T.resolve_args(["--preset", "tiny"]))
+    registered()
+    # The model config's study fields are made from the registry when speedrun.model is imported: the new field
+    # joins them here as the registry would have made it.
+    config_class = make_dataclass("WithHeadScale", [("head_scale", bool, field(default=False))], bases=(GPTConfig,),
+                                  kw_only=True)
+    cfg = config_class(**{f.name: getattr(base, f.name) for f in fields(base)}, head_scale=True)
+    torch.manual_seed(0)
+    model = T.GPT(cfg, max_seq_len=64)
+    with torch.no_grad():  # the zero lm head would pass no gradient to the head's input
+        model.lm_head_w.normal_()
+    g = torch.Generator().manual_seed(1)
+    inputs, targets = torch.randint(0, 2000, (2, 64), generator=g)
+    model(inputs, targets, torch.tensor(2)).backward()
+    assert scalar_grad(model, model.scalars).abs().item() > 0
+    assert model.added_params() == {"head-scale": 1}
+    assert model.named_scalars()["head-scale.s"] == 0.0
+
+
+class WidensTheMLP(HeadScale):
+    def mlp_extra(self, model, i, outputs, x_embed, input_seq):
+        return None
+
+
+@pytest.mark.parametrize("declared,message", [
+    (dict(on_r18=lambda config: "--head-scale: not on --base r18 (the test says so)"),
+     "^--head-scale: not on --base r18 \\(the test says so\\)$"),
+    (dict(model_part=WidensTheMLP), "^--head-scale: not on --base r18 \\(its part's mlp_extra widens an MLP's input"),
+    # an r18 part of its own is what r18 checks and builds
+    (dict(model_part=WidensTheMLP, r18_model_part=HeadScale), None),
+])
+def test_a_study_is_refused_on_r18_by_its_own_declaration_in_one_line(registered, declared, message):
+    config, off = r18_config_with_the_study(), r18_config_with_the_study(on=False)
+    registered(**declared)
+    if message is None:
+        check_r18_studies(config)
+        return
+    with pytest.raises(UsageError, match=message) as refused:
+        check_r18_studies(config)
+    assert "\n" not in str(refused.value)
+    check_r18_studies(off)  # off: nothing to refuse
