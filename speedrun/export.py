@@ -86,7 +86,7 @@ def folded_tests(config, omitted=(), active=()):
     studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
     base = getattr(config, "base", None)
     # The file imports no project module, so its log embeds none (runlog.package_sources would find none).
-    folds = {"parsed['base'] == 'r18'": base == "r18", "args.base == 'r18'": base == "r18",
+    folds = {"parsed['base'] == 'r18'": base == "r18", ON_R18: base == "r18",
              "asks_for_export(argv)": False, "package_sources()": ()}
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:
@@ -237,6 +237,37 @@ def replace_spans(text, edits):
     for first, last, new in sorted(spans, key=lambda span: span[0], reverse=True):
         encoded = encoded[:first] + new + encoded[last:]
     return encoded.decode()
+
+
+# The test of --base r18 in the run config (folded like the others; parsed_module also reads it for the studies'
+# parts: study_parts_of_base).
+ON_R18 = "args.base == 'r18'"
+
+
+def study_parts_of_base(text, on_r18):
+    """The source with each `Study(...)` call's part keywords kept for the export's base only: on r18, a
+    `r18_model_part=X` becomes its `model_part=X`; elsewhere `on_r18=` and `r18_model_part=` go (speedrun/study.py:
+    only --base r18 reads them). So an r14 file with backout on holds no R18Backout, an r18 file no #14 Backout."""
+    tree = ast.parse(text)
+    edits = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Study"):
+            continue
+        keywords = {k.arg: k for k in call.keywords}
+        r18_part = keywords.get("r18_model_part")
+        if on_r18 and r18_part is not None and "model_part" in keywords:
+            edits.append((keywords["model_part"].value, ast.get_source_segment(text, r18_part.value)))
+        dropped = {"r18_model_part"} if on_r18 else {"on_r18", "r18_model_part"}
+        arguments = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+        for before, argument in zip([None] + arguments, arguments):
+            if isinstance(argument, ast.keyword) and argument.arg in dropped:
+                if before is None:
+                    raise UsageError(f"{EXPORT_FLAG}: Study({argument.arg}=...) must follow its other arguments")
+                # from the end of the argument before it: the comma goes with the keyword
+                span = ast.Constant(None, lineno=before.end_lineno, col_offset=before.end_col_offset,
+                                    end_lineno=argument.end_lineno, end_col_offset=argument.end_col_offset)
+                edits.append((span, ""))
+    return replace_spans(text, edits) if edits else text
 
 
 def replace_span(text, node, by):
@@ -589,7 +620,7 @@ def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
     text, folded_methods = fold_constants(omit_arguments(source, omitted), dict(folds), where)
-    text = drop_dead_constants(drop_unreachable(text))
+    text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), dict(folds).get(ON_R18, False))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
     docstring = ast.get_docstring(ast.parse(text), clean=True)

@@ -247,8 +247,9 @@ class StudyGPT(nn.Module):
 
     def mlp_extra(self, i, outputs, x_embed, input_seq):
         """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
+        # `if self.parts`: with no study on, an export folds the hook to None where it is called
         return one_part_hook(self.parts, "mlp_extra", self, i, outputs, x_embed, input_seq,
-                             what=f"widen layer {i}'s MLP input")
+                             what=f"widen layer {i}'s MLP input") if self.parts else None
 
     def head_input(self, x, outputs, x_embed, input_seq=None):
         head_in = norm(x)
@@ -263,7 +264,7 @@ class StudyGPT(nn.Module):
 
     def mlp_router(self):
         """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
-        return one_part_hook(self.parts, "mlp_router", self, what="route the MLPs")
+        return one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
 
     def routes_mlp(self):
         return any(part.routes_mlp for part in self.parts)
@@ -271,7 +272,7 @@ class StudyGPT(nn.Module):
     def block_residuals(self):
         """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
         that augments the residuals, or None: every residual plain."""
-        return one_part_hook(self.parts, "residuals", self, what="augment the residuals")
+        return one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
 
     def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, augment=None):
         lambdas, v_lambdas = scalars

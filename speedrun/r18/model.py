@@ -390,8 +390,9 @@ class R18GPT(nn.Module):
         x02 = norm(self.embed2(input_seq)[None])
 
         skip_into = {dst: (k, src) for k, (src, dst) in enumerate(pattern["unet_pairs"])}
-        residuals = one_part_hook(self.parts, "residuals", self, what="augment the residuals")
-        router = one_part_hook(self.parts, "mlp_router", self, what="route the MLPs")
+        # `if self.parts`: with no study on, an export folds both to None and the branches they decide
+        residuals = one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
+        router = one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
         outputs = []
         for i, block in enumerate(self.blocks):
             for part in self.parts:

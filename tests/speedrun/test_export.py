@@ -8,7 +8,7 @@ import train_gpt as S
 import train_gpt_medium as T
 from speedrun.cli import with_fixed_flags
 from speedrun.errors import UsageError
-from speedrun.export import fixed_flags, split_export_flags
+from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
 
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
@@ -65,6 +65,8 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
                    and ast.unparse(n.targets[0]) == "STUDIES")
     assert len(studies.value.elts) == 2
     assert "the backout study (--backout-layers 4)" in text  # the comment where the study enters
+    # backout's r18 part and refusals are --base r18's only: not in an r14 file
+    assert "R18Backout" not in text and "backout_on_r18" not in text and "class Backout(" in text
 
 
 def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
@@ -86,6 +88,19 @@ def test_r18_export_folds_away_the_modules_of_its_studies_that_are_off(tmp_path)
     with_laurel = inlined_sections(export(tmp_path, T, "--base", "r18", "--laurel", "rw"))
     assert "speedrun/laurel.py" in with_laurel
     assert "speedrun/backout.py" not in with_laurel and "speedrun/dlo.py" not in with_laurel
+
+
+STUDY_CALL = ("S = Study(name='s', flags=F,\n          model_part=Part, on_r18=refuse, r18_model_part=R18Part)\n"
+              "T = Study(name='t', model_part=Other)\n")
+
+
+@pytest.mark.parametrize("on_r18, expected", [
+    (False, "S = Study(name='s', flags=F,\n          model_part=Part)\nT = Study(name='t', model_part=Other)\n"),
+    (True, "S = Study(name='s', flags=F,\n          model_part=R18Part, on_r18=refuse)\n"
+           "T = Study(name='t', model_part=Other)\n"),
+])
+def test_a_study_keeps_the_part_of_the_export_base_only(on_r18, expected):
+    assert study_parts_of_base(STUDY_CALL, on_r18) == expected
 
 
 def test_the_file_leaves_out_the_run_flags_its_run_does_not_use(tmp_path):
