@@ -3,28 +3,18 @@
 import math
 
 import pytest
-import torch
 
 import train_gpt_medium as T
-from speedrun.data import TokenStream, find_shards
+from study_training import trained_steps
 
 ARGV = ["--preset", "tiny", "--gated-skip-layer", "2"]
 
 
 def test_gate_gets_a_gradient_within_two_training_steps(shard_dir):
-    args = T.resolve_args(ARGV)
-    torch.manual_seed(0)
-    model = T.GPT(T.model_config(args), max_seq_len=args.train_seq_len)
-    opt = T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-    proc = T.Dist()
-    stream = TokenStream(find_shards(str(shard_dir / "syn_train_*.bin"), "x"), args.train_seq_len, "x")
-    start, end = model.scalar_layout["gated_skip"]
-    window = torch.tensor(2)
     grads = []
-    for step in range(2):
-        T.train_step(model, stream.next_batch(proc.virtual_ranks), window, proc)
+    for model in trained_steps(T, ARGV, str(shard_dir / "syn_train_*.bin"), steps=2):  # after each backward
+        start, end = model.scalar_layout["gated_skip"]
         grads.append(model.scalars.grad[start:end].clone())
-        opt.step(step, args.num_iterations)
     # step 0: the lm head is still zero, nothing reaches the head's input; step 1: the gate learns
     assert grads[0].abs().sum() == 0 and grads[1].abs().sum() > 0
     assert model.added_params() == {"gated-skip": 1}  # the study once, under its name
