@@ -227,7 +227,7 @@ class StudyGPT(nn.Module):
         residuals = self.block_residuals()
         for i, block in enumerate(self.blocks):
             for part in self.parts:
-                x = part.block_input(self, i, x, outputs)
+                x = part.block_input(self, i, x, outputs, x_embed)
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask

@@ -35,7 +35,7 @@ class RollingSkip(ModelPart):
         super().__init__()
         model.add_scalars("rolling", torch.tensor([0.0, 1.0]).repeat(cfg.num_layers - 3))
 
-    def block_input(self, model, i, x, outputs):
+    def block_input(self, model, i, x, outputs, x_embed):
         # Replaces the plain hand-over of out[i-1]; the U-net skip and the block's own mix follow as usual.
         if i < 3:
             return x

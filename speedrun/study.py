@@ -139,7 +139,8 @@ class ModelPart(nn.Module):
     parameters are then counted in added_params and trained (matrices by Muon, the rest by Adam). A scalar goes
     into the model's scalar vector instead, with model.add_scalars(name, init) during __init__ (Adam's scalar group,
     counted under its name's first part). Every hook is optional; the defaults change nothing.
-      block_input(model, i, x, outputs): layer i's input, given the one it would get and the outputs so far
+      block_input(model, i, x, outputs, x_embed): layer i's input, given the one it would get, the outputs so far
+        and the embedding the residual started from
       block_output(model, i, x, outputs): layer i's output, given the one it computed
       head_input(model, head_in, outputs, x_embed, input_seq): the head's input, given the one it would read
         (norm of the final residual outputs[-1]), every layer's output, the embedding the residual started from and
@@ -162,7 +163,7 @@ class ModelPart(nn.Module):
     track_layer_pattern) -> the model's per-layer structure (None: the track's at cfg.num_layers), and reports
     what it adds against base_config(cfg) (the model it grows from; None: counted from its own parameters)."""
 
-    def block_input(self, model, i, x, outputs):
+    def block_input(self, model, i, x, outputs, x_embed):
         return x
 
     def block_output(self, model, i, x, outputs):

@@ -13,10 +13,10 @@ def given_study_flags(parsed):
 
 def flag_piece(prefix, flag, value):
     """One generic name piece: the flag without `--` and the study's prefix, then its value (numbers joined on,
-    words after a dash, lists joined with +; a switch is its name alone)."""
+    words after a dash, lists joined with +; a switch is its name alone, or nothing when it is the study's name)."""
     name = flag.removeprefix("--").removeprefix(prefix + "-")
     if value is True:
-        return name
+        return "" if name == prefix else name
     if isinstance(value, (list, tuple)):
         value = "+".join(map(str, value))
     if isinstance(value, float):
@@ -33,5 +33,6 @@ def default_variant(given, config, extra=()):
         pieces = [flag_piece(study.name, f, v) for name, f, v in given if name == study.name]
         if not pieces:
             continue
-        parts.append(study.variant_name(config) if study.variant_name else "-".join([study.name] + pieces))
+        generic = "-".join([study.name] + [piece for piece in pieces if piece])
+        parts.append(study.variant_name(config) if study.variant_name else generic)
     return "_".join(p for p in parts if p) or "baseline"

@@ -396,7 +396,7 @@ class R18GPT(nn.Module):
         outputs = []
         for i, block in enumerate(self.blocks):
             for part in self.parts:
-                x = part.block_input(self, i, x, outputs)
+                x = part.block_input(self, i, x, outputs, x0)
             if i in skip_into:
                 k, src = skip_into[i]
                 weight = torch.sigmoid(skip_lambdas[k]) * 2 * torch.sigmoid(gate(self.skip_gates[k], x0))

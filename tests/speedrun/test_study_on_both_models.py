@@ -33,6 +33,11 @@ class HeadScale(ModelPart):
     def head_input(self, model, head_in, outputs, x_embed, input_seq):
         return head_in * (1 + model.scalar_slice("head_scale")[0]).type_as(head_in)
 
+    def block_input(self, model, i, x, outputs, x_embed):
+        if i == 0:  # kept for the tests: x_embed, the embedding the residual started from, is layer 0's input
+            self.layer0_input_and_embed = (x.detach(), x_embed.detach())
+        return x
+
     def named_scalars(self, model):
         return {"head-scale.s": model.scalar_slice("head_scale")[0].item()}
 
@@ -79,6 +84,7 @@ def test_a_new_study_runs_on_r18_through_the_hooks(registered):
     assert torch.isfinite(loss) and scalar_grad(model, model.study_scalars).abs().item() > 0
     assert model.added_params() == {"head-scale": 1}  # once, under the study's name
     assert model.named_scalars()["head-scale.s"] == 0.0
+    assert torch.equal(*model.study["head-scale"].layer0_input_and_embed)
 
 
 def test_a_new_study_runs_on_r14_through_the_hooks(registered):
@@ -99,6 +105,7 @@ def test_a_new_study_runs_on_r14_through_the_hooks(registered):
     assert scalar_grad(model, model.scalars).abs().item() > 0
     assert model.added_params() == {"head-scale": 1}
     assert model.named_scalars()["head-scale.s"] == 0.0
+    assert torch.equal(*model.study["head-scale"].layer0_input_and_embed)
 
 
 class WidensTheMLP(HeadScale):

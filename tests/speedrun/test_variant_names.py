@@ -67,3 +67,16 @@ def test_hand_started_arms_of_a_bundled_study_do_not_pool(study, tmp_path):
         names.setdefault(variant(argv), []).append(arm)
     pooled = {name: arms for name, arms in names.items() if len(arms) > 1}
     assert not pooled
+
+
+def test_a_switch_named_as_its_study_names_the_run_once(monkeypatch):
+    """A study without a namer whose switch is its own name (--embed-mix of study embed-mix) was named
+    embed-mix-embed-mix."""
+    import speedrun.variants as variants
+    from speedrun.study import Flag
+    switch = Flag("--embed-mix", "x", resume=True, kind=bool, options=dict(action="store_true"))
+    study = type("StudyStandIn", (), dict(name="embed-mix", flags=(switch,), variant_name=None))
+    monkeypatch.setattr(variants, "STUDIES", (study,))
+    given = variants.given_study_flags({"embed_mix": True})
+    assert variants.default_variant(given, config=None) == "embed-mix"
+    assert variants.flag_piece("rolling", "--rolling-skip", True) == "skip"  # a switch of another name stays
