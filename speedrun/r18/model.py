@@ -393,6 +393,10 @@ class R18GPT(nn.Module):
         # `if self.parts`: with no study on, an export folds both to None and the branches they decide
         residuals = one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
         router = one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
+        # The study parts' hooks may read any layer's output; without parts only the skips' sources and the backout
+        # layer are kept, so an eager validation holds no more activations than the record's (None in the others).
+        kept = (range(len(self.blocks)) if self.parts
+                else {src for _, src in skip_into.values()} | {pattern["backout_layer"]})
         outputs = []
         for i, block in enumerate(self.blocks):
             for part in self.parts:
@@ -410,7 +414,7 @@ class R18GPT(nn.Module):
                       routed_mlp=None if router is None else partial(router, i, block))
             for part in self.parts:
                 x = part.block_output(self, i, x, outputs)
-            outputs.append(x)
+            outputs.append(x if i in kept else None)
         head_in = norm(x - backout_lambda * outputs[pattern["backout_layer"]]) if self.own_backout else norm(x)
         for part in self.parts:
             head_in = part.head_input(self, head_in, outputs, x0, input_seq)

@@ -2,6 +2,9 @@
 backward at a tiny size from its init, equals the record's loss there where the study starts as the identity,
 counts its parameters, trains them in the stated optimiser groups; what a study refuses there is one line."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -136,3 +139,30 @@ def test_refused_in_one_line(flags, message):
 def test_backout_none_is_refused_on_r14():
     with pytest.raises(UsageError, match="only --base r18 has a backout of its own"):
         T.resolve_args(["--preset", "tiny", "--backout-layers", "none"])
+
+
+@pytest.mark.parametrize("flags, alive", [
+    ((), {2, 4, 6, 11, 15}),  # the skips' sources, the record's backout layer, and the last layer's (x itself)
+    (("--rolling-skip",), set(range(16))),  # a part's hooks may read any layer's output
+])
+def test_an_eager_forward_holds_only_the_layer_outputs_its_hooks_can_read(flags, alive):
+    """Without study parts the r18 forward keeps the record's few layer outputs, not all 16 (an eager validation at
+    the record's 262k-token sequences holds 512 MiB per layer output)."""
+    model = model_of(run_config(*flags)).eval()
+    outputs = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda module, args, out: outputs.append(weakref.ref(out)))
+    alive_at_head = []
+    head_loss = model.head_loss
+
+    def spying_head_loss(*args):
+        gc.collect()
+        alive_at_head.append({i for i, ref in enumerate(outputs) if ref() is not None})
+        return head_loss(*args)
+
+    model.head_loss = spying_head_loss
+    with torch.no_grad():
+        tokens = torch.randint(0, 200, (SEQ + 1,), generator=torch.Generator().manual_seed(1))
+        model(tokens[:-1], tokens[1:], torch.tensor([0, SEQ], dtype=torch.int32),
+              torch.tensor([1.0]), 1, 3, SEQ)
+    assert alive_at_head == [alive]
