@@ -42,7 +42,8 @@ def mixed_head_input(mode, x, head_in, sources, x_lambda, skip_lambdas, norm_aft
 
 
 class BackoutLambdas:
-    """The sum and subtract backouts' lambdas, for the parts of both models (#14's Backout, r18's R18Backout): x_lambda (sum mode) and one lambda per source, learned in the model's scalar vector
+    """The sum and subtract backouts' lambdas, for the parts of both models (#14's Backout, r18's R18Backout):
+    x_lambda (sum mode) and one lambda per source, learned in the model's scalar vector
     ("backout.x", "backout.skip", reserved with model.add_scalars) or buffers of the part when frozen (x_lambda
     also with a fixed x)."""
 
