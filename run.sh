@@ -12,6 +12,7 @@
 #   ./run.sh slurm STUDY [opts]   write a Slurm batch script for the study
 #   ./run.sh --help               this help and the list of studies
 #   ./run.sh setup                only set up the Python environment
+#   ./run.sh python [args]        python in that environment, e.g. ./run.sh python train_gpt_medium.py --preset tiny
 #   ./run.sh test [pytest args]   set up (if needed) and run the test suite (what CI runs)
 #   ./run.sh test --fast [args]   only the fast tier: the tests not marked slow (no process started; minutes)
 #   ./run.sh test --full [args]   the whole suite with every compile-matrix cell through CPU inductor (not in CI)
@@ -177,6 +178,11 @@ case "${1:-}" in
     gpu-check)
         shift
         gpu_check "$@"
+        ;;
+    python)
+        shift
+        setup_python
+        exec "$PY" "$@"
         ;;
     status|slurm|list)
         setup_python

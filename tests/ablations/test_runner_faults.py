@@ -261,7 +261,7 @@ def test_corrupted_checkpoint_failure_names_no_resume(tmp_path):
     folder = run_dir(tmp_path)
     folder.mkdir(parents=True)
     # a checkpoint the runner cannot judge (the stand-in's JSON, cut short) fails in the script; one that is no zip
-    # at all is set aside by the runner (test_runner_faults_round3.py)
+    # at all is set aside by the runner (test_runner_faults_checkpoints_caches_flags.py)
     (folder / "seed0.pt").write_bytes(b'{"step": 3, "lines"')
     result = ablations(["run", study], tmp_path, runner_env())
     assert result.returncode == 1

@@ -177,3 +177,12 @@ def test_test_runs_everything_and_fast_only_the_tests_not_marked_slow(checkout, 
     assert result.returncode == 0, result.stderr
     workers = min(len(os.sched_getaffinity(0)), 4)  # a worker per core, whatever OMP_NUM_THREADS says
     assert [c for c in calls if c.startswith("-m pytest")] == [pytest_call.format(workers=workers)]
+
+
+@pytest.mark.slow
+def test_python_runs_the_set_up_interpreter_with_the_arguments_given(checkout, tmp_path):
+    """Guards: `run.sh python ARGS` runs ARGS with the interpreter set-up picked (the study guide's commands)."""
+    result, calls = run_sh(checkout, tmp_path, "python", "-c", "import sys; print('args:', sys.argv[1:])", "a b")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "args: ['a b']\n"
+    assert calls[-1] == "-c import sys; print('args:', sys.argv[1:]) a b"

@@ -55,8 +55,8 @@ def test_empty_and_non_zip_checkpoints_are_set_aside_and_their_runs_restarted(tm
 
 @pytest.mark.slow
 def test_a_truncated_kernel_in_the_compile_cache_is_removed_and_the_run_retried_once(tmp_path):
-    """The runner's retry on the stand-in script (tests/scripts/test_faults_training_round3.py checks torch's real
-    error message)."""
+    """The runner's retry on the stand-in script (tests/scripts/test_faults_attention_and_compile_cache.py checks
+    torch's real error message)."""
     starts = tmp_path / "starts.jsonl"
     cache = tmp_path / "torchinductor_someone"
     kernel = cache / "7q" / "c7qua.main.so"
