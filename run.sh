@@ -140,8 +140,17 @@ usage() {
     fi
 }
 
+# setup and help take no arguments: one that was meant for something else is refused, not ignored.
+no_arguments() {
+    if [ $# -gt 1 ]; then
+        echo "run.sh: $1 takes no arguments (got: ${*:2}; see ./run.sh --help)" >&2
+        exit 2
+    fi
+}
+
 case "${1:-}" in
     setup)
+        no_arguments "$@"
         setup_python need-test
         echo "run.sh: environment ready: $PY"
         ;;
@@ -166,6 +175,7 @@ case "${1:-}" in
         exec "$PY" -m pytest -q -n "$workers" --dist worksteal --durations=15 "${tier[@]}" "$@"
         ;;
     -h|--help|help)
+        no_arguments "$@"
         usage
         ;;
     "")

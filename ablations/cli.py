@@ -218,6 +218,9 @@ def cmd_run(args) -> int:
     if sequential:
         if args.arms:
             raise StudyError("--until-decided tests every arm of the study: leave out --arms")
+        if args.seeds:
+            raise StudyError("--until-decided chooses the seeds itself (0, 1, ... in batches, up to --max-seeds): "
+                             "leave out --seeds")
         record = sequential_study.read_state(args.runs_dir / study.name / sequential_study.STATE_FILE)
         design = sequential_study.plan(study, _options(args, study), args.max_seeds, args.alpha, args.max_factor,
                                        record["design"] if record else None)
@@ -340,6 +343,7 @@ def cmd_status(args) -> int:
         status["sequential"] = sequential_study.read_state(record)
         sequential_lines = []
         if status["sequential"]:
+            sequential_study.check_recorded_arms(record, status["sequential"], study)
             stale = sequential_study.stale_looks(status["sequential"], study, args.runs_dir, check)
             status["sequential"]["stale"] = stale
             sequential_lines = sequential_study.describe_state(status["sequential"], stale)

@@ -119,7 +119,8 @@ def checkpoint_config(path: Path) -> dict | None:
 
 def checkpoint_damage(path: Path) -> str | None:
     """Why a checkpoint cannot be trusted: empty, not a zip (torch.save writes zips), a broken zip or a member whose
-    bytes fail their CRC; None when it is intact (or the stand-in script's JSON, which that script judges)."""
+    bytes fail their CRC, a zip that torch.save did not write; None when it is intact (or the stand-in script's
+    JSON, which that script judges)."""
     try:
         with open(path, "rb") as f:
             head = f.read(2)
@@ -129,9 +130,12 @@ def checkpoint_damage(path: Path) -> str | None:
             return None
         if head != b"PK":
             return f"not a zip file: it starts with {head!r}, torch.save's start with b'PK'"
-        from speedrun.checkpoint import damaged_member  # noqa: PLC0415 (torch loads only when a zip is to be resumed)
+        # torch loads only when a zip is to be resumed
+        from speedrun.checkpoint import damaged_member, holds_torch_pickle  # noqa: PLC0415
 
         member = damaged_member(path)
+        if member is None and not holds_torch_pickle(path):
+            return "a zip file but not torch.save's: no data.pkl in it"
     except (zipfile.BadZipFile, EOFError) as e:
         return f"not a whole zip file: {e}"
     except OSError as e:

@@ -63,19 +63,22 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
     if max_seeds < max(2, batch):
         raise StudyError(f"at most {max_seeds} seeds per arm is below one batch ({max(2, batch)} seeds per arm: "
                          f"the node runs {batch} per arm at once, and a test needs 2)")
-    arms = list(study.arms)
-    baseline = None
-    if study.claim == "vs-baseline":
-        if len(arms) < 2:
-            raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
-                             f"two (or claim = \"below-target\")")
-        baseline = "baseline" if "baseline" in arms else arms[0]
-    tested = [arm for arm in arms if arm != baseline]
+    if study.claim == "vs-baseline" and len(study.arms) < 2:
+        raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
+                         f"two (or claim = \"below-target\")")
+    baseline, tested = _baseline_and_tested(study)
     return {"alpha": alpha, "max_seeds": max_seeds, "max_factor": max_factor or 1.0, "batch": batch,
             "claim": study.claim, "baseline": baseline,
             "target": study.target if study.claim == "below-target" else None,
             "arms": tested, "family": study.family, "family_size": len(tested) if study.family else 1,
             "rule": RULE}
+
+
+def _baseline_and_tested(study: Study) -> tuple[str | None, list[str]]:
+    """The arm the others are tested against (None under claim below-target) and the tested arms."""
+    arms = list(study.arms)
+    baseline = ("baseline" if "baseline" in arms else arms[0]) if study.claim == "vs-baseline" else None
+    return baseline, [arm for arm in arms if arm != baseline]
 
 
 def _design(design: dict):
@@ -135,12 +138,18 @@ def _run(study: Study, runs_dir: Path, arm: str, seed: int) -> Run:
 def _runs_difference(check: ConfigCheck, study: Study, runs_dir: Path, arm: str, recorded: dict | None,
                      seeds: int) -> str | None:
     """How the runs a look of `arm` saw differ from what the study asks now: the config recorded with the look,
-    then the complete logs of its seeds (records written before looks held a config); None when they agree."""
+    then the complete logs of its seeds (records written before looks held a config), then a log it counted that
+    is gone or unfinished now (deleted, or a run started again); None when they agree."""
     logs = {seed: run_paths(runs_dir, study.name, arm, seed).log for seed in range(seeds)}
     logged = (check.difference(_run(study, runs_dir, arm, seed), log_config(log)) for seed, log in logs.items()
               if log_is_complete(log))
     difference = check.difference(_run(study, runs_dir, arm, 0), recorded) or next(filter(None, logged), None)
-    return None if difference is None else f"{arm}'s runs were made with {difference}"
+    if difference is not None:
+        return f"{arm}'s runs were made with {difference}"
+    lost = next((log for log in logs.values() if not log_is_complete(log)), None)
+    if lost is not None:
+        return f"the look counted {lost}, which is {'unfinished' if lost.exists() else 'missing'} now"
+    return None
 
 
 def stale_looks(state: dict, study: Study, runs_dir: Path, check: ConfigCheck) -> dict[str, str]:
@@ -172,13 +181,23 @@ def load_state(path: Path, design: dict) -> dict:
     state = read_state(path)
     if state is None:
         return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
-    recorded = state["design"]
-    if recorded != design:
-        changed = next(key for key in sorted(set(design) | set(recorded)) if design.get(key) != recorded.get(key))
+    _check_same_design(path, state["design"], design, sorted(set(design) | set(state["design"])))
+    return state
+
+
+def check_recorded_arms(path: Path, state: dict, study: Study) -> None:
+    """What `status` can check of a record without the node's design (its batch): that the arms it records looks
+    of are those the study tests now (a renamed or removed arm is refused as `run` refuses it)."""
+    baseline, tested = _baseline_and_tested(study)
+    _check_same_design(path, state["design"], {"arms": tested, "baseline": baseline}, ["arms", "baseline"])
+
+
+def _check_same_design(path: Path, recorded: dict, design: dict, keys: list[str]) -> None:
+    changed = next((key for key in keys if design.get(key) != recorded.get(key)), None)
+    if changed is not None:
         raise StudyError(f"{path} records looks of another design ({changed} {recorded.get(changed)!r}, now "
                          f"{design.get(changed)!r}); run with the same settings, or move the file aside to start "
                          f"the sequential study afresh")
-    return state
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -220,11 +239,15 @@ def describe_state(state: dict, stale: dict[str, str] | None = None) -> list[str
 
 def runs_still_open(state: dict, stale: dict[str, str], runs: list[Run]) -> list[Run]:
     """The runs a sequential study may still start or count: an arm decided by a look that is not stale needs no
-    seed beyond that look's."""
+    seed beyond that look's, and once every tested arm is, the baseline needs none beyond the looks' either."""
     from analysis.sequential import decided
 
     last = {arm: looks[-1] for arm, looks in state["looks"].items() if looks and arm not in stale}
-    return [run for run in runs if not (decided(last.get(run.arm)) and run.seed >= last[run.arm]["n"])]
+    seeds_needed = {arm: look["n"] for arm, look in last.items() if decided(look)}
+    baseline = state["design"]["baseline"]
+    if baseline and len(seeds_needed) == len(state["design"]["arms"]):
+        seeds_needed[baseline] = max((look.get("n_baseline", 0) for look in last.values()), default=0)
+    return [run for run in runs if run.seed < seeds_needed.get(run.arm, math.inf)]
 
 
 def run_until_decided(study: Study, options: Options, reporter, design: dict, state: dict,
@@ -234,6 +257,8 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
     from analysis.sequential import decided, describe_look, look_counts, take_look
 
     state_path = options.runs_dir / study.name / STATE_FILE
+    for leftover in state_path.parent.glob(f".{STATE_FILE}.*.tmp"):
+        leftover.unlink(missing_ok=True)  # a record's write killed before its rename (analysis/atomic.py's name)
     check = options.config_check
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()

@@ -389,6 +389,8 @@ def parse_seeds(text: str) -> list[int]:
             low, high = int(bounds[0]), int(bounds[-1])
         except ValueError:
             raise StudyError(f"--seeds {text}: expected a list like 0,1,2 or a range like 0-4") from None
+        if low < 0:  # the training scripts' own refusal would blame the study file
+            raise StudyError(f"--seeds {text}: seed {low} is negative; seeds are 0 or more")
         if low > high:
             raise StudyError(f"--seeds {text}: range {part.strip()} runs backwards")
         if len(seeds) + high - low + 1 > MAX_SEEDS:

@@ -9,7 +9,7 @@ results appended to --results as it ends, so a call killed midway keeps what fin
    each run's need: r14 ~57 GB by upstream's record log, r18 ~20 GB at its early batch size, the small track
    ~33 GB), a few full-size steps on synthetic shards, world size 1, coordinate-descent tuning off (a cold compile
    with it takes tens of minutes); FlexAttention and torch's varlen against the dense mask (forward and the
-   gradients of q, k, v) run beside the first group.
+   gradients of q, k, v) run beside the first group. A job needing more than the free memory is left out, named.
    Runs: r14 baseline, r14 record flags (backout 11, 5550 steps), r14 --compile regional, r18 (attention auto, and
    flex), the small track (FP8 head).
 2. alone: each run again with the GPU to itself, on the caches stage 1 filled, bases first, as many as the budget
@@ -54,6 +54,9 @@ BASES = {
     "small": dict(memory_gib=33, cold_s=130, warm_s=55),
 }
 CONTEXT_GIB = 1
+# What a figure given on the command line may be: more is a slip of the keyboard, not a plan.
+MAX_BUDGET_S = 24 * 3600
+MAX_FREE_GIB = 1024  # more than any one GPU has
 ATTENTION_MEMORY_GIB = 4
 ATTENTION_S = 60  # FlexAttention's compile and two small kernels: an estimate
 R14_TOKENS_PER_STEP = 8 * 64 * 1024
@@ -175,7 +178,7 @@ def split_budget(stages, budget_s):
             total += stage.estimate_s
         else:
             left_out.append(stage)
-    scale = budget_s / total
+    scale = budget_s / total if total else 1.0  # no stage at all: nothing to scale
     for stage in kept:
         stage.timeout_s = math.floor(stage.estimate_s * scale)
     return kept, left_out
@@ -186,10 +189,15 @@ def make_plan(budget_s, free_gib, data_dir: Path, out_dir: Path, scripts_present
     """Stage 1: the cold runs and the attention checks, side by side in groups that fit free_gib; stage 2: each
     run alone (bases first). Fitted to budget_s in that order of priority."""
     present = scripts_present if scripts_present is not None else {p.name for p in ROOT.glob("train_gpt*.py")}
-    runs = [r for r in TRAINING_RUNS if r.script in present]
     left_out = [(r.name, f"{r.script} is not in this checkout") for r in TRAINING_RUNS if r.script not in present]
-    cold = [training_job(r, COMPILE_STEPS, data_dir, out_dir, "cold", launcher) for r in runs]
-    groups = pack_by_memory(cold + [attention_job(which) for which in ATTENTION_CHECKS], free_gib)
+    jobs = [training_job(r, COMPILE_STEPS, data_dir, out_dir, "cold", launcher) for r in TRAINING_RUNS
+            if r.script in present] + [attention_job(which) for which in ATTENTION_CHECKS]
+    # A job bigger than the free memory would only run out of it (cold and alone): left out, saying so.
+    left_out += [(job.name, f"needs ~{job.memory_gib:g} GiB, more than the {gib_text(free_gib)} GiB free")
+                 for job in jobs if job.memory_gib > free_gib]
+    jobs = [job for job in jobs if job.memory_gib <= free_gib]
+    runs = [r for r in TRAINING_RUNS if r.name in {job.name for job in jobs}]
+    groups = pack_by_memory(jobs, free_gib)
     estimate = {r.name: BASES[r.base] for r in runs}
     compile_stages = [Stage(f"compile {i + 1}: " + ", ".join(j.name for j in group), "compile", group,
                             max(estimate[j.name]["cold_s"] if j.kind == "train" else ATTENTION_S for j in group))
@@ -201,9 +209,15 @@ def make_plan(budget_s, free_gib, data_dir: Path, out_dir: Path, scripts_present
     return Plan(kept, left_out, free_gib, budget_s)
 
 
+def gib_text(gib: float) -> str:
+    """GiB to one decimal, rounded down: 19.96 GiB free is never shown as the 20 a 20 GiB job needs."""
+    return f"{math.floor(gib * 10) / 10:g}"
+
+
 def render_plan(plan: Plan) -> str:
-    lines = [f"plan: {len(plan.stages)} stages in {plan.budget_s:.0f} s, {plan.free_gib:.0f} GiB free on the GPU "
-             f"(jobs side by side within it); coordinate-descent tuning off"]
+    stages = f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}"
+    lines = [f"plan: {stages} in {plan.budget_s:.0f} s, {gib_text(plan.free_gib)} GiB free on the GPU (jobs side by "
+             f"side within it); coordinate-descent tuning off"]
     for stage in plan.stages:
         memory = sum(j.memory_gib for j in stage.jobs)
         lines.append(f"  {stage.name}  [{stage.phase}, limit {stage.timeout_s:.0f} s, ~{memory:.0f} GiB]")
@@ -534,11 +548,13 @@ def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     if args.attention_check:
         return attention_check_main(args.attention_check)
-    if args.budget < 60:
-        print(f"error: --budget {args.budget:g}: at least 60 seconds", file=sys.stderr)
+    if not 60 <= args.budget <= MAX_BUDGET_S:  # also refuses nan
+        print(f"error: --budget {args.budget:g}: at least 60 seconds and at most {MAX_BUDGET_S} (a day)",
+              file=sys.stderr)
         return 2
-    if args.free_gib is not None and args.free_gib <= 0:
-        print(f"error: --free-gib {args.free_gib:g}: must be positive", file=sys.stderr)
+    if args.free_gib is not None and not 0 < args.free_gib <= MAX_FREE_GIB:
+        print(f"error: --free-gib {args.free_gib:g}: must be positive and at most {MAX_FREE_GIB} (GiB of one GPU)",
+              file=sys.stderr)
         return 2
     import torch
     cuda = torch.cuda.is_available()
@@ -554,6 +570,13 @@ def main(argv=None) -> int:
         out_dir = (args.out_dir or Path(tmp) / "out").resolve()
         data_dir = out_dir / "data"
         plan = make_plan(args.budget, free_gib, data_dir, out_dir)
+        if not plan.stages:
+            smallest = CONTEXT_GIB + min(ATTENTION_MEMORY_GIB, *(base["memory_gib"] for base in BASES.values()))
+            where = f"--free-gib {args.free_gib:g}" if args.free_gib is not None else \
+                f"{gib_text(free_gib)} GiB free on the GPU"
+            print(f"error: {where}: no job of the check fits in it (the smallest needs ~{smallest:g} GiB)",
+                  file=sys.stderr)
+            return 2
         print(render_plan(plan), flush=True)
         if args.plan:
             return 0
@@ -567,7 +590,7 @@ def main(argv=None) -> int:
         results_path.parent.mkdir(parents=True, exist_ok=True)
         with results_path.open("a") as f:
             f.write(f"date: {datetime.datetime.now().isoformat(timespec='seconds')}\n"
-                    f"device: {device}, torch {torch.__version__}, {free_gib:.0f} GiB free at the start\n"
+                    f"device: {device}, torch {torch.__version__}, {gib_text(free_gib)} GiB free at the start\n"
                     f"command: {' '.join(shlex.quote(a) for a in sys.argv)}\n"
                     f"coordinate-descent tuning: off in every run\n{render_plan(plan)}\n")
         with exiting_on_sigterm():

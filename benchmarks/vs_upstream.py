@@ -245,6 +245,15 @@ def make_parser():
     return p
 
 
+def make_work_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise Refusal(f"--work-dir {path}: a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise Refusal(f"--work-dir {path}: cannot be made ({problem.strerror or problem})") from None
+
+
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     try:
@@ -253,6 +262,8 @@ def main(argv=None) -> int:
         if args.budget < 30:
             raise Refusal(f"--budget {args.budget:g}: at least 30 seconds")
         record, edits, edited = edited_script(args.log, args.steps, args.coordinate_descent_tuning == "on")
+        if args.work_dir is not None:
+            make_work_dir(args.work_dir)
     except Refusal as refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -263,7 +274,6 @@ def main(argv=None) -> int:
         out.append(record.note)
     with tempfile.TemporaryDirectory() as tmp:
         work_dir = (args.work_dir or Path(tmp)).resolve()
-        work_dir.mkdir(parents=True, exist_ok=True)
         upstream_script = work_dir / f"upstream_{record.name.lstrip('#')}.py"
         upstream_script.write_text(edited)
         ours_cmd, upstream_cmd = commands(record, upstream_script, work_dir, args.steps, coordinate_descent)

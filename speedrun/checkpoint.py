@@ -83,6 +83,13 @@ def damaged_member(path):
         return archive.testzip()
 
 
+def holds_torch_pickle(path):
+    """Whether a zip is one torch.save wrote: its object is pickled in `<folder>/data.pkl` (any other zip left
+    under a checkpoint's name is no checkpoint, however whole)."""
+    with zipfile.ZipFile(path) as archive:
+        return any(name.rsplit("/", 1)[-1] == "data.pkl" for name in archive.namelist())
+
+
 def load_checkpoint(path, flag=None):
     """The checkpoint at `path`, its bytes verified first (a flipped byte loads without complaint otherwise)."""
     hint = f"; {NO_RESUME_HINT}" if flag == "--resume" else ""

@@ -171,6 +171,8 @@ def check_shared_args(args, presets):
         raise UsageError("--init-schedule needs --init-from")
     for name in ["resume", "init_from"]:
         path = getattr(args, name)
+        if path and os.path.isdir(path):
+            raise UsageError(f"--{name.replace('_', '-')} {path}: a folder, not a checkpoint file")
         if path and not os.path.isfile(path):
             raise UsageError(f"--{name.replace('_', '-')}: no such file {path}")
     if "/" in args.run_name or not args.run_name.strip():

@@ -212,6 +212,35 @@ def test_plan_mode_runs_on_a_cpu_and_bad_input_is_one_line(capsys):
 
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--budget", "nan"], "error: --budget nan: at least 60 seconds and at most 86400 (a day)"),
+    (["--budget", "inf"], "error: --budget inf: at least 60 seconds and at most 86400 (a day)"),
+    (["--budget", "1e308"], "error: --budget 1e+308: at least 60 seconds and at most 86400 (a day)"),
+    (["--free-gib", "nan"], "error: --free-gib nan: must be positive and at most 1024 (GiB of one GPU)"),
+    (["--free-gib", "inf"], "error: --free-gib inf: must be positive and at most 1024 (GiB of one GPU)"),
+    (["--free-gib", "3"], "error: --free-gib 3: no job of the check fits in it (the smallest needs ~5 GiB)"),
+])
+def test_non_finite_and_absurd_plan_figures_are_refused_in_one_line(capsys, argv, message):
+    """Issue 43: nan and inf budgets raised ValueError / OverflowError, nan GiB was planned with."""
+    assert main(["--plan", "--free-gib", "139", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == message + "\n"
+
+
+def test_a_run_bigger_than_the_free_memory_is_left_out_and_the_free_memory_never_rounded_up(tmp_path, capsys):
+    """Issue 43: 19.9 GiB free was shown as "20 GiB" and the ~58 GiB r14 runs planned in it without a word."""
+    assert main(["--plan", "--free-gib", "19.9"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan: 1 stage in 480 s, 19.9 GiB free on the GPU")
+    assert "  not run: r14 baseline (needs ~58 GiB, more than the 19.9 GiB free)" in out
+    assert "  not run: r18 auto (needs ~21 GiB, more than the 19.9 GiB free)" in out
+    plan = plan_for(480, 19.9, tmp_path)
+    assert [job.name for stage in plan.stages for job in stage.jobs] == ["flex = dense mask", "varlen = dense mask"]
+    assert all(sum(job.memory_gib for job in stage.jobs) <= 19.9 for stage in plan.stages)
+    assert main(["--plan", "--free-gib", "139.99"]) == 0
+    assert capsys.readouterr().out.startswith("plan: 5 stages in 480 s, 139.9 GiB free")
+
+
 @pytest.mark.slow
 def test_real_tiny_trainings_side_by_side_are_read_as_a_gpu_call_reads_them(tmp_path):
     """Guards the reading of real logs and consoles (what the stand-ins imitate) of all three bases' runs."""

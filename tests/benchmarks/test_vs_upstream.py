@@ -173,6 +173,17 @@ def test_a_log_without_the_separator_or_a_file_is_refused(tmp_path, capsys):
     assert code == 2 and err.startswith("error: --steps 2 --skip 2: need")
 
 
+def test_a_work_dir_naming_a_file_is_refused_in_one_line(tmp_path, capsys):
+    """Issue 43: FileExistsError's traceback."""
+    log = stand_in_log(tmp_path, STAND_IN_137)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    code, out, err = dry_run(capsys, log, tmp_path, "--work-dir", str(taken))
+    assert code == 2 and out == "" and err == f"error: --work-dir {taken}: a file, not a folder\n"
+    code, out, err = dry_run(capsys, log, tmp_path, "--work-dir", str(taken / "below"))
+    assert code == 2 and out == "" and err == f"error: --work-dir {taken / 'below'}: cannot be made (Not a directory)\n"
+
+
 @pytest.mark.slow
 def test_a_script_run_alone_gives_its_step_time_from_its_step_lines(tmp_path, capsys):
     """Guards the timing of a script run alone (its console's step lines, a failure's last line)."""

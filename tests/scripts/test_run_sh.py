@@ -147,6 +147,15 @@ def test_gpu_node_offline_says_so_in_one_line_and_runs_nothing_heavy(checkout, t
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("args", [("setup", "--bogus"), ("help", "me")])
+def test_commands_without_arguments_refuse_extra_ones(checkout, tmp_path, args):
+    """Guards: `run.sh setup --bogus` and `run.sh help me` exit 2 with one line (issue 43: ignored, exit 0)."""
+    result, calls = run_sh(checkout, tmp_path, *args)
+    assert result.returncode == 2 and result.stdout == "" and calls == []
+    assert result.stderr == f"run.sh: {args[0]} takes no arguments (got: {args[1]}; see ./run.sh --help)\n"
+
+
+@pytest.mark.slow
 def test_gpu_check_needs_a_gpu_and_runs_the_checks_where_there_is_one(checkout, tmp_path):
     """Guards: `run.sh gpu-check` refuses without a GPU (exit 2), runs gpu_check.py with one, --plan without one."""
     result, calls = run_sh(checkout, tmp_path, "gpu-check")
