@@ -40,6 +40,7 @@ LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 MICRO_BATCHES = 8  # the 8 GPUs of a record, accumulated on one
 # Upstream's data names under the working folder, which both sides glob from (#137 with Path.cwd().glob).
 TRAIN_GLOB, VAL_GLOB = "data/fineweb10B/fineweb_train_*.bin", "data/fineweb10B/fineweb_val_*.bin"
+MAX_BUDGET_S = 24 * 3600
 OURS_SHARE = 0.35  # of --budget: ours loads its compiled graphs from the caches, upstream compiles cold
 
 
@@ -259,8 +260,8 @@ def main(argv=None) -> int:
     try:
         if args.steps <= args.skip + 1 or args.skip < 1:
             raise Refusal(f"--steps {args.steps} --skip {args.skip}: need 1 <= skip and at least 2 timed steps")
-        if args.budget < 30:
-            raise Refusal(f"--budget {args.budget:g}: at least 30 seconds")
+        if not 30 <= args.budget <= MAX_BUDGET_S:  # also refuses nan
+            raise Refusal(f"--budget {args.budget:g}: at least 30 seconds and at most {MAX_BUDGET_S} (a day)")
         record, edits, edited = edited_script(args.log, args.steps, args.coordinate_descent_tuning == "on")
         if args.work_dir is not None:
             make_work_dir(args.work_dir)

@@ -173,6 +173,14 @@ def test_a_log_without_the_separator_or_a_file_is_refused(tmp_path, capsys):
     assert code == 2 and err.startswith("error: --steps 2 --skip 2: need")
 
 
+@pytest.mark.parametrize("budget", ["nan", "inf", "1e308", "29"])
+def test_a_budget_that_is_not_a_number_of_seconds_is_refused_in_one_line(tmp_path, capsys, budget):
+    """Issue 43: --budget nan passed the `< 30` check and raised at round()."""
+    code, out, err = dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path, "--budget", budget)
+    assert code == 2 and out == "" and err.startswith(f"error: --budget {float(budget):g}: at least 30 seconds")
+    assert err.count("\n") == 1
+
+
 def test_a_work_dir_naming_a_file_is_refused_in_one_line(tmp_path, capsys):
     """Issue 43: FileExistsError's traceback."""
     log = stand_in_log(tmp_path, STAND_IN_137)
