@@ -68,13 +68,14 @@ def summary_rows(groups, order=None):
 def machine():
     """The cores this process may use (what `nproc` counts) and the CPU's model name."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    model = platform.processor() or platform.machine() or "unknown CPU"
+    model = None
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     except OSError:
-        pass  # not Linux: platform's name
-    return cores, model
+        pass  # not Linux
+    # platform.processor() runs `uname -p`: only where /proc has no name
+    return cores, model or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def minutes_seconds(seconds):
