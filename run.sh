@@ -13,7 +13,8 @@
 #   ./run.sh --help               this help and the list of studies
 #   ./run.sh setup                only set up the Python environment
 #   ./run.sh python [args]        python in that environment, e.g. ./run.sh python train_gpt_medium.py --preset tiny
-#   ./run.sh test [pytest args]   set up (if needed) and run the test suite (what CI runs)
+#   ./run.sh test [pytest args]   set up (if needed) and run the test suite (what CI runs); ends with its
+#                                 CPU-minutes, wall time and machine (SPEEDRUN_TEST_COSTS=FILE keeps each test's cost)
 #   ./run.sh test --fast [args]   only the fast tier: the tests not marked slow (no process started; minutes)
 #   ./run.sh test --full [args]   the whole suite with every compile-matrix cell through CPU inductor (not in CI)
 set -euo pipefail
@@ -171,8 +172,22 @@ case "${1:-}" in
         # mostly single-threaded Python (tracing, process start-up), so 2 workers on 2 cores halve the wall time.
         cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)  # cores, not a thread setting
         workers=${TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
+        # Every run is metered (tests/cost_meter.py): into SPEEDRUN_TEST_COSTS when it names a file (emptied first),
+        # else a temporary one; the suite's CPU-minutes, wall time and machine are printed at the end.
+        costs=${SPEEDRUN_TEST_COSTS:-}
+        if [ -z "$costs" ]; then
+            costs=$(mktemp "${TMPDIR:-/tmp}/test-costs.XXXXXX.jsonl")
+            trap 'rm -f "$costs"' EXIT
+        else
+            : > "$costs"
+        fi
+        started=$(date +%s)
+        status=0
         # --durations=15: the slowest tests at the end, so a test that grew is seen where it is run.
-        exec "$PY" -m pytest -q -n "$workers" --dist worksteal --durations=15 "${tier[@]}" "$@"
+        SPEEDRUN_TEST_COSTS=$costs "$PY" -m pytest -q -n "$workers" --dist worksteal --durations=15 "${tier[@]}" "$@" \
+            || status=$?
+        "$PY" benchmarks/suite_costs.py "$costs" --summary --wall-s "$(( $(date +%s) - started ))" || true
+        exit "$status"
         ;;
     -h|--help|help)
         no_arguments "$@"

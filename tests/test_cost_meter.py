@@ -64,3 +64,24 @@ def test_a_cost_line_that_cannot_be_written_never_fails_the_suite(tmp_path, caps
         meter.stop(name, own_process=False, outcome="passed")
     err = capsys.readouterr().err
     assert err.count("cost_meter: cannot write") == 1 and meter.path is None
+
+
+def test_the_summary_and_the_budget_name_the_total_the_machine_and_the_costliest_tests(tmp_path, capsys):
+    lines = [{"test": f"tests/a.py::t{i}", "outcome": "passed", "wall_s": 1.0, "cpu_s": 60.0 * i, "child_cpu_s": 0.0,
+              "kind": "in process", "worker": "gw0"} for i in range(1, 5)]
+    costs = tmp_path / "costs.jsonl"
+    costs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    suite_costs.main([str(costs), "--summary", "--wall-s", "125"])
+    cores, model = suite_costs.machine()
+    assert capsys.readouterr().out == (f"Suite cost: 4 tests, 10.0 CPU-minutes (user+sys), 2 min 5 s wall; "
+                                       f"nproc {cores}, {model}\n")
+    suite_costs.main([str(costs), "--budget", "8", "--top", "2"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("CPU budget: 10.0 of 8 CPU-minutes, OVER by 2.0")
+    assert [row.split()[0] for row in out[3:]] == ["tests/a.py::t4", "tests/a.py::t3"]
+    suite_costs.main([str(costs), "--budget", "35"])
+    assert capsys.readouterr().out.startswith("CPU budget: 10.0 of 35 CPU-minutes, 25.0 to spare")
+    costs.write_text("")  # no test ran (none collected, or pytest stopped first): said, not an error
+    suite_costs.main([str(costs), "--summary"])
+    assert capsys.readouterr().out == "Suite cost: no test was measured\n"
+

@@ -20,6 +20,11 @@ RECORD_TRAIN_SHARDS = 30
 HEAVY_STUB = f"""#!/usr/bin/env bash
 # python3 stand-in: records every call; a study, the tests and the GPU checks stop there, the rest runs for real.
 printf '%s\\n' "$*${{COMPILE_MATRIX:+ [COMPILE_MATRIX=$COMPILE_MATRIX]}}" >> "$STUB_CALLS"
+if [ "$1 $2" = "-m pytest" ] && [ -n "${{SPEEDRUN_TEST_COSTS:-}}" ]; then  # one metered test, as the suite writes
+    echo '{{"test": "t.py::a", "outcome": "passed", "wall_s": 50, "cpu_s": 40, "child_cpu_s": 50, "kind": "process"}}' \
+        >> "$SPEEDRUN_TEST_COSTS"
+    exit "${{STUB_PYTEST_STATUS:-0}}"
+fi
 if [ "$1 $2" = "-m ablations" ] || [ "$1 $2" = "-m pytest" ] || [ "$1" = benchmarks/gpu_check.py ]; then exit 0; fi
 exec {sys.executable} "$@"
 """
@@ -44,7 +49,7 @@ def checkout(tmp_path):
     return root
 
 
-def run_sh(checkout, tmp_path, *args, gpus=0, hub="http://127.0.0.1:9"):
+def run_sh(checkout, tmp_path, *args, gpus=0, hub="http://127.0.0.1:9", **more_env):
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
     executable(stubs / "python3", HEAVY_STUB)
@@ -57,7 +62,7 @@ def run_sh(checkout, tmp_path, *args, gpus=0, hub="http://127.0.0.1:9"):
                            if d and not (Path(d) / "nvidia-smi").exists()]
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k != "FORCE_VENV"}
     env.update(PATH=os.pathsep.join(path), STUB_CALLS=str(calls), HF_ENDPOINT=hub, HF_HOME=str(tmp_path / "hf"),
-               HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(checkout))
+               HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(checkout), **more_env)
     result = subprocess.run(["bash", str(checkout / "run.sh"), *args], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=300)
     return result, calls.read_text().splitlines()
@@ -195,3 +200,19 @@ def test_python_runs_the_set_up_interpreter_with_the_arguments_given(checkout, t
     assert result.returncode == 0, result.stderr
     assert result.stdout == "args: ['a b']\n"
     assert calls[-1] == "-c import sys; print('args:', sys.argv[1:]) a b"
+
+
+@pytest.mark.slow
+def test_test_ends_with_the_suites_cpu_minutes_and_keeps_pytests_status(checkout, tmp_path):
+    """Guards: `run.sh test` meters the run (a temporary file, or SPEEDRUN_TEST_COSTS emptied first), prints its
+    CPU-minutes, wall time and machine last, and exits with pytest's status."""
+    result, _ = run_sh(checkout, tmp_path, "test", STUB_PYTEST_STATUS="3")
+    assert result.returncode == 3
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("Suite cost: 1 tests, 1.5 CPU-minutes (user+sys), 0 min "), last
+    assert f"nproc {len(os.sched_getaffinity(0))}, " in last
+    costs = tmp_path / "costs.jsonl"
+    costs.write_text("an earlier run's lines\n")
+    result, _ = run_sh(checkout, tmp_path, "test", "--fast", SPEEDRUN_TEST_COSTS=str(costs))
+    assert result.returncode == 0 and "Suite cost: 1 tests, 1.5 CPU-minutes" in result.stdout
+    assert costs.read_text().count("\n") == 1 and '"t.py::a"' in costs.read_text()
