@@ -183,6 +183,9 @@ case "${1:-}" in
         fi
         started=$(date +%s)
         status=0
+        # Bytecode and pytest's rewritten test modules cached on disk (git ignores __pycache__): otherwise every
+        # worker and every process a test starts compiles and rewrites them again.
+        unset PYTHONDONTWRITEBYTECODE
         # --durations=15: the slowest tests at the end, so a test that grew is seen where it is run.
         SPEEDRUN_TEST_COSTS=$costs "$PY" -m pytest -q -n "$workers" --dist worksteal --durations=15 "${tier[@]}" "$@" \
             || status=$?
