@@ -1,0 +1,578 @@
+"""What one optimiser step costs, measured at full size on CPU under fake tensors (no memory, no compute): for r14
+(train_gpt_medium.py), r18 (--base r18) and the small track (train_gpt.py), a baseline or any study arm's flags.
+
+    python benchmarks/step_cost.py                       # the three baselines and every bundled study arm
+    python benchmarks/step_cost.py --track r18 -- --backout-layers 11    # one configuration
+    python benchmarks/step_cost.py --studies record,r18-laurel           # some studies' arms
+    python benchmarks/step_cost.py --write-docs docs/step-cost.md        # the table of every bundled arm
+
+Per optimiser step of one rank at the record's world size (8) it reports: parameters and the persistent bytes the
+optimisers add (their state); FLOPs of forward, backward and optimiser step (torch's FLOP formulas per aten op, the
+attention counted from its mask: flex's block mask at the step's window schedule on r14 and the small track, the
+varlen window on r18, with no document boundaries - an upper bound, as documents cut the window further); the bytes
+saved for the backward (one micro-batch's activations); the peak of live bytes at world size 1 and 8 (every storage
+the step creates, freed when its last tensor goes: what the caching allocator's "allocated" counts, without its
+rounding, for eager execution: a compiled step fuses temporaries away); bytes each rank sends (ring algorithms:
+an all-reduce of N bytes sends 2(W-1)/W N) and the collectives per kind; the aten operations per kind (eager: a
+compiled step launches fewer, fused kernels); and an H100 lower bound: the largest of FLOPs at dense bf16 peak,
+the step's minimal HBM traffic at HBM bandwidth and the bytes sent at NVLink bandwidth.
+
+The step measured is the one at --at (a fraction of the schedule, default 0.5: windows and, on r18, the batch size
+of mid-run; r18 measures an odd step, where its Adams step too). Forward and backward run 1 micro-batch at world
+size 8 and 2 at world size 1 (the second has the first's gradients live, as the other six would); FLOPs and
+operation counts are scaled to the rank's 8 / world size micro-batches.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import sys
+import weakref
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+from torch.utils.flop_counter import flop_registry  # noqa: E402
+
+from speedrun.data import VIRTUAL_RANKS  # noqa: E402
+from speedrun.distributed import Dist  # noqa: E402
+from speedrun.errors import UsageError  # noqa: E402
+
+H100_DENSE_BF16_FLOPS = 989.4e12  # H100 SXM, dense bf16 tensor-core FLOP/s
+H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM HBM3
+H100_NVLINK_BYTES_PER_S = 450e9  # NVLink 4 per GPU, one direction (900 GB/s both ways)
+RECORD_WORLD_SIZE = 8
+MIB = 2 ** 20
+
+TRACKS = {"r14": ("train_gpt_medium.py", []), "r18": ("train_gpt_medium.py", ["--base", "r18"]),
+          "small": ("train_gpt.py", [])}
+
+# Collective -> (how its tensor argument's bytes relate to the payload, bytes a rank sends per payload byte on a
+# ring of W ranks).
+RING_SEND = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter_tensor": lambda w: (w - 1) / w,
+             "reduce_scatter": lambda w: (w - 1) / w, "all_gather_into_tensor": lambda w: (w - 1) / w,
+             "all_gather": lambda w: (w - 1) / w, "reduce": lambda w: (w - 1) / w, "broadcast": lambda w: (w - 1) / w}
+
+
+# ----- the meter: FLOPs, operations and live bytes of every aten op ---------------------------------------------
+
+class StepMeter(TorchDispatchMode):
+    """Counts each aten op (by phase: forward, backward - inside an autograd node -, optimizer), its FLOPs (torch's
+    formulas) and the live bytes of every storage, with their peak."""
+
+    # Ops that create no kernel launch: views and metadata.
+    NOT_LAUNCHED = {"detach", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "select", "slice",
+                    "unsqueeze", "squeeze", "split", "chunk", "unbind", "as_strided", "alias", "lift_fresh",
+                    "split_with_sizes", "unflatten", "_reshape_alias", "view_as", "reshape", "flatten", "narrow",
+                    "diagonal", "unfold"}
+
+    def __init__(self):
+        super().__init__()
+        self.phase = "forward"
+        self.flops, self.ops = Counter(), Counter()
+        self.live = self.peak = 0
+        self.sizes = {}
+
+    def own(self, tensors):
+        """Starts counting storages that exist already (parameters, buffers, inputs)."""
+        for t in tensors:
+            self._track(t)
+        self.peak = max(self.peak, self.live)
+
+    def _track(self, t):
+        if not isinstance(t, torch.Tensor):
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.sizes:
+            return
+        self.sizes[key] = storage.nbytes()
+        self.live += self.sizes[key]
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key):
+        self.live -= self.sizes.pop(key, 0)
+
+    def current_phase(self):
+        return "backward" if torch._C._current_autograd_node() is not None else self.phase
+
+    def add(self, name, flops=0):
+        phase = self.current_phase()
+        self.ops[(phase, name)] += 1
+        self.flops[phase] += flops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func.overloadpacket
+        name = packet.__name__.rstrip("_") if packet.__module__ == "torch._ops.aten" else str(packet)
+        flops = 0
+        if packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+        elif str(packet) in CUSTOM_FLOPS:
+            flops = CUSTOM_FLOPS[str(packet)](args)
+        if name not in self.NOT_LAUNCHED and not func.is_view:
+            self.add(name, flops)
+        for t in tree_flatten(out)[0]:
+            self._track(t)
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def _fp8_head_flops(args):
+    x, w = args[:2]
+    return 2 * x.shape[0] * x.shape[1] * w.shape[0]
+
+
+def _fp8_head_backward_flops(args):
+    grad_out, x_f8 = args[:2]
+    return 4 * grad_out.shape[0] * grad_out.shape[1] * x_f8.shape[1]
+
+
+# The small track's FP8 head is one opaque custom op each way (torch's formulas do not see inside).
+CUSTOM_FLOPS = {"speedrun.fp8_head_matmul": _fp8_head_flops,
+                "speedrun.fp8_head_matmul_backward": _fp8_head_backward_flops}
+
+_METER: StepMeter | None = None  # the meter of the step being measured (the attention stand-in reports to it)
+
+
+# ----- attention: a stand-in with the kernel's saved tensors, counted from the mask -------------------------------
+
+def block_mask_pairs(seq_len, block_size, window_blocks):
+    """(query, key) pairs FlexAttention computes for a causal sliding window of whole blocks: query block i reads
+    key blocks i - window + 1 .. i, each fully (partial blocks are computed, then masked)."""
+    blocks = seq_len // block_size
+    return sum(min(window_blocks, i + 1) for i in range(blocks)) * block_size * block_size
+
+
+def varlen_pairs(seq_len, window_tokens):
+    """(query, key) pairs of a varlen kernel with a look-back of window_tokens: token t reads t - window .. t."""
+    full = max(0, seq_len - window_tokens - 1)
+    ramp = seq_len - full
+    return ramp * (ramp + 1) // 2 + full * (window_tokens + 1)
+
+
+class CostedAttention(torch.autograd.Function):
+    """Attention's shapes, saved tensors (q, k, v, output and the fp32 log-sum-exp, as flash kernels keep) and
+    FLOPs (4 per pair and head dim forward; 10 backward: the scores recomputed, torch's convention), no values."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pairs_x_heads_x_dim):
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.work = pairs_x_heads_x_dim
+        _METER.add("attention", 4 * pairs_x_heads_x_dim)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, _, _ = ctx.saved_tensors
+        _METER.add("attention_backward", 10 * ctx.work)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+
+@contextlib.contextmanager
+def costed_attention(model, block_size, long_blocks):
+    """r14 and the small track: speedrun.layers.attend replaced by the stand-in, the model's masks by two markers
+    naming the long and the short window (the short one is half the long one, at least one block)."""
+    import speedrun.layers as layers
+    marks = {}
+
+    def masks(input_seq, window_blocks):
+        long_mark, short_mark = torch.empty(0), torch.empty(0)
+        marks[id(long_mark)], marks[id(short_mark)] = long_blocks, max(long_blocks // 2, 1)
+        return long_mark, short_mark
+
+    def attend(q, k, v, mask, scale):  # q [B, H, T, D]
+        B, H, T, D = q.shape
+        return CostedAttention.apply(q, k, v, B * H * D * block_mask_pairs(T, block_size, marks[id(mask)]))
+
+    with mock.patch.object(layers, "attend", attend), mock.patch.object(model, "masks", masks):
+        yield
+
+
+@contextlib.contextmanager
+def costed_varlen():
+    """r18: an attention implementation named "costed" beside the real ones."""
+    import speedrun.r18.attention as r18_attention
+
+    def varlen(q, k, v, cu_seqlens, max_len, window, scale):  # q [T, H, D]
+        T, H, D = q.shape
+        return CostedAttention.apply(q, k, v, H * D * varlen_pairs(T, window))
+
+    with mock.patch.dict(r18_attention.IMPLEMENTATIONS, costed=varlen):
+        yield
+
+
+# ----- collectives: recorded, not run ------------------------------------------------------------------------------
+
+class _Done:
+    def wait(self):
+        return None
+
+
+@contextlib.contextmanager
+def recorded_collectives(world_size, sent):
+    """torch.distributed as rank 0 of `world_size` ranks on NCCL: each collective's bytes per rank added to `sent`
+    (a Counter by kind, with "<kind> calls"), nothing communicated."""
+    def recorder(kind):
+        def collective(first, second=None, *args, **kwargs):
+            if kind in ("reduce_scatter", "all_gather"):  # (output, input list) / (output list, input)
+                tensors = second if kind == "reduce_scatter" else first
+                payload = sum(t.numel() * t.element_size() for t in tensors)
+            elif kind in ("reduce_scatter_tensor",):
+                payload = second.numel() * second.element_size()
+            else:
+                payload = first.numel() * first.element_size()
+            sent[kind] += RING_SEND[kind](world_size) * payload
+            sent[f"{kind} calls"] += 1
+            return _Done()
+        return collective
+
+    patches = {kind: recorder(kind) for kind in RING_SEND}
+    patches.update(is_initialized=lambda: True, get_rank=lambda *a, **k: 0,
+                   get_world_size=lambda *a, **k: world_size, get_backend=lambda *a, **k: "nccl",
+                   new_group=lambda *a, **k: None, barrier=lambda *a, **k: None)
+    with contextlib.ExitStack() as stack:
+        for name, value in patches.items():
+            stack.enter_context(mock.patch.object(dist, name, value))
+        yield
+
+
+# ----- one step ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class StepCost:
+    track: str
+    flags: list
+    world_size: int
+    micro_batches: int  # this rank's per step
+    tokens: int  # per micro-batch
+    params: int = 0
+    param_bytes: int = 0
+    optimizer_state_bytes: int = 0
+    flops: dict = field(default_factory=dict)  # forward / backward / optimizer, this rank
+    saved_bytes: int = 0  # one micro-batch's tensors saved for the backward
+    peak_bytes: int = 0
+    sent_bytes: float = 0.0
+    collectives: dict = field(default_factory=dict)
+    ops: dict = field(default_factory=dict)  # "phase op" -> count per step
+
+    @property
+    def total_flops(self):
+        return sum(self.flops.values())
+
+    def hbm_bytes(self):
+        """The least HBM traffic of a step: parameters read by each micro-batch's forward and backward, saved
+        activations written and read back once each, gradients written, optimiser state and parameters read and
+        written once."""
+        return (2 * self.micro_batches * self.param_bytes + 2 * self.micro_batches * self.saved_bytes
+                + self.param_bytes + 2 * (self.optimizer_state_bytes + self.param_bytes))
+
+    def lower_bound_ms(self):
+        return 1e3 * max(self.total_flops / H100_DENSE_BF16_FLOPS, self.hbm_bytes() / H100_HBM_BYTES_PER_S,
+                         self.sent_bytes / H100_NVLINK_BYTES_PER_S)
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"_step_cost_{Path(name).stem}", ROOT / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SCRIPTS = {}
+
+
+def script_module(name):
+    if name not in _SCRIPTS:
+        _SCRIPTS[name] = load_script(name)
+    return _SCRIPTS[name]
+
+
+def resolve(track, flags):
+    script, base = TRACKS[track]
+    return script_module(script), script_module(script).resolve_args(base + list(flags))
+
+
+def measure(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None):
+    """The StepCost of one rank at `world_size` for the track's run with `flags` (a UsageError for flags its
+    script refuses), at the step `at` of the way through the schedule."""
+    module, args = resolve(track, flags)
+    accum = VIRTUAL_RANKS // world_size
+    run_batches = micro_batches or min(accum, 2 if world_size == 1 else 1)
+    sent = Counter()
+    meter = StepMeter()
+    global _METER
+    _METER = meter
+    with FakeTensorMode(), recorded_collectives(world_size, sent), meter:
+        if args.base == "r18" if hasattr(args, "base") else False:
+            cost, tokens = _r18_step(module, args, world_size, at, run_batches, meter)
+        else:
+            cost, tokens = _track_step(module, args, track, world_size, at, run_batches, meter)
+    _METER = None
+    scale = accum / run_batches
+    cost = replace(cost, track=track, flags=list(flags), world_size=world_size, micro_batches=accum, tokens=tokens,
+                   peak_bytes=meter.peak, sent_bytes=sum(v for k, v in sent.items() if not k.endswith("calls")),
+                   collectives={k: int(v) for k, v in sorted(sent.items()) if k.endswith("calls")},
+                   flops={phase: int(meter.flops[phase] * (scale if phase != "optimizer" else 1))
+                          for phase in ("forward", "backward", "optimizer")},
+                   ops={f"{phase} {name}": int(n * (scale if phase != "optimizer" else 1))
+                        for (phase, name), n in sorted(meter.ops.items())})
+    return cost
+
+
+@contextlib.contextmanager
+def saved_for_backward(param_storages, saved):
+    """Records the storages autograd saves (parameters excluded: they exist anyway), by storage, in `saved`."""
+    def pack(t):
+        key = t.untyped_storage()._cdata
+        if key not in param_storages:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def _model_figures(model, meter):
+    params = list(model.parameters())
+    meter.own(params + list(model.buffers()))
+    return (sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params),
+            {p.untyped_storage()._cdata for p in params})
+
+
+def _micro_batches(meter, param_storages, run_one, count):
+    """Forward and backward of `count` micro-batches; returns the largest micro-batch's saved bytes."""
+    most = 0
+    for _ in range(count):
+        saved = {}
+        meter.phase = "forward"
+        with saved_for_backward(param_storages, saved):
+            loss = run_one()
+        most = max(most, sum(saved.values()))
+        (loss / VIRTUAL_RANKS).backward()
+    return most
+
+
+def _track_step(module, args, track, world_size, at, run_batches, meter):
+    """r14 and the small track: the script's Track (model, optimisers, window schedule), as run_training builds it
+    on CUDA (bf16, the FP8 head where the track has one)."""
+    spec = module.SMALL if track == "small" else module.MEDIUM
+    cfg = spec.model_config(args)
+    T = args.train_seq_len
+    model = spec.model_class(cfg, max_seq_len=max(T, args.val_seq_len))
+    model.cast_low_precision(torch.bfloat16)
+    if hasattr(model, "fp8_head"):
+        model.fp8_head = True  # as on an H100
+    params, param_bytes, param_storages = _model_figures(model, meter)
+    opt = spec.optimizers(model, 0, world_size, fused_adam=True, ns_dtype=torch.bfloat16, compile_muon=False)
+    step = int(at * args.num_iterations)
+    long_blocks = spec.window_blocks_at(step, args.num_iterations, cfg)
+    inputs, targets = torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64)
+    window = torch.tensor(long_blocks)
+    meter.own([inputs, targets, window])
+    start = meter.live
+    opt.reducer.arm()
+    with costed_attention(model, cfg.block_size, long_blocks):
+        saved = _micro_batches(meter, param_storages, lambda: model(inputs, targets, window), run_batches)
+    opt.reducer.finish_backward()
+    meter.phase = "optimizer"
+    opt.step(step, args.num_iterations)
+    state = meter.live - start
+    return StepCost(track, [], world_size, 0, T, params=params, param_bytes=param_bytes,
+                    optimizer_state_bytes=state, saved_bytes=saved), T
+
+
+def _r18_step(module, args, world_size, at, run_batches, meter):
+    """--base r18: its model, schedule (batch size, windows, multi-token weights) and three optimisers."""
+    from speedrun.r18.data import MAX_DOC_TOKENS, cu_seqlens_length, sequence_tokens
+    from speedrun.r18.model import R18GPT
+    from speedrun.r18.optim import R18Optimizers
+    from speedrun.r18.train import r18_config, r18_schedule
+    schedule = r18_schedule(args)
+    step = int(at * args.num_iterations) | 1  # odd: the Adams step too
+    model = R18GPT(r18_config(args), studies=args).cast_low_precision(torch.bfloat16)
+    model.split_embed = step > schedule.split_step
+    params, param_bytes, param_storages = _model_figures(model, meter)
+    opts = R18Optimizers(model, schedule, compiled=False)
+    T = sequence_tokens(schedule.batch_size(step))
+    short, long = schedule.windows(step)
+    inputs, targets = torch.zeros(T, dtype=torch.int32), torch.zeros(T, dtype=torch.int64)
+    cu = torch.zeros(cu_seqlens_length(T), dtype=torch.int32)
+    mtp = torch.tensor(schedule.mtp_weights(step))
+    meter.own([inputs, targets, cu, mtp])
+    start = meter.live
+    with costed_varlen():
+        saved = _micro_batches(meter, param_storages, lambda: model(
+            inputs, targets, cu, mtp, short, long, min(MAX_DOC_TOKENS, T), "costed"), run_batches)
+    meter.phase = "optimizer"
+    opts.step(step)
+    state = meter.live - start
+    return StepCost("r18", [], world_size, 0, T, params=params, param_bytes=param_bytes,
+                    optimizer_state_bytes=state, saved_bytes=saved), T
+
+
+# ----- arms, tables ------------------------------------------------------------------------------------------------
+
+def bundled_arms(studies=None):
+    """[(study, arm, track, flags)] of every bundled study (or those named), in file order."""
+    from ablations.study import available_studies, load_study
+    out = []
+    names = studies or [p.stem for p in available_studies()]
+    for name in names:
+        study = load_study(name)
+        for arm in study.arms:
+            out.append((name, arm) + arm_track(study, arm))
+    return out
+
+
+def arm_track(study, arm):
+    """(track, flags) of one study arm: its script and base, its flags without the runner's own."""
+    argv = study.argv(arm, 0, Path("runs"))
+    if Path(study.script).name == "train_gpt.py":
+        return "small", argv
+    if "--base" in argv:
+        i = argv.index("--base")
+        base, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+        return base, argv
+    return "r14", argv
+
+
+def study_cost_lines(study, arms, at=0.5):
+    """`python -m ablations run STUDY --dry-run`'s cost lines: each arm's cost per step at the study's world size,
+    against its track's baseline; none for a script other than the two training scripts (a test's stand-in)."""
+    if Path(study.script).resolve() not in {(ROOT / name).resolve() for name, _ in TRACKS.values()}:
+        return []
+    lines = []
+    for arm in arms:
+        track, flags = arm_track(study, arm)
+        try:
+            cost = measure(track, flags, study.nproc, at)
+            lines.append(f"cost     {arm}: {cost_line(cost, baseline(track, study.nproc, at))}")
+        except UsageError as e:
+            lines.append(f"cost     {arm}: refused: {e}")
+    return lines
+
+
+def relative(cost: StepCost, base: StepCost):
+    """(+x% FLOPs, +y MiB peak at this world size, +z parameters) against the baseline."""
+    return (100 * (cost.total_flops / base.total_flops - 1), (cost.peak_bytes - base.peak_bytes) / MIB,
+            cost.params - base.params)
+
+
+def cost_line(cost: StepCost, base: StepCost | None = None, peak_one: int | None = None):
+    tf = lambda n: f"{n / 1e12:.2f}"  # noqa: E731
+    line = (f"params {cost.params / 1e6:.1f}M, state {cost.optimizer_state_bytes / MIB:,.0f} MiB, TFLOP fwd/bwd/opt "
+            f"{tf(cost.flops['forward'])}/{tf(cost.flops['backward'])}/{tf(cost.flops['optimizer'])}, saved "
+            f"{cost.saved_bytes / MIB:,.0f} MiB, peak {cost.peak_bytes / MIB:,.0f} MiB at {cost.world_size}"
+            + (f" ({peak_one / MIB:,.0f} at 1)" if peak_one is not None else "")
+            + f", sent {cost.sent_bytes / MIB:,.0f} MiB, H100 >= {cost.lower_bound_ms():.1f} ms")
+    if base is not None:
+        flops, mib, params = relative(cost, base)
+        line += f"; vs baseline {flops:+.2f}% FLOPs, {mib:+,.0f} MiB, {params:+,} params"
+    return line
+
+
+TABLE_HEAD = ("| study | arm | track | params | +params | TFLOP/step | +FLOPs | saved MiB | peak MiB (ws 8 / 1) | +MiB | "
+              "sent MiB | H100 >= ms |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+
+def table_row(study, arm, cost, one, base):
+    if cost is None:
+        return f"| {study} | {arm} | {one} | | | | | | | | | |"  # `one`: the refusal
+    flops, mib, params = relative(cost, base)
+    return (f"| {study} | {arm} | {cost.track} | {cost.params / 1e6:.1f}M | {params:+,} | {cost.total_flops / 1e12:.1f} | "
+            f"{flops:+.2f}% | {cost.saved_bytes / MIB:,.0f} | {cost.peak_bytes / MIB:,.0f} / {one.peak_bytes / MIB:,.0f} | "
+            f"{mib:+,.0f} | {cost.sent_bytes / MIB:,.0f} | {cost.lower_bound_ms():.1f} |")
+
+
+_BASELINES = {}
+
+
+def baseline(track, world_size=RECORD_WORLD_SIZE, at=0.5):
+    key = (track, world_size, at)
+    if key not in _BASELINES:
+        _BASELINES[key] = measure(track, (), world_size, at)
+    return _BASELINES[key]
+
+
+def arm_costs(arms, at=0.5):
+    """Yields (study, arm, cost at 8, cost at 1 or the refusal) per arm."""
+    for study, arm, track, flags in arms:
+        try:
+            yield study, arm, measure(track, flags, RECORD_WORLD_SIZE, at), measure(track, flags, 1, at)
+        except UsageError as e:
+            yield study, arm, None, f"refused: {e}"
+
+
+def markdown_table(arms, at=0.5):
+    rows = [TABLE_HEAD]
+    for track in TRACKS:
+        rows.append(table_row("-", "baseline", baseline(track, at=at), baseline(track, 1, at), baseline(track, at=at)))
+    for study, arm, cost, one in arm_costs(arms, at):
+        rows.append(table_row(study, arm, cost, one, baseline(cost.track, at=at) if cost else None))
+    return "\n".join(rows)
+
+
+DOC_HEAD = """# What each study arm costs per step
+
+Generated by `python benchmarks/step_cost.py --write-docs docs/step-cost.md` (do not edit by hand): every bundled
+study arm's cost per optimiser step, at full size, measured on CPU under fake tensors (benchmarks/step_cost.py
+says how). Per rank at world size 8 (the record's); peak also at world size 1; `+` columns against the track's
+baseline (no flags) at world size 8. Measured at the middle of each schedule ({at}). TFLOP/step: forward, backward
+and optimiser of one rank. H100 >= ms: a lower bound, the largest of FLOPs at {flops:.0f} TFLOP/s (dense bf16),
+the step's least HBM traffic at {hbm:.2f} TB/s and the bytes sent at {nvlink:.0f} GB/s (NVLink, one direction).
+Peak MiB is eager: a compiled step fuses temporaries away (see benchmarks/results/2026-11-28_cpu_step-cost.txt
+for the check against the GPU).
+
+"""
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--track", choices=sorted(TRACKS), help="one configuration of this track (flags after --)")
+    p.add_argument("--studies", help="comma-separated bundled studies (default: all)")
+    p.add_argument("--at", type=float, default=0.5, help="where in the schedule the step is, 0..1 (default 0.5)")
+    p.add_argument("--world-size", type=int, default=RECORD_WORLD_SIZE, choices=[1, 2, 4, 8])
+    p.add_argument("--json", action="store_true", help="with --track: the full figures as JSON")
+    p.add_argument("--write-docs", metavar="PATH", help="write the markdown table of every bundled arm there")
+    p.add_argument("flags", nargs="*", help="the training script's flags (after --)")
+    a = p.parse_args(argv)
+    if not 0 <= a.at <= 1:
+        p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
+    try:
+        if a.track:
+            cost = measure(a.track, a.flags, a.world_size, a.at)
+            if a.json:
+                print(json.dumps(dict(asdict(cost), lower_bound_ms=cost.lower_bound_ms()), indent=1))
+            else:
+                print(f"{a.track} {' '.join(a.flags)}: {cost_line(cost, baseline(a.track, a.world_size, a.at))}")
+            return 0
+        arms = bundled_arms(a.studies.split(",") if a.studies else None)
+        table = markdown_table(arms, a.at)
+        if a.write_docs:
+            head = DOC_HEAD.format(at=a.at, flops=H100_DENSE_BF16_FLOPS / 1e12, hbm=H100_HBM_BYTES_PER_S / 1e12,
+                                   nvlink=H100_NVLINK_BYTES_PER_S / 1e9)
+            Path(a.write_docs).write_text(head + table + "\n")
+        print(table)
+    except UsageError as e:
+        print(f"step_cost: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
