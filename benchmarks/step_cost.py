@@ -122,7 +122,8 @@ class StepMeter(TorchDispatchMode):
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
         elif str(packet) in CUSTOM_FLOPS:
             flops = CUSTOM_FLOPS[str(packet)](args)
-        if name not in self.NOT_LAUNCHED and not func.is_view:
+        launched = name in CUSTOM_FLOPS or packet.__module__ == "torch._ops.aten"  # prim.device etc.: metadata
+        if launched and name not in self.NOT_LAUNCHED and not func.is_view:
             self.add(name, flops)
         for t in tree_flatten(out)[0]:
             self._track(t)
@@ -336,7 +337,8 @@ def measure(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches
 
 @contextlib.contextmanager
 def saved_for_backward(param_storages, saved):
-    """Records the storages autograd saves (parameters excluded: they exist anyway), by storage, in `saved`."""
+    """Records the storages autograd saves (parameters and buffers excluded: they exist anyway), by storage, in
+    `saved`."""
     def pack(t):
         key = t.untyped_storage()._cdata
         if key not in param_storages:
@@ -348,10 +350,10 @@ def saved_for_backward(param_storages, saved):
 
 
 def _model_figures(model, meter):
-    params = list(model.parameters())
-    meter.own(params + list(model.buffers()))
+    params, buffers = list(model.parameters()), list(model.buffers())
+    meter.own(params + buffers)
     return (sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params),
-            {p.untyped_storage()._cdata for p in params})
+            {t.untyped_storage()._cdata for t in params + buffers})
 
 
 def _micro_batches(meter, param_storages, run_one, count):
@@ -425,15 +427,51 @@ def _r18_step(module, args, world_size, at, run_batches, meter):
                     optimizer_state_bytes=state, saved_bytes=saved), T
 
 
+# ----- the counts a change to the baseline must not move -------------------------------------------------------------
+
+# The reduced size the reference is stored at: each track's full architecture (layer count and pattern) at the tiny
+# preset's widths and sequence lengths.
+REDUCED_FLAGS = {"r14": ["--preset", "tiny", "--num-layers", "16"], "r18": ["--preset", "tiny"],
+                 "small": ["--preset", "tiny"]}
+
+
+def counts(cost: StepCost):
+    """The figures of a StepCost that the reference holds: every count and byte total, the ops per kind."""
+    figures = dict(params=cost.params, param_bytes=cost.param_bytes, optimizer_state_bytes=cost.optimizer_state_bytes,
+                   saved_bytes=cost.saved_bytes, peak_bytes=cost.peak_bytes, sent_bytes=round(cost.sent_bytes),
+                   **{f"{phase} flops": n for phase, n in cost.flops.items()}, **cost.collectives)
+    return dict(figures, ops=dict(cost.ops))
+
+
+def count_differences(reference, now):
+    """One line per figure or operation kind that differs ("forward mul: 54 -> 55"), operations first."""
+    ops_ref, ops_now = reference.get("ops", {}), now.get("ops", {})
+    lines = [f"{op}: {ops_ref.get(op, 0)} -> {ops_now.get(op, 0)}" for op in sorted(set(ops_ref) | set(ops_now))
+             if ops_ref.get(op, 0) != ops_now.get(op, 0)]
+    figures = (set(reference) | set(now)) - {"ops"}
+    return lines + [f"{name}: {reference.get(name)} -> {now.get(name)}" for name in sorted(figures)
+                    if reference.get(name) != now.get(name)]
+
+
+def reduced_counts():
+    """{track: counts} of the three baselines at the reduced size, world size 8."""
+    return {track: counts(measure(track, flags)) for track, flags in REDUCED_FLAGS.items()}
+
+
 # ----- arms, tables ------------------------------------------------------------------------------------------------
 
 def bundled_arms(studies=None):
     """[(study, arm, track, flags)] of every bundled study (or those named), in file order."""
+    from ablations.errors import StudyError
     from ablations.study import available_studies, load_study
     out = []
     names = studies or [p.stem for p in available_studies()]
     for name in names:
-        study = load_study(name)
+        try:
+            study = load_study(name)
+        except StudyError as e:  # e.g. arms generated from another study's results, not run here
+            out.append((name, "-", None, str(e)))
+            continue
         for arm in study.arms:
             out.append((name, arm) + arm_track(study, arm))
     return out
@@ -492,7 +530,7 @@ TABLE_HEAD = ("| study | arm | track | params | +params | TFLOP/step | +FLOPs | 
 
 def table_row(study, arm, cost, one, base):
     if cost is None:
-        return f"| {study} | {arm} | {one} | | | | | | | | | |"  # `one`: the refusal
+        return f"| {study} | {arm} | {one} | | | | | | | | | |"  # `one`: why it was not measured
     flops, mib, params = relative(cost, base)
     return (f"| {study} | {arm} | {cost.track} | {cost.params / 1e6:.1f}M | {params:+,} | {cost.total_flops / 1e12:.1f} | "
             f"{flops:+.2f}% | {cost.saved_bytes / MIB:,.0f} | {cost.peak_bytes / MIB:,.0f} / {one.peak_bytes / MIB:,.0f} | "
@@ -512,6 +550,9 @@ def baseline(track, world_size=RECORD_WORLD_SIZE, at=0.5):
 def arm_costs(arms, at=0.5):
     """Yields (study, arm, cost at 8, cost at 1 or the refusal) per arm."""
     for study, arm, track, flags in arms:
+        if track is None:
+            yield study, arm, None, f"not measured: {flags}"
+            continue
         try:
             yield study, arm, measure(track, flags, RECORD_WORLD_SIZE, at), measure(track, flags, 1, at)
         except UsageError as e:
@@ -549,11 +590,16 @@ def main(argv=None):
     p.add_argument("--world-size", type=int, default=RECORD_WORLD_SIZE, choices=[1, 2, 4, 8])
     p.add_argument("--json", action="store_true", help="with --track: the full figures as JSON")
     p.add_argument("--write-docs", metavar="PATH", help="write the markdown table of every bundled arm there")
+    p.add_argument("--write-reference", metavar="PATH",
+                   help="write the baselines' counts at the reduced size there (tests/fixtures/step_cost_reference.json)")
     p.add_argument("flags", nargs="*", help="the training script's flags (after --)")
     a = p.parse_args(argv)
     if not 0 <= a.at <= 1:
         p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
     try:
+        if a.write_reference:
+            Path(a.write_reference).write_text(json.dumps(reduced_counts(), indent=1, sort_keys=True) + "\n")
+            return 0
         if a.track:
             cost = measure(a.track, a.flags, a.world_size, a.at)
             if a.json:
