@@ -266,10 +266,16 @@ class StepCost:
     optimizer_state_bytes: int = 0
     flops: dict = field(default_factory=dict)  # forward / backward / optimizer, this rank
     saved_bytes: int = 0  # one micro-batch's tensors saved for the backward
-    peak_bytes: int = 0
+    peak_bytes: int = 0  # eager
+    head_fusable_bytes: int = 0  # saved by the eager head's softcap chain beyond one vocabulary-wide tensor
     sent_bytes: float = 0.0
     collectives: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)  # "phase op" -> count per step
+
+    @property
+    def fused_head_peak_bytes(self):
+        """The peak with the head's softcap chain fused, as compiled: the eager peak less head_fusable_bytes."""
+        return self.peak_bytes - self.head_fusable_bytes
 
     @property
     def total_flops(self):
@@ -308,7 +314,18 @@ def resolve(track, flags):
     return script_module(script), script_module(script).resolve_args(base + list(flags))
 
 
+_MEASURED = {}
+
+
 def measure(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None):
+    """measure_once, remembered: arms of several studies share their flags, each arm its track's baseline."""
+    key = (track, tuple(flags), world_size, at, micro_batches)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure_once(track, flags, world_size, at, micro_batches)
+    return _MEASURED[key]
+
+
+def measure_once(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None):
     """The StepCost of one rank at `world_size` for the track's run with `flags` (a UsageError for flags its
     script refuses), at the step `at` of the way through the schedule."""
     module, args = resolve(track, flags)
@@ -336,13 +353,13 @@ def measure(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches
 
 
 @contextlib.contextmanager
-def saved_for_backward(param_storages, saved):
-    """Records the storages autograd saves (parameters and buffers excluded: they exist anyway), by storage, in
-    `saved`."""
+def saved_for_backward(param_storages, vocab_width, saved):
+    """Records the storages autograd saves (parameters and buffers excluded: they exist anyway) in `saved`: storage
+    -> (bytes, whether the tensor is as wide as the vocabulary: the head's logits and their softcap chain)."""
     def pack(t):
         key = t.untyped_storage()._cdata
         if key not in param_storages:
-            saved[key] = t.untyped_storage().nbytes()
+            saved[key] = (t.untyped_storage().nbytes(), t.ndim > 0 and t.shape[-1] == vocab_width)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -356,17 +373,21 @@ def _model_figures(model, meter):
             {t.untyped_storage()._cdata for t in params + buffers})
 
 
-def _micro_batches(meter, param_storages, run_one, count):
-    """Forward and backward of `count` micro-batches; returns the largest micro-batch's saved bytes."""
-    most = 0
+def _micro_batches(meter, param_storages, vocab_width, run_one, count):
+    """Forward and backward of `count` micro-batches; returns the largest micro-batch's saved bytes and the bytes
+    a fused head would not save: every vocabulary-wide saved tensor but the largest (a compiled step fuses the
+    softcap and the cross-entropy around the logits; eager keeps each link of that chain)."""
+    most = fusable = 0
     for _ in range(count):
         saved = {}
         meter.phase = "forward"
-        with saved_for_backward(param_storages, saved):
+        with saved_for_backward(param_storages, vocab_width, saved):
             loss = run_one()
-        most = max(most, sum(saved.values()))
+        vocab_wide = [n for n, wide in saved.values() if wide]
+        most = max(most, sum(n for n, _ in saved.values()))
+        fusable = max(fusable, sum(vocab_wide) - max(vocab_wide, default=0))
         (loss / VIRTUAL_RANKS).backward()
-    return most
+    return most, fusable
 
 
 def _track_step(module, args, track, world_size, at, run_batches, meter):
@@ -389,13 +410,15 @@ def _track_step(module, args, track, world_size, at, run_batches, meter):
     start = meter.live
     opt.reducer.arm()
     with costed_attention(model, cfg.block_size, long_blocks):
-        saved = _micro_batches(meter, param_storages, lambda: model(inputs, targets, window), run_batches)
+        saved, fusable = _micro_batches(meter, param_storages, model.lm_head_w.shape[0],
+                                        lambda: model(inputs, targets, window), run_batches)
     opt.reducer.finish_backward()
     meter.phase = "optimizer"
     opt.step(step, args.num_iterations)
     state = meter.live - start
     return StepCost(track, [], world_size, 0, T, params=params, param_bytes=param_bytes,
-                    optimizer_state_bytes=state, saved_bytes=saved), T
+                    optimizer_state_bytes=state, saved_bytes=saved,
+                    head_fusable_bytes=fusable), T
 
 
 def _r18_step(module, args, world_size, at, run_batches, meter):
@@ -418,13 +441,14 @@ def _r18_step(module, args, world_size, at, run_batches, meter):
     meter.own([inputs, targets, cu, mtp])
     start = meter.live
     with costed_varlen():
-        saved = _micro_batches(meter, param_storages, lambda: model(
+        saved, fusable = _micro_batches(meter, param_storages, model.lm_head.weight.shape[0], lambda: model(
             inputs, targets, cu, mtp, short, long, min(MAX_DOC_TOKENS, T), "costed"), run_batches)
     meter.phase = "optimizer"
     opts.step(step)
     state = meter.live - start
     return StepCost("r18", [], world_size, 0, T, params=params, param_bytes=param_bytes,
-                    optimizer_state_bytes=state, saved_bytes=saved), T
+                    optimizer_state_bytes=state, saved_bytes=saved,
+                    head_fusable_bytes=fusable), T
 
 
 # ----- the counts a change to the baseline must not move -------------------------------------------------------------
@@ -438,7 +462,8 @@ REDUCED_FLAGS = {"r14": ["--preset", "tiny", "--num-layers", "16"], "r18": ["--p
 def counts(cost: StepCost):
     """The figures of a StepCost that the reference holds: every count and byte total, the ops per kind."""
     figures = dict(params=cost.params, param_bytes=cost.param_bytes, optimizer_state_bytes=cost.optimizer_state_bytes,
-                   saved_bytes=cost.saved_bytes, peak_bytes=cost.peak_bytes, sent_bytes=round(cost.sent_bytes),
+                   saved_bytes=cost.saved_bytes, peak_bytes=cost.peak_bytes, head_fusable_bytes=cost.head_fusable_bytes,
+                   sent_bytes=round(cost.sent_bytes),
                    **{f"{phase} flops": n for phase, n in cost.flops.items()}, **cost.collectives)
     return dict(figures, ops=dict(cost.ops))
 
@@ -515,7 +540,8 @@ def cost_line(cost: StepCost, base: StepCost | None = None, peak_one: int | None
     tf = lambda n: f"{n / 1e12:.2f}"  # noqa: E731
     line = (f"params {cost.params / 1e6:.1f}M, state {cost.optimizer_state_bytes / MIB:,.0f} MiB, TFLOP fwd/bwd/opt "
             f"{tf(cost.flops['forward'])}/{tf(cost.flops['backward'])}/{tf(cost.flops['optimizer'])}, saved "
-            f"{cost.saved_bytes / MIB:,.0f} MiB, peak {cost.peak_bytes / MIB:,.0f} MiB at {cost.world_size}"
+            f"{cost.saved_bytes / MIB:,.0f} MiB, peak {cost.peak_bytes / MIB:,.0f} MiB eager, "
+            f"{cost.fused_head_peak_bytes / MIB:,.0f} head fused, at {cost.world_size}"
             + (f" ({peak_one / MIB:,.0f} at 1)" if peak_one is not None else "")
             + f", sent {cost.sent_bytes / MIB:,.0f} MiB, H100 >= {cost.lower_bound_ms():.1f} ms")
     if base is not None:
@@ -524,47 +550,41 @@ def cost_line(cost: StepCost, base: StepCost | None = None, peak_one: int | None
     return line
 
 
-TABLE_HEAD = ("| study | arm | track | params | +params | TFLOP/step | +FLOPs | saved MiB | peak MiB (ws 8 / 1) | +MiB | "
-              "sent MiB | H100 >= ms |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+TABLE_HEAD = ("| study | arm | track | params | +params | TFLOP/step | +FLOPs | saved MiB | peak MiB | +MiB | sent MiB "
+              "| H100 >= ms |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
 
-def table_row(study, arm, cost, one, base):
-    if cost is None:
-        return f"| {study} | {arm} | {one} | | | | | | | | | |"  # `one`: why it was not measured
+def table_row(study, arm, cost, base):
     flops, mib, params = relative(cost, base)
-    return (f"| {study} | {arm} | {cost.track} | {cost.params / 1e6:.1f}M | {params:+,} | {cost.total_flops / 1e12:.1f} | "
-            f"{flops:+.2f}% | {cost.saved_bytes / MIB:,.0f} | {cost.peak_bytes / MIB:,.0f} / {one.peak_bytes / MIB:,.0f} | "
-            f"{mib:+,.0f} | {cost.sent_bytes / MIB:,.0f} | {cost.lower_bound_ms():.1f} |")
-
-
-_BASELINES = {}
+    return (f"| {study} | {arm} | {cost.track} | {cost.params / 1e6:.1f}M | {params:+,} | "
+            f"{cost.total_flops / 1e12:.1f} | {flops:+.2f}% | {cost.saved_bytes / MIB:,.0f} | "
+            f"{cost.peak_bytes / MIB:,.0f} | {mib:+,.0f} | {cost.sent_bytes / MIB:,.0f} | "
+            f"{cost.lower_bound_ms():.1f} |")
 
 
 def baseline(track, world_size=RECORD_WORLD_SIZE, at=0.5):
-    key = (track, world_size, at)
-    if key not in _BASELINES:
-        _BASELINES[key] = measure(track, (), world_size, at)
-    return _BASELINES[key]
-
-
-def arm_costs(arms, at=0.5):
-    """Yields (study, arm, cost at 8, cost at 1 or the refusal) per arm."""
-    for study, arm, track, flags in arms:
-        if track is None:
-            yield study, arm, None, f"not measured: {flags}"
-            continue
-        try:
-            yield study, arm, measure(track, flags, RECORD_WORLD_SIZE, at), measure(track, flags, 1, at)
-        except UsageError as e:
-            yield study, arm, None, f"refused: {e}"
+    return measure(track, (), world_size, at)
 
 
 def markdown_table(arms, at=0.5):
-    rows = [TABLE_HEAD]
+    """The baselines at world size 8 and 1, then every arm at 8 against its track's baseline."""
+    rows = ["| baseline | world size | params | TFLOP/step | saved MiB | peak MiB | sent MiB | H100 >= ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for track in TRACKS:
-        rows.append(table_row("-", "baseline", baseline(track, at=at), baseline(track, 1, at), baseline(track, at=at)))
-    for study, arm, cost, one in arm_costs(arms, at):
-        rows.append(table_row(study, arm, cost, one, baseline(cost.track, at=at) if cost else None))
+        for world_size in (RECORD_WORLD_SIZE, 1):
+            cost = baseline(track, world_size, at)
+            rows.append(f"| {track} | {world_size} | {cost.params / 1e6:.1f}M | {cost.total_flops / 1e12:.1f} | "
+                        f"{cost.saved_bytes / MIB:,.0f} | {cost.peak_bytes / MIB:,.0f} | "
+                        f"{cost.sent_bytes / MIB:,.0f} | {cost.lower_bound_ms():.1f} |")
+    rows += ["", TABLE_HEAD]
+    for study, arm, track, flags in arms:
+        if track is None:
+            rows.append(f"| {study} | {arm} | not measured: {flags} | | | | | | | | | |")
+            continue
+        try:
+            rows.append(table_row(study, arm, measure(track, flags, RECORD_WORLD_SIZE, at), baseline(track, at=at)))
+        except UsageError as e:
+            rows.append(f"| {study} | {arm} | refused: {e} | | | | | | | | | |")
     return "\n".join(rows)
 
 
@@ -591,7 +611,8 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="with --track: the full figures as JSON")
     p.add_argument("--write-docs", metavar="PATH", help="write the markdown table of every bundled arm there")
     p.add_argument("--write-reference", metavar="PATH",
-                   help="write the baselines' counts at the reduced size there (tests/fixtures/step_cost_reference.json)")
+                   help="write the baselines' counts at the reduced size there "
+                        "(tests/fixtures/step_cost_reference.json)")
     p.add_argument("flags", nargs="*", help="the training script's flags (after --)")
     a = p.parse_args(argv)
     if not 0 <= a.at <= 1:
