@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from benchmarks.step_cost import (REDUCED_FLAGS, TRACKS, block_mask_pairs, count_differences, counts, measure_once,
-                                  script_module, varlen_pairs)
+                                  script_module, study_cost_lines, varlen_pairs)
 from speedrun.studies import STUDIES
 from conftest import FIXTURES
 
@@ -48,3 +48,14 @@ def test_attention_pairs_follow_the_window():
     # token t reads t - 2 .. t: 1, 2, 3, 3, 3
     assert varlen_pairs(5, 2) == 1 + 2 + 3 + 3 + 3
     assert varlen_pairs(3, 10) == 1 + 2 + 3
+
+
+def test_dry_run_costs_name_each_arm_of_our_scripts_only(tmp_path):
+    """`ablations run --dry-run`'s cost lines: one per arm of a study of the training scripts (the demo study, at
+    its tiny preset), its added parameters against the baseline; none for another script (a test's stand-in)."""
+    from ablations.study import load_study
+    from runner_support import write_study
+    lines = study_cost_lines(load_study("demo"), ["baseline", "backout-L4"])
+    assert [line.split(":")[0].split()[1] for line in lines] == ["baseline", "backout-L4"]
+    assert lines[0].endswith("+0 params") and not lines[1].endswith("+0 params")
+    assert study_cost_lines(load_study(str(write_study(tmp_path, "s", {"baseline": {}}))), ["baseline"]) == []
