@@ -401,13 +401,13 @@ def _track_step(module, args, track, world_size, at, run_batches, meter):
     if hasattr(model, "fp8_head"):
         model.fp8_head = True  # as on an H100
     params, param_bytes, param_storages = _model_figures(model, meter)
-    opt = spec.optimizers(model, 0, world_size, fused_adam=True, ns_dtype=torch.bfloat16, compile_muon=False)
     step = int(at * args.num_iterations)
     long_blocks = spec.window_blocks_at(step, args.num_iterations, cfg)
     inputs, targets = torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64)
     window = torch.tensor(long_blocks)
     meter.own([inputs, targets, window])
     start = meter.live
+    opt = spec.optimizers(model, 0, world_size, fused_adam=True, ns_dtype=torch.bfloat16, compile_muon=False)
     opt.reducer.arm()
     with costed_attention(model, cfg.block_size, long_blocks):
         saved, fusable = _micro_batches(meter, param_storages, model.lm_head_w.shape[0],
@@ -432,7 +432,6 @@ def _r18_step(module, args, world_size, at, run_batches, meter):
     model = R18GPT(r18_config(args), studies=args).cast_low_precision(torch.bfloat16)
     model.split_embed = step > schedule.split_step
     params, param_bytes, param_storages = _model_figures(model, meter)
-    opts = R18Optimizers(model, schedule, compiled=False)
     T = sequence_tokens(schedule.batch_size(step))
     short, long = schedule.windows(step)
     inputs, targets = torch.zeros(T, dtype=torch.int32), torch.zeros(T, dtype=torch.int64)
@@ -440,6 +439,7 @@ def _r18_step(module, args, world_size, at, run_batches, meter):
     mtp = torch.tensor(schedule.mtp_weights(step))
     meter.own([inputs, targets, cu, mtp])
     start = meter.live
+    opts = R18Optimizers(model, schedule, compiled=False)  # after `start`: the state it makes up front counts
     with costed_varlen():
         saved, fusable = _micro_batches(meter, param_storages, model.lm_head.weight.shape[0], lambda: model(
             inputs, targets, cu, mtp, short, long, min(MAX_DOC_TOKENS, T), "costed"), run_batches)
