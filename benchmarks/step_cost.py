@@ -32,6 +32,7 @@ import sys
 import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -336,13 +337,10 @@ def measure_once(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_ba
     global _METER
     _METER = meter
     with FakeTensorMode(), recorded_collectives(world_size, sent), meter:
-        if args.base == "r18" if hasattr(args, "base") else False:
-            cost, tokens = _r18_step(module, args, world_size, at, run_batches, meter)
-        else:
-            cost, tokens = _track_step(module, args, track, world_size, at, run_batches, meter)
+        cost = _measured_step(setup_step(module, args, track, at), track, world_size, run_batches, meter)
     _METER = None
     scale = accum / run_batches
-    cost = replace(cost, track=track, flags=list(flags), world_size=world_size, micro_batches=accum, tokens=tokens,
+    cost = replace(cost, track=track, flags=list(flags), world_size=world_size, micro_batches=accum,
                    peak_bytes=meter.peak, sent_bytes=sum(v for k, v in sent.items() if not k.endswith("calls")),
                    collectives={k: int(v) for k, v in sorted(sent.items()) if k.endswith("calls")},
                    flops={phase: int(meter.flops[phase] * (scale if phase != "optimizer" else 1))
@@ -390,7 +388,20 @@ def _micro_batches(meter, param_storages, vocab_width, run_one, count):
     return most, fusable
 
 
-def _track_step(module, args, track, world_size, at, run_batches, meter):
+@dataclass
+class Setup:
+    """What a measured step needs of a track: its model (bf16 as on CUDA), the forward's tensor inputs and further
+    arguments, the attention stand-in, and its optimisers (world_size -> (step(), the gradient reducer or None))."""
+    model: torch.nn.Module
+    tensors: list
+    extra_args: tuple
+    attention: Callable
+    optimizers: Callable
+    tokens: int
+    vocab_width: int
+
+
+def _track_setup(module, args, track, at):
     """r14 and the small track: the script's Track (model, optimisers, window schedule), as run_training builds it
     on CUDA (bf16, the FP8 head where the track has one)."""
     spec = module.SMALL if track == "small" else module.MEDIUM
@@ -400,28 +411,19 @@ def _track_step(module, args, track, world_size, at, run_batches, meter):
     model.cast_low_precision(torch.bfloat16)
     if hasattr(model, "fp8_head"):
         model.fp8_head = True  # as on an H100
-    params, param_bytes, param_storages = _model_figures(model, meter)
     step = int(at * args.num_iterations)
     long_blocks = spec.window_blocks_at(step, args.num_iterations, cfg)
-    inputs, targets = torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64)
-    window = torch.tensor(long_blocks)
-    meter.own([inputs, targets, window])
-    start = meter.live
-    opt = spec.optimizers(model, 0, world_size, fused_adam=True, ns_dtype=torch.bfloat16, compile_muon=False)
-    opt.reducer.arm()
-    with costed_attention(model, cfg.block_size, long_blocks):
-        saved, fusable = _micro_batches(meter, param_storages, model.lm_head_w.shape[0],
-                                        lambda: model(inputs, targets, window), run_batches)
-    opt.reducer.finish_backward()
-    meter.phase = "optimizer"
-    opt.step(step, args.num_iterations)
-    state = meter.live - start
-    return StepCost(track, [], world_size, 0, T, params=params, param_bytes=param_bytes,
-                    optimizer_state_bytes=state, saved_bytes=saved,
-                    head_fusable_bytes=fusable), T
+
+    def optimizers(world_size):
+        opt = spec.optimizers(model, 0, world_size, fused_adam=True, ns_dtype=torch.bfloat16, compile_muon=False)
+        return (lambda: opt.step(step, args.num_iterations)), opt.reducer
+
+    tensors = [torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64), torch.tensor(long_blocks)]
+    return Setup(model, tensors, (), lambda: costed_attention(model, cfg.block_size, long_blocks), optimizers, T,
+                 model.lm_head_w.shape[0])
 
 
-def _r18_step(module, args, world_size, at, run_batches, meter):
+def _r18_setup(module, args, track, at):
     """--base r18: its model, schedule (batch size, windows, multi-token weights) and three optimisers."""
     from speedrun.r18.data import MAX_DOC_TOKENS, cu_seqlens_length, sequence_tokens
     from speedrun.r18.model import R18GPT
@@ -431,24 +433,70 @@ def _r18_step(module, args, world_size, at, run_batches, meter):
     step = int(at * args.num_iterations) | 1  # odd: the Adams step too
     model = R18GPT(r18_config(args), studies=args).cast_low_precision(torch.bfloat16)
     model.split_embed = step > schedule.split_step
-    params, param_bytes, param_storages = _model_figures(model, meter)
     T = sequence_tokens(schedule.batch_size(step))
-    short, long = schedule.windows(step)
-    inputs, targets = torch.zeros(T, dtype=torch.int32), torch.zeros(T, dtype=torch.int64)
-    cu = torch.zeros(cu_seqlens_length(T), dtype=torch.int32)
-    mtp = torch.tensor(schedule.mtp_weights(step))
-    meter.own([inputs, targets, cu, mtp])
+
+    def optimizers(world_size):
+        opts = R18Optimizers(model, schedule, compiled=False)
+        return (lambda: opts.step(step)), None
+
+    tensors = [torch.zeros(T, dtype=torch.int32), torch.zeros(T, dtype=torch.int64),
+               torch.zeros(cu_seqlens_length(T), dtype=torch.int32), torch.tensor(schedule.mtp_weights(step))]
+    extra = (*schedule.windows(step), min(MAX_DOC_TOKENS, T), "costed")
+    return Setup(model, tensors, extra, costed_varlen, optimizers, T, model.lm_head.weight.shape[0])
+
+
+def setup_step(module, args, track, at):
+    return (_r18_setup if getattr(args, "base", "r14") == "r18" else _track_setup)(module, args, track, at)
+
+
+def _measured_step(setup, track, world_size, run_batches, meter):
+    model = setup.model
+    params, param_bytes, param_storages = _model_figures(model, meter)
+    meter.own(setup.tensors)
     start = meter.live
-    opts = R18Optimizers(model, schedule, compiled=False)  # after `start`: the state it makes up front counts
-    with costed_varlen():
-        saved, fusable = _micro_batches(meter, param_storages, model.lm_head.weight.shape[0], lambda: model(
-            inputs, targets, cu, mtp, short, long, min(MAX_DOC_TOKENS, T), "costed"), run_batches)
+    opt_step, reducer = setup.optimizers(world_size)  # after `start`: the state made up front counts
+    if reducer is not None:
+        reducer.arm()
+    with setup.attention():
+        saved, fusable = _micro_batches(meter, param_storages, setup.vocab_width,
+                                        lambda: model(*setup.tensors, *setup.extra_args), run_batches)
+    if reducer is not None:
+        reducer.finish_backward()
     meter.phase = "optimizer"
-    opts.step(step)
-    state = meter.live - start
-    return StepCost("r18", [], world_size, 0, T, params=params, param_bytes=param_bytes,
-                    optimizer_state_bytes=state, saved_bytes=saved,
-                    head_fusable_bytes=fusable), T
+    opt_step()
+    return StepCost(track, [], world_size, 0, setup.tokens, params=params, param_bytes=param_bytes,
+                    optimizer_state_bytes=meter.live - start, saved_bytes=saved, head_fusable_bytes=fusable)
+
+
+def compiled_saved_bytes(track, flags=(), at=0.5):
+    """The bytes one micro-batch saves for the backward when compiled: the outputs beyond the loss of the forward
+    graph that AOTAutograd's min-cut partition (inductor's) gives, traced under fake tensors (tens of seconds)."""
+    from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+    module, args = resolve(track, flags)
+    global _METER
+    _METER = StepMeter()  # the attention stand-in reports to it
+    saved = []
+
+    def forward_graph(graph_module, _):
+        outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
+        saved.append(sum(n.meta["val"].numel() * n.meta["val"].element_size() for n in outputs[1:]
+                         if getattr(n, "op", "placeholder") != "placeholder" and torch.is_tensor(n.meta.get("val"))))
+        return make_boxed_func(graph_module.forward)
+
+    with FakeTensorMode(), recorded_collectives(1, Counter()):
+        setup = setup_step(module, args, track, at)
+        named = list(setup.model.named_parameters()) + list(setup.model.named_buffers())
+
+        def loss(*values):
+            state, tensors = values[:len(named)], values[len(named):]
+            return torch.func.functional_call(setup.model, {n: v for (n, _), v in zip(named, state)},
+                                              (*tensors, *setup.extra_args))
+
+        with setup.attention():
+            aot_function(loss, fw_compiler=forward_graph, bw_compiler=lambda g, _: make_boxed_func(g.forward),
+                         partition_fn=min_cut_rematerialization_partition)(*[t for _, t in named], *setup.tensors)
+    _METER = None
+    return saved[0]
 
 
 # ----- the counts a change to the baseline must not move -------------------------------------------------------------
@@ -605,8 +653,8 @@ DOC_HEAD = """# What each study arm costs per step
 Generated by `python benchmarks/step_cost.py --write-docs docs/step-cost.md` (do not edit by hand): every bundled
 study arm's cost per optimiser step, at full size, measured on CPU under fake tensors (benchmarks/step_cost.py
 says how). Per rank at world size 8 (the record's); the baselines also at world size 1; `+` columns against the
-arm's study's `baseline` arm (the track's record when it has none) at world size 8. Measured at the middle of each schedule ({at}). TFLOP/step: forward, backward
-and optimiser of one rank. H100 >= ms: a lower bound, the largest of FLOPs at {flops:.0f} TFLOP/s (dense bf16),
+arm's study's `baseline` arm (the track's record when it has none) at world size 8. Measured at the middle of each
+schedule ({at}). TFLOP/step: forward, backward and optimiser of one rank. H100 >= ms: a lower bound, the largest of FLOPs at {flops:.0f} TFLOP/s (dense bf16),
 the step's least HBM traffic at {hbm:.2f} TB/s and the bytes sent at {nvlink:.0f} GB/s (NVLink, one direction).
 Peak MiB is eager: a compiled step fuses temporaries away (see benchmarks/results/2026-11-28_cpu_step-cost.txt
 for the check against the GPU).
@@ -621,6 +669,9 @@ def main(argv=None):
     p.add_argument("--at", type=float, default=0.5, help="where in the schedule the step is, 0..1 (default 0.5)")
     p.add_argument("--world-size", type=int, default=RECORD_WORLD_SIZE, choices=[1, 2, 4, 8])
     p.add_argument("--json", action="store_true", help="with --track: the full figures as JSON")
+    p.add_argument("--compiled", action="store_true",
+                   help="with --track: also the bytes a compiled micro-batch saves (AOTAutograd's min-cut partition) "
+                        "and the compiled peak's floor: parameters, gradients, optimiser state and those bytes")
     p.add_argument("--write-docs", metavar="PATH", help="write the markdown table of every bundled arm there")
     p.add_argument("--write-reference", metavar="PATH",
                    help="write the baselines' counts at the reduced size there "
@@ -639,6 +690,11 @@ def main(argv=None):
                 print(json.dumps(dict(asdict(cost), lower_bound_ms=cost.lower_bound_ms()), indent=1))
             else:
                 print(f"{a.track} {' '.join(a.flags)}: {cost_line(cost, baseline(a.track, a.world_size, a.at))}")
+            if a.compiled:
+                saved = compiled_saved_bytes(a.track, a.flags, a.at)
+                floor = 2 * cost.param_bytes + cost.optimizer_state_bytes + saved
+                print(f"compiled: saved {saved / MIB:,.0f} MiB per micro-batch; peak at least {floor / MIB:,.0f} MiB "
+                      f"(parameters, their gradients, optimiser state, saved; transients not counted)")
             return 0
         arms = bundled_arms(a.studies.split(",") if a.studies else None)
         table = markdown_table(arms, a.at)
