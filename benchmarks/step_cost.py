@@ -5,6 +5,7 @@
     python benchmarks/step_cost.py --track r18 -- --backout-layers 11    # one configuration
     python benchmarks/step_cost.py --studies record,r18-laurel           # some studies' arms
     python benchmarks/step_cost.py --write-docs docs/step-cost.md        # the table of every bundled arm
+    python benchmarks/step_cost.py --track small --at 0 --world-size 1 --compiled   # + what a compiled step saves
 
 Per optimiser step of one rank at the record's world size (8) it reports: parameters and the persistent bytes the
 optimisers add (their state); FLOPs of forward, backward and optimiser step (torch's FLOP formulas per aten op, the
