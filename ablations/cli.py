@@ -240,6 +240,9 @@ def cmd_run(args) -> int:
             for line in sequential_study.describe_state(sequential_state, stale_looks):
                 print(f"sequential {line}")
             runs = sequential_study.runs_still_open(sequential_state, stale_looks, runs)
+        from benchmarks.step_cost import study_cost_lines  # here: only a dry run imports torch for it
+        for line in study_cost_lines(study, list(dict.fromkeys(run.arm for run in runs))):
+            print(line)
         for run in runs:
             paths = run_paths(args.runs_dir, run.study, run.arm, run.seed)
             state = run_state(paths)
