@@ -20,6 +20,9 @@ The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py),
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
 log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
 it cannot export is refused in one line.
+Before the file is kept it is checked (verify_export): it and the modular script train the run's arm a few steps of
+the tiny preset on CPU, with the same flags and seed; every logged loss and scalar and every final parameter must
+be equal, or the export is refused naming the first difference (or the program that failed).
 """
 
 import ast
@@ -58,11 +61,11 @@ def module_path(module_name):
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
-# Run flags the file's command line leaves out when the exported run does not give them (flag -> its default): the
-# file runs with the default, and the code only the flag reaches is folded away. Upstream's scripts have none of
+# Run flags the file's command line leaves out when the exported run does not give them: the file runs with the
+# parser's default (the config's value), and the code only the flag reaches is folded away. Upstream's scripts have none of
 # them. --save-final-checkpoint stays: the final weights are how two runs are compared bit for bit
 # (tests/scripts/test_export_runs.py) and how a record's model is kept.
-OMITTED_RUN_FLAGS = {"--resume": None, "--init-from": None, "--checkpoint-every": 0, "--profile-steps": 0}
+OMITTED_RUN_FLAGS = ("--resume", "--init-from", "--checkpoint-every", "--profile-steps")
 NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
@@ -89,8 +92,9 @@ def folded_tests(config, omitted=(), active=()):
     folds = {"parsed['base'] == 'r18'": base == "r18", ON_R18: base == "r18",
              "asks_for_export(argv)": False, "package_sources()": ()}
     for flag in omitted:
-        if flag in OMITTED_RUN_FLAGS:
-            folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})
+        if flag in OMITTED_RUN_FLAGS:  # left out, the flag holds the parser's default: the config's value
+            dest = flag[2:].replace("-", "_")
+            folds.update({f"{name}.{dest}": hashable(getattr(config, dest)) for name in CONFIG_NAMES})
     if not active:  # the registry is empty, and so is every model's list of study parts
         folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
     for study in STUDIES:
@@ -777,8 +781,9 @@ class Program:
         for module in self.modules.values():
             for name, owner in module.constant_methods.items():
                 for other in self.modules.values():
-                    overriding = [s.node.name for s in self.kept_statements(other) if name in s.methods
-                                  and (other, s.node.name) != (module, owner)]
+                    # the classes as parsed: kept_statements has cut the methods nothing names (an override too)
+                    overriding = [s.node.name for s in other.statements if id(s) in self.kept[other.name]
+                                  and name in s.methods and (other, s.node.name) != (module, owner)]
                     if overriding:
                         raise UsageError(f"{EXPORT_FLAG}: {owner}.{name} was folded to its value, but "
                                          f"{other.path.name}'s {overriding[0]} defines {name} too: rename one")
@@ -990,6 +995,112 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     return text
 
 
+# ----- the file checked against the modular script ---------------------------------------------------------------
+
+# Before the file is kept, both programs train the run's arm for VERIFY_STEPS steps of the tiny preset on CPU, on the
+# bundled demo shards, validating every step, with the run's other flags and seed: every logged loss and scalar and
+# every final parameter must be equal. The flags that size the run (SIZE_FLAGS) are the tiny preset's for both.
+VERIFY_STEPS = 2
+SIZE_FLAGS = ("--preset", "--num-iterations", "--stop-after", "--val-every", "--val-tokens", "--train-seq-len",
+              "--val-seq-len", "--train-files", "--val-files", "--log-dir", "--run-name", "--save-final-checkpoint")
+VERIFY_TIMEOUT_S = 600
+
+
+def verification_argv(run_argv, fixed, resolve_args):
+    """(the modular script's flags, the file's flags) of the check run: the arm (fixed, given to the modular script
+    alone: the file holds it), the run's other flags, then the tiny preset's sizes and schedule. A run whose arm
+    does not resolve at the tiny preset's depth is checked at its own (--num-layers); UsageError where neither
+    resolves."""
+    fixed_names = {name for name, _ in flag_groups(fixed)}
+    run_flags = [token for name, values in flag_groups(run_argv) if name not in {*SIZE_FLAGS, *fixed_names}
+                 for token in [name, *values]]
+    demo = ROOT / "data" / "demo"
+    check = ["--preset", "tiny", "--num-iterations", str(VERIFY_STEPS), "--val-every", "1", "--save-final-checkpoint",
+             "--train-files", str(demo / "demo_train_*.bin"), "--val-files", str(demo / "demo_val_*.bin")]
+    try:
+        tiny = resolve_args([*fixed, *run_flags, *check])
+    except UsageError as e:
+        if "--num-layers" in fixed_names:
+            raise UsageError(f"{EXPORT_FLAG}: cannot check the file at the tiny preset: {e}") from None
+        depth = ["--num-layers", str(resolve_args(run_argv).num_layers)]
+        try:
+            tiny = resolve_args([*fixed, *run_flags, *check, *depth])
+        except UsageError as e:
+            raise UsageError(f"{EXPORT_FLAG}: cannot check the file at the tiny preset: {e}") from None
+        check += depth
+    # explicit, as the file's own defaults may be the run's sizes
+    check += [token for flag in ("--val-tokens", "--train-seq-len", "--val-seq-len")
+              for token in (flag, str(getattr(tiny, flag[2:].replace("-", "_"))))]
+    return [*fixed, *run_flags, *check], [*run_flags, *check]
+
+
+def logged_values(log):
+    """[(step, 'val_loss' or 'scalars', the logged text)] of a run log, in order."""
+    from speedrun.logformat import VAL_OR_SCALARS_LINE
+    return [(int(m.group(1)), "val_loss" if m.group(3) is not None else "scalars",
+             (m.group(3) if m.group(3) is not None else m.group(6)).decode()) for m in VAL_OR_SCALARS_LINE.finditer(log)]
+
+
+def first_difference(modular, exported):
+    """The first difference between the check runs in these folders, in words, or None where they are bit for bit
+    alike (every logged loss and scalar, every final parameter)."""
+    import torch
+    ours, theirs = (logged_values((folder / "run.txt").read_bytes()) for folder in (modular, exported))
+    for a, b in zip(ours, theirs):
+        if a != b:
+            return (f"step {a[0]}: {a[1]} {a[2]} (modular script) vs step {b[0]}: {b[1]} {b[2]} (exported file)")
+    if len(ours) != len(theirs):
+        return f"the modular script logs {len(ours)} losses and scalars, the exported file {len(theirs)}"
+    ours, theirs = (torch.load(folder / "run.pt", map_location="cpu", weights_only=False)["model"]
+                    for folder in (modular, exported))
+    if ours.keys() != theirs.keys():
+        only = sorted(set(ours) ^ set(theirs))[0]
+        return f"final parameter {only} is in {'the modular script' if only in ours else 'the exported file'} only"
+    differing = next((key for key in ours if not torch.equal(ours[key], theirs[key])), None)
+    return None if differing is None else f"final parameter {differing} differs"
+
+
+def last_line(path):
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1].removeprefix("error: ") if lines else "no message"
+
+
+def verify_export(script, text, modular_argv, file_argv):
+    """Trains the modular script and the file `text` side by side (the check run's flags) from a temporary folder
+    outside the checkout; raises UsageError naming the first difference, or the one that failed."""
+    import os
+    import subprocess
+    import tempfile
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    with tempfile.TemporaryDirectory(prefix="export-check-") as name:
+        folder = Path(name)
+        exported = folder / "exported.py"
+        exported.write_text(text)
+        runs = {"the modular script": (Path(script).resolve(), modular_argv, folder / "modular", ROOT),
+                "the exported file": (exported, file_argv, folder / "exported", folder)}
+        started = {}
+        for who, (program, argv, logs, cwd) in runs.items():
+            logs.mkdir()
+            with open(logs / "stderr", "w") as stderr:
+                started[who] = subprocess.Popen([sys.executable, str(program), *argv, "--log-dir", str(logs),
+                                                 "--run-name", "run"], cwd=cwd, env=env,
+                                                stdout=subprocess.DEVNULL, stderr=stderr)
+        for who, process in started.items():
+            try:
+                failed = process.wait(timeout=VERIFY_TIMEOUT_S) != 0
+            except subprocess.TimeoutExpired:
+                for other in started.values():
+                    other.kill()
+                raise UsageError(f"{EXPORT_FLAG}: not written: checking the file took over {VERIFY_TIMEOUT_S} s")
+            if failed:
+                raise UsageError(f"{EXPORT_FLAG}: not written: {who} fails at the check's tiny preset "
+                                 f"({last_line(runs[who][2] / 'stderr')})")
+        difference = first_difference(runs["the modular script"][2], runs["the exported file"][2])
+        if difference is not None:
+            raise UsageError(f"{EXPORT_FLAG}: not written: the file trains otherwise than the modular script at the "
+                             f"check's tiny preset: {difference}")
+
+
 # ----- the command line -----------------------------------------------------------------------------------------
 
 def split_export_flags(argv):
@@ -1080,8 +1191,9 @@ def export_main(script, argv, resolve_args, track_flags):
             run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
-        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command,
-                             omitted_run_flags(run_argv))
+        fixed = fixed_flags(run_argv, config, track_flags)
+        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv))
+        verify_export(script, text, *verification_argv(run_argv, fixed, resolve_args))
         try:
             Path(out).write_text(text)
         except OSError as e:
@@ -1089,5 +1201,6 @@ def export_main(script, argv, resolve_args, track_flags):
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}: {text.count(chr(10))} lines, one file")
+    print(f"wrote {out}: {text.count(chr(10))} lines, one file; it trains {VERIFY_STEPS} steps of the tiny preset "
+          f"bit for bit as the modular script")
     return 0

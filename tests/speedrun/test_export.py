@@ -13,6 +13,14 @@ from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
 
+@pytest.fixture(autouse=True)
+def unchecked_exports(monkeypatch):
+    """These tests read the file's text: the check that trains it beside the modular script (verify_export) is left
+    to tests/scripts/test_export_runs.py."""
+    from speedrun import export as export_module
+    monkeypatch.setattr(export_module, "verify_export", lambda *args: None)
+
+
 def export(tmp_path, script_module, *flags):
     out = tmp_path / "exported.py"
     assert script_module.main(["--export-script", str(out), "--preset", "tiny", *flags]) == 0
@@ -366,6 +374,47 @@ def test_a_folded_method_another_class_overrides_is_refused(tmp_path, monkeypatc
               "if __name__ == '__main__':\n    print(Mine().run())\n")
     with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
         exported_program(tmp_path, monkeypatch, library, script)
+
+
+def test_an_override_of_a_folded_method_is_refused_when_the_file_would_drop_it(tmp_path, monkeypatch):
+    """A track's GPT overriding a model hook, beside methods the file keeps: the override is named nowhere once the
+    calls fold, so the file would drop it and train the base's hook (rc 0 before the fix)."""
+    library = ("class Base:\n    def hook(self, scale=1.0):\n        return None\n\n"
+               "    def run(self):\n        residuals = self.hook()\n        return residuals\n")
+    script = ("from speedrun.lib import Base\n\n\nclass Mine(Base):\n    def hook(self, scale=0.9):\n"
+              "        return scale\n\n    def used(self):\n        return self.run()\n\n\n"
+              "if __name__ == '__main__':\n    print(Mine().used())\n")
+    with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
+        exported_program(tmp_path, monkeypatch, library, script)
+
+
+def test_a_left_out_run_flag_folds_to_the_parsers_default_not_a_number_of_the_exporters():
+    """--checkpoint-every's default changed in speedrun/cli.py: the file's code is folded with the new default (the
+    config's value), as its parser states it."""
+    from dataclasses import replace
+
+    from speedrun.export import folded_tests
+    config = replace(T.resolve_args(["--preset", "tiny"]), checkpoint_every=7, profile_steps=3)
+    folds = folded_tests(config, ("--checkpoint-every", "--profile-steps"))
+    assert folds["config.checkpoint_every"] == folds["args.checkpoint_every"] == 7
+    assert folds["config.profile_steps"] == 3
+
+
+def test_the_check_runs_the_arm_at_the_tiny_preset_and_at_the_runs_depth_where_tiny_has_too_few_layers():
+    from speedrun.export import ROOT, verification_argv
+    run = ["--backout-layers", "11", "--num-iterations", "5550", "--seed", "3", "--log-dir", "x"]
+    config = T.resolve_args(run)
+    fixed = fixed_flags(run, config, T.TRACK_FLAGS)
+    modular, exported = verification_argv(run, fixed, T.resolve_args)
+    assert modular[:len(fixed)] == fixed and exported == modular[len(fixed):]
+    assert "--backout-layers" not in exported and exported[:2] == ["--seed", "3"]
+    assert "5550" not in exported and "x" not in exported
+    assert exported[exported.index("--num-layers") + 1] == "16"  # layer 11 needs the record's depth
+    assert exported[exported.index("--train-files") + 1] == str(ROOT / "data" / "demo" / "demo_train_*.bin")
+    checked = T.resolve_args(modular)
+    assert (checked.preset, checked.num_iterations, checked.backout_layers, checked.seed) == ("tiny", 2, (11,), 3)
+    modular, exported = verification_argv(["--laurel", "rw"], ["--laurel", "rw", "--base", "r14"], T.resolve_args)
+    assert "--num-layers" not in exported  # tiny's own 6 layers
 
 
 CONSTANTS = '''class Base:
