@@ -182,20 +182,23 @@ def check_shared_args(args, presets):
 # The study and track flags of the run an exported single file was made for (speedrun/export.py writes them here,
 # in that file); read before the command line's.
 FIXED_FLAGS = ()
+# The other flags of that run (its preset and schedule among them): the file's defaults, which its command line may
+# override (of a flag given twice, the last counts).
+RUN_DEFAULTS = ()
 
 
 def with_fixed_flags(argv):
-    """FIXED_FLAGS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag given on the
-    command line is refused: the file is one arm's."""
+    """FIXED_FLAGS and RUN_DEFAULTS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag
+    given on the command line is refused: the file is one arm's."""
     if not FIXED_FLAGS:
-        return list(argv)
+        return [*RUN_DEFAULTS, *argv]
     fixed = {token for token in FIXED_FLAGS if token.startswith("--")}
     fixed |= {flag.name for study in STUDIES for flag in study.flags}
     for token in argv:
         if token.split("=")[0] in fixed:
             raise UsageError(f"{token.split('=')[0]}: this file runs one arm ({' '.join(FIXED_FLAGS)}); export the "
                              f"modular script again for another")
-    return [*FIXED_FLAGS, *argv]
+    return [*FIXED_FLAGS, *RUN_DEFAULTS, *argv]
 
 
 def asks_for_export(argv):

@@ -942,9 +942,23 @@ def flag_groups(argv):
     return groups
 
 
-def export_source(script, config, fixed_flags, command, omitted=()):
-    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags, its
-    command line without the omitted run flags (omitted_run_flags)."""
+# Run flags that are no part of the file's defaults: where the log goes, and a stop before the schedule's end.
+NOT_DEFAULTS = ("--log-dir", "--run-name", "--stop-after")
+# The constants the export writes at the top of the file, in place of the modular code's empty ones.
+FILE_CONSTANTS = ("FIXED_FLAGS", "RUN_DEFAULTS", "LEFT_OUT_FIELDS")
+
+
+def run_defaults(run_argv, config, fixed):
+    """The file's RUN_DEFAULTS: the run's preset, then every flag of run_argv that is neither fixed nor in
+    NOT_DEFAULTS, each with its values."""
+    names = {name for name, _ in flag_groups(fixed)} | set(NOT_DEFAULTS)
+    given = [token for name, values in flag_groups(run_argv) if name not in names for token in [name, *values]]
+    return given if "--preset" in given else ["--preset", config.preset, *given]
+
+
+def export_source(script, config, fixed_flags, command, omitted=(), defaults=()):
+    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
+    defaults, its command line without the omitted run flags (omitted_run_flags)."""
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
@@ -977,9 +991,15 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for study in STUDIES if study not in active
+                for flag in study.flags}
+    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}",
+            "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
+            f"RUN_DEFAULTS = {tuple(defaults)!r}",
+            "# The studies left out of this file, at their values in the run: logged as the modular script logs them.",
+            f"LEFT_OUT_FIELDS = {left_out!r}"]
     for module in rest:
-        statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
+        statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
         if not statements:
             continue
         if module is program.script:
@@ -1045,7 +1065,15 @@ def first_difference(modular, exported):
     """The first difference between the check runs in these folders, in words, or None where they are bit for bit
     alike (every logged loss and scalar, every final parameter)."""
     import torch
-    ours, theirs = (logged_values((folder / "run.txt").read_bytes()) for folder in (modular, exported))
+
+    from speedrun.logformat import RUN_LOCAL_KEYS, read_config
+    logs = [(folder / "run.txt").read_bytes() for folder in (modular, exported)]
+    ours, theirs = (read_config(log) or {} for log in logs)
+    for key in sorted((set(ours) | set(theirs)) - set(RUN_LOCAL_KEYS)):
+        if key not in theirs or key not in ours or ours[key] != theirs[key]:
+            return (f"config {key}: {ours.get(key, 'absent')!r} (modular script) vs {theirs.get(key, 'absent')!r} "
+                    f"(exported file)")
+    ours, theirs = (logged_values(log) for log in logs)
     for a, b in zip(ours, theirs):
         if a != b:
             return (f"step {a[0]}: {a[1]} {a[2]} (modular script) vs step {b[0]}: {b[1]} {b[2]} (exported file)")
@@ -1131,6 +1159,10 @@ def as_logged(value):
     return json.loads(json.dumps(value))
 
 
+# The run flags of a logged run's schedule and sizes that --from-log rebuilds (the preset gives the others).
+SCHEDULE_FLAGS = ("--num-iterations", "--val-every", "--val-tokens", "--train-seq-len", "--val-seq-len")
+
+
 def flags_of_config(config, track_flags, resolve_args, run_argv=()):
     """The command line of a logged run's config (a dict): its preset, variant and depth, the track flags it set and
     its study flags, each study's switch first, then any other flag whose logged value the resolution without it
@@ -1147,8 +1179,10 @@ def flags_of_config(config, track_flags, resolve_args, run_argv=()):
         resolved = resolve_args(argv + list(run_argv))
         differing = [f for f in flags if f not in chosen and as_logged(getattr(resolved, f.dest, f.unset))
                      != as_logged(logged[f])]
-        if not differing:
-            return argv
+        if not differing:  # then the schedule and sizes the log's run gave (those its preset does not)
+            return argv + [token for flag in SCHEDULE_FLAGS for dest in [flag[2:].replace("-", "_")]
+                           if dest in config and as_logged(getattr(resolved, dest)) != config[dest]
+                           for token in (flag, str(config[dest]))]
         if not is_on[differing[0]]:
             raise UsageError(f"{FROM_LOG_FLAG}: the logged {differing[0].name} is unset, but this checkout derives "
                              f"a value for it: the run's config cannot be reproduced")
@@ -1170,7 +1204,18 @@ def flags_from_log(log, script, track_flags, resolve_args, run_argv):
     if changed is not None:
         raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {changed} is not this checkout's: check out the commit "
                          f"it ran to export it")
-    return flags_of_config(config, track_flags, resolve_args, run_argv)
+    flags = flags_of_config(config, track_flags, resolve_args, run_argv)
+    defining = {f.name: f.dest for f in [*track_flags, *(f for study in STUDIES for f in study.flags)]}
+    defining.update({name: name[2:].replace("-", "_") for name in ("--preset", *ARM_FLAGS, *SCHEDULE_FLAGS)})
+    given = [(name, values) for name, values in flag_groups(run_argv) if name in defining]
+    if given:
+        resolved = resolve_args(flags + list(run_argv))
+        for name, values in given:
+            dest = defining[name]
+            if as_logged(getattr(resolved, dest, None)) != config.get(dest):
+                raise UsageError(f"{FROM_LOG_FLAG} {log}: {' '.join([name, *values])} contradicts the log's run "
+                                 f"({dest} {config.get(dest)!r}): export that run without it, or another log")
+    return flags
 
 
 def fixed_flags(argv, config, track_flags):
@@ -1192,7 +1237,8 @@ def export_main(script, argv, resolve_args, track_flags):
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
         fixed = fixed_flags(run_argv, config, track_flags)
-        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv))
+        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
+                             run_defaults(run_argv, config, fixed))
         verify_export(script, text, *verification_argv(run_argv, fixed, resolve_args))
         try:
             Path(out).write_text(text)

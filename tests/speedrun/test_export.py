@@ -449,3 +449,50 @@ def test_a_local_is_read_as_its_value_only_where_a_literal_spells_it():
     source = "def f(self):\n    x = g()\n    return h(x)\n"
     assert propagate_locals(source, {"g()": 2}) == "def f(self):\n    x = 2\n    return h(2)\n"
     assert propagate_locals(source, {"g()": float("inf")}) == source  # repr 'inf' would be a name
+
+
+def file_constant(text, name):
+    return next(ast.literal_eval(n.value) for n in ast.parse(text).body if isinstance(n, ast.Assign)
+                and ast.unparse(n.targets[0]) == name)
+
+
+def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypatch):
+    """The record's file trains the record: its schedule (--num-iterations 5550) and preset are its defaults, which
+    a flag given to it overrides; with none given it resolves to the modular run's config (before: 5590 steps)."""
+    import speedrun.cli as cli
+    out = tmp_path / "rec.py"
+    run = ["--backout-layers", "11", "--num-iterations", "5550", "--seed", "3", "--log-dir", "logs2"]
+    assert T.main(["--export-script", str(out), *run]) == 0
+    text = out.read_text()
+    assert file_constant(text, "RUN_DEFAULTS") == ("--preset", "full", "--num-iterations", "5550", "--seed", "3")
+    monkeypatch.setattr(cli, "FIXED_FLAGS", file_constant(text, "FIXED_FLAGS"))
+    monkeypatch.setattr(cli, "RUN_DEFAULTS", file_constant(text, "RUN_DEFAULTS"))
+    as_file, modular = T.resolve_args(with_fixed_flags(["--run-name", "r"])), T.resolve_args(run + ["--run-name", "r"])
+    assert as_file.as_dict() == dict(modular.as_dict(), log_dir="logs")
+    assert T.resolve_args(with_fixed_flags(["--num-iterations", "9", "--run-name", "r"])).num_iterations == 9
+    # the studies the file leaves out are logged at their values, as the modular run logs them
+    left_out = file_constant(text, "LEFT_OUT_FIELDS")
+    assert left_out["laurel"] is None and left_out["rolling_skip"] is False and "backout_layers" not in left_out
+
+
+def logged_run(tmp_path, *flags):
+    """A log of this checkout's medium script (its code section and config line, no steps)."""
+    from conftest import MEDIUM_SCRIPT, embedded_sources
+    from speedrun.logformat import SEPARATOR, config_line
+    config = T.resolve_args(["--preset", "tiny", "--run-name", "r", *flags]).as_dict()
+    log = tmp_path / "r.txt"
+    log.write_text("\n".join([embedded_sources(MEDIUM_SCRIPT), SEPARATOR, config_line(config), SEPARATOR, ""]))
+    return log
+
+
+def test_from_log_keeps_the_logged_schedule_and_refuses_a_flag_that_contradicts_the_log(tmp_path, capsys):
+    from speedrun.export import flags_from_log
+    log = logged_run(tmp_path, "--backout-layers", "4", "--num-iterations", "7")
+    flags = flags_from_log(log, T.__file__, T.TRACK_FLAGS, T.resolve_args, [])
+    assert flags[:2] == ["--preset", "tiny"] and flags[flags.index("--num-iterations") + 1] == "7"
+    assert flags_from_log(log, T.__file__, T.TRACK_FLAGS, T.resolve_args, ["--backout-layers", "4", "--seed", "2"])
+    out = tmp_path / "x.py"
+    assert T.main(["--export-script", str(out), "--from-log", str(log), "--backout-layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--backout-layers 2 contradicts the log's run (backout_layers [4])" in err
+    assert not out.exists()
