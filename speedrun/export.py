@@ -67,13 +67,18 @@ def module_path(module_name):
 # (tests/scripts/test_export_runs.py) and how a record's model is kept.
 OMITTED_RUN_FLAGS = ("--resume", "--init-from", "--checkpoint-every", "--profile-steps")
 NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
+# kept with the flag that needs it: a run that writes checkpoints every K steps can resume from them
+KEPT_WITH = {"--resume": "--checkpoint-every"}
+FORCE_FLAG = "--force"
+# The export's own flags, in the parser for --help alone: never in the file.
+EXPORT_ONLY_FLAGS = (EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG)
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
 def omitted_run_flags(run_argv):
     """The run flags of OMITTED_RUN_FLAGS and NEEDS_FLAG that run_argv does not give, sorted."""
     given = {name for name, _ in flag_groups(run_argv)}
-    omitted = {flag for flag in OMITTED_RUN_FLAGS if flag not in given}
+    omitted = {flag for flag in OMITTED_RUN_FLAGS if flag not in given and KEPT_WITH.get(flag) not in given}
     omitted |= {flag for flag, needed in NEEDS_FLAG.items() if needed in omitted and flag not in given}
     return tuple(sorted(omitted))
 
@@ -378,7 +383,8 @@ def fold_constants(text, folds, where):
 
 def omit_arguments(text, omitted):
     """The source with each `parser.add_argument(FLAG, ...)` statement of an omitted flag replaced by
-    `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value."""
+    `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value. One
+    whose default is SUPPRESS (no config field: the export's own flags) goes whole."""
     lines = text.split("\n")
     calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
              and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "add_argument"
@@ -387,10 +393,12 @@ def omit_arguments(text, omitted):
         keywords = {k.arg: k.value for k in node.value.keywords}
         dest = keywords["dest"].value if "dest" in keywords else node.value.args[0].value[2:].replace("-", "_")
         store_true = "action" in keywords and ast.literal_eval(keywords["action"]) == "store_true"
-        default = "False" if store_true else ast.unparse(keywords["default"]) if "default" in keywords else "None"
+        default = ast.unparse(keywords["default"]) if "default" in keywords else "False" if store_true else "None"
         receiver = ast.unparse(node.value.func.value)
-        new_line = f"{' ' * node.col_offset}{receiver}.set_defaults({dest}={default})"
-        lines = replace_lines(lines, node.lineno, node.end_lineno, [new_line])
+        new_lines = [] if default.endswith("SUPPRESS") else [f"{' ' * node.col_offset}{receiver}.set_defaults("
+                                                             f"{dest}={default})"]
+        first = first_line_with_comments(lines, node) if not new_lines else node.lineno
+        lines = replace_lines(lines, first, node.end_lineno, new_lines)
     return "\n".join(lines)
 
 
@@ -962,7 +970,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=())
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = folded_program(script_module, folded_tests(config, omitted, active), registries, omitted)
+    program = folded_program(script_module, folded_tests(config, omitted, active), registries,
+                             (*omitted, *EXPORT_ONLY_FLAGS))
     modules = program.order()
     check_names(modules, program)
     check_off_study_fields(modules, program, active)
@@ -1093,6 +1102,18 @@ def last_line(path):
     return lines[-1].removeprefix("error: ") if lines else "no message"
 
 
+CHECKED_PREFIX = "checked: "
+
+
+def checked_line(script, modular_argv):
+    """The line saying what the check ran (the data globs aside), printed after the file is written."""
+    flags = [token for name, values in flag_groups(modular_argv) if name not in ("--train-files", "--val-files")
+             for token in [name, *values]]
+    return (f"{CHECKED_PREFIX}`python {Path(script).name} {' '.join(flags)}` on CPU (the bundled demo shards) and "
+            f"the file with the same run flags logged the same losses, scalars and config line and ended with the "
+            f"same parameters, bit for bit")
+
+
 def verify_export(script, text, modular_argv, file_argv):
     """Trains the modular script and the file `text` side by side (the check run's flags) from a temporary folder
     outside the checkout; raises UsageError naming the first difference, or the one that failed."""
@@ -1132,12 +1153,17 @@ def verify_export(script, text, modular_argv, file_argv):
 # ----- the command line -----------------------------------------------------------------------------------------
 
 def split_export_flags(argv):
-    """(OUT path, LOG path or None, the other flags) of a command line with --export-script OUT [--from-log LOG]."""
-    rest, values = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}
+    """(OUT path, LOG path or None, whether --force is given, the other flags) of a command line with
+    --export-script OUT [--from-log LOG] [--force]."""
+    rest, values, force = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}, False
     tokens = iter(argv)
     for token in tokens:
         name, equals, value = token.partition("=")
-        if name in values:
+        if name in (*values, FORCE_FLAG) and (force if name == FORCE_FLAG else values[name] is not None):
+            raise UsageError(f"{name} is given twice")
+        if name == FORCE_FLAG and not equals:
+            force = True
+        elif name in values:
             values[name] = value if equals else next(tokens, None)
             if not values[name] or values[name].startswith("--"):
                 raise UsageError(f"{name} needs a file name")
@@ -1146,7 +1172,52 @@ def split_export_flags(argv):
     out = values[EXPORT_FLAG]
     if not out or not out.endswith(".py"):
         raise UsageError(f"{EXPORT_FLAG}: the file name must end in .py, got {out!r}")
-    return out, values[FROM_LOG_FLAG], rest
+    return out, values[FROM_LOG_FLAG], force, rest
+
+
+def tracked_files():
+    """The checkout's files under version control (resolved paths); None where git cannot say."""
+    import subprocess
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if listed.returncode != 0:
+        return None
+    return {(ROOT / name).resolve() for name in listed.stdout.decode().split("\0") if name}
+
+
+def check_out_path(out, force):
+    """Raises UsageError where OUT may not be written: a file of the checkout (under version control, or any
+    existing file inside it where git cannot say) always, another existing file without --force."""
+    path = Path(out).resolve()
+    if ROOT in path.parents:
+        tracked = tracked_files()
+        if (path in tracked) if tracked is not None else path.exists():
+            raise UsageError(f"{EXPORT_FLAG} {out}: a file of this checkout; choose another name")
+    if path.exists() and not force:
+        raise UsageError(f"{EXPORT_FLAG} {out}: exists; give {FORCE_FLAG} to replace it")
+    if path.is_dir():
+        raise UsageError(f"{EXPORT_FLAG} {out}: is a folder")
+
+
+def write_atomically(out, text):
+    """Writes OUT through a temporary file beside it renamed into place: never a partial file under its name."""
+    import os
+    import tempfile
+    path = Path(out)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as e:
+        raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except OSError as e:
+        Path(temporary).unlink(missing_ok=True)
+        raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
 
 
 def flag_tokens(flag, value):
@@ -1231,7 +1302,8 @@ def export_main(script, argv, resolve_args, track_flags):
     """Writes the standalone file of the run that argv (with --export-script OUT) describes; 0, or 2 with one line
     on stderr."""
     try:
-        out, log, run_argv = split_export_flags(argv)
+        out, log, force, run_argv = split_export_flags(argv)
+        check_out_path(out, force)
         if log is not None:
             run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
@@ -1239,14 +1311,13 @@ def export_main(script, argv, resolve_args, track_flags):
         fixed = fixed_flags(run_argv, config, track_flags)
         text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
                              run_defaults(run_argv, config, fixed))
-        verify_export(script, text, *verification_argv(run_argv, fixed, resolve_args))
-        try:
-            Path(out).write_text(text)
-        except OSError as e:
-            raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
+        modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
+        verify_export(script, text, modular_argv, file_argv)
+        check_out_path(out, force)  # again: the check took a while
+        write_atomically(out, text)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}: {text.count(chr(10))} lines, one file; it trains {VERIFY_STEPS} steps of the tiny preset "
-          f"bit for bit as the modular script")
+    print(f"wrote {out}: {text.count(chr(10))} lines, one file")
+    print(checked_line(script, modular_argv))
     return 0

@@ -23,7 +23,7 @@ def unchecked_exports(monkeypatch):
 
 def export(tmp_path, script_module, *flags):
     out = tmp_path / "exported.py"
-    assert script_module.main(["--export-script", str(out), "--preset", "tiny", *flags]) == 0
+    assert script_module.main(["--export-script", str(out), "--force", "--preset", "tiny", *flags]) == 0
     return out.read_text()
 
 
@@ -199,7 +199,7 @@ def test_small_track_export_keeps_its_track_flag(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--export-script", "out.txt"], "must end in .py"),
+    (["--export-script", "out.txt"], "--export-script is given twice"),
     (["--num-layers", "1"], "--num-layers must be at least 2"),
 ])
 def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags, message):
@@ -211,8 +211,15 @@ def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags
 
 
 def test_split_and_fixed_flags():
-    out, log, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir", "l"])
-    assert out == "a.py" and log is None and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    out, log, force, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir",
+                                                "l"])
+    assert out == "a.py" and log is None and not force and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    assert split_export_flags(["--force", "--export-script", "a.py"])[2]
+    for twice in (["--export-script", "a.py", "--export-script=b.py"], ["--export-script", "a.py", "--force"] * 2):
+        with pytest.raises(UsageError, match="is given twice"):
+            split_export_flags(twice)
+    with pytest.raises(UsageError, match="must end in .py"):
+        split_export_flags(["--export-script", "out.txt"])
     config = T.resolve_args(["--preset", "tiny"] + rest)
     assert fixed_flags(rest, config, T.TRACK_FLAGS) == ["--laurel", "rw", "--base", "r14"]
 
@@ -496,3 +503,46 @@ def test_from_log_keeps_the_logged_schedule_and_refuses_a_flag_that_contradicts_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--backout-layers 2 contradicts the log's run (backout_layers [4])" in err
     assert not out.exists()
+
+
+def test_an_existing_file_is_replaced_only_with_force_and_atomically(tmp_path, monkeypatch, capsys):
+    import os
+    out = tmp_path / "x.py"
+    out.write_text("mine\n")
+    assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
+    assert "exists; give --force to replace it" in capsys.readouterr().err and out.read_text() == "mine\n"
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", full_disk)
+        assert T.main(["--export-script", str(out), "--preset", "tiny", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err
+    assert out.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]  # no temp left
+    assert T.main(["--export-script", str(out), "--preset", "tiny", "--force"]) == 0
+    assert "FIXED_FLAGS" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
+
+
+def test_a_file_of_the_checkout_is_never_the_export(tmp_path):
+    from speedrun.export import ROOT, check_out_path
+    for tracked in (ROOT / "speedrun" / "model.py", ROOT / "train_gpt_medium.py"):
+        with pytest.raises(UsageError, match="a file of this checkout"):
+            check_out_path(str(tracked), force=True)
+    check_out_path(str(ROOT / "not_tracked_export.py"), force=False)  # a new name in the checkout is fine
+
+
+def test_help_lists_the_export_flags_and_the_file_has_none(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        T.main(["--help"])
+    shown = capsys.readouterr().out
+    assert "--export-script OUT.py" in shown and "--from-log LOG" in shown and "--force" in shown
+    text = export(tmp_path, T)
+    assert not [flag for flag in ("--export-script", "--from-log", "--force") if f'add_argument("{flag}"' in text]
+    assert "import SUPPRESS" not in text
+
+
+def test_a_run_writing_checkpoints_every_k_steps_keeps_resume_in_its_file(tmp_path):
+    text = export(tmp_path, T, "--checkpoint-every", "5")
+    assert 'add_argument("--checkpoint-every"' in text and 'add_argument("--resume"' in text
+    assert "def load_resume_state" in text or "def restore_run_state" in text
