@@ -964,6 +964,21 @@ def run_defaults(run_argv, config, fixed):
     return given if "--preset" in given else ["--preset", config.preset, *given]
 
 
+def packed_assignment(name, values, width=118):
+    """`name = {...}` of a dict of literals as lines of at most `width` characters, its items packed (an item is
+    never split)."""
+    items = [f"{key!r}: {value!r}" for key, value in values.items()]
+    lines = [f"{name} = {{"]
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if lines[-1].endswith("{") or len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += ("" if lines[-1].endswith("{") else " ") + piece
+        else:
+            lines.append("    " + piece)
+    lines[-1] += "}"
+    return lines
+
+
 def export_source(script, config, fixed_flags, command, omitted=(), defaults=()):
     """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
     defaults, its command line without the omitted run flags (omitted_run_flags)."""
@@ -1006,7 +1021,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=())
             "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
             "# The studies left out of this file, at their values in the run: logged as the modular script logs them.",
-            f"LEFT_OUT_FIELDS = {left_out!r}"]
+            *packed_assignment("LEFT_OUT_FIELDS", left_out)]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
         if not statements:
