@@ -17,9 +17,6 @@ from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
 
 SCRIPT_NAMES = {"medium": "train_gpt_medium.py", "small": "train_gpt.py"}
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# The test that trains the modular script and its single-file export alike (same logged losses and parameters).
-EXPORT_TEST = "tests/scripts/test_export_runs.py"
-MODULAR_FOLDER = "modular"
 TRACK_TITLES = {"medium": "GPT-2 Medium track", "small": "GPT-2 Small track"}
 
 
@@ -135,22 +132,26 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
     return destination
 
 
-def export_single_file(log: Path, track: str, out: Path) -> str | None:
-    """Exports the run of `log` as one file (the training script's --export-script --from-log); None when written,
-    else the one line saying why not."""
+def export_single_file(log: Path, track: str, out: Path) -> tuple[str | None, str | None]:
+    """Exports the run of `log` as one file (the training script's --export-script --from-log, which checks the
+    file against the modular script before it keeps it): (what the check ran, None) when written, else (None, the
+    one line saying why not)."""
+    from speedrun.export import CHECKED_PREFIX
     script = PROJECT_ROOT / SCRIPT_NAMES[track]
     done = subprocess.run([sys.executable, str(script), "--export-script", str(out), "--from-log", str(log)],
                           capture_output=True, text=True, cwd=PROJECT_ROOT)
     if done.returncode == 0:
-        return None
-    return (done.stderr.strip().splitlines() or ["the export failed"])[-1].removeprefix("error: ")
+        checked = [line for line in done.stdout.splitlines() if line.startswith(CHECKED_PREFIX)]
+        return (checked[-1].removeprefix(CHECKED_PREFIX) if checked else "no check reported"), None
+    return None, (done.stderr.strip().splitlines() or ["the export failed"])[-1].removeprefix("error: ")
 
 
 def write_code(code: str | None, log: Path, track: str, folder: Path) -> str:
     """Writes the code the runs share into the record folder under upstream's name; returns the README's lines on
     which code made the logs. Logs of one file: that file. Logs of the modular script: its export as one file
-    under upstream's name, the modular code (as the logs embed it) under modular/; without an export (code other
-    than this checkout's, a base it cannot export), the modular script under upstream's name and its modules."""
+    under upstream's name (the modular code stays in each log's code section); without an export (code other than
+    this checkout's, a base it cannot export, a file its check refused), the modular script under upstream's name
+    and its modules."""
     script_name = SCRIPT_NAMES[track]
     if code is None:
         return "\nThe logs do not share one source: no script is included.\n"
@@ -160,17 +161,16 @@ def write_code(code: str | None, log: Path, track: str, folder: Path) -> str:
         return f"\nThe logs were made by `{script_name}`, this folder's single file (its source opens each log).\n"
     changed = changed_source(code, PROJECT_ROOT, script_name)
     if changed is not None:
-        why_not = f"the runs' {changed} is not this checkout's (export it from the commit that ran them)"
+        checked, why_not = None, f"the runs' {changed} is not this checkout's (export it from the commit that ran them)"
     else:
-        why_not = export_single_file(log, track, folder / script_name)
-    modular = folder if why_not else folder / MODULAR_FOLDER
-    for path, source in [(script_name, script), *modules.items()]:
-        (modular / path).parent.mkdir(parents=True, exist_ok=True)
-        (modular / path).write_text(source, encoding="utf-8")
+        checked, why_not = export_single_file(log, track, folder / script_name)
     if why_not:
+        for path, source in [(script_name, script), *modules.items()]:
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(source, encoding="utf-8")
         return (f"\nThe logs were made by the modular script `{script_name}` and the project modules beside it, as "
                 f"each log embeds them. No single file: {why_not}.\n")
-    return (f"\nThe logs were made by the modular script (`{MODULAR_FOLDER}/`: `{script_name}` and the project "
-            f"modules, as each log embeds them) with the flags of their config lines. `{script_name}` is that run "
-            f"exported as one file (`--export-script`); with the same flags and seed it logs the same losses and ends "
-            f"with the same parameters, bit for bit ({EXPORT_TEST}).\n")
+    return (f"\nThe logs were made by the modular script with the flags of their config lines (its source and the "
+            f"project modules it imported open each log). `{script_name}` is that run exported as one file "
+            f"(`--export-script --from-log`): with no flags it trains this run. Before it was kept, the export "
+            f"checked it against the modular script: {checked}.\n")

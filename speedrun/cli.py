@@ -4,6 +4,7 @@
 import os
 import sys
 import uuid
+from argparse import SUPPRESS
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,6 +82,15 @@ def make_parser(description, presets, backout_record_layer, track_flags=()):
     run.add_argument("--profile-steps", type=int, default=0, metavar="N",
                      help="profile the last N training steps: optimiser-step time and exposed communication per "
                           "step, written to <log-dir>/<run-name>.profile.json (benchmarks)")
+    # Read before the parser (run_main): listed for --help; SUPPRESS keeps them out of the config.
+    run.add_argument("--export-script", metavar="OUT.py", default=SUPPRESS,
+                     help="write this run (the other flags) as one standalone file instead of training, after "
+                          "checking that it trains a few tiny-preset steps bit for bit as this script "
+                          "(speedrun/export.py)")
+    run.add_argument("--from-log", metavar="LOG", default=SUPPRESS,
+                     help="with --export-script: the run a log of this checkout records, its flags from the log")
+    run.add_argument("--force", action="store_true", default=SUPPRESS,
+                     help="with --export-script: replace an existing OUT.py (a file of this checkout never)")
     ck = p.add_argument_group("checkpoints")
     ck.add_argument("--checkpoint-every", type=int, default=0,
                     help="write <log-dir>/<run-name>.pt every K steps and at the end (0: off)")
@@ -184,20 +194,23 @@ def check_shared_args(args, presets):
 # The study and track flags of the run an exported single file was made for (speedrun/export.py writes them here,
 # in that file); read before the command line's.
 FIXED_FLAGS = ()
+# The other flags of that run (its preset and schedule among them): the file's defaults, which its command line may
+# override (of a flag given twice, the last counts).
+RUN_DEFAULTS = ()
 
 
 def with_fixed_flags(argv):
-    """FIXED_FLAGS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag given on the
-    command line is refused: the file is one arm's."""
+    """FIXED_FLAGS and RUN_DEFAULTS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag
+    given on the command line is refused: the file is one arm's."""
     if not FIXED_FLAGS:
-        return list(argv)
+        return [*RUN_DEFAULTS, *argv]
     fixed = {token for token in FIXED_FLAGS if token.startswith("--")}
     fixed |= {flag.name for study in STUDIES for flag in study.flags}
     for token in argv:
         if token.split("=")[0] in fixed:
             raise UsageError(f"{token.split('=')[0]}: this file runs one arm ({' '.join(FIXED_FLAGS)}); export the "
                              f"modular script again for another")
-    return [*FIXED_FLAGS, *argv]
+    return [*FIXED_FLAGS, *RUN_DEFAULTS, *argv]
 
 
 def asks_for_export(argv):

@@ -20,6 +20,9 @@ The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py),
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
 log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
 it cannot export is refused in one line.
+Before the file is kept it is checked (verify_export): it and the modular script train the run's arm a few steps of
+the tiny preset on CPU, with the same flags and seed; every logged loss and scalar and every final parameter must
+be equal, or the export is refused naming the first difference (or the program that failed).
 """
 
 import ast
@@ -58,19 +61,24 @@ def module_path(module_name):
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
-# Run flags the file's command line leaves out when the exported run does not give them (flag -> its default): the
-# file runs with the default, and the code only the flag reaches is folded away. Upstream's scripts have none of
+# Run flags the file's command line leaves out when the exported run does not give them: the file runs with the
+# parser's default (the config's value), and the code only the flag reaches is folded away. Upstream's scripts have none of
 # them. --save-final-checkpoint stays: the final weights are how two runs are compared bit for bit
 # (tests/scripts/test_export_runs.py) and how a record's model is kept.
-OMITTED_RUN_FLAGS = {"--resume": None, "--init-from": None, "--checkpoint-every": 0, "--profile-steps": 0}
+OMITTED_RUN_FLAGS = ("--resume", "--init-from", "--checkpoint-every", "--profile-steps")
 NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
+# kept with the flag that needs it: a run that writes checkpoints every K steps can resume from them
+KEPT_WITH = {"--resume": "--checkpoint-every"}
+FORCE_FLAG = "--force"
+# The export's own flags, in the parser for --help alone: never in the file.
+EXPORT_ONLY_FLAGS = (EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG)
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
 def omitted_run_flags(run_argv):
     """The run flags of OMITTED_RUN_FLAGS and NEEDS_FLAG that run_argv does not give, sorted."""
     given = {name for name, _ in flag_groups(run_argv)}
-    omitted = {flag for flag in OMITTED_RUN_FLAGS if flag not in given}
+    omitted = {flag for flag in OMITTED_RUN_FLAGS if flag not in given and KEPT_WITH.get(flag) not in given}
     omitted |= {flag for flag, needed in NEEDS_FLAG.items() if needed in omitted and flag not in given}
     return tuple(sorted(omitted))
 
@@ -89,8 +97,9 @@ def folded_tests(config, omitted=(), active=()):
     folds = {"parsed['base'] == 'r18'": base == "r18", ON_R18: base == "r18",
              "asks_for_export(argv)": False, "package_sources()": ()}
     for flag in omitted:
-        if flag in OMITTED_RUN_FLAGS:
-            folds.update({f"{name}.{flag[2:].replace('-', '_')}": OMITTED_RUN_FLAGS[flag] for name in CONFIG_NAMES})
+        if flag in OMITTED_RUN_FLAGS:  # left out, the flag holds the parser's default: the config's value
+            dest = flag[2:].replace("-", "_")
+            folds.update({f"{name}.{dest}": hashable(getattr(config, dest)) for name in CONFIG_NAMES})
     if not active:  # the registry is empty, and so is every model's list of study parts
         folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
     for study in STUDIES:
@@ -374,7 +383,8 @@ def fold_constants(text, folds, where):
 
 def omit_arguments(text, omitted):
     """The source with each `parser.add_argument(FLAG, ...)` statement of an omitted flag replaced by
-    `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value."""
+    `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value. One
+    whose default is SUPPRESS (no config field: the export's own flags) goes whole."""
     lines = text.split("\n")
     calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
              and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "add_argument"
@@ -383,10 +393,12 @@ def omit_arguments(text, omitted):
         keywords = {k.arg: k.value for k in node.value.keywords}
         dest = keywords["dest"].value if "dest" in keywords else node.value.args[0].value[2:].replace("-", "_")
         store_true = "action" in keywords and ast.literal_eval(keywords["action"]) == "store_true"
-        default = "False" if store_true else ast.unparse(keywords["default"]) if "default" in keywords else "None"
+        default = ast.unparse(keywords["default"]) if "default" in keywords else "False" if store_true else "None"
         receiver = ast.unparse(node.value.func.value)
-        new_line = f"{' ' * node.col_offset}{receiver}.set_defaults({dest}={default})"
-        lines = replace_lines(lines, node.lineno, node.end_lineno, [new_line])
+        new_lines = [] if default.endswith("SUPPRESS") else [f"{' ' * node.col_offset}{receiver}.set_defaults("
+                                                             f"{dest}={default})"]
+        first = first_line_with_comments(lines, node) if not new_lines else node.lineno
+        lines = replace_lines(lines, first, node.end_lineno, new_lines)
     return "\n".join(lines)
 
 
@@ -777,8 +789,9 @@ class Program:
         for module in self.modules.values():
             for name, owner in module.constant_methods.items():
                 for other in self.modules.values():
-                    overriding = [s.node.name for s in self.kept_statements(other) if name in s.methods
-                                  and (other, s.node.name) != (module, owner)]
+                    # the classes as parsed: kept_statements has cut the methods nothing names (an override too)
+                    overriding = [s.node.name for s in other.statements if id(s) in self.kept[other.name]
+                                  and name in s.methods and (other, s.node.name) != (module, owner)]
                     if overriding:
                         raise UsageError(f"{EXPORT_FLAG}: {owner}.{name} was folded to its value, but "
                                          f"{other.path.name}'s {overriding[0]} defines {name} too: rename one")
@@ -937,13 +950,43 @@ def flag_groups(argv):
     return groups
 
 
-def export_source(script, config, fixed_flags, command, omitted=()):
-    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags, its
-    command line without the omitted run flags (omitted_run_flags)."""
+# Run flags that are no part of the file's defaults: where the log goes, and a stop before the schedule's end.
+NOT_DEFAULTS = ("--log-dir", "--run-name", "--stop-after")
+# The constants the export writes at the top of the file, in place of the modular code's empty ones.
+FILE_CONSTANTS = ("FIXED_FLAGS", "RUN_DEFAULTS", "LEFT_OUT_FIELDS")
+
+
+def run_defaults(run_argv, config, fixed):
+    """The file's RUN_DEFAULTS: the run's preset, then every flag of run_argv that is neither fixed nor in
+    NOT_DEFAULTS, each with its values."""
+    names = {name for name, _ in flag_groups(fixed)} | set(NOT_DEFAULTS)
+    given = [token for name, values in flag_groups(run_argv) if name not in names for token in [name, *values]]
+    return given if "--preset" in given else ["--preset", config.preset, *given]
+
+
+def packed_assignment(name, values, width=118):
+    """`name = {...}` of a dict of literals as lines of at most `width` characters, its items packed (an item is
+    never split)."""
+    items = [f"{key!r}: {value!r}" for key, value in values.items()]
+    lines = [f"{name} = {{"]
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if lines[-1].endswith("{") or len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += ("" if lines[-1].endswith("{") else " ") + piece
+        else:
+            lines.append("    " + piece)
+    lines[-1] += "}"
+    return lines
+
+
+def export_source(script, config, fixed_flags, command, omitted=(), defaults=()):
+    """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
+    defaults, its command line without the omitted run flags (omitted_run_flags)."""
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = folded_program(script_module, folded_tests(config, omitted, active), registries, omitted)
+    program = folded_program(script_module, folded_tests(config, omitted, active), registries,
+                             (*omitted, *EXPORT_ONLY_FLAGS))
     modules = program.order()
     check_names(modules, program)
     check_off_study_fields(modules, program, active)
@@ -972,9 +1015,15 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}"]
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for study in STUDIES if study not in active
+                for flag in study.flags}
+    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}",
+            "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
+            f"RUN_DEFAULTS = {tuple(defaults)!r}",
+            "# The studies left out of this file, at their values in the run: logged as the modular script logs them.",
+            *packed_assignment("LEFT_OUT_FIELDS", left_out)]
     for module in rest:
-        statements = [s for s in program.kept_statements(module) if "FIXED_FLAGS" not in s.defines]
+        statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
         if not statements:
             continue
         if module is program.script:
@@ -990,15 +1039,146 @@ def export_source(script, config, fixed_flags, command, omitted=()):
     return text
 
 
+# ----- the file checked against the modular script ---------------------------------------------------------------
+
+# Before the file is kept, both programs train the run's arm for VERIFY_STEPS steps of the tiny preset on CPU, on the
+# bundled demo shards, validating every step, with the run's other flags and seed: every logged loss and scalar and
+# every final parameter must be equal. The flags that size the run (SIZE_FLAGS) are the tiny preset's for both.
+VERIFY_STEPS = 2
+SIZE_FLAGS = ("--preset", "--num-iterations", "--stop-after", "--val-every", "--val-tokens", "--train-seq-len",
+              "--val-seq-len", "--train-files", "--val-files", "--log-dir", "--run-name", "--save-final-checkpoint")
+VERIFY_TIMEOUT_S = 600
+
+
+def verification_argv(run_argv, fixed, resolve_args):
+    """(the modular script's flags, the file's flags) of the check run: the arm (fixed, given to the modular script
+    alone: the file holds it), the run's other flags, then the tiny preset's sizes and schedule. A run whose arm
+    does not resolve at the tiny preset's depth is checked at its own (--num-layers); UsageError where neither
+    resolves."""
+    fixed_names = {name for name, _ in flag_groups(fixed)}
+    run_flags = [token for name, values in flag_groups(run_argv) if name not in {*SIZE_FLAGS, *fixed_names}
+                 for token in [name, *values]]
+    demo = ROOT / "data" / "demo"
+    check = ["--preset", "tiny", "--num-iterations", str(VERIFY_STEPS), "--val-every", "1", "--save-final-checkpoint",
+             "--train-files", str(demo / "demo_train_*.bin"), "--val-files", str(demo / "demo_val_*.bin")]
+    try:
+        tiny = resolve_args([*fixed, *run_flags, *check])
+    except UsageError as e:
+        if "--num-layers" in fixed_names:
+            raise UsageError(f"{EXPORT_FLAG}: cannot check the file at the tiny preset: {e}") from None
+        depth = ["--num-layers", str(resolve_args(run_argv).num_layers)]
+        try:
+            tiny = resolve_args([*fixed, *run_flags, *check, *depth])
+        except UsageError as e:
+            raise UsageError(f"{EXPORT_FLAG}: cannot check the file at the tiny preset: {e}") from None
+        check += depth
+    # explicit, as the file's own defaults may be the run's sizes
+    check += [token for flag in ("--val-tokens", "--train-seq-len", "--val-seq-len")
+              for token in (flag, str(getattr(tiny, flag[2:].replace("-", "_"))))]
+    return [*fixed, *run_flags, *check], [*run_flags, *check]
+
+
+def logged_values(log):
+    """[(step, 'val_loss' or 'scalars', the logged text)] of a run log, in order."""
+    from speedrun.logformat import VAL_OR_SCALARS_LINE
+    return [(int(m.group(1)), "val_loss" if m.group(3) is not None else "scalars",
+             (m.group(3) if m.group(3) is not None else m.group(6)).decode()) for m in VAL_OR_SCALARS_LINE.finditer(log)]
+
+
+def first_difference(modular, exported):
+    """The first difference between the check runs in these folders, in words, or None where they are bit for bit
+    alike (every logged loss and scalar, every final parameter)."""
+    import torch
+
+    from speedrun.logformat import RUN_LOCAL_KEYS, read_config
+    logs = [(folder / "run.txt").read_bytes() for folder in (modular, exported)]
+    ours, theirs = (read_config(log) or {} for log in logs)
+    for key in sorted((set(ours) | set(theirs)) - set(RUN_LOCAL_KEYS)):
+        if key not in theirs or key not in ours or ours[key] != theirs[key]:
+            return (f"config {key}: {ours.get(key, 'absent')!r} (modular script) vs {theirs.get(key, 'absent')!r} "
+                    f"(exported file)")
+    ours, theirs = (logged_values(log) for log in logs)
+    for a, b in zip(ours, theirs):
+        if a != b:
+            return (f"step {a[0]}: {a[1]} {a[2]} (modular script) vs step {b[0]}: {b[1]} {b[2]} (exported file)")
+    if len(ours) != len(theirs):
+        return f"the modular script logs {len(ours)} losses and scalars, the exported file {len(theirs)}"
+    ours, theirs = (torch.load(folder / "run.pt", map_location="cpu", weights_only=False)["model"]
+                    for folder in (modular, exported))
+    if ours.keys() != theirs.keys():
+        only = sorted(set(ours) ^ set(theirs))[0]
+        return f"final parameter {only} is in {'the modular script' if only in ours else 'the exported file'} only"
+    differing = next((key for key in ours if not torch.equal(ours[key], theirs[key])), None)
+    return None if differing is None else f"final parameter {differing} differs"
+
+
+def last_line(path):
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1].removeprefix("error: ") if lines else "no message"
+
+
+CHECKED_PREFIX = "checked: "
+
+
+def checked_line(script, modular_argv):
+    """The line saying what the check ran (the data globs aside), printed after the file is written."""
+    flags = [token for name, values in flag_groups(modular_argv) if name not in ("--train-files", "--val-files")
+             for token in [name, *values]]
+    return (f"{CHECKED_PREFIX}`python {Path(script).name} {' '.join(flags)}` on CPU (the bundled demo shards) and "
+            f"the file with the same run flags logged the same losses, scalars and config line and ended with the "
+            f"same parameters, bit for bit")
+
+
+def verify_export(script, text, modular_argv, file_argv):
+    """Trains the modular script and the file `text` side by side (the check run's flags) from a temporary folder
+    outside the checkout; raises UsageError naming the first difference, or the one that failed."""
+    import os
+    import subprocess
+    import tempfile
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    with tempfile.TemporaryDirectory(prefix="export-check-") as name:
+        folder = Path(name)
+        exported = folder / "exported.py"
+        exported.write_text(text)
+        runs = {"the modular script": (Path(script).resolve(), modular_argv, folder / "modular", ROOT),
+                "the exported file": (exported, file_argv, folder / "exported", folder)}
+        started = {}
+        for who, (program, argv, logs, cwd) in runs.items():
+            logs.mkdir()
+            with open(logs / "stderr", "w") as stderr:
+                started[who] = subprocess.Popen([sys.executable, str(program), *argv, "--log-dir", str(logs),
+                                                 "--run-name", "run"], cwd=cwd, env=env,
+                                                stdout=subprocess.DEVNULL, stderr=stderr)
+        for who, process in started.items():
+            try:
+                failed = process.wait(timeout=VERIFY_TIMEOUT_S) != 0
+            except subprocess.TimeoutExpired:
+                for other in started.values():
+                    other.kill()
+                raise UsageError(f"{EXPORT_FLAG}: not written: checking the file took over {VERIFY_TIMEOUT_S} s")
+            if failed:
+                raise UsageError(f"{EXPORT_FLAG}: not written: {who} fails at the check's tiny preset "
+                                 f"({last_line(runs[who][2] / 'stderr')})")
+        difference = first_difference(runs["the modular script"][2], runs["the exported file"][2])
+        if difference is not None:
+            raise UsageError(f"{EXPORT_FLAG}: not written: the file trains otherwise than the modular script at the "
+                             f"check's tiny preset: {difference}")
+
+
 # ----- the command line -----------------------------------------------------------------------------------------
 
 def split_export_flags(argv):
-    """(OUT path, LOG path or None, the other flags) of a command line with --export-script OUT [--from-log LOG]."""
-    rest, values = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}
+    """(OUT path, LOG path or None, whether --force is given, the other flags) of a command line with
+    --export-script OUT [--from-log LOG] [--force]."""
+    rest, values, force = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}, False
     tokens = iter(argv)
     for token in tokens:
         name, equals, value = token.partition("=")
-        if name in values:
+        if name in (*values, FORCE_FLAG) and (force if name == FORCE_FLAG else values[name] is not None):
+            raise UsageError(f"{name} is given twice")
+        if name == FORCE_FLAG and not equals:
+            force = True
+        elif name in values:
             values[name] = value if equals else next(tokens, None)
             if not values[name] or values[name].startswith("--"):
                 raise UsageError(f"{name} needs a file name")
@@ -1007,7 +1187,52 @@ def split_export_flags(argv):
     out = values[EXPORT_FLAG]
     if not out or not out.endswith(".py"):
         raise UsageError(f"{EXPORT_FLAG}: the file name must end in .py, got {out!r}")
-    return out, values[FROM_LOG_FLAG], rest
+    return out, values[FROM_LOG_FLAG], force, rest
+
+
+def tracked_files():
+    """The checkout's files under version control (resolved paths); None where git cannot say."""
+    import subprocess
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if listed.returncode != 0:
+        return None
+    return {(ROOT / name).resolve() for name in listed.stdout.decode().split("\0") if name}
+
+
+def check_out_path(out, force):
+    """Raises UsageError where OUT may not be written: a file of the checkout (under version control, or any
+    existing file inside it where git cannot say) always, another existing file without --force."""
+    path = Path(out).resolve()
+    if ROOT in path.parents:
+        tracked = tracked_files()
+        if (path in tracked) if tracked is not None else path.exists():
+            raise UsageError(f"{EXPORT_FLAG} {out}: a file of this checkout; choose another name")
+    if path.exists() and not force:
+        raise UsageError(f"{EXPORT_FLAG} {out}: exists; give {FORCE_FLAG} to replace it")
+    if path.is_dir():
+        raise UsageError(f"{EXPORT_FLAG} {out}: is a folder")
+
+
+def write_atomically(out, text):
+    """Writes OUT through a temporary file beside it renamed into place: never a partial file under its name."""
+    import os
+    import tempfile
+    path = Path(out)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as e:
+        raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except OSError as e:
+        Path(temporary).unlink(missing_ok=True)
+        raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
 
 
 def flag_tokens(flag, value):
@@ -1018,6 +1243,10 @@ def flag_tokens(flag, value):
 
 def as_logged(value):
     return json.loads(json.dumps(value))
+
+
+# The run flags of a logged run's schedule and sizes that --from-log rebuilds (the preset gives the others).
+SCHEDULE_FLAGS = ("--num-iterations", "--val-every", "--val-tokens", "--train-seq-len", "--val-seq-len")
 
 
 def flags_of_config(config, track_flags, resolve_args, run_argv=()):
@@ -1036,8 +1265,10 @@ def flags_of_config(config, track_flags, resolve_args, run_argv=()):
         resolved = resolve_args(argv + list(run_argv))
         differing = [f for f in flags if f not in chosen and as_logged(getattr(resolved, f.dest, f.unset))
                      != as_logged(logged[f])]
-        if not differing:
-            return argv
+        if not differing:  # then the schedule and sizes the log's run gave (those its preset does not)
+            return argv + [token for flag in SCHEDULE_FLAGS for dest in [flag[2:].replace("-", "_")]
+                           if dest in config and as_logged(getattr(resolved, dest)) != config[dest]
+                           for token in (flag, str(config[dest]))]
         if not is_on[differing[0]]:
             raise UsageError(f"{FROM_LOG_FLAG}: the logged {differing[0].name} is unset, but this checkout derives "
                              f"a value for it: the run's config cannot be reproduced")
@@ -1059,7 +1290,18 @@ def flags_from_log(log, script, track_flags, resolve_args, run_argv):
     if changed is not None:
         raise UsageError(f"{FROM_LOG_FLAG} {log}: the run's {changed} is not this checkout's: check out the commit "
                          f"it ran to export it")
-    return flags_of_config(config, track_flags, resolve_args, run_argv)
+    flags = flags_of_config(config, track_flags, resolve_args, run_argv)
+    defining = {f.name: f.dest for f in [*track_flags, *(f for study in STUDIES for f in study.flags)]}
+    defining.update({name: name[2:].replace("-", "_") for name in ("--preset", *ARM_FLAGS, *SCHEDULE_FLAGS)})
+    given = [(name, values) for name, values in flag_groups(run_argv) if name in defining]
+    if given:
+        resolved = resolve_args(flags + list(run_argv))
+        for name, values in given:
+            dest = defining[name]
+            if as_logged(getattr(resolved, dest, None)) != config.get(dest):
+                raise UsageError(f"{FROM_LOG_FLAG} {log}: {' '.join([name, *values])} contradicts the log's run "
+                                 f"({dest} {config.get(dest)!r}): export that run without it, or another log")
+    return flags
 
 
 def fixed_flags(argv, config, track_flags):
@@ -1075,19 +1317,22 @@ def export_main(script, argv, resolve_args, track_flags):
     """Writes the standalone file of the run that argv (with --export-script OUT) describes; 0, or 2 with one line
     on stderr."""
     try:
-        out, log, run_argv = split_export_flags(argv)
+        out, log, force, run_argv = split_export_flags(argv)
+        check_out_path(out, force)
         if log is not None:
             run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
-        text = export_source(script, config, fixed_flags(run_argv, config, track_flags), command,
-                             omitted_run_flags(run_argv))
-        try:
-            Path(out).write_text(text)
-        except OSError as e:
-            raise UsageError(f"{out}: cannot write ({e.strerror or e})") from None
+        fixed = fixed_flags(run_argv, config, track_flags)
+        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
+                             run_defaults(run_argv, config, fixed))
+        modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
+        verify_export(script, text, modular_argv, file_argv)
+        check_out_path(out, force)  # again: the check took a while
+        write_atomically(out, text)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}: {text.count(chr(10))} lines, one file")
+    print(checked_line(script, modular_argv))
     return 0

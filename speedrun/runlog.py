@@ -16,6 +16,9 @@ from speedrun.logformat import SEPARATOR, config_line, source_header
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project packages whose modules a log embeds: the training package, and the data package's shard format.
 EMBEDDED_PACKAGES = ("speedrun", "data")
+# In a file exported with --export-script: the config fields of the studies it leaves out (off), at their values,
+# so that its config line is the modular run's (speedrun/export.py writes them there). Empty in the modular code.
+LEFT_OUT_FIELDS = {}
 
 
 class LogWriter:
@@ -89,7 +92,7 @@ def write_preamble(log: LogWriter, script_path, proc: Dist, config, extra_lines=
     log.write(SEPARATOR, echo=False)
     for line in environment_lines(proc):
         log.write(line, echo=False)
-    log.write(config_line(config))
+    log.write(config_line({**LEFT_OUT_FIELDS, **config}))
     for line in extra_lines:
         log.write(line)
     log.write(SEPARATOR, echo=False)

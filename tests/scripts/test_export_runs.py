@@ -86,14 +86,19 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
     import ast
 
     import train_gpt_medium as T
-    from analysis.record import EXPORT_TEST, package_record
+    from analysis.record import package_record
     modular, exported, out = paired_runs("r14-backout-2ranks")
     folder = package_record([parse_log(modular / "run.txt")], "medium", "M", "2026-11-27", tmp_path / "a")
     readme = (folder / "README.md").read_text()
-    assert EXPORT_TEST in readme and "made by the modular script" in readme
+    assert "made by the modular script" in readme
+    # the check the export ran, for this run's arm and flags
+    checked = readme[readme.index("checked it against the modular script: `python train_gpt_medium.py "):]
+    assert "--backout-layers 4 " in checked and "--preset tiny --num-iterations 2 " in checked
+    assert "bit for bit" in checked
     single = (folder / "train_gpt_medium.py").read_text()
-    assert "\n==> " not in single and (folder / "modular" / "speedrun" / "backout.py").is_file()
-    assert (folder / "modular" / "train_gpt_medium.py").read_text() == MEDIUM_SCRIPT.read_text()
+    assert "\n==> " not in single
+    # no modular tree beside the file: the logs embed the modular code
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "run.txt", "train_gpt_medium.py"]
     # its fixed flags (the logged config's) resolve to the run's config
     fixed = next(ast.literal_eval(n.value) for n in ast.parse(single).body if isinstance(n, ast.Assign)
                  and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
@@ -103,3 +108,53 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
     folder = package_record([parse_log(exported / "run.txt")], "medium", "E", "2026-11-27", tmp_path / "b")
     assert (folder / "train_gpt_medium.py").read_text().rstrip("\n") == out.read_text().rstrip("\n")
     assert "this folder's single file" in (folder / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_an_export_that_trains_otherwise_than_the_modular_script_is_not_written(tmp_path, monkeypatch, capsys):
+    """Guards the export's own check (verify_export): a file whose numbers differ is refused naming the first
+    difference, and no file is left."""
+    import train_gpt_medium as T
+    from speedrun import export as export_module
+    checked = export_module.verify_export
+
+    def with_another_softcap(script, text, *argvs):
+        assert "return 15 * logits" in text
+        checked(script, text.replace("return 15 * logits", "return 16 * logits"), *argvs)
+    monkeypatch.setattr(export_module, "verify_export", with_another_softcap)
+    out = tmp_path / "x.py"
+    assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not written: the file trains otherwise than the modular script" in err
+    assert re.search(r"step \d+: val_loss \S+ \(modular script\) vs step \d+: val_loss \S+ \(exported file\)", err)
+    assert not out.exists()
+
+
+def project_copy(folder):
+    """A copy of the checkout's medium track (its script, speedrun/ and data/), to change a module in."""
+    import shutil
+    root = MEDIUM_SCRIPT.parent
+    shutil.copy(MEDIUM_SCRIPT, folder / MEDIUM_SCRIPT.name)
+    for package in ("speedrun", "data"):
+        shutil.copytree(root / package, folder / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder / MEDIUM_SCRIPT.name
+
+
+@pytest.mark.slow
+def test_a_study_reading_another_studys_field_is_refused_where_the_file_would_fail(tmp_path):
+    """Guards the check against a file that exports cleanly and dies when run: backout's part reading
+    cfg.rolling_skip, a field the file's config lacks with rolling skip out of it (rc 0, then AttributeError,
+    before the check)."""
+    script = project_copy(tmp_path)
+    backout = tmp_path / "speedrun" / "backout.py"
+    source = backout.read_text()
+    line = "        self.cfg = cfg\n"
+    assert source.count(line) == 1
+    backout.write_text(source.replace(line, line + "        self.rolling = cfg.rolling_skip\n"))
+    out = tmp_path / "out" / "x.py"
+    out.parent.mkdir()
+    made = subprocess.run([sys.executable, str(script), "--export-script", str(out), "--preset", "tiny",
+                           "--backout-layers", "4"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert made.returncode == 2 and made.stderr.count("\n") == 1, made.stderr[-2000:]
+    assert "not written: the exported file fails" in made.stderr and "AttributeError" in made.stderr
+    assert not out.exists()

@@ -13,9 +13,17 @@ from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
 
+@pytest.fixture(autouse=True)
+def unchecked_exports(monkeypatch):
+    """These tests read the file's text: the check that trains it beside the modular script (verify_export) is left
+    to tests/scripts/test_export_runs.py."""
+    from speedrun import export as export_module
+    monkeypatch.setattr(export_module, "verify_export", lambda *args: None)
+
+
 def export(tmp_path, script_module, *flags):
     out = tmp_path / "exported.py"
-    assert script_module.main(["--export-script", str(out), "--preset", "tiny", *flags]) == 0
+    assert script_module.main(["--export-script", str(out), "--force", "--preset", "tiny", *flags]) == 0
     return out.read_text()
 
 
@@ -191,7 +199,7 @@ def test_small_track_export_keeps_its_track_flag(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--export-script", "out.txt"], "must end in .py"),
+    (["--export-script", "out.txt"], "--export-script is given twice"),
     (["--num-layers", "1"], "--num-layers must be at least 2"),
 ])
 def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags, message):
@@ -203,8 +211,15 @@ def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags
 
 
 def test_split_and_fixed_flags():
-    out, log, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir", "l"])
-    assert out == "a.py" and log is None and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    out, log, force, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir",
+                                                "l"])
+    assert out == "a.py" and log is None and not force and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    assert split_export_flags(["--force", "--export-script", "a.py"])[2]
+    for twice in (["--export-script", "a.py", "--export-script=b.py"], ["--export-script", "a.py", "--force"] * 2):
+        with pytest.raises(UsageError, match="is given twice"):
+            split_export_flags(twice)
+    with pytest.raises(UsageError, match="must end in .py"):
+        split_export_flags(["--export-script", "out.txt"])
     config = T.resolve_args(["--preset", "tiny"] + rest)
     assert fixed_flags(rest, config, T.TRACK_FLAGS) == ["--laurel", "rw", "--base", "r14"]
 
@@ -368,6 +383,47 @@ def test_a_folded_method_another_class_overrides_is_refused(tmp_path, monkeypatc
         exported_program(tmp_path, monkeypatch, library, script)
 
 
+def test_an_override_of_a_folded_method_is_refused_when_the_file_would_drop_it(tmp_path, monkeypatch):
+    """A track's GPT overriding a model hook, beside methods the file keeps: the override is named nowhere once the
+    calls fold, so the file would drop it and train the base's hook (rc 0 before the fix)."""
+    library = ("class Base:\n    def hook(self, scale=1.0):\n        return None\n\n"
+               "    def run(self):\n        residuals = self.hook()\n        return residuals\n")
+    script = ("from speedrun.lib import Base\n\n\nclass Mine(Base):\n    def hook(self, scale=0.9):\n"
+              "        return scale\n\n    def used(self):\n        return self.run()\n\n\n"
+              "if __name__ == '__main__':\n    print(Mine().used())\n")
+    with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
+        exported_program(tmp_path, monkeypatch, library, script)
+
+
+def test_a_left_out_run_flag_folds_to_the_parsers_default_not_a_number_of_the_exporters():
+    """--checkpoint-every's default changed in speedrun/cli.py: the file's code is folded with the new default (the
+    config's value), as its parser states it."""
+    from dataclasses import replace
+
+    from speedrun.export import folded_tests
+    config = replace(T.resolve_args(["--preset", "tiny"]), checkpoint_every=7, profile_steps=3)
+    folds = folded_tests(config, ("--checkpoint-every", "--profile-steps"))
+    assert folds["config.checkpoint_every"] == folds["args.checkpoint_every"] == 7
+    assert folds["config.profile_steps"] == 3
+
+
+def test_the_check_runs_the_arm_at_the_tiny_preset_and_at_the_runs_depth_where_tiny_has_too_few_layers():
+    from speedrun.export import ROOT, verification_argv
+    run = ["--backout-layers", "11", "--num-iterations", "5550", "--seed", "3", "--log-dir", "x"]
+    config = T.resolve_args(run)
+    fixed = fixed_flags(run, config, T.TRACK_FLAGS)
+    modular, exported = verification_argv(run, fixed, T.resolve_args)
+    assert modular[:len(fixed)] == fixed and exported == modular[len(fixed):]
+    assert "--backout-layers" not in exported and exported[:2] == ["--seed", "3"]
+    assert "5550" not in exported and "x" not in exported
+    assert exported[exported.index("--num-layers") + 1] == "16"  # layer 11 needs the record's depth
+    assert exported[exported.index("--train-files") + 1] == str(ROOT / "data" / "demo" / "demo_train_*.bin")
+    checked = T.resolve_args(modular)
+    assert (checked.preset, checked.num_iterations, checked.backout_layers, checked.seed) == ("tiny", 2, (11,), 3)
+    modular, exported = verification_argv(["--laurel", "rw"], ["--laurel", "rw", "--base", "r14"], T.resolve_args)
+    assert "--num-layers" not in exported  # tiny's own 6 layers
+
+
 CONSTANTS = '''class Base:
     def __init__(self):
         self.extra = self.make_extra() if self.USE_EXTRA else None
@@ -400,3 +456,93 @@ def test_a_local_is_read_as_its_value_only_where_a_literal_spells_it():
     source = "def f(self):\n    x = g()\n    return h(x)\n"
     assert propagate_locals(source, {"g()": 2}) == "def f(self):\n    x = 2\n    return h(2)\n"
     assert propagate_locals(source, {"g()": float("inf")}) == source  # repr 'inf' would be a name
+
+
+def file_constant(text, name):
+    return next(ast.literal_eval(n.value) for n in ast.parse(text).body if isinstance(n, ast.Assign)
+                and ast.unparse(n.targets[0]) == name)
+
+
+def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypatch):
+    """The record's file trains the record: its schedule (--num-iterations 5550) and preset are its defaults, which
+    a flag given to it overrides; with none given it resolves to the modular run's config (before: 5590 steps)."""
+    import speedrun.cli as cli
+    out = tmp_path / "rec.py"
+    run = ["--backout-layers", "11", "--num-iterations", "5550", "--seed", "3", "--log-dir", "logs2"]
+    assert T.main(["--export-script", str(out), *run]) == 0
+    text = out.read_text()
+    assert file_constant(text, "RUN_DEFAULTS") == ("--preset", "full", "--num-iterations", "5550", "--seed", "3")
+    monkeypatch.setattr(cli, "FIXED_FLAGS", file_constant(text, "FIXED_FLAGS"))
+    monkeypatch.setattr(cli, "RUN_DEFAULTS", file_constant(text, "RUN_DEFAULTS"))
+    as_file, modular = T.resolve_args(with_fixed_flags(["--run-name", "r"])), T.resolve_args(run + ["--run-name", "r"])
+    assert as_file.as_dict() == dict(modular.as_dict(), log_dir="logs")
+    assert T.resolve_args(with_fixed_flags(["--num-iterations", "9", "--run-name", "r"])).num_iterations == 9
+    # the studies the file leaves out are logged at their values, as the modular run logs them
+    left_out = file_constant(text, "LEFT_OUT_FIELDS")
+    assert left_out["laurel"] is None and left_out["rolling_skip"] is False and "backout_layers" not in left_out
+
+
+def logged_run(tmp_path, *flags):
+    """A log of this checkout's medium script (its code section and config line, no steps)."""
+    from conftest import MEDIUM_SCRIPT, embedded_sources
+    from speedrun.logformat import SEPARATOR, config_line
+    config = T.resolve_args(["--preset", "tiny", "--run-name", "r", *flags]).as_dict()
+    log = tmp_path / "r.txt"
+    log.write_text("\n".join([embedded_sources(MEDIUM_SCRIPT), SEPARATOR, config_line(config), SEPARATOR, ""]))
+    return log
+
+
+def test_from_log_keeps_the_logged_schedule_and_refuses_a_flag_that_contradicts_the_log(tmp_path, capsys):
+    from speedrun.export import flags_from_log
+    log = logged_run(tmp_path, "--backout-layers", "4", "--num-iterations", "7")
+    flags = flags_from_log(log, T.__file__, T.TRACK_FLAGS, T.resolve_args, [])
+    assert flags[:2] == ["--preset", "tiny"] and flags[flags.index("--num-iterations") + 1] == "7"
+    assert flags_from_log(log, T.__file__, T.TRACK_FLAGS, T.resolve_args, ["--backout-layers", "4", "--seed", "2"])
+    out = tmp_path / "x.py"
+    assert T.main(["--export-script", str(out), "--from-log", str(log), "--backout-layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--backout-layers 2 contradicts the log's run (backout_layers [4])" in err
+    assert not out.exists()
+
+
+def test_an_existing_file_is_replaced_only_with_force_and_atomically(tmp_path, monkeypatch, capsys):
+    import os
+    out = tmp_path / "x.py"
+    out.write_text("mine\n")
+    assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
+    assert "exists; give --force to replace it" in capsys.readouterr().err and out.read_text() == "mine\n"
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", full_disk)
+        assert T.main(["--export-script", str(out), "--preset", "tiny", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err
+    assert out.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]  # no temp left
+    assert T.main(["--export-script", str(out), "--preset", "tiny", "--force"]) == 0
+    assert "FIXED_FLAGS" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
+
+
+def test_a_file_of_the_checkout_is_never_the_export(tmp_path):
+    from speedrun.export import ROOT, check_out_path
+    for tracked in (ROOT / "speedrun" / "model.py", ROOT / "train_gpt_medium.py"):
+        with pytest.raises(UsageError, match="a file of this checkout"):
+            check_out_path(str(tracked), force=True)
+    check_out_path(str(ROOT / "not_tracked_export.py"), force=False)  # a new name in the checkout is fine
+
+
+def test_help_lists_the_export_flags_and_the_file_has_none(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        T.main(["--help"])
+    shown = capsys.readouterr().out
+    assert "--export-script OUT.py" in shown and "--from-log LOG" in shown and "--force" in shown
+    text = export(tmp_path, T)
+    assert not [flag for flag in ("--export-script", "--from-log", "--force") if f'add_argument("{flag}"' in text]
+    assert "import SUPPRESS" not in text
+
+
+def test_a_run_writing_checkpoints_every_k_steps_keeps_resume_in_its_file(tmp_path):
+    text = export(tmp_path, T, "--checkpoint-every", "5")
+    assert 'add_argument("--checkpoint-every"' in text and 'add_argument("--resume"' in text
+    assert "def load_resume_state" in text or "def restore_run_state" in text
