@@ -524,7 +524,9 @@ def test_an_existing_file_is_replaced_only_with_force_and_atomically(tmp_path, m
     assert "FIXED_FLAGS" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
 
 
+@pytest.mark.slow
 def test_a_file_of_the_checkout_is_never_the_export(tmp_path):
+    """Guards: --export-script over a file git tracks in the checkout is refused even with --force (it asks git)."""
     from speedrun.export import ROOT, check_out_path
     for tracked in (ROOT / "speedrun" / "model.py", ROOT / "train_gpt_medium.py"):
         with pytest.raises(UsageError, match="a file of this checkout"):
