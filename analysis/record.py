@@ -83,6 +83,8 @@ print("p =", scipy.stats.ttest_1samp(losses, {target!r}, alternative="less").pva
 def _sequential_lines(sequential: dict | None) -> str:
     if sequential is None:
         return ""
+    if sequential.get("untested"):
+        return f" (fixed-sample: not valid after looking)\n- sequential study ({sequential['family']}): {sequential['untested']}"
     verdict = sequential["claim"] or f"no claim ({sequential['decision']})"
     return (" (fixed-sample: not valid after looking)\n- sequential study (" + sequential["family"] + f"): {verdict} "
             f"after {sequential['n']} seeds, sequential p = {pval(sequential['adjusted_p'])}, family p = "
