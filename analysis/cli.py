@@ -459,8 +459,13 @@ def cmd_record(args):
         raise UsageError(f"DIR is not a folder: {args.dir}")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     if args.variant is not None:
+        arms = list(dict.fromkeys(run.variant for run in runs))
+        if args.variant not in arms:
+            raise UsageError(f"--variant {args.variant}: no run logs of it in {args.dir} (arms: {', '.join(arms)})")
         runs = [run for run in runs if run.variant == args.variant]
     complete = [run for run in runs if run.complete]
+    if not complete:
+        raise _no_complete_runs(runs)
     variants = {run.variant for run in complete}
     target = args.target if args.target is not None else TARGETS[args.track]
     sequential = sequential_claim(complete, target) if len(variants) == 1 else None

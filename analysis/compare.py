@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .claims import NO_VARIANCE, comparison_untested, no_variance
 from .sequential import family_phrase, study_verdicts
-from .stats import benjamini_hochberg, holm, loss_time_stats, mean_std, welch
+from .stats import benjamini_hochberg, fixed_rule_claims, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
 
 # (key in the comparison, what a run contributes, readable name, digits)
@@ -134,7 +134,7 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
         else:
             holm_applies = family and size > 1
             p = c["loss_p_holm"] if holm_applies else raw
-            shown = p < alpha
+            shown = fixed_rule_claims(p, alpha)
             entry.update(claim=("lower" if diff < 0 else "higher") if shown else None, p=p)
             adjusted = f"Holm p {pval(p)}, unadjusted p {pval(raw)}" if holm_applies else f"p {pval(raw)}"
             entry["text"] = (f"{name}: final loss {abs(diff):.4f} {'lower' if diff < 0 else 'higher'} than "

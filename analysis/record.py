@@ -131,6 +131,9 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
         if destination.exists():  # created meanwhile by someone else: never overwrite
             raise RecordError(f"{destination} already exists")
         staging.rename(destination)
+    except OSError as error:  # a full disk, a read-only folder: the destination is what could not be written
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RecordError(f"{destination}: cannot be written ({error.strerror or error})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

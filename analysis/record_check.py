@@ -10,7 +10,7 @@ chance."""
 from __future__ import annotations
 
 from .claims import NO_VARIANCE, no_variance
-from .stats import bootstrap_pass_chance, loss_time_stats, mean_std, runs_needed, welch
+from .stats import bootstrap_pass_chance, fixed_rule_claims, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
 
@@ -27,7 +27,7 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     batch = batch or len(candidates)
     result = {
         "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
-        **loss_time, "loss_ok": not loss_time["n_diverged"] and p_loss is not None and p_loss < alpha,
+        **loss_time, "loss_ok": not loss_time["n_diverged"] and p_loss is not None and fixed_rule_claims(p_loss, alpha),
         "record": None, "record_diff_s": None, "record_ok": None,
         "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
         "bootstrap": {

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from scipy import optimize, stats
 
-from .stats import holm, p_below_target, welch
+from .stats import holm, p_below_target, sequential_rule_claims, welch
 
 
 _GRID_POINTS = 1001  # Simpson points per look: boundaries agree with published tables to 1e-4
@@ -209,16 +209,17 @@ def calibrated_thresholds(counts: tuple, fractions: tuple, alpha: float, sides: 
     return tuple(thresholds), tuple(decided_before)
 
 
-def stagewise_p(counts: tuple, fractions: tuple, alpha: float, sides: int, p: float) -> float:
-    """Stagewise-ordering adjusted p-value of a test that ended at the last look with p-value `p`: the chance,
-    under no effect, of deciding at an earlier look, or of reaching this one and seeing a p-value at most `p`
-    (simulated; resolution 1 / NULL_PATHS)."""
+def stagewise_p(counts: tuple, fractions: tuple, alpha: float, sides: int, p: float, look: int = -1) -> float:
+    """Stagewise-ordering adjusted p-value of a test that ended at look `look` (an index into `counts`; the last
+    by default) with p-value `p`: the chance, under no effect, of deciding at an earlier look, or of reaching this
+    one and seeing a p-value at most `p` (simulated; resolution 1 / NULL_PATHS)."""
     thresholds, decided_before = calibrated_thresholds(counts, fractions, alpha, sides)
+    look = look % len(counts)
     null = _null_p_values(counts, sides)
     still_open = np.ones(null.shape[0], bool)
-    for k, threshold in enumerate(thresholds[:-1]):
+    for k, threshold in enumerate(thresholds[:look]):
         still_open &= null[:, k] > threshold
-    return float(min(1.0, decided_before[-1] + np.mean(still_open & (null[:, -1] <= p))))
+    return float(min(1.0, decided_before[look] + np.mean(still_open & (null[:, look] <= p))))
 
 
 def holm_family(adjusted: dict) -> dict:
@@ -350,8 +351,16 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
                     decision="diverged", adjusted_p=1.0, why=f"{where} diverged (final loss nan or inf): a failed claim")
         return look
     counts = tuple((look_["n"], look_["n_baseline"]) for look_ in previous) + ((n, n_baseline),)
-    thresholds, _ = calibrated_thresholds(counts, fractions, design.arm_alpha, design.sides)
-    nominal_p = thresholds[-1]
+    # Looks at the planned counts are calibrated on the planned design's simulation, whichever look this is: a
+    # simulation of the looks so far only would draw other null paths at every look (Monte Carlo noise of ~10% in a
+    # threshold), and the boundaries would not be those benchmarks/sequential_sim.py measures. Unplanned looks
+    # (unequal arms) are calibrated on the looks taken.
+    planned = design.planned_counts(), design.planned_fractions()
+    calibration = planned if (counts, fractions) == tuple(part[:len(counts)] for part in planned) else (counts,
+                                                                                                           fractions)
+    index = len(counts) - 1
+    thresholds, _ = calibrated_thresholds(*calibration, design.arm_alpha, design.sides)
+    nominal_p = thresholds[index]
     boundary = _z_from_p(nominal_p, 1.0, design.sides) if nominal_p > 0 else math.inf
     level = 1 - max(nominal_p, 1e-12)
     if design.sides == 2:
@@ -380,7 +389,7 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
     if look["decision"] == "futile":
         look["adjusted_p"] = 1.0  # non-binding futility: never claimed, whatever the stagewise ordering says
     elif look["decision"] != "continue":
-        look["adjusted_p"] = stagewise_p(counts, fractions, design.arm_alpha, design.sides, p)
+        look["adjusted_p"] = stagewise_p(*calibration, design.arm_alpha, design.sides, p, index)
     return look
 
 
@@ -419,7 +428,8 @@ def study_verdicts(state: dict) -> dict:
     verdicts = {}
     for arm, look in last.items():
         decision = look["decision"] if look else "no look"
-        claimed = family_p[arm] is not None and family_p[arm] <= design["alpha"] and look["decision"] != "diverged"
+        claimed = (family_p[arm] is not None and sequential_rule_claims(family_p[arm], design["alpha"])
+                   and look["decision"] != "diverged")
         if claimed and decision not in CLAIMS:  # Holm recycles alpha to an arm that ended without crossing
             decision = ("better" if look["estimate"] < 0 else "worse") if design["claim"] == "vs-baseline" \
                 else "below target"
@@ -547,7 +557,7 @@ def read_record(path) -> dict | None:
     """The sequential record at `path` (a study's sequential.json), or None when there is none; UsageError (one
     line) when it is not one the study runner wrote (record_problem), whatever is wrong with it: a cut or binary
     file, a folder, JSON of another shape, an implausible look."""
-    from speedrun.errors import UsageError  # noqa: PLC0415
+    from speedrun.errors import UsageError  # noqa: PLC0415 (speedrun.errors holds no torch)
 
     path = Path(path)
     if not path.exists() and not path.is_symlink():

@@ -97,6 +97,18 @@ def welch(sample, reference, confidence: float = 0.99, alternative: str = "two-s
     return result
 
 
+def fixed_rule_claims(p, alpha: float):
+    """The claim rule of a fixed-sample test (compare, record-check, the simulation), for a p-value or an array of
+    them: p strictly below alpha."""
+    return p < alpha
+
+
+def sequential_rule_claims(family_p, alpha: float):
+    """The claim rule of a sequential study (study_verdicts, the simulation), for a family p or an array of them:
+    at most alpha (a look crosses its threshold at a p at or below it)."""
+    return family_p <= alpha
+
+
 def holm(p_values) -> list[float | None]:
     """Holm's step-down adjusted p-values (family-wise error), in the input order; None entries stay None and
     do not count in the family."""

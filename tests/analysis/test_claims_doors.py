@@ -172,3 +172,26 @@ def test_a_run_with_an_infinite_final_loss_is_diverged_and_never_reached_the_tar
                              "--max-runs", "3")
     assert status == 1 and "1 diverged: final loss nan or inf" in out
     assert len(load_runs([root])[0]) == 3
+
+
+def test_analysis_record_names_what_it_could_not_package(capsys, tmp_path, monkeypatch):
+    """Issue 43: "no complete runs to package" named neither the unfinished logs nor the unknown variant, and a full
+    disk was blamed on the source log."""
+    import errno
+    root = tmp_path / "s"
+    cut = logs_for_tests.write(root / "claim" / "seed0.txt", logs_for_tests.our_log_text(variant="claim",
+                                                                                        complete=False))
+    common = ["--track", "medium", "--name", "X", "--records-root", tmp_path / "records"]
+    status, _, err = run_cli(capsys, "record", root, *common)
+    assert status == 2 and "no complete runs among 1 run log(s)" in err and str(cut) in err
+    write_arms(root, {"claim": [2.9100, 2.9110]})
+    status, _, err = run_cli(capsys, "record", root, *common, "--variant", "nosuch")
+    assert status == 2 and "--variant nosuch: no run logs of it" in err and "arms: claim" in err
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[0]))
+    monkeypatch.setattr("analysis.record.shutil.copy2", full_disk)
+    status, _, err = run_cli(capsys, "record", root, *common)
+    destination = next(iter(common[-1].glob("track_2_medium")), None)
+    assert status == 2 and "track_2_medium" in err and "No space left on device" in err and "seed" not in err
+    assert destination is not None and not list(destination.iterdir())  # nothing half-written left
