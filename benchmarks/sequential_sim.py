@@ -2,7 +2,7 @@
 sequential studies of `--until-decided` save where most ideas fail?
 
     python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--door-studies 2000]
-                                        [--batch 1] [--seed 0] [--out FILE]
+                                        [--batch 1] [--seed 0] [--sections 1234|123|4] [--out FILE]
 
 Each simulated study draws final losses as normal with the seed-to-seed std (medium track, 0.0015) and applies the
 project's own rules to them: the fixed-sample comparison (Welch t-tests, Holm over the arms, as `compare` and the
@@ -317,6 +317,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=positive_int, default=BATCH,
                         help=f"seeds per arm between the looks of sections 1 and 3 ({BATCH})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the numpy Generator (0)")
+    parser.add_argument("--sections", choices=("1234", "123", "4"), default="1234",
+                        help="which sections to run (default all; 4: the doors only)")
     parser.add_argument("--out", type=Path, help="also write the output to this file")
     args = parser.parse_args(argv)
     started = time.time()
@@ -324,19 +326,24 @@ def main(argv=None) -> int:
     lines = [f"std {STD}, family-wise alpha {ALPHA}, {args.studies} simulated studies per row, numpy Generator seed "
              f"{args.seed}; sequential: batch {args.batch} seed(s) per arm, at most {DEFAULT_MAX_FACTOR} x the "
              f"fixed design's seeds (nearest seed), futility: conditional power toward a lower loss < "
-             f"{Design.futility_power:g}", "",
-             "1. No effect in any arm: the chance of any false claim (fixed: Holm over Welch p; sequential: Holm "
-             f"over the arms' stagewise p), effect planned {EFFECTS[1]}", ""]
-    lines += null_rates(args.studies, rng, batch=args.batch)
-    lines += ["", "2. The record claim (mean below the target) under sequential looks after every seed, no effect "
-                  f"({args.record_studies} simulated claims per row)", ""]
-    lines += record_rates(args.record_studies, rng)
-    lines += ["", "3. The mix: 60% of arms no effect, 20% harmful, 20% helpful by the planned effect; runs per study "
-                  "(arms and baseline) against the fixed design of power 0.8 at the same family-wise alpha", ""]
-    lines += mix_rows(args.studies, rng, batch=args.batch)
-    lines += ["", "4. The doors: no effect anywhere, each claim through the product's own function behind the door "
-                  "(study by study, not vectorised), family-wise alpha 0.01", ""]
-    lines += door_rows(args.door_studies, rng)
+             f"{Design.futility_power:g}"]
+    if "1" in args.sections:
+        lines += ["", "1. No effect in any arm: the chance of any false claim (fixed: Holm over Welch p; sequential: "
+                      f"Holm over the arms' stagewise p), effect planned {EFFECTS[1]}", ""]
+        lines += null_rates(args.studies, rng, batch=args.batch)
+    if "2" in args.sections:
+        lines += ["", "2. The record claim (mean below the target) under sequential looks after every seed, no "
+                      f"effect ({args.record_studies} simulated claims per row)", ""]
+        lines += record_rates(args.record_studies, rng)
+    if "3" in args.sections:
+        lines += ["", "3. The mix: 60% of arms no effect, 20% harmful, 20% helpful by the planned effect; runs per "
+                      "study (arms and baseline) against the fixed design of power 0.8 at the same family-wise "
+                      "alpha", ""]
+        lines += mix_rows(args.studies, rng, batch=args.batch)
+    if "4" in args.sections:
+        lines += ["", "4. The doors: no effect anywhere, each claim through the product's own function behind the "
+                      "door (study by study, not vectorised), family-wise alpha 0.01", ""]
+        lines += door_rows(args.door_studies, rng)
     lines += ["", f"{time.time() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)
