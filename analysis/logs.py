@@ -17,7 +17,7 @@ from pathlib import Path
 from speedrun.logformat import (CONFIG_PREFIX, ENV_LINE, LLMC_LINE, SOURCE_HEADER, STEP_LINE, VAL_OR_SCALARS_LINE,  # noqa: F401
                                 code_section, parse_json_object, parse_peak_line, split_sections, step_from_match)
 
-from .runs import config_line_count, contradiction, run_identity
+from .runs import config_line_count, contradiction, run_identity, training_config
 
 from .textfmt import one_line
 from .tracks import track_of_run
@@ -426,6 +426,27 @@ def attention_warnings(groups: dict) -> list[str]:
     return warnings
 
 
+def training_warnings(groups: dict) -> list[str]:
+    """One warning per arm whose runs trained differently beyond their seed (analysis/runs.py: training_config), e.g.
+    logs of an arm edited since some of its runs were made: stale runs pooled with current ones."""
+    warnings = []
+    for name, runs in groups.items():
+        trainings: dict = {}
+        for run in runs:
+            if not run.upstream:
+                config = {k: v for k, v in training_config(run.config).items() if k != "seed"}
+                trainings.setdefault(json.dumps(config, sort_keys=True), []).append(run)
+        if len(trainings) < 2:
+            continue
+        first, second = (json.loads(key) for key in list(trainings)[:2])
+        key = next(k for k in sorted(set(first) | set(second)) if first.get(k) != second.get(k))
+        warnings.append(f"arm '{name}' pools runs of {len(trainings)} different trainings ({key} "
+                        f"{first.get(key)!r} in {trainings[list(trainings)[0]][0].path.name}, {second.get(key)!r} in "
+                        f"{trainings[list(trainings)[1]][0].path.name}): runs made before an edit of the arm are "
+                        f"stale; leave them out (the study runner's --redo-stale redoes them)")
+    return warnings
+
+
 def arm_warnings(groups: dict) -> list[str]:
     """Everything an arm's figures need said beside them (pooling problems, timings not comparable)."""
-    return planned_steps_warnings(groups) + attention_warnings(groups)
+    return training_warnings(groups) + planned_steps_warnings(groups) + attention_warnings(groups)

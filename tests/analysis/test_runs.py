@@ -123,3 +123,13 @@ def test_an_upstream_log_without_config_line_is_still_a_run(tmp_path):
     log = logs_for_tests.write(tmp_path / "records" / "a" / "log.txt", logs_for_tests.upstream_log_text())
     assert log_problem(log) is None
     assert json.dumps(training_config({"seed": 1, "val_every": 5, "laurel": None})) == '{"seed": 1}'
+
+
+def test_an_arm_pooling_runs_of_two_trainings_is_named(capsys, tmp_path):
+    """Case 5 for analysis: logs of seeds made before an arm was edited were pooled without a word."""
+    for seed in range(3):
+        write_seed(tmp_path / "claim" / f"seed{seed}.txt", 2.9, seed=seed, backout_layers=[11])
+    write_seed(tmp_path / "claim" / "seed7.txt", 2.9, seed=7, backout_layers=[4])
+    status, out, _ = run_cli(capsys, "summarize", tmp_path, "--target", "2.92")
+    assert status == 0 and "arm 'claim' pools runs of 2 different trainings (backout_layers [11] in seed0.txt, " \
+                           "[4] in seed7.txt)" in out
