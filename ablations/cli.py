@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from .runstate import log_config, log_is_complete, read_lock_info, read_progress
 from .runner import Options, detect_gpus, launch_command, run_study
 from .staleness import ConfigCheck
 from .slurm import SlurmOptions, batch_script, nodes_for, write_batch_script
-from .study import (Study, check_flags, check_world_size, describe_studies, load_script, load_study, parse_seeds,
+from .study import (Run, Study, check_flags, check_world_size, describe_studies, load_script, load_study, parse_seeds,
                     parse_sets, select_arms)
 
 
@@ -251,21 +252,43 @@ def cmd_run(args) -> int:
             resume = paths.checkpoint if options.resume and paths.checkpoint.exists() else None
             print(f"{state:<8} {' '.join(launch_command(study, run, options, resume))}")
         return 0
-    options.config_check = _config_check(study, runs, module, args)
-    if sequential:
-        sequential_study.check_stale_looks(stale_looks, args.redo_stale)
-    reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
-    reporter.line("begin", f"{study.path} - {study.description}")
-    if sequential:
-        code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state, stale_looks)
-    else:
-        code = run_study(study, runs, options, reporter)
+    study_lock = None
+    try:
+        if sequential:  # one runner per sequential study; the record is read again under the lock
+            study_lock = sequential_study.hold_study_lock(args.runs_dir / study.name)
+            sequential_state = sequential_study.load_state(args.runs_dir / study.name / sequential_study.STATE_FILE,
+                                                           design)
+            stale_looks = sequential_study.stale_looks(sequential_state, study, args.runs_dir, check)
+        options.config_check = _config_check(study, runs, module, args)
+        if sequential:
+            sequential_study.check_stale_looks(stale_looks, args.redo_stale)
+        reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
+        reporter.line("begin", f"{study.path} - {study.description}")
+        if sequential:
+            code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state,
+                                                      stale_looks)
+        else:
+            code = run_study(study, runs, options, reporter)
+    finally:
+        if study_lock is not None:
+            os.close(study_lock)  # closing the fd lets go of the lock (a dead runner's goes with it)
     if args.report and code < 128:
-        # every arm's logs, not only those of --arms: a stale run of another arm is no result of the study now
+        # every log of every arm, not only those of --arms or of the study's seeds now: a stale run is no result of
+        # the study now, whichever seed it is
         stale = [run_paths(args.runs_dir, run.study, run.arm, run.seed).log
-                 for run, _ in stale_runs(study.runs(args.runs_dir), options.config_check, args.runs_dir)]
+                 for run, _ in stale_runs(logged_runs(study, args.runs_dir), options.config_check, args.runs_dir)]
         code = max(code, write_report(study, args.runs_dir, reporter, stale))
     return code
+
+
+def logged_runs(study: Study, runs_dir: Path) -> list:
+    """A Run for every seed log in the study's arm folders (seed<k>.txt), whichever seeds the study names now."""
+    found = []
+    for arm in study.arms:
+        seeds = sorted(int(log.stem[4:]) for log in (Path(runs_dir) / study.name / arm).glob("seed*.txt")
+                       if log.stem[4:].isdigit())
+        found += [Run(study.name, arm, seed, study.argv(arm, seed, runs_dir)) for seed in seeds]
+    return found
 
 
 def write_report(study: Study, runs_dir: Path, reporter: Reporter, stale=()) -> int:
@@ -345,8 +368,9 @@ def cmd_status(args) -> int:
     try:
         status["sequential"] = sequential_study.read_state(record)
         sequential_lines = []
-        if status["sequential"]:
-            sequential_study.check_recorded_arms(record, status["sequential"], study)
+        if status["sequential"]:  # what `run` would refuse (a design the study file no longer asks), refused here
+            sequential_study.check_design(record, status["sequential"]["design"],
+                                          sequential_study.study_design(study, study.alpha))
             stale = sequential_study.stale_looks(status["sequential"], study, args.runs_dir, check)
             status["sequential"]["stale"] = stale
             sequential_lines = sequential_study.describe_state(status["sequential"], stale)

@@ -11,8 +11,12 @@ those the study asks for are stale; `run --redo-stale` moves them to the record'
 looked at afresh on its redone runs."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
+import os
+import socket
 from pathlib import Path
 
 from .errors import StudyError
@@ -22,6 +26,8 @@ from .staleness import ConfigCheck
 from .study import Run, Study
 
 STATE_FILE = "sequential.json"
+# flock()ed by the one runner of a sequential study: the kernel lets go when that runner dies, however it dies
+LOCK_FILE = "sequential.lock"
 # The boundaries' kind: a record of another rule (the normal boundaries before t-calibration) is never resumed
 RULE = "t-calibrated power spending (rho 3), Holm family"
 
@@ -63,22 +69,23 @@ def plan(study: Study, options: Options, max_seeds: int | None, alpha: float | N
     if max_seeds < max(2, batch):
         raise StudyError(f"at most {max_seeds} seeds per arm is below one batch ({max(2, batch)} seeds per arm: "
                          f"the node runs {batch} per arm at once, and a test needs 2)")
-    if study.claim == "vs-baseline" and len(study.arms) < 2:
-        raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
-                         f"two (or claim = \"below-target\")")
-    baseline, tested = _baseline_and_tested(study)
-    return {"alpha": alpha, "max_seeds": max_seeds, "max_factor": max_factor or 1.0, "batch": batch,
-            "claim": study.claim, "baseline": baseline,
-            "target": study.target if study.claim == "below-target" else None,
-            "arms": tested, "family": study.family, "family_size": len(tested) if study.family else 1,
-            "rule": RULE}
+    return {"max_seeds": max_seeds, "max_factor": max_factor or 1.0, "batch": batch} | study_design(study, alpha)
 
 
-def _baseline_and_tested(study: Study) -> tuple[str | None, list[str]]:
-    """The arm the others are tested against (None under claim below-target) and the tested arms."""
+def study_design(study: Study, alpha: float) -> dict:
+    """The keys of a sequential design the study file sets (whatever node runs it): claim, alpha, baseline, target,
+    tested arms, family."""
     arms = list(study.arms)
-    baseline = ("baseline" if "baseline" in arms else arms[0]) if study.claim == "vs-baseline" else None
-    return baseline, [arm for arm in arms if arm != baseline]
+    baseline = None
+    if study.claim == "vs-baseline":
+        if len(arms) < 2:
+            raise StudyError(f"--until-decided: study {study.name} has one arm; testing against a baseline needs "
+                             f"two (or claim = \"below-target\")")
+        baseline = "baseline" if "baseline" in arms else arms[0]
+    tested = [arm for arm in arms if arm != baseline]
+    return {"alpha": alpha, "claim": study.claim, "baseline": baseline,
+            "target": study.target if study.claim == "below-target" else None,
+            "arms": tested, "family": study.family, "family_size": len(tested) if study.family else 1, "rule": RULE}
 
 
 def _design(design: dict):
@@ -105,23 +112,37 @@ def _losses(runs_dir: Path, study: str, arm: str, seeds: int) -> list[float]:
 
 def read_state(path: Path) -> dict | None:
     """The recorded design and looks of a sequential study (None when it has none); StudyError when the file is
-    not one this runner wrote."""
-    from analysis.sequential import record_look_problem
+    not one this runner wrote: the check every reader shares (analysis/sequential.py: read_record)."""
+    from analysis.sequential import read_record
+    from speedrun.errors import UsageError
 
-    if not path.exists():
-        return None
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = read_record(path)
+    except UsageError as problem:
+        raise StudyError(f"{problem} to start the sequential study afresh") from None
+    if state is not None:
         state["design"].setdefault("max_factor", 1.0)  # records written before the key existed: the factor was 1
-        for arm in state["design"]["arms"]:
-            problem = record_look_problem(arm, state["looks"][arm])
-            if problem is not None:
-                raise ValueError(problem)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as problem:
-        shown = str(problem) if type(problem) is ValueError else repr(problem)
-        raise StudyError(f"{path}: not a sequential record this runner wrote ({shown}); move it aside to start the "
-                         f"sequential study afresh") from None
     return state
+
+
+def hold_study_lock(folder: Path) -> int:
+    """Takes the study's runner lock (an fd this process keeps until it exits) or refuses in one line when another
+    runner holds it: two runners of one sequential study would take looks at one record with two designs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        holder = path.read_text(errors="replace").strip() or "another process"
+        raise StudyError(f"another runner runs the sequential study in {folder} ({holder}): one runner per "
+                         f"sequential study; this one starts nothing") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd
 
 
 def arm_config(check: ConfigCheck, study: Study, runs_dir: Path, arm: str) -> dict:
@@ -181,19 +202,13 @@ def load_state(path: Path, design: dict) -> dict:
     state = read_state(path)
     if state is None:
         return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
-    _check_same_design(path, state["design"], design, sorted(set(design) | set(state["design"])))
+    check_design(path, state["design"], design)
     return state
 
 
-def check_recorded_arms(path: Path, state: dict, study: Study) -> None:
-    """What `status` can check of a record without the node's design (its batch): that the arms it records looks
-    of are those the study tests now (a renamed or removed arm is refused as `run` refuses it)."""
-    baseline, tested = _baseline_and_tested(study)
-    _check_same_design(path, state["design"], {"arms": tested, "baseline": baseline}, ["arms", "baseline"])
-
-
-def _check_same_design(path: Path, recorded: dict, design: dict, keys: list[str]) -> None:
-    changed = next((key for key in keys if design.get(key) != recorded.get(key)), None)
+def check_design(path: Path, recorded: dict, design: dict) -> None:
+    """Refuses (one line) a record whose design differs from `design` in any key `design` holds."""
+    changed = next((key for key in sorted(design) if design.get(key) != recorded.get(key)), None)
     if changed is not None:
         raise StudyError(f"{path} records looks of another design ({changed} {recorded.get(changed)!r}, now "
                          f"{design.get(changed)!r}); run with the same settings, or move the file aside to start "

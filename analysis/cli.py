@@ -19,8 +19,9 @@ from .compare import claims, compare_arms, render_compare
 from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, read_record, sequential_max_seeds,
-                         study_verdicts, verdict_text)
+from .claims import find_study_record, record_claim
+from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, sequential_max_seeds, study_verdicts,
+                         verdict_text)
 from .record_check import record_check, render_record_check
 from .studies import render_resource_table
 from .summary import summarize
@@ -181,7 +182,7 @@ def cmd_summarize(args):
     runs, unreadable = _load(args.paths, args.jobs, by=args.by)
     target = _target(args, runs)
     result = summarize(runs, target, unreadable, by=args.by)
-    state = read_record(args.paths[0]) if len(args.paths) == 1 else None
+    state = find_study_record(runs)
     if state is not None:  # the groups' p is fixed-sample: the study's claims are the sequential verdicts
         result["p_value_note"] = AFTER_LOOKING
         result["sequential"] = {"family": family_phrase(state["design"]), "verdicts": study_verdicts(state)}
@@ -218,7 +219,8 @@ def cmd_summarize(args):
 
 def cmd_compare(args):
     runs, unreadable = _load(args.paths, args.jobs, by=args.by)
-    groups = _complete_groups(runs, args.by, args.arms)
+    shown = _complete_groups(runs, args.by, args.arms)
+    groups = _complete_groups(runs, args.by)  # every arm: the family is the study's, whichever arms are shown
     baseline = args.baseline
     if baseline is None:  # runs come in PATH order, so the first group is the first PATH's arm
         baseline = "baseline" if "baseline" in groups else next(iter(groups))
@@ -226,9 +228,12 @@ def cmd_compare(args):
         raise UsageError(f"--baseline: no complete runs for {baseline!r} (arms: {', '.join(groups)})")
     if len(groups) < 2:
         raise UsageError(f"only one arm ({baseline}) has complete runs: nothing to compare")
+    if len(set(shown) | {baseline}) < 2:
+        raise UsageError(f"--arms: only the baseline {baseline} is named: nothing to compare")
     groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
-    result = compare_arms(groups, baseline, args.confidence, args.alternative)
-    state = read_record(args.paths[0]) if len(args.paths) == 1 else None
+    state = find_study_record(runs)
+    result = compare_arms(groups, baseline, args.confidence, args.alternative, shown=set(shown),
+                          sequential=state is not None)
     result["claims"] = claims(result, 1 - args.confidence, not args.exploratory, state)
     result["warnings"] += arm_warnings(groups)
     result["not_counted"] = not_counted(runs, unreadable)
@@ -292,10 +297,10 @@ def cmd_record_check(args):
             raise UsageError(str(problem)) from None
     elif args.against is not None:
         raise UsageError("--against needs the track: the logs name none, give --track")
-    result = record_check(candidates, _target(args, candidates), baseline, alpha=args.alpha, batch=args.runs,
+    target = _target(args, candidates)
+    result = record_check(candidates, target, baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
-                          confidence=args.confidence, record=record,
-                          sequential=sequential_claim(args.paths, candidates[0].variant))
+                          confidence=args.confidence, record=record, sequential=sequential_claim(candidates, target))
     result["warnings"] = arm_warnings({"candidate": candidates})
     result["not_counted"] = not_counted(read, unreadable)
     if args.json:
@@ -307,13 +312,10 @@ def cmd_record_check(args):
     return 0 if result["verdict"] == "pass" else 1
 
 
-def sequential_claim(paths, variant: str) -> dict | None:
-    """The sequential verdict on `variant`'s record claim when its runs come from a study that ran
-    `--until-decided` with claim below-target (its sequential.json), else None."""
-    state = read_record(paths[0]) if len(paths) == 1 else None
-    if state is None or state["design"].get("claim") != "below-target" or variant not in state["design"]["arms"]:
-        return None
-    return {"family": family_phrase(state["design"]), **study_verdicts(state)[variant]}
+def sequential_claim(candidates, target: float) -> dict | None:
+    """The sequential study's verdict on the record claim of `candidates` (one arm's runs) below `target`, or why
+    that study never tested it (claims.record_claim); None when the runs were never looked at sequentially."""
+    return record_claim(find_study_record(candidates), candidates[0].variant, target)
 
 
 def cmd_plan(args):
@@ -457,9 +459,16 @@ def cmd_record(args):
         raise UsageError(f"DIR is not a folder: {args.dir}")
     runs, unreadable = _load([args.dir], args.jobs, what="DIR")
     if args.variant is not None:
+        arms = list(dict.fromkeys(run.variant for run in runs))
+        if args.variant not in arms:
+            raise UsageError(f"--variant {args.variant}: no run logs of it in {args.dir} (arms: {', '.join(arms)})")
         runs = [run for run in runs if run.variant == args.variant]
-    variants = {run.variant for run in runs if run.complete}
-    sequential = sequential_claim([args.dir], variants.pop()) if len(variants) == 1 else None
+    complete = [run for run in runs if run.complete]
+    if not complete:
+        raise _no_complete_runs(runs)
+    variants = {run.variant for run in complete}
+    target = args.target if args.target is not None else TARGETS[args.track]
+    sequential = sequential_claim(complete, target) if len(variants) == 1 else None
     try:
         path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target,
                               sequential=sequential, not_counted=not_counted([], unreadable))
@@ -515,7 +524,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("record-check", help="upstream's record rules and how reliable the verdict is",
                             description=(
-                                "Passes when no run diverged (final loss nan), the mean final loss is below the "
+                                "Passes when no run diverged (final loss nan or inf), the mean final loss is below the "
                                 "target at p < --alpha (one-sided one-sample t-test), the mean train time is below "
                                 "the current upstream record of the track (--against N for record N; the table is "
                                 "records/upstream_records.csv) and, with --baseline, the runs are faster than the "

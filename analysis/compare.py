@@ -2,8 +2,9 @@
 of the differences and, for more than one arm, Holm and Benjamini-Hochberg corrections."""
 from __future__ import annotations
 
+from .claims import NO_VARIANCE, comparison_untested, no_variance
 from .sequential import family_phrase, study_verdicts
-from .stats import benjamini_hochberg, holm, loss_time_stats, mean_std, welch
+from .stats import benjamini_hochberg, fixed_rule_claims, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
 
 # (key in the comparison, what a run contributes, readable name, digits)
@@ -16,7 +17,7 @@ def arm_record(name: str, runs) -> dict:
             **loss_time_stats([r.final_val_loss for r in runs], [r.train_time_s for r in runs])}
 
 
-def _selection_warning(comparisons, key: str, label: str, baseline: str) -> str | None:
+def _selection_warning(comparisons, key: str, label: str, baseline: str, sequential: bool) -> str | None:
     """The caveat for the best of several arms: picked after the fact, its raw p-value overstates the case. When
     no arm is below the baseline there is no best arm to warn about, only the closest one."""
     tested = [c for c in comparisons if c[f"{key}_diff"] is not None]
@@ -28,17 +29,25 @@ def _selection_warning(comparisons, key: str, label: str, baseline: str) -> str 
                 f"it (the closest, '{best['variant']}', by {best[f'{key}_diff']:+.4g}).")
     return (f"{len(comparisons)} arms were compared with '{baseline}'; the lowest {label} ('{best['variant']}', "
             f"difference {best[f'{key}_diff']:+.4g}) was picked after seeing the results, so its unadjusted "
-            f"p = {pval(best[f'{key}_p'])} overstates the evidence. Quote the Holm-adjusted "
-            f"p = {pval(best[f'{key}_p_holm'])} (or BH q = {pval(best[f'{key}_p_bh'])}) or confirm it with fresh "
-            f"runs; do not present it as if it had been chosen in advance.")
+            f"p = {pval(best[f'{key}_p'])} overstates the evidence. "
+            + ("Quote the sequential family p of the claims (the fixed-sample Holm p is not valid after looking) "
+               if sequential else f"Quote the Holm-adjusted p = {pval(best[f'{key}_p_holm'])} (or BH q = "
+                                  f"{pval(best[f'{key}_p_bh'])}) ")
+            + "or confirm it with fresh runs; do not present it as if it had been chosen in advance.")
 
 
-def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternative: str = "two-sided") -> dict:
-    """`groups`: arm name -> complete runs. Every other arm is compared with `baseline` (arm minus baseline)."""
+def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternative: str = "two-sided",
+                 shown=None, sequential: bool = False) -> dict:
+    """`groups`: arm name -> complete runs, every arm of the study. Every other arm is compared with `baseline` (arm
+    minus baseline); Holm and BH adjust over all of them (`family_size`), and only the arms in `shown` (default:
+    all) are kept in the result: choosing arms after the fact never shrinks the family. `sequential`: the runs were
+    looked at sequentially (the warnings then point at the sequential p)."""
     others = [name for name in groups if name != baseline]
     comparisons = []
     for name in others:
-        entry = {"variant": name, "baseline": baseline, "n": len(groups[name]), "n_baseline": len(groups[baseline])}
+        entry = {"variant": name, "baseline": baseline, "n": len(groups[name]), "n_baseline": len(groups[baseline]),
+                 "no_variance": no_variance([r.final_val_loss for r in groups[name]],
+                                            [r.final_val_loss for r in groups[baseline]])}
         for key, value_of, _, _ in METRICS:
             test = welch([value_of(r) for r in groups[name]], [value_of(r) for r in groups[baseline]],
                          confidence=confidence, alternative=alternative)
@@ -52,37 +61,47 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
 
     warnings = []
     for key, _, label, _ in METRICS:
-        warning = _selection_warning(comparisons, key, label, baseline)
+        warning = _selection_warning(comparisons, key, label, baseline, sequential)
         if warning:
             warnings.append(warning)
     baseline_std = mean_std([r.final_val_loss for r in groups[baseline]])[1]
+    family_size = len(comparisons)
+    if shown is not None:
+        others = [name for name in others if name in shown]
+        comparisons = [c for c in comparisons if c["variant"] in shown]
     for name in [baseline] + others:
         diverged = sum(run.diverged for run in groups[name])
         if diverged:
-            warnings.append(f"'{name}': {diverged} of {len(groups[name])} runs diverged (final loss nan); they "
+            warnings.append(f"'{name}': {diverged} of {len(groups[name])} runs diverged (final loss nan or inf); they "
                             f"count as failed runs, and the loss figures are of the other runs only.")
         if len(groups[name]) < 2:
             warnings.append(f"'{name}' has {len(groups[name])} complete run: no test is possible, and one run's "
                             f"difference is within seed noise (baseline loss std {num(baseline_std, 5)}).")
     return {"baseline": baseline, "confidence": confidence, "alternative": alternative,
             "arms": [arm_record(name, groups[name]) for name in [baseline] + others],
-            "comparisons": comparisons, "warnings": warnings}
+            "comparisons": comparisons, "family_size": family_size, "warnings": warnings}
 
 
 def claims(result: dict, alpha: float, family: bool = True, sequential_state: dict | None = None) -> dict:
     """One verdict per arm on its final loss: {"family": what the claims are controlled as, "arms": [{variant,
     claim ("lower", "higher" or None), p (the p-value the claim rests on), text}]}. A study that ran sequentially
-    (its sequential.json) gives the sequential verdicts and p-values: the fixed-sample p is shown only as not valid
-    after looking. Otherwise Holm over the arms compared (family-wise alpha), or each arm at alpha when the arms
-    are exploratory. An arm with a diverged run, or a baseline with one, makes no claim."""
+    (its sequential.json, claims.find_study_record) gives the sequential verdicts and p-values, for the comparison
+    it tested only: the fixed-sample p is shown only as not valid after looking. Otherwise Holm over every arm of
+    the study (`result["family_size"]` arms, also those not shown), or each arm at alpha when the arms are
+    exploratory. An arm with a diverged run, or a baseline with one, makes no claim; nor does an arm whose runs and
+    baseline's all ended at one loss each (no variance)."""
     baseline = result["baseline"]
     diverged = {arm["variant"]: arm["n_diverged"] for arm in result["arms"]}
-    verdicts = study_verdicts(sequential_state) if sequential_state else {}
+    untested = (comparison_untested(sequential_state, baseline, alpha, result["alternative"])
+                if sequential_state else None)
+    verdicts = study_verdicts(sequential_state) if sequential_state and untested is None else {}
     comparisons = result["comparisons"]
+    size = result.get("family_size", len(comparisons))
+    shown = f" ({len(comparisons)} shown)" if size != len(comparisons) else ""
     if sequential_state:
         phrase = "sequential: " + family_phrase(sequential_state["design"])
-    elif family and len(comparisons) > 1:
-        phrase = (f"family of {len(comparisons)} arms against {baseline}, family-wise alpha {alpha:g} (Holm-adjusted "
+    elif family and size > 1:
+        phrase = (f"family of {size} arms against {baseline}{shown}, family-wise alpha {alpha:g} (Holm-adjusted "
                   f"p; the unadjusted p beside it)")
     else:
         phrase = (f"{len(comparisons)} arm(s) against {baseline} at alpha {alpha:g}"
@@ -93,8 +112,11 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
         entry = {"variant": name, "claim": None, "p": None}
         if diverged.get(name) or diverged.get(baseline):
             who = name if diverged.get(name) else baseline
-            entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan), a failed "
+            entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan or inf), a failed "
                              f"run of any claim")
+        elif sequential_state and (untested or name not in verdicts):
+            why = untested or f"the sequential study did not test {name}"
+            entry["text"] = (f"{name}: no claim: {why}; fixed-sample p {pval(raw)} (not valid after looking)")
         elif name in verdicts:
             v = verdicts[name]
             entry.update(claim=("lower" if v["claim"] == "better" else "higher") if v["claim"] else None,
@@ -104,12 +126,15 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
                                             f"no claim (sequential decision: {v['decision']})")
                              + f" after {v['n']} seeds; sequential p {pval(v['adjusted_p'])}, family p "
                                f"{pval(v['family_p'])}; fixed-sample p {pval(raw)} (not valid after looking)")
+        elif raw is None and c.get("no_variance"):
+            entry["text"] = (f"{name}: {NO_VARIANCE} (the runs of {name} and of {baseline} each ended at one loss): "
+                             f"no claim")
         elif raw is None:
             entry["text"] = f"{name}: too few complete runs for a test (two per arm at least)"
         else:
-            holm_applies = family and len(comparisons) > 1
+            holm_applies = family and size > 1
             p = c["loss_p_holm"] if holm_applies else raw
-            shown = p < alpha
+            shown = fixed_rule_claims(p, alpha)
             entry.update(claim=("lower" if diff < 0 else "higher") if shown else None, p=p)
             adjusted = f"Holm p {pval(p)}, unadjusted p {pval(raw)}" if holm_applies else f"p {pval(raw)}"
             entry["text"] = (f"{name}: final loss {abs(diff):.4f} {'lower' if diff < 0 else 'higher'} than "

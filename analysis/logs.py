@@ -14,8 +14,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedrun.logformat import (CONFIG_PREFIX, ENV_LINE, LLMC_LINE, RUN_LOCAL_KEYS, STEP_LINE, VAL_OR_SCALARS_LINE, code_section,  # noqa: F401
-                                parse_json_object, parse_peak_line, split_sections, step_from_match)
+from speedrun.logformat import (CONFIG_PREFIX, ENV_LINE, LLMC_LINE, SOURCE_HEADER, STEP_LINE, VAL_OR_SCALARS_LINE,  # noqa: F401
+                                code_section, parse_json_object, parse_peak_line, split_sections, step_from_match)
+
+from .runs import config_line_count, contradiction, run_identity, training_config
 
 from .textfmt import one_line
 from .tracks import track_of_run
@@ -50,6 +52,7 @@ class ParsedLog:
     folder: str = ""  # the arm a log without config line belongs to: its folder, relative to the PATH given
     digest: str = ""  # of the log's bytes: two copies of one log are one run, whatever their names
     mtime_ns: int = 0  # of the log file: of several logs of one run the newest finished one counts
+    not_a_run: bool = False  # its lines contradict each other (analysis/runs.py): named, never counted or resumed
 
     @property
     def diverged(self) -> bool:
@@ -228,7 +231,11 @@ def parse_log(path: str | os.PathLike) -> ParsedLog:
         run.peak_allocated_mib, run.peak_reserved_mib = peak
     # A `config: ` line that is no JSON object (or too damaged to match the config pattern): a damaged log of ours
     config_ok = parsed_config is not None if has_config else f"\n{CONFIG_PREFIX}".encode() not in sections.environment
-    run.problem = _incomplete_reason(run, peak is not None, config_ok)
+    code = code_section(data[1:]) or ""
+    contradicted = contradiction(run, config_line_count(sections.environment),
+                                 SOURCE_HEADER.search(code) is not None)
+    run.not_a_run = contradicted is not None
+    run.problem = contradicted or _incomplete_reason(run, peak is not None, config_ok)
     run.complete = run.problem is None
 
     variant = config.get("variant")
@@ -312,16 +319,6 @@ def _parse_or_unreadable(path: Path):
         return Unreadable(path, str(error))
 
 
-def run_identity(run: ParsedLog):
-    """What makes two logs one run, one sample: (track, variant, seed, config without its run-local entries - the
-    config holds the base, the flags and the seed) for this project's logs; for a log without config line
-    (upstream's) its arm and its bytes."""
-    if run.upstream:
-        return ("bytes", run.variant, run.digest)
-    config = {k: v for k, v in run.config.items() if k not in RUN_LOCAL_KEYS}
-    return ("run", str(run.config.get("track")), run.variant, str(run.seed), json.dumps(config, sort_keys=True))
-
-
 def drop_duplicates(runs, by: str = "variant") -> tuple[list, list]:
     """(runs with each run once, in file order; a Duplicate for each other log of a run). Logs of one run
     (run_identity: a copy, a resumed copy, a rerun of the seed with the same config in another runs folder or on
@@ -371,8 +368,9 @@ def load_runs(paths, jobs: int | None = None, by: str = "variant"):
                 result.variant = key
             result.variant = one_line(result.variant)  # a line break in it would break tables and reports
             result.folder = key
-    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog)], by)
-    unreadable = [r for r in results if isinstance(r, Unreadable)]
+    not_runs = [Unreadable(r.path, r.problem) for r in results if isinstance(r, ParsedLog) and r.not_a_run]
+    runs, duplicates = drop_duplicates([r for r in results if isinstance(r, ParsedLog) and not r.not_a_run], by)
+    unreadable = [r for r in results if isinstance(r, Unreadable)] + not_runs
     return runs, unreadable + duplicates
 
 
@@ -428,6 +426,27 @@ def attention_warnings(groups: dict) -> list[str]:
     return warnings
 
 
+def training_warnings(groups: dict) -> list[str]:
+    """One warning per arm whose runs trained differently beyond their seed (analysis/runs.py: training_config), e.g.
+    logs of an arm edited since some of its runs were made: stale runs pooled with current ones."""
+    warnings = []
+    for name, runs in groups.items():
+        trainings: dict = {}
+        for run in runs:
+            if not run.upstream:
+                config = {k: v for k, v in training_config(run.config).items() if k != "seed"}
+                trainings.setdefault(json.dumps(config, sort_keys=True), []).append(run)
+        if len(trainings) < 2:
+            continue
+        first, second = (json.loads(key) for key in list(trainings)[:2])
+        key = next(k for k in sorted(set(first) | set(second)) if first.get(k) != second.get(k))
+        warnings.append(f"arm '{name}' pools runs of {len(trainings)} different trainings ({key} "
+                        f"{first.get(key)!r} in {trainings[list(trainings)[0]][0].path.name}, {second.get(key)!r} in "
+                        f"{trainings[list(trainings)[1]][0].path.name}): runs made before an edit of the arm are "
+                        f"stale; leave them out (the study runner's --redo-stale redoes them)")
+    return warnings
+
+
 def arm_warnings(groups: dict) -> list[str]:
     """Everything an arm's figures need said beside them (pooling problems, timings not comparable)."""
-    return planned_steps_warnings(groups) + attention_warnings(groups)
+    return training_warnings(groups) + planned_steps_warnings(groups) + attention_warnings(groups)

@@ -80,6 +80,8 @@ print("p =", scipy.stats.ttest_1samp(losses, {target!r}, alternative="less").pva
 def _sequential_lines(sequential: dict | None) -> str:
     if sequential is None:
         return ""
+    if sequential.get("untested"):
+        return f" (fixed-sample: not valid after looking)\n- sequential study ({sequential['family']}): {sequential['untested']}"
     verdict = sequential["claim"] or f"no claim ({sequential['decision']})"
     return (" (fixed-sample: not valid after looking)\n- sequential study (" + sequential["family"] + f"): {verdict} "
             f"after {sequential['n']} seeds, sequential p = {pval(sequential['adjusted_p'])}, family p = "
@@ -126,6 +128,9 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
         if destination.exists():  # created meanwhile by someone else: never overwrite
             raise RecordError(f"{destination} already exists")
         staging.rename(destination)
+    except OSError as error:  # a full disk, a read-only folder: the destination is what could not be written
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RecordError(f"{destination}: cannot be written ({error.strerror or error})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -3,13 +3,14 @@
 Rules: no run diverged, the mean final validation loss is below the target at p < alpha (one-sided one-sample
 t-test), the mean train time is below the current record of the track (or another record of the upstream table),
 and, with baseline runs, the runs are faster than the baseline's runs on the same hardware (Welch's t-test on train
-times, one-sided). A diverged run (final loss nan) is a failed run of the claim: it counts in n and fails the check.
+times, one-sided). A diverged run (final loss nan or inf) is a failed run of the claim: it counts in n and fails the check.
 Reliability:
 the bootstrap chance that a fresh batch of n runs passes the loss test, and the batch size needed for a chosen
 chance."""
 from __future__ import annotations
 
-from .stats import bootstrap_pass_chance, loss_time_stats, mean_std, runs_needed, welch
+from .claims import NO_VARIANCE, no_variance
+from .stats import bootstrap_pass_chance, fixed_rule_claims, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
 
@@ -26,7 +27,7 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     batch = batch or len(candidates)
     result = {
         "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
-        **loss_time, "loss_ok": not loss_time["n_diverged"] and p_loss is not None and p_loss < alpha,
+        **loss_time, "loss_ok": not loss_time["n_diverged"] and p_loss is not None and fixed_rule_claims(p_loss, alpha),
         "record": None, "record_diff_s": None, "record_ok": None,
         "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
         "bootstrap": {
@@ -46,6 +47,7 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
         result.update({"record": record.as_dict(), "record_diff_s": loss_time["mean_time_s"] - record.record_time_s,
                        "record_ok": loss_time["mean_time_s"] < record.record_time_s})
     result["sequential"] = sequential
+    result["no_variance"] = not loss_time["n_diverged"] and no_variance(losses)
     if sequential is not None:
         result["loss_ok"] = not loss_time["n_diverged"] and sequential["claim"] == "below target"
     passed = result["loss_ok"] and result["time_ok"] is not False and result["record_ok"] is not False
@@ -57,16 +59,19 @@ def render_record_check(result: dict) -> str:
     ok = {True: "PASS", False: "FAIL", None: "not checked"}
     diverged = result["n_diverged"]
     lines = [
-        f"runs: {result['n']}" + (f" ({diverged} diverged: final loss nan)" if diverged else "") +
+        f"runs: {result['n']}" + (f" ({diverged} diverged: final loss nan or inf)" if diverged else "") +
         f"  mean final loss {num(result['mean_val_loss'])} (std {num(result['std_val_loss'], 5)})"
         f"  mean time {num(result['mean_time_s'], 2)} s (std {num(result['std_time_s'], 2)})",
         f"loss below {result['target']:g} at p < {result['alpha']:g}: {ok[result['loss_ok']]}"
         + (f" ({diverged} of {result['n']} runs diverged: a diverged run fails the claim)" if diverged else
+           f" ({NO_VARIANCE}: every run ended at one loss)" if result.get("no_variance") else
            f" (one-sided one-sample t-test p = {pval(result['p_value'])}"
            + (", not valid after looking)" if result["sequential"] else ")")),
     ]
     sequential = result["sequential"]
-    if sequential is not None:
+    if sequential is not None and sequential.get("untested"):
+        lines.append(f"sequential study ({sequential['family']}): {sequential['untested']}")
+    elif sequential is not None:
         lines.append(f"sequential verdict ({sequential['family']}): "
                      f"{sequential['claim'] or 'no claim (' + sequential['decision'] + ')'} after "
                      f"{sequential['n']} seeds, sequential p {pval(sequential['adjusted_p'])}, family p "

@@ -4,14 +4,14 @@ logs."""
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 
 from . import plots
 from .atomic import write_text_atomically
 from .compare import claims, compare_arms, render_compare
 from .logs import Duplicate, group_runs
-from .sequential import AFTER_LOOKING, read_record, render_markdown
+from .claims import find_study_record
+from .sequential import AFTER_LOOKING, render_markdown
 from .studies import render_resource_table, selection_order, skip_layers
 from .summary import summarize
 from .textfmt import num, pval, table
@@ -96,7 +96,7 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
         summary["groups"].sort(key=lambda g: g["variant"] != baseline)
     complete = sum(run.complete for run in runs)
-    state = read_record(study_dir)
+    state = find_study_record(runs)
     after_looking = (f" The study ran sequentially (`--until-decided`): that p is {AFTER_LOOKING}; its claims are "
                      f"the sequential verdicts (Comparisons, Sequential looks)." if state is not None else "")
     lines = [f"# Study report: {study_dir.name}", "",
@@ -105,7 +105,7 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
              f"{len(unreadable)} unreadable file(s), {len(duplicates)} duplicate log(s) counted once, "
              f"{len(left_out)} log(s) of arms the study no longer has left out. Only complete runs enter the "
              f"statistics; std is the sample standard deviation (n-1); p is the one-sided one-sample t-test of the "
-             f"mean final loss against the target.{after_looking} A diverged run (final loss nan) counts as "
+             f"mean final loss against the target.{after_looking} A diverged run (final loss nan or inf) counts as "
              f"complete; the loss figures are of the other runs.",
              "", "## Arms", "", _arm_table(summary, runs, state is not None), ""]
     if summary["warnings"]:
@@ -115,7 +115,7 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
     if not groups:
         lines.append("No complete runs to compare.")
     elif baseline in groups and len(groups) > 1:
-        compared = compare_arms(groups, baseline)
+        compared = compare_arms(groups, baseline, sequential=state is not None)
         compared["claims"] = claims(compared, 1 - compared["confidence"], family, state)
         lines.append(render_compare(compared, markdown=True, arm_table=False))
     elif baseline in groups:
@@ -124,13 +124,8 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         lines.append(f"No baseline arm `{baseline}` among the complete runs (arms: {', '.join(groups)}); "
                      f"name one with --baseline.")
     lines.append("")
-    sequential_record = study_dir / "sequential.json"
-    if sequential_record.is_file():
-        try:
-            lines += ["## Sequential looks", "", render_markdown(json.loads(sequential_record.read_text("utf-8"))),
-                      ""]
-        except (ValueError, KeyError, TypeError) as problem:
-            lines += ["## Sequential looks", "", f"`{sequential_record.name}` cannot be read: {problem}", ""]
+    if state is not None:
+        lines += ["## Sequential looks", "", render_markdown(state), ""]
 
     if groups:
         lines += ["## Parameters, memory, step time, effective FLOPs", "",

@@ -21,7 +21,7 @@
   no effect of deciding earlier, or of reaching this look with a p-value at most the observed one. 1 after futility.
 - The normal-theory machinery (Lan-DeMets O'Brien-Fleming spending, recursive integration) below is kept as the
   reference the calibration is checked against (published tables) and as the old rule the tests show exceeded alpha.
-- A diverged run (final loss nan) on either side ends the arm as "diverged": a failed claim."""
+- A diverged run (final loss nan or inf) on either side ends the arm as "diverged": a failed claim."""
 from __future__ import annotations
 
 import functools
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from scipy import optimize, stats
 
-from .stats import holm, p_below_target, welch
+from .stats import holm, p_below_target, sequential_rule_claims, welch
 
 
 _GRID_POINTS = 1001  # Simpson points per look: boundaries agree with published tables to 1e-4
@@ -209,16 +209,17 @@ def calibrated_thresholds(counts: tuple, fractions: tuple, alpha: float, sides: 
     return tuple(thresholds), tuple(decided_before)
 
 
-def stagewise_p(counts: tuple, fractions: tuple, alpha: float, sides: int, p: float) -> float:
-    """Stagewise-ordering adjusted p-value of a test that ended at the last look with p-value `p`: the chance,
-    under no effect, of deciding at an earlier look, or of reaching this one and seeing a p-value at most `p`
-    (simulated; resolution 1 / NULL_PATHS)."""
+def stagewise_p(counts: tuple, fractions: tuple, alpha: float, sides: int, p: float, look: int = -1) -> float:
+    """Stagewise-ordering adjusted p-value of a test that ended at look `look` (an index into `counts`; the last
+    by default) with p-value `p`: the chance, under no effect, of deciding at an earlier look, or of reaching this
+    one and seeing a p-value at most `p` (simulated; resolution 1 / NULL_PATHS)."""
     thresholds, decided_before = calibrated_thresholds(counts, fractions, alpha, sides)
+    look = look % len(counts)
     null = _null_p_values(counts, sides)
     still_open = np.ones(null.shape[0], bool)
-    for k, threshold in enumerate(thresholds[:-1]):
+    for k, threshold in enumerate(thresholds[:look]):
         still_open &= null[:, k] > threshold
-    return float(min(1.0, decided_before[-1] + np.mean(still_open & (null[:, -1] <= p))))
+    return float(min(1.0, decided_before[look] + np.mean(still_open & (null[:, look] <= p))))
 
 
 def holm_family(adjusted: dict) -> dict:
@@ -347,23 +348,33 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
     if diverged or base_diverged:
         where = f"{diverged} of {n} runs" if diverged else f"{base_diverged} of {n_baseline} baseline runs"
         look.update(boundary=math.inf, nominal_p=0.0, estimate=math.nan, z=0.0, p=1.0, repeated_ci=None,
-                    decision="diverged", adjusted_p=1.0, why=f"{where} diverged (final loss nan): a failed claim")
+                    decision="diverged", adjusted_p=1.0, why=f"{where} diverged (final loss nan or inf): a failed claim")
         return look
     counts = tuple((look_["n"], look_["n_baseline"]) for look_ in previous) + ((n, n_baseline),)
-    thresholds, _ = calibrated_thresholds(counts, fractions, design.arm_alpha, design.sides)
-    nominal_p = thresholds[-1]
+    # Looks at the planned counts are calibrated on the planned design's simulation, whichever look this is: a
+    # simulation of the looks so far only would draw other null paths at every look (Monte Carlo noise of ~10% in a
+    # threshold), and the boundaries would not be those benchmarks/sequential_sim.py measures. Unplanned looks
+    # (unequal arms) are calibrated on the looks taken.
+    planned = design.planned_counts(), design.planned_fractions()
+    calibration = planned if (counts, fractions) == tuple(part[:len(counts)] for part in planned) else (counts,
+                                                                                                           fractions)
+    index = len(counts) - 1
+    thresholds, _ = calibrated_thresholds(*calibration, design.arm_alpha, design.sides)
+    nominal_p = thresholds[index]
     boundary = _z_from_p(nominal_p, 1.0, design.sides) if nominal_p > 0 else math.inf
     level = 1 - max(nominal_p, 1e-12)
     if design.sides == 2:
         test = welch(losses, base, confidence=level)
         estimate, p, interval = test["diff"], test["p"], test["ci"]
-        z = _z_from_p(p, -1.0 if estimate < 0 else 1.0, 2)
+        z = None if p is None else _z_from_p(p, -1.0 if estimate < 0 else 1.0, 2)
     else:
         estimate = float(np.mean(losses))
         p = p_below_target(losses, target)
-        z = _z_from_p(p, 1.0, 1)
+        z = None if p is None else _z_from_p(p, 1.0, 1)
         upper = estimate + stats.t.isf(1 - level, n - 1) * float(np.std(losses, ddof=1)) / math.sqrt(n)
         interval = [None, float(upper)]
+    if p is None:  # every run at one loss (both sides, or a record claim): no noise, no test, never a claim
+        p, z, look["why"] = 1.0, 0.0, "cannot test: no variance"
     look.update(boundary=boundary, nominal_p=nominal_p, estimate=estimate, z=z, p=p, repeated_ci=interval)
     final = final_boundary if final_boundary is not None else design.final_boundary()
     _, futile, power = decide(z, boundary, fraction, final, design.sides, design.futility_power, design.drift())
@@ -378,7 +389,7 @@ def take_look(design: Design, previous: list[dict], losses, baseline_losses=None
     if look["decision"] == "futile":
         look["adjusted_p"] = 1.0  # non-binding futility: never claimed, whatever the stagewise ordering says
     elif look["decision"] != "continue":
-        look["adjusted_p"] = stagewise_p(counts, fractions, design.arm_alpha, design.sides, p)
+        look["adjusted_p"] = stagewise_p(*calibration, design.arm_alpha, design.sides, p, index)
     return look
 
 
@@ -417,7 +428,8 @@ def study_verdicts(state: dict) -> dict:
     verdicts = {}
     for arm, look in last.items():
         decision = look["decision"] if look else "no look"
-        claimed = family_p[arm] is not None and family_p[arm] <= design["alpha"] and look["decision"] != "diverged"
+        claimed = (family_p[arm] is not None and sequential_rule_claims(family_p[arm], design["alpha"])
+                   and look["decision"] != "diverged")
         if claimed and decision not in CLAIMS:  # Holm recycles alpha to an arm that ended without crossing
             decision = ("better" if look["estimate"] < 0 else "worse") if design["claim"] == "vs-baseline" \
                 else "below target"
@@ -501,26 +513,66 @@ def _p(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def read_record(folder) -> dict | None:
-    """The sequential record of a study folder (or of the folder above a PATH inside one), or None; UsageError (one
-    line) when it holds a look the runner never writes, whose verdict would be no verdict of the study."""
-    from speedrun.errors import UsageError  # noqa: PLC0415
+RECORD_FILE = "sequential.json"
+STUDY_CLAIMS = ("vs-baseline", "below-target")
 
-    folder = Path(folder)
-    for candidate in (folder, folder.parent):
-        record = candidate / "sequential.json"
-        if record.is_file():
-            try:
-                state = json.loads(record.read_text("utf-8"))
-                looks = {arm: state["looks"][arm] for arm in state["design"]["arms"]}
-            except (OSError, ValueError, KeyError, TypeError):
-                return None
-            problem = next(filter(None, (record_look_problem(arm, looks[arm]) for arm in looks)), None)
-            if problem is not None:
-                raise UsageError(f"{record}: not a sequential record the study runner wrote ({problem}); move it "
-                                 f"aside")
-            return state
+
+def record_problem(state) -> str | None:
+    """What makes a sequential record one the study runner never writes (damaged, hand-edited, implausible), or
+    None. The one check every reader applies: the runner refuses to resume such a record and every command refuses
+    to print a claim from it."""
+    if not isinstance(state, dict) or not isinstance(state.get("design"), dict) or not isinstance(
+            state.get("looks"), dict):
+        return "no design and looks tables"
+    design = state["design"]
+    if design.get("claim") not in STUDY_CLAIMS:
+        return f"claim {design.get('claim')!r} is not one of {', '.join(STUDY_CLAIMS)}"
+    alpha, most = design.get("alpha"), design.get("max_seeds")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        return f"alpha {alpha!r} is not a number strictly between 0 and 1"
+    if isinstance(most, bool) or not isinstance(most, int) or most < 2:
+        return f"max_seeds {most!r} is not a whole number of at least 2"
+    arms = design.get("arms")
+    if not isinstance(arms, list) or not all(isinstance(arm, str) for arm in arms):
+        return "its arms are not a list of names"
+    if design["claim"] == "below-target" and (isinstance(design.get("target"), bool)
+                                              or not isinstance(design.get("target"), (int, float))):
+        return f"target {design.get('target')!r} of a below-target study is not a number"
+    for arm in arms:
+        if arm not in state["looks"]:
+            return f"no looks entry for {arm}"
+        problem = record_look_problem(arm, state["looks"][arm])
+        if problem is not None:
+            return problem
+        for index, look in enumerate(state["looks"][arm], start=1):
+            counts = [look["n"]] + ([look["n_baseline"]] if look.get("n_baseline") is not None else [])
+            if any(isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= most for n in counts):
+                return f"look {index} of {arm}: n {look['n']} is beyond the design's 2..{most} seeds per arm"
+            if not 0 <= look["p"] <= 1:  # also nan
+                return f"look {index} of {arm}: p {look['p']!r} is not a probability"
     return None
+
+
+def read_record(path) -> dict | None:
+    """The sequential record at `path` (a study's sequential.json), or None when there is none; UsageError (one
+    line) when it is not one the study runner wrote (record_problem), whatever is wrong with it: a cut or binary
+    file, a folder, JSON of another shape, an implausible look."""
+    from speedrun.errors import UsageError  # noqa: PLC0415 (speedrun.errors holds no torch)
+
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        state = json.loads(path.read_text("utf-8"))
+        problem = record_problem(state)
+    except (OSError, ValueError) as error:
+        problem = (error.strerror if isinstance(error, OSError) and error.strerror else
+                   "not JSON" if isinstance(error, ValueError) else str(error))
+        if path.is_dir():
+            problem = "a folder, not a file"
+    if problem is not None:
+        raise UsageError(f"{path}: not a sequential record the study runner wrote ({problem}); move it aside")
+    return state
 
 
 def decided(look: dict | None) -> bool:

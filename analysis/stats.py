@@ -21,7 +21,7 @@ def crossing(steps, losses, times_ms, target: float):
     last validation above the target and the first at or below it; (None, None) when it never does. When the
     very first validation is already at or below the target, its own time and step are returned."""
     for i, loss in enumerate(losses):
-        if not loss <= target:  # NaN counts as above
+        if not (math.isfinite(loss) and loss <= target):  # a diverged validation (nan, inf, -inf) never reaches it
             continue
         if i == 0:
             return times_ms[0] / 1000.0, float(steps[0])
@@ -48,9 +48,10 @@ def mean_std(values) -> tuple[float | None, float | None]:
 
 
 def p_below_target(losses, target: float) -> float | None:
-    """One-sided one-sample t-test that the mean final loss is below `target`; None below two values."""
+    """One-sided one-sample t-test that the mean final loss is below `target`; None below two values or when they
+    are all equal (the test would divide by a zero std and print p 0 or 1)."""
     array = _finite(losses)
-    if array.size < 2:
+    if array.size < 2 or np.ptp(array) == 0:  # one value repeated: no noise to test against (issue 40, case 7)
         return None
     return _none_if_nan(_quiet(stats.ttest_1samp, array, target, alternative="less").pvalue)
 
@@ -78,13 +79,13 @@ def _none_if_nan(value) -> float | None:
 def welch(sample, reference, confidence: float = 0.99, alternative: str = "two-sided") -> dict:
     """Welch's t-test of mean(sample) - mean(reference): the difference, its confidence interval (two-sided, at
     `confidence`, with the Welch-Satterthwaite degrees of freedom), df and p-value. Values are None when either
-    side has fewer than two values."""
+    side has fewer than two values, or both hold one value each (no variance)."""
     a, b = _finite(sample), _finite(reference)
     result = {"diff": None, "ci": None, "df": None, "p": None}
     if a.size == 0 or b.size == 0:
         return result
     result["diff"] = float(np.mean(a) - np.mean(b))
-    if a.size < 2 or b.size < 2:
+    if a.size < 2 or b.size < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):  # both constant: no noise to test against
         return result
     test = _quiet(stats.ttest_ind, a, b, equal_var=False, alternative=alternative)
     two_sided = test if alternative == "two-sided" else _quiet(stats.ttest_ind, a, b, equal_var=False)
@@ -94,6 +95,18 @@ def welch(sample, reference, confidence: float = 0.99, alternative: str = "two-s
     if result["df"] is not None:
         result["ci"] = [_none_if_nan(interval.low), _none_if_nan(interval.high)]
     return result
+
+
+def fixed_rule_claims(p, alpha: float):
+    """The claim rule of a fixed-sample test (compare, record-check, the simulation), for a p-value or an array of
+    them: p strictly below alpha."""
+    return p < alpha
+
+
+def sequential_rule_claims(family_p, alpha: float):
+    """The claim rule of a sequential study (study_verdicts, the simulation), for a family p or an array of them:
+    at most alpha (a look crosses its threshold at a p at or below it)."""
+    return family_p <= alpha
 
 
 def holm(p_values) -> list[float | None]:

@@ -6,7 +6,9 @@ from .stats import crossing, loss_time_stats, mean_std
 
 
 def run_record(run, target: float) -> dict:
-    time_to_target, step_to_target = crossing(run.val_steps, run.val_losses, run.val_times_ms, target)
+    # a diverged run never reached the target, whatever its last validation (-inf) is below
+    time_to_target, step_to_target = ((None, None) if run.diverged else
+                                      crossing(run.val_steps, run.val_losses, run.val_times_ms, target))
     return {
         "path": str(run.path),
         "variant": run.variant,

@@ -16,7 +16,8 @@ from speedrun.errors import OneLineErrorParser, UsageError
 from .cli import STALE_HELP, comma_list, positive_float, split_stale
 from .compare import claims, compare_arms
 from .logs import MixedTracks, group_runs, load_runs
-from .sequential import AFTER_LOOKING, read_record
+from .claims import find_study_record
+from .sequential import AFTER_LOOKING
 from .summary import summarize
 from .textfmt import interval, num, pval, table
 
@@ -42,7 +43,9 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
     if baseline in groups:  # the baseline first
         groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     by_arm = {g["variant"]: g for g in summarize(runs, target)["groups"]}
-    compared = compare_arms(groups, baseline, CONFIDENCE) if baseline in groups else None
+    state = find_study_record(runs)
+    compared = (compare_arms(groups, baseline, CONFIDENCE, sequential=state is not None) if baseline in groups
+                else None)
     comparisons = {c["variant"]: c for c in compared["comparisons"]} if compared else {}
     rows = []
     for name in groups:
@@ -52,7 +55,6 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
                      num(versus["loss_diff"], signed=True) if versus else "-",
                      interval(versus["loss_ci"]) if versus else "-",
                      pval(versus["loss_p"]) if versus else "-", _to_target(arm)])
-    state = read_record(study_dir)
     p_label = f"p (Welch, {AFTER_LOOKING})" if state is not None else "p (Welch, unadjusted)"
     lines.append(table(["arm", "n", "final val loss (mean +- std)", f"diff vs {baseline}", "99% CI", p_label,
                         f"to target {target:g}"], rows))

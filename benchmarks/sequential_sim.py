@@ -1,8 +1,8 @@
 """Simulated studies: does every claim the analysis prints hold its stated error rate, and how many runs do the
 sequential studies of `--until-decided` save where most ideas fail?
 
-    python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--batch 1] [--seed 0]
-                                        [--out FILE]
+    python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--door-studies 2000]
+                                        [--batch 1] [--seed 0] [--sections 1234|123|4] [--out FILE]
 
 Each simulated study draws final losses as normal with the seed-to-seed std (medium track, 0.0015) and applies the
 project's own rules to them: the fixed-sample comparison (Welch t-tests, Holm over the arms, as `compare` and the
@@ -16,7 +16,11 @@ alpha / family size per arm, conditional-power futility, stagewise p-values, Hol
    family-wise alpha (Bonferroni seeds per arm, Holm claims). The sequential design is the runner's default:
    at most DEFAULT_MAX_FACTOR (1.15) x the fixed design's seeds, to the nearest seed, and a look after every
    `--batch` seeds per arm (1: what the runner, max(1, slots // arms), gives 5 or 10 arms on one 8-GPU node).
-`+-` is two Monte Carlo standard errors. tests/benchmarks/test_claims_simulation.py runs a smaller version."""
+4. the doors: the same null studies through the product's own functions behind each command, study by study
+   (compare with --arms naming the best arm after the fact, record-check's loss test, the runner's take_look and
+   study_verdicts).
+Sections 1-3 take the vectorised path, which tests/benchmarks/test_claims_simulation.py holds to the product's
+functions (identical decisions on 1,000 random studies each). `+-` is two Monte Carlo standard errors. tests/benchmarks/test_claims_simulation.py runs a smaller version."""
 from __future__ import annotations
 
 import math
@@ -31,9 +35,12 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis import power  # noqa: E402
 from analysis.cli import at_least_two, positive_int  # noqa: E402
+from analysis.compare import claims, compare_arms  # noqa: E402
+from analysis.record_check import record_check  # noqa: E402
 from analysis.sequential import (DEFAULT_MAX_FACTOR, Design, _null_p_values, calibrated_thresholds,  # noqa: E402
-                                 decide, look_counts, look_p_values, sequential_max_seeds)
-from analysis.stats import holm  # noqa: E402
+                                 decide, decided, look_counts, look_p_values, sequential_max_seeds, study_verdicts,
+                                 take_look)
+from analysis.stats import fixed_rule_claims, holm, sequential_rule_claims  # noqa: E402
 from speedrun.errors import OneLineErrorParser  # noqa: E402
 
 ALPHA = 0.01
@@ -65,26 +72,82 @@ def _false_claims(claimed: np.ndarray, direction: np.ndarray, effects: np.ndarra
 
 
 def fixed_study(effects, seeds: int, studies: int, rng, alpha: float = ALPHA) -> Outcome:
-    """Every arm and the baseline at `seeds` runs; Welch t-tests, Holm over the arms; a claim at Holm p <= alpha."""
+    """Every arm and the baseline at `seeds` runs; Welch t-tests, Holm over the arms; a claim by the product's rule
+    (analysis.stats.fixed_rule_claims, what `compare` and the terminal summary claim with)."""
     effects = np.asarray(effects, float)
     arms = len(effects)
     baseline = rng.standard_normal((studies, seeds))
     draws = rng.standard_normal((studies, arms, seeds)) + effects[None, :, None] / STD
-    p, sign = look_p_values(draws.reshape(studies * arms, seeds), np.repeat(baseline, arms, axis=0),
-                            ((seeds, seeds),), 2)
-    p, sign = p.reshape(studies, arms), sign.reshape(studies, arms)
-    claimed = holm_rows(p) <= alpha
+    claimed, sign = fixed_decisions(draws, baseline, alpha)
     return Outcome(_false_claims(claimed, sign, effects), claimed[:, effects < 0].ravel() & (sign[:, effects < 0]
                                                                                               < 0).ravel(),
                    np.full(studies, seeds * (arms + 1)))
 
 
-def sequential_study(effects, design: Design, studies: int, rng) -> Outcome:
-    """The rule of `--until-decided` on simulated studies: each look's t-test p against the calibrated threshold,
-    futility by conditional power, the stagewise p of each arm where it ended (1 after futility), Holm over the
-    arms. sides 1 (no baseline): the record claim, each arm's mean against the target (effect: mean - target)."""
+def fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: float = ALPHA):
+    """(claimed, sign of the difference) per study and arm of fixed-sample studies: draws (studies x arms x seeds),
+    baseline (studies x seeds). The vectorised path; tests/benchmarks/test_claims_simulation.py shows it decides as
+    compare.claims does."""
+    studies, arms, seeds = draws.shape
+    p, sign = look_p_values(draws.reshape(studies * arms, seeds), np.repeat(baseline, arms, axis=0),
+                            ((seeds, seeds),), 2)
+    p, sign = p.reshape(studies, arms), sign.reshape(studies, arms)
+    return fixed_rule_claims(holm_rows(p), alpha), sign
+
+
+class _Run:
+    """The two figures of a run the claim functions read (a stand-in for analysis.logs.ParsedLog)."""
+    diverged = False
+
+    def __init__(self, loss: float):
+        self.final_val_loss, self.train_time_s = float(loss), 1.0
+
+
+def product_fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: float = ALPHA, shown=None):
+    """The same decisions through the product's own functions, study by study: compare_arms and claims, as the
+    `compare` command runs them (`shown`: the arms a person named with --arms; "best": the arm with the lowest mean
+    loss, picked after seeing the results)."""
+    studies, arms, _ = draws.shape
+    claimed, sign = np.zeros((studies, arms), bool), np.zeros((studies, arms))
+    names = [f"arm{a}" for a in range(arms)]
+    for study in range(studies):
+        groups = {"baseline": [_Run(v) for v in baseline[study]]}
+        groups.update({name: [_Run(v) for v in draws[study, a]] for a, name in enumerate(names)})
+        if shown == "best":  # the arm with the lowest mean, named with --arms after seeing the results
+            named = {names[int(np.argmin(draws[study].mean(axis=1)))]}
+        else:
+            named = shown
+        result = compare_arms(groups, "baseline", 1 - alpha, shown=named)
+        verdicts = {arm["variant"]: arm for arm in claims(result, alpha)["arms"]}
+        for a, name in enumerate(names):
+            if name in verdicts:
+                claimed[study, a] = verdicts[name]["claim"] is not None
+                sign[study, a] = -1.0 if verdicts[name]["claim"] == "lower" else 1.0
+    return claimed, sign
+
+
+def sequential_study(effects, design: Design, studies: int, rng, product: bool = False) -> Outcome:
+    """The rule of `--until-decided` on simulated studies (sides 1, no baseline: the record claim, each arm's mean
+    against the target; effect: mean - target). `product`: through take_look and study_verdicts study by study
+    (slow), else the vectorised path that tests/benchmarks/test_claims_simulation.py holds to them."""
     effects = np.asarray(effects, float)
-    arms, sides = len(effects), design.sides
+    arms, most = len(effects), design.max_seeds
+    draws = rng.standard_normal((studies, arms, most)) + effects[None, :, None] / STD
+    baseline = rng.standard_normal((studies, most)) if design.sides == 2 else None
+    decisions = product_sequential_decisions if product else sequential_decisions
+    claimed, direction, stop_n = decisions(draws, baseline, design)
+    runs = stop_n.sum(axis=1) + (stop_n.max(axis=1) if design.sides == 2 else 0)
+    helpful = effects < 0
+    return Outcome(_false_claims(claimed, direction, effects),
+                   (claimed[:, helpful] & (direction[:, helpful] < 0)).ravel(), runs)
+
+
+def sequential_decisions(draws: np.ndarray, baseline, design: Design):
+    """(claimed, direction, seeds at the arm's last look) per study and arm, vectorised: each look's t-test p against
+    the calibrated threshold, futility by conditional power (analysis.sequential.decide), the stagewise p where the
+    arm ended (1 after futility), Holm over the arms, the claim by analysis.stats.sequential_rule_claims."""
+    studies, arms, most = draws.shape
+    sides = design.sides
     counts, fractions = design.planned_counts(), design.planned_fractions()
     thresholds, decided_before = calibrated_thresholds(counts, fractions, design.arm_alpha, sides)
     null = _null_p_values(counts, sides)
@@ -93,10 +156,8 @@ def sequential_study(effects, design: Design, studies: int, rng) -> Outcome:
     for k, threshold in enumerate(thresholds):
         open_null.append(np.sort(null[still_open, k]))
         still_open &= null[:, k] > threshold
-    most = design.max_seeds
-    draws = rng.standard_normal((studies, arms, most)) + effects[None, :, None] / STD
-    baseline = np.repeat(rng.standard_normal((studies, most)), arms, axis=0) if sides == 2 else None
-    p, sign = look_p_values(draws.reshape(studies * arms, most), baseline, counts, sides)
+    repeated = np.repeat(baseline, arms, axis=0) if sides == 2 else None
+    p, sign = look_p_values(draws.reshape(studies * arms, most), repeated, counts, sides)
     p, sign = p.reshape(studies, arms, -1), sign.reshape(studies, arms, -1)
     final, drift = design.final_boundary(), design.drift()
     active = np.ones((studies, arms), bool)
@@ -114,13 +175,43 @@ def sequential_study(effects, design: Design, studies: int, rng) -> Outcome:
         stop_n[ends], direction[ends] = n, sign[:, :, k][ends]
         active &= ~ends
     family_p = holm_rows(adjusted) if design.family_size > 1 else adjusted
-    claimed = family_p <= design.alpha
+    claimed = sequential_rule_claims(family_p, design.alpha)
     if sides == 1:  # a claim "below target" is one-sided: always "lower"
         direction = np.where(claimed, -1.0, direction)
-    runs = stop_n.sum(axis=1) + (stop_n.max(axis=1) if sides == 2 else 0)
-    helpful = effects < 0
-    return Outcome(_false_claims(claimed, direction, effects),
-                   (claimed[:, helpful] & (direction[:, helpful] < 0)).ravel(), runs)
+    return claimed, direction, stop_n
+
+
+def product_sequential_decisions(draws: np.ndarray, baseline, design: Design):
+    """The same decisions as the study runner takes them: take_look at each planned look of each open arm (as
+    ablations/sequential_study.py), then study_verdicts over the record, study by study."""
+    studies, arms, most = draws.shape
+    names = [f"arm{a}" for a in range(arms)]
+    record_design = {"alpha": design.alpha, "claim": "vs-baseline" if design.sides == 2 else "below-target",
+                     "baseline": "baseline" if design.sides == 2 else None,
+                     "target": 0.0 if design.sides == 1 else None, "arms": names, "family": True,
+                     "family_size": design.family_size}
+    final = design.final_boundary()
+    claimed, direction = np.zeros((studies, arms), bool), np.zeros((studies, arms))
+    stop_n = np.zeros((studies, arms), int)
+    for study in range(studies):
+        looks = {name: [] for name in names}
+        for n in look_counts(most, design.batch):
+            base = list(baseline[study, :n]) if design.sides == 2 else None
+            for a, name in enumerate(names):
+                if looks[name] and decided(looks[name][-1]):
+                    continue
+                look = take_look(design, looks[name], list(draws[study, a, :n]), base,
+                                 0.0 if design.sides == 1 else None, final)
+                if look is not None:
+                    looks[name].append(look)
+        verdicts = study_verdicts({"design": record_design, "looks": looks})
+        for a, name in enumerate(names):
+            last = looks[name][-1]
+            claimed[study, a] = verdicts[name]["claim"] is not None
+            direction[study, a] = -1.0 if verdicts[name]["claim"] in ("better", "below target") else \
+                (1.0 if verdicts[name]["claim"] == "worse" else float(np.sign(last["estimate"])))
+            stop_n[study, a] = last["n"]
+    return claimed, direction, stop_n
 
 
 def fixed_seeds(effect: float, arms: int, alpha: float = ALPHA, wanted: float = 0.8) -> int:
@@ -194,15 +285,40 @@ def mix_rows(studies: int, rng, arm_counts=(5, 10), effects=EFFECTS, batch: int 
     return lines
 
 
+def door_rows(studies: int, rng, arm_counts=(5, 15), record_seeds=(5, 9, 26), sequential_arms: int = 5) -> list[str]:
+    """Section 4: no effect anywhere, each claim through the product's function behind one door, study by study."""
+    lines = [f"{'door':<58} {'studies':>7} {'P(false claim)':>16}"]
+    for arms in arm_counts:
+        seeds = fixed_seeds(EFFECTS[1], arms)
+        draws = rng.standard_normal((studies, arms, seeds))
+        claimed, _ = product_fixed_decisions(draws, rng.standard_normal((studies, seeds)), shown="best")
+        lines.append(f"{f'compare --arms baseline,BEST ({arms} null arms, {seeds} seeds)':<58} {studies:>7} "
+                     f"{share(claimed.any(axis=1).mean(), studies):>16}")
+    for seeds in record_seeds:  # a fixed batch of runs, no looks: record_check's own loss test
+        passed = [record_check([_Run(v) for v in rng.standard_normal(seeds)], 0.0, resamples=2, max_runs=2)["loss_ok"]
+                  for _ in range(studies)]
+        lines.append(f"{f'record-check ({seeds} runs, mean at the target)':<58} {studies:>7} "
+                     f"{share(float(np.mean(passed)), studies):>16}")
+    design = sequential_design(EFFECTS[0], sequential_arms)
+    outcome = sequential_study(np.zeros(sequential_arms), design, studies, rng, product=True)
+    lines.append(f"{f'run --until-decided ({sequential_arms} null arms, take_look + study_verdicts)':<58} "
+                 f"{studies:>7} {share(outcome.rate(), studies):>16}")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--studies", type=at_least_two, default=20_000, help="simulated studies per row (20000)")
     parser.add_argument("--record-studies", type=at_least_two, default=200_000,
                         help="simulated record claims per row of section 2 (200000: its Monte Carlo error must be "
                              "small beside the 1.09-1.18%% it once measured)")
+    parser.add_argument("--door-studies", type=at_least_two, default=2000,
+                        help="simulated studies per row of section 4, each through the product's functions (2000)")
     parser.add_argument("--batch", type=positive_int, default=BATCH,
                         help=f"seeds per arm between the looks of sections 1 and 3 ({BATCH})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the numpy Generator (0)")
+    parser.add_argument("--sections", choices=("1234", "123", "4"), default="1234",
+                        help="which sections to run (default all; 4: the doors only)")
     parser.add_argument("--out", type=Path, help="also write the output to this file")
     args = parser.parse_args(argv)
     started = time.time()
@@ -210,16 +326,24 @@ def main(argv=None) -> int:
     lines = [f"std {STD}, family-wise alpha {ALPHA}, {args.studies} simulated studies per row, numpy Generator seed "
              f"{args.seed}; sequential: batch {args.batch} seed(s) per arm, at most {DEFAULT_MAX_FACTOR} x the "
              f"fixed design's seeds (nearest seed), futility: conditional power toward a lower loss < "
-             f"{Design.futility_power:g}", "",
-             "1. No effect in any arm: the chance of any false claim (fixed: Holm over Welch p; sequential: Holm "
-             f"over the arms' stagewise p), effect planned {EFFECTS[1]}", ""]
-    lines += null_rates(args.studies, rng, batch=args.batch)
-    lines += ["", "2. The record claim (mean below the target) under sequential looks after every seed, no effect "
-                  f"({args.record_studies} simulated claims per row)", ""]
-    lines += record_rates(args.record_studies, rng)
-    lines += ["", "3. The mix: 60% of arms no effect, 20% harmful, 20% helpful by the planned effect; runs per study "
-                  "(arms and baseline) against the fixed design of power 0.8 at the same family-wise alpha", ""]
-    lines += mix_rows(args.studies, rng, batch=args.batch)
+             f"{Design.futility_power:g}"]
+    if "1" in args.sections:
+        lines += ["", "1. No effect in any arm: the chance of any false claim (fixed: Holm over Welch p; sequential: "
+                      f"Holm over the arms' stagewise p), effect planned {EFFECTS[1]}", ""]
+        lines += null_rates(args.studies, rng, batch=args.batch)
+    if "2" in args.sections:
+        lines += ["", "2. The record claim (mean below the target) under sequential looks after every seed, no "
+                      f"effect ({args.record_studies} simulated claims per row)", ""]
+        lines += record_rates(args.record_studies, rng)
+    if "3" in args.sections:
+        lines += ["", "3. The mix: 60% of arms no effect, 20% harmful, 20% helpful by the planned effect; runs per "
+                      "study (arms and baseline) against the fixed design of power 0.8 at the same family-wise "
+                      "alpha", ""]
+        lines += mix_rows(args.studies, rng, batch=args.batch)
+    if "4" in args.sections:
+        lines += ["", "4. The doors: no effect anywhere, each claim through the product's own function behind the "
+                      "door (study by study, not vectorised), family-wise alpha 0.01", ""]
+        lines += door_rows(args.door_studies, rng)
     lines += ["", f"{time.time() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)

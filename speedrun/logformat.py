@@ -19,9 +19,6 @@ SEPARATOR_BYTES = SEPARATOR.encode()
 _SEPARATOR_LINE = b"\n" + SEPARATOR_BYTES + b"\n"
 CONFIG_PREFIX = "config: "
 ADDED_PARAMS_PREFIX = "added_params: "
-# Config entries that say where a run's files went or how it was resumed, not what it computed: two logs that differ
-# only there are logs of one run, one sample (analysis/logs.py: run_identity).
-RUN_LOCAL_KEYS = ("log_dir", "run_name", "resume", "checkpoint_every", "save_final_checkpoint")
 # The last line of every finished run of this project; the study runner counts a run done on it alone.
 FINISHED_PREFIX = "peak memory allocated:"
 

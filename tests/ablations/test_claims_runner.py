@@ -41,3 +41,72 @@ def test_a_sequential_study_names_its_family_and_exploratory_arms_say_so(tmp_pat
     write_study(tmp_path, "s", arms, flags=FLAGS)  # family = true: another design, refused on the recorded looks
     again = ablations(["run", study, "--until-decided", "--max-seeds", "4"], tmp_path, runner_env())
     assert again.returncode == 2 and "family" in again.stderr
+
+
+def test_one_runner_per_sequential_study_and_a_dead_runner_leaves_no_lock(tmp_path):
+    """Case 8: two runners of one sequential study both proceeded, each with its own design. The second now refuses
+    in one line; the kernel frees the lock of a runner that is gone (here: its fd closed)."""
+    import os
+
+    from ablations.errors import StudyError
+    from ablations.sequential_study import hold_study_lock
+
+    held = hold_study_lock(tmp_path / "s")
+    with pytest.raises(StudyError, match="another runner runs the sequential study .* starts nothing"):
+        hold_study_lock(tmp_path / "s")
+    os.close(held)
+    os.close(hold_study_lock(tmp_path / "s"))
+
+
+def test_every_seed_log_of_an_arm_is_checked_for_staleness_not_only_the_study_seeds(tmp_path):
+    """Case 5: seeds outside the study's `seeds` made with old flags were pooled by `run --report`."""
+    from ablations.cli import logged_runs
+    from ablations.study import load_study
+
+    study_file = write_study(tmp_path, "s", {"baseline": {}, "backout": {"backout-layers": 4}}, seeds=[0, 1],
+                             flags=FLAGS)
+    for seed in (0, 7, 11):
+        (tmp_path / "runs" / "s" / "backout").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "runs" / "s" / "backout" / f"seed{seed}.txt").write_text("")
+    (tmp_path / "runs" / "s" / "backout" / "seed7.unfinished-1.txt").write_text("")
+    study = load_study(str(study_file), {}, None, tmp_path / "runs")
+    assert [(run.arm, run.seed) for run in logged_runs(study, tmp_path / "runs")] == [
+        ("backout", 0), ("backout", 7), ("backout", 11)]
+
+
+@pytest.fixture
+def status_of(tmp_path, monkeypatch, capsys):
+    """`python -m ablations status STUDY` in this process: (exit status, stdout + stderr)."""
+    from ablations.cli import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+    def run(study):
+        code = main(["status", str(study)])
+        out, err = capsys.readouterr()
+        return code, out + err
+    return run
+
+
+DESIGN = {"alpha": 0.01, "max_seeds": 4, "max_factor": 1.0, "batch": 1, "claim": "vs-baseline", "baseline": "baseline",
+          "target": None, "arms": ["backout"], "family": True, "family_size": 1,
+          "rule": "t-calibrated power spending (rho 3), Holm family"}
+
+
+@pytest.mark.parametrize("edit, why", [
+    ({"arms": ["backout-L4"]}, "arms ['backout-L4'], now ['backout']"),
+    ({"alpha": 0.05}, "alpha 0.05, now 0.01"),
+    ({"claim": "below-targett"}, "claim 'below-targett' is not one of vs-baseline, below-target")])
+def test_status_refuses_the_record_the_runner_refuses(tmp_path, status_of, edit, why):
+    """Issue 43: a renamed arm was a KeyError traceback in status; an unknown claim or another alpha were shown
+    unflagged while `run` refused them."""
+    import json
+    study = write_study(tmp_path, "s", {"baseline": {}, "backout": {"backout-layers": 4}}, flags=FLAGS)
+    record = tmp_path / "runs" / "s" / "sequential.json"
+    record.parent.mkdir(parents=True)
+    design = DESIGN | edit
+    record.write_text(json.dumps({"design": design, "looks": {arm: [] for arm in design["arms"]}}))
+    code, out = status_of(study)
+    assert code == 0 and "Traceback" not in out
+    (line,) = [line for line in out.splitlines() if line.startswith("sequential (")]
+    assert "cannot be shown" in line and why in line

@@ -118,5 +118,7 @@ def test_a_diverged_look_is_a_record_this_runner_wrote(tmp_path):
 
     look = take_look(Design(alpha=0.01, max_seeds=4, batch=1), [], [2.90, float("nan"), 2.91], [2.90, 2.91, 2.92])
     record = tmp_path / "sequential.json"
-    _save_state(record, {"design": {"arms": ["exploded"]}, "looks": {"exploded": [look]}})
+    design = {"alpha": 0.01, "max_seeds": 4, "batch": 1, "claim": "vs-baseline", "baseline": "baseline",
+              "target": None, "arms": ["exploded"], "family": True, "family_size": 1}
+    _save_state(record, {"design": design, "looks": {"exploded": [look]}})
     assert read_state(record)["looks"]["exploded"][0]["decision"] == "diverged"

@@ -152,7 +152,7 @@ def test_status_of_a_study_with_an_unreadable_sequential_record(tmp_path):
     (tmp_path / "runs" / "s" / "sequential.json").write_text("{not json")
     status = ablations(["status", study], tmp_path, runner_env())
     assert status.returncode == 0 and "4 to do" in status.stdout
-    assert "sequential (" in status.stdout and "not a sequential record this runner wrote" in status.stdout
+    assert "sequential (" in status.stdout and "not a sequential record the study runner wrote" in status.stdout
     assert "problem" in json.loads(ablations(["status", study, "--json"], tmp_path, runner_env()).stdout)["sequential"]
 
 

@@ -143,8 +143,10 @@ def test_compare_welch_with_holm_and_bh_and_the_selection_warning(capsys, tmp_pa
     assert [c["loss_p_bh"] for c in result["comparisons"]] == pytest.approx(
         list(scipy_stats.false_discovery_control(raw)))
     assert any("L11" in w and "picked after seeing the results" in w for w in result["warnings"])
+    # naming one arm after the fact keeps the family and the warning (issue 40, case 6)
     status, out, _ = run_cli(capsys, "compare", root, "--arms", "baseline,L11")
-    assert status == 0 and "WARNING" not in out and "L11" in out and "99% CI" in out
+    assert status == 0 and "picked after seeing the results" in out and "L11" in out and "99% CI" in out
+    assert "family of 3 arms against baseline (1 shown)" in out and "L3" not in out
 
 
 def test_compare_by_folder_of_the_same_variant(capsys, tmp_path):

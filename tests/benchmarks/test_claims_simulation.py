@@ -75,3 +75,38 @@ def test_every_planned_look_can_decide():
     for design in (sim.record_design(26), sim.sequential_design(sim.EFFECTS[0], 5), Design(0.01, 9, 1, sides=1)):
         assert design.planned_counts()[0][0] >= 3
         assert min(design.thresholds()) > 1e-6
+
+
+def _mixed_draws(studies, arms, most, seed, sides=2):
+    """Draws of studies whose arms each get a random effect (none, helpful or harmful, up to 2.5 std): every kind
+    of decision (efficacy both ways, futility, the end) occurs."""
+    rng = np.random.default_rng(seed)
+    effects = rng.choice([0.0, -1.5, 1.5, -2.5, 0.7], size=(studies, arms, 1))
+    draws = rng.standard_normal((studies, arms, most)) + effects
+    return draws, (rng.standard_normal((studies, most)) if sides == 2 else None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sides, arms", [(2, 3), (1, 2)])
+def test_the_vectorised_sequential_path_decides_as_the_runner_does(sides, arms):
+    """Guards: on 1,000 random studies the simulation's fast path and take_look + study_verdicts agree on every arm's
+    claim, its direction and the seeds it stopped at (issue 40: the table is about the product's rule, not a copy)."""
+    design = Design(alpha=0.01, max_seeds=6, batch=1, sides=sides, family_size=arms)
+    draws, baseline = _mixed_draws(1000, arms, design.max_seeds, seed=sides, sides=sides)
+    fast = sim.sequential_decisions(draws, baseline, design)
+    product = sim.product_sequential_decisions(draws, baseline, design)
+    claimed = product[0]
+    assert np.array_equal(fast[0], claimed) and np.array_equal(fast[2], product[2])
+    assert np.array_equal(fast[1][claimed], product[1][claimed])
+    assert 0 < claimed.mean() < 1  # both kinds of verdict were compared
+
+
+@pytest.mark.slow
+def test_the_vectorised_fixed_path_decides_as_compare_does():
+    """Guards: on 1,000 random studies the fast fixed-sample path claims exactly what compare_arms + claims claim."""
+    draws, baseline = _mixed_draws(1000, 4, 5, seed=7)
+    draws, baseline = draws * 0.3, baseline * 0.3  # closer calls: claims near alpha
+    fast = sim.fixed_decisions(draws, baseline)
+    product = sim.product_fixed_decisions(draws, baseline)
+    assert np.array_equal(fast[0], product[0]) and np.array_equal(fast[1][product[0]], product[1][product[0]])
+    assert 0 < product[0].mean() < 1
