@@ -157,7 +157,7 @@ TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent 
 def make_arg_parser():
     return make_parser("GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline. Size and run "
                        "flags without a default take the --preset's value.", PRESETS,
-                       backout_record_layer=11, track_flags=TRACK_FLAGS)
+                       track_flags=TRACK_FLAGS)
 
 
 def resolve_args(argv=None):

@@ -103,10 +103,10 @@ def run_arm(base, flags, log_dir, checkpoints):
     if code:
         return f"refused (exit {code}): {err.getvalue().strip().splitlines()[-1]}"
     lines = (log_dir / "run.txt").read_text().splitlines()
-    lines = [line for line in lines if line.startswith("step:")]  # not the source the log opens with
-    losses = [line.split("val_loss:")[1].split()[0] for line in lines if "val_loss:" in line]
-    scalars = hashlib.sha256("\n".join(line for line in lines if " scalars: " in line).encode()).hexdigest()[:16]
     added = next(line for line in lines if line.startswith("added_params:"))
+    steps = [line for line in lines if line.startswith("step:")]  # not the source the log opens with
+    losses = [line.split("val_loss:")[1].split()[0] for line in steps if "val_loss:" in line]
+    scalars = hashlib.sha256("\n".join(line for line in steps if " scalars: " in line).encode()).hexdigest()[:16]
     state = torch.load(log_dir / "run.pt", weights_only=False)["model"]
     return f"val {' '.join(losses)} scalars {scalars} params {digest(state)} {added}"
 

@@ -225,7 +225,7 @@ BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-lin
 BACKOUT_FLAGS = (
     Flag("--backout-layers", "sources mixed into the final latents: 0-based layer indices, `embed` (the token "
                              "embedding the residual starts from) or `new-embed` (a fresh embedding table); comma- "
-                             "or space-separated. The record: {record_layer}",
+                             "or space-separated. The records: 11 (medium track), 8 (small track)",
          resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE")),
     Flag("--backout-mode", "sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
                            "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "

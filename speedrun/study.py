@@ -33,9 +33,8 @@ class Flag:
         """The parsed value when the flag is not on the command line."""
         return self.options.get("default", False if self.options.get("action") == "store_true" else None)
 
-    def add_to(self, group, **help_values):
-        group.add_argument(self.name, help=self.help.format(**help_values) if help_values else self.help,
-                           **self.options)
+    def add_to(self, group):
+        group.add_argument(self.name, help=self.help, **self.options)  # the help as written: a `{` is text
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,9 @@ class Study:
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
     excludes_why: str = ""
+    # A study that rebuilds the model (DLO expands a checkpoint) refuses every other study but those it names here.
+    rebuilds_model: bool = False
+    compatible: tuple[str, ...] = ()
     model_part: type | None = None  # a ModelPart subclass: the study's parameters and model hooks
     on_r18: Callable | None = None
     r18_model_part: type | None = None
@@ -90,7 +92,11 @@ class Study:
         if not self.active(config):
             return
         flags = {flag.name: flag for study in studies for flag in study.flags}
-        for name in self.excludes:
+        excluded = list(self.excludes)
+        if self.rebuilds_model:
+            excluded += [study.flags[0].name for study in studies
+                         if study is not self and study.name not in self.compatible and study.active(config)]
+        for name in excluded:
             if name in flags and is_set(getattr(config, flags[name].dest)):
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
 
