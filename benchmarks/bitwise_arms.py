@@ -1,7 +1,7 @@
 """Before/after check of a refactor that must change no number: every distinct arm of every bundled study file
 (ablations/*.toml) trained at the tiny preset on every base (r14: train_gpt_medium.py, r18: its --base r18, small:
 train_gpt.py), seed 1, two steps with a validation before and after, eager. One line per (base, arm): the
-validation losses, a digest of the logged scalar lines and a digest of the final parameters (every tensor's bytes),
+validation losses, a digest of the logged scalars (at 6 decimals) and a digest of the final parameters (every tensor's bytes),
 or the one-line refusal when the base does not run the arm. Diff the output of the code before the change with the
 output after it.
 
@@ -77,6 +77,15 @@ def fitting_depth(track, argv):
         raise too_shallow
 
 
+def rounded(value):
+    """A logged scalar (or a list or dict of them) at 6 decimals: a base may log more digits than another."""
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return round(value, 6) if isinstance(value, float) else value
+
+
 def digest(tensors):
     h = hashlib.sha256()
     for name in sorted(tensors):
@@ -106,7 +115,8 @@ def run_arm(base, flags, log_dir, checkpoints):
     added = next(line for line in lines if line.startswith("added_params:"))
     steps = [line for line in lines if line.startswith("step:")]  # not the source the log opens with
     losses = [line.split("val_loss:")[1].split()[0] for line in steps if "val_loss:" in line]
-    scalars = hashlib.sha256("\n".join(line for line in steps if " scalars: " in line).encode()).hexdigest()[:16]
+    logged = [rounded(json.loads(line.split(" scalars: ")[1])) for line in steps if " scalars: " in line]
+    scalars = hashlib.sha256(json.dumps(logged, sort_keys=True).encode()).hexdigest()[:16]
     state = torch.load(log_dir / "run.pt", weights_only=False)["model"]
     return f"val {' '.join(losses)} scalars {scalars} params {digest(state)} {added}"
 
