@@ -1,9 +1,9 @@
 """Before/after check of a refactor that must change no number: every distinct arm of every bundled study file
 (ablations/*.toml) trained at the tiny preset on every base (r14: train_gpt_medium.py, r18: its --base r18, small:
 train_gpt.py), seed 1, two steps with a validation before and after, eager. One line per (base, arm): the
-validation losses, a digest of the logged scalars (at 6 decimals) and a digest of the final parameters (every tensor's bytes),
-or the one-line refusal when the base does not run the arm. Diff the output of the code before the change with the
-output after it.
+validation losses, a digest of the logged scalars (at 6 decimals) and a digest of the final parameters (every
+tensor's bytes), or the one-line refusal when the base does not run the arm. Diff the output of the code before
+the change with the output after it.
 
     OMP_NUM_THREADS=1 python benchmarks/bitwise_arms.py > /tmp/after.txt && diff /tmp/before.txt /tmp/after.txt
 
@@ -123,7 +123,8 @@ def run_arm(base, flags, log_dir, checkpoints):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="", help="keep the arms whose flags or names contain this")
+    parser.add_argument("--only", action="append", default=[],
+                        help="keep the arms whose flags or names contain this (repeatable: any of them)")
     parser.add_argument("--every-layer", action="store_true",
                         help="every arm, not one per kind (arms differing only in the layers a skip reads)")
     args = parser.parse_args()
@@ -133,7 +134,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for base in BASES:
             for index, (flags, names) in enumerate(arms.items()):
-                if args.only not in " ".join(flags + tuple(names)):
+                if args.only and not any(word in " ".join(flags + tuple(names)) for word in args.only):
                     continue
                 log_dir = Path(tmp) / base / str(index)
                 result = run_arm(base, flags, log_dir, checkpoints)

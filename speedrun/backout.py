@@ -178,9 +178,10 @@ class R18Backout(BackoutLambdas, ModelPart):
     its lambda then unused), `--backout-layers none` removes it; the sum and subtract mixes over untransformed
     sources, `embed` being #18's x0 (the smeared and normed embedding), its lambdas as on #14."""
 
+    replaces_base_head_input = True  # #18's own backout
+
     def __init__(self, model, cfg):
         super().__init__()
-        model.own_backout = False
         self.sources = () if cfg.backout_layers == ("none",) else tuple(cfg.backout_layers)
         self.norm_after_sum = cfg.backout_norm_after_sum
         if self.sources:

@@ -130,6 +130,93 @@ def one_part_hook(parts, hook, *args, what):
     return found[0] if found else None
 
 
+class StudyHost:
+    """The model side of the study contract, one for every base (the #14 and small tracks' StudyGPT, --base r18's
+    R18GPT): the parts built into model.study and model.parts, the named study scalars, and the calls of the parts'
+    hooks. A base keeps its study scalars in the vector named by `scalar_vector` (built from the slices the parts
+    reserve during __init__, after begin_scalars()) and calls the hooks below where its forward reaches them."""
+    scalar_vector = "scalars"
+
+    def begin_scalars(self):
+        self._scalar_inits, self.scalar_layout = [], {}
+
+    def add_scalars(self, name, init):
+        """Reserves a named slice of the study scalar vector (only during __init__)."""
+        reserve_scalars(self._scalar_inits, self.scalar_layout, name, init)
+
+    def scalar_slice(self, name):
+        a, b = self.scalar_layout[name]
+        return getattr(self, self.scalar_vector)[a:b]
+
+    def scalar_grad(self, name):
+        """The gradient of a named slice (after a backward)."""
+        a, b = self.scalar_layout[name]
+        return getattr(self, self.scalar_vector).grad[a:b]
+
+    def build_parts(self, studies, cfg, part_class):
+        """Builds the part (part_class(study)) of each study in `studies` into self.study, in their order, those
+        built_last after the others (the parameter and scalar order of older checkpoints)."""
+        self.study, self.parts = nn.ModuleDict(), []
+        for study in sorted(studies, key=lambda study: part_class(study).built_last):
+            self.study[study.name] = part_class(study)(self, cfg)
+            self.parts.append(self.study[study.name])
+
+    def parts_block_input(self, i, x, outputs, x_embed):
+        for part in self.parts:
+            x = part.block_input(self, i, x, outputs, x_embed)
+        return x
+
+    def parts_block_output(self, i, x, outputs):
+        for part in self.parts:
+            x = part.block_output(self, i, x, outputs)
+        return x
+
+    def parts_head_input(self, head_in, outputs, x_embed, input_seq):
+        for part in self.parts:
+            head_in = part.head_input(self, head_in, outputs, x_embed, input_seq)
+        return head_in
+
+    # `if self.parts`: with no study on, an export folds these hooks to None where they are called
+    def parts_residuals(self):
+        """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
+        that augments the residuals, or None: every residual plain."""
+        return one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
+
+    def parts_mlp_router(self):
+        """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
+        return one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
+
+    def parts_mlp_extra(self, i, outputs, x_embed, input_seq):
+        """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
+        return one_part_hook(self.parts, "mlp_extra", self, i, outputs, x_embed, input_seq,
+                             what=f"widen layer {i}'s MLP input") if self.parts else None
+
+    def routes_mlp(self):
+        return any(part.routes_mlp for part in self.parts)
+
+    def replaces_base_head_input(self):
+        """Whether a part computes the head's input from norm(x) in place of the base's own (#18's backout)."""
+        return any(part.replaces_base_head_input for part in self.parts)
+
+    def parts_named_scalars(self):
+        out = {}
+        for part in self.parts:
+            out.update(part.named_scalars(self))
+        return out
+
+    def parts_before_step(self, config, step):
+        for part in self.parts:
+            part.before_step(self, config, step)
+
+    def parts_after_step(self, opt, config, proc):
+        for part in self.parts:
+            part.after_step(self, opt, config, proc)
+
+    def parts_init_from(self, state, config):
+        """Whether a part loaded an --init-from checkpoint itself (ModelPart.init_from: e.g. expanding it)."""
+        return any(part.init_from(self, state, config) for part in self.parts)
+
+
 def is_set(value):
     """Whether a flag's value turns something on: not None, False or an empty tuple (0 is a value: layer 0)."""
     return value is not None and value is not False and value != ()
@@ -177,6 +264,7 @@ class ModelPart(nn.Module):
 
     built_last = False  # built after the parts without it: the parameter and scalar order of older checkpoints
     routes_mlp = False  # its mlp_router computes the MLPs (see above)
+    replaces_base_head_input = False  # its head_input gets norm(x), not the base's own head input (#18's backout)
 
     @staticmethod
     def layer_pattern(cfg, track_layer_pattern):

@@ -69,10 +69,12 @@ def r18_config_with_the_study(on=True):
     return SimpleNamespace(**vars(T.resolve_args(["--preset", "tiny", "--base", "r18"])), head_scale=on)
 
 
-def scalar_grad(model, vector):
-    start, end = model.scalar_layout["head_scale"] if hasattr(model, "scalar_layout") \
-        else model.study_scalar_layout["head_scale"]
-    return vector.grad[start:end]
+def assert_logged_as_stored(model):
+    """A part's scalar is logged under the same name and at the same precision on every base (r18 rounded it to 6
+    decimals, #14 did not)."""
+    with torch.no_grad():
+        model.scalar_slice("head_scale").fill_(1 / 3)
+    assert model.named_scalars()["head-scale.s"] == torch.tensor(1 / 3).item()
 
 
 def test_a_new_study_runs_on_r18_through_the_hooks(registered):
@@ -81,10 +83,11 @@ def test_a_new_study_runs_on_r18_through_the_hooks(registered):
     check_r18_studies(config)  # declares nothing: runs
     model = model_of(config)
     loss, _ = loss_and_grads(model)
-    assert torch.isfinite(loss) and scalar_grad(model, model.study_scalars).abs().item() > 0
+    assert torch.isfinite(loss) and model.scalar_grad("head_scale").abs().item() > 0
     assert model.added_params() == {"head-scale": 1}  # once, under the study's name
     assert model.named_scalars()["head-scale.s"] == 0.0
     assert torch.equal(*model.study["head-scale"].layer0_input_and_embed)
+    assert_logged_as_stored(model)
 
 
 def test_a_new_study_runs_on_r14_through_the_hooks(registered):
@@ -102,10 +105,11 @@ def test_a_new_study_runs_on_r14_through_the_hooks(registered):
     g = torch.Generator().manual_seed(1)
     inputs, targets = torch.randint(0, 2000, (2, 64), generator=g)
     model(inputs, targets, torch.tensor(2)).backward()
-    assert scalar_grad(model, model.scalars).abs().item() > 0
+    assert model.scalar_grad("head_scale").abs().item() > 0
     assert model.added_params() == {"head-scale": 1}
     assert model.named_scalars()["head-scale.s"] == 0.0
     assert torch.equal(*model.study["head-scale"].layer0_input_and_embed)
+    assert_logged_as_stored(model)
 
 
 class WidensTheMLP(HeadScale):
