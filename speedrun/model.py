@@ -1,17 +1,17 @@
 """The study model machinery both tracks share: the named scalar vector, the calls of the study parts' hooks
 (ModelPart, speedrun/study.py; the model names no study), parameter counts and groups, and the generic layer loop
 (U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
-blocks, per-layer scalars and head."""
+blocks, per-layer scalars and head. The studies a model may hold come with its config (GPTConfig.studies: the
+registry the run passes in), never from an import here."""
 
-from dataclasses import dataclass, field, fields, make_dataclass, replace
-from functools import partial
+from dataclasses import dataclass, field, make_dataclass, replace
+from functools import cache, partial
 
 import torch
 import torch.nn as nn
 
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
-from speedrun.studies import STUDIES
 from speedrun.study import StudyHost, added_params_by_study
 
 
@@ -22,18 +22,13 @@ def cast_model(model, dtype):
             p.data = p.data.to(dtype)
 
 
-# The study fields of a track's ModelConfig, as the studies declare them (speedrun.studies); every default means
-# off. baseline_layers: the preset's layer count (added_params reports extra layers against it).
-StudyConfig = make_dataclass("StudyConfig", [(name, kind, field(default=default))
-                                             for study in STUDIES for name, kind, default in study.model_fields]
-                             + [("baseline_layers", int | None, field(default=None))])
-STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
 PRESET_SIZE_FIELDS = ("model_dim", "num_heads", "head_dim", "block_size", "max_window_tokens")
 
 
 @dataclass(kw_only=True)
-class GPTConfig(StudyConfig):
-    """A model: its sizes (a track's preset gives them) and the study fields."""
+class GPTConfig:
+    """A model: its sizes (a track's preset gives them), and the studies it may hold, whose fields join it
+    (model_config_class). baseline_layers: the preset's layer count (added_params reports extra layers against it)."""
     num_layers: int
     model_dim: int
     num_heads: int
@@ -43,19 +38,35 @@ class GPTConfig(StudyConfig):
     vocab_size: int = 50257
     mlp_ratio: int = 4
     attn_scale: float = 0.12
+    baseline_layers: int | None = None
+    studies: tuple = field(default=(), repr=False)  # the run's registry: each study's part is built when it is on
 
 
-def preset_config(preset):
-    """GPTConfig with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
-    return partial(GPTConfig, num_layers=preset["num_layers"], **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+@cache
+def model_config_class(studies):
+    """GPTConfig with the model fields the studies declare (Study.model_fields; every default means off)."""
+    return make_dataclass("ModelConfig", [(name, kind, field(default=default))
+                                          for study in studies for name, kind, default in study.model_fields],
+                          bases=(GPTConfig,), kw_only=True)
 
 
-def model_config_from_args(preset, args):
-    """The model for checked args: the preset's sizes, --num-layers, and the study flags (with DLO, num_layers
-    becomes the expanded depth)."""
-    cfg = GPTConfig(num_layers=args.num_layers, baseline_layers=preset["num_layers"],
-                    **{k: preset[k] for k in PRESET_SIZE_FIELDS})
-    for study in STUDIES:
+def studies_off(cfg):
+    """The config fields that switch every study off (and count no extra layers)."""
+    return dict({name: default for study in cfg.studies for name, _, default in study.model_fields},
+                baseline_layers=None)
+
+
+def preset_config(preset, studies):
+    """The model config with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
+    return partial(model_config_class(tuple(studies)), studies=tuple(studies), num_layers=preset["num_layers"],
+                   **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+
+
+def model_config_from_args(preset, args, studies):
+    """The model for checked args and the run's studies: the preset's sizes, --num-layers, and the study flags
+    (with DLO, num_layers becomes the expanded depth)."""
+    cfg = preset_config(preset, studies)(num_layers=args.num_layers, baseline_layers=preset["num_layers"])
+    for study in studies:
         cfg = replace(cfg, **study.model_config(cfg, args))
     return cfg
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
@@ -107,7 +118,7 @@ class StudyGPT(StudyHost, nn.Module):
         self.cfg = cfg
         # A study part may change the depth and each layer's structure (ModelPart.layer_pattern).
         own = [pattern for pattern in (study.model_part.layer_pattern(cfg, self.layer_pattern)
-                                       for study in STUDIES if study.in_model(cfg)) if pattern is not None]
+                                       for study in cfg.studies if study.in_model(cfg)) if pattern is not None]
         self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
         # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
@@ -135,7 +146,7 @@ class StudyGPT(StudyHost, nn.Module):
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules in self.study (key = variant name) and their scalars in the shared
         # vector, so parameter counts, optimiser groups and logging find them without special cases.
-        self.build_parts([study for study in STUDIES if study.in_model(self.cfg)], self.cfg,
+        self.build_parts([study for study in self.cfg.studies if study.in_model(self.cfg)], self.cfg,
                          lambda study: study.model_part)
         self.scalars = nn.Parameter(torch.cat(self._scalar_inits))
         del self._scalar_inits
@@ -161,7 +172,7 @@ class StudyGPT(StudyHost, nn.Module):
 
     def extra_layer_params(self):
         """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling)."""
-        base = replace(self.cfg, **STUDY_OFF)
+        base = replace(self.cfg, **studies_off(self.cfg))
         return self.param_count(replace(base, num_layers=self.cfg.num_layers)) - self.param_count(
             replace(base, num_layers=self.cfg.baseline_layers))
 

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
 from speedrun.r18.studies import MATRIX_MULTIPLIERS, SCALAR_MULTIPLIERS, part_config
-from speedrun.studies import STUDIES
 from speedrun.study import StudyHost, added_params_by_study
 
 NUM_LAYERS = 16
@@ -244,19 +243,20 @@ class R18DepthExpansion:
 class R18GPT(StudyHost, nn.Module):
     """Parameters are created in the record's order with the same initialisers, so one seed gives the record's
     initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`.
-    `studies`: a resolved run config whose studies add their parts (speedrun.r18.studies states the rule) after
-    the record's parameters (so the record's initial weights stay those of the seed); the model calls their hooks
+    `studies`: a resolved run config whose studies (those of `registry`, by default the bundled ones) add their
+    parts (speedrun.r18.studies states the rule) after the record's parameters (so the record's initial weights stay those of the seed); the model calls their hooks
     (ModelPart, speedrun/study.py) as the #14 model does, its x0 being the embedding the residual starts from. The
     layers follow `pattern`: the record's, or a part's (ModelPart.layer_pattern, e.g. DLO's expansion)."""
 
     depth_expansion = R18DepthExpansion
     scalar_vector = "study_scalars"  # the record's own scalars keep their vector, `scalars`
 
-    def __init__(self, cfg: R18Config, studies=None):
+    def __init__(self, cfg: R18Config, studies=None, registry=None):
         super().__init__()
         # The config the parts are built from, and the studies in it: registry order, built_last ones after the others.
-        self.study_cfg = None if studies is None else part_config(studies)
-        in_model = [] if studies is None else sorted([study for study in STUDIES if study.in_model(self.study_cfg)],
+        self.study_cfg = None if studies is None else part_config(studies, registry)
+        in_model = [] if studies is None else sorted([study for study in self.study_cfg.studies
+                                                      if study.in_model(self.study_cfg)],
                                                      key=lambda study: study.r18_part.built_last)
         # What a study part reads of the layer pattern, and the layers' value embeddings, windows, skips, backout.
         own = [pattern for pattern in (study.r18_part.layer_pattern(self.study_cfg, layer_pattern)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from speedrun.errors import UsageError
-from speedrun.model import STUDY_OFF
+from speedrun.model import studies_off
 from speedrun.studies import STUDIES
 from test_compile_matrix import bundled_arms, graph_structure, resolve
 
@@ -45,7 +45,7 @@ def test_every_bundled_study_declares_its_added_parameters():
     for model_class, cfg, arm in arm_cases():
         declared = {study.name: study.added_params(cfg, model_class) for study in STUDIES}
         seen |= {name for name, n in declared.items() if n}
-        baseline = replace(cfg, **STUDY_OFF, num_layers=cfg.dlo_base_layers or cfg.num_layers)
+        baseline = replace(cfg, **studies_off(cfg), num_layers=cfg.dlo_base_layers or cfg.num_layers)
         model = build(model_class, cfg)
         built = sum(p.numel() for p in model.parameters()) - params(model_class, baseline)
         assert sum(declared.values()) == built, (arm, declared)
@@ -67,7 +67,7 @@ def test_declared_count_of_flag_sets_beyond_the_arms(flags):
     track = importlib.import_module("train_gpt_medium")
     cfg = track.model_config(track.resolve_args(["--preset", "tiny"] + flags))
     declared = sum(study.added_params(cfg, track.GPT) for study in STUDIES)
-    assert declared == params(track.GPT, cfg) - params(track.GPT, replace(cfg, **STUDY_OFF))
+    assert declared == params(track.GPT, cfg) - params(track.GPT, replace(cfg, **studies_off(cfg)))
 
 
 def r18_arms():
