@@ -67,7 +67,7 @@ def model_config_from_args(preset, args, studies):
     (with DLO, num_layers becomes the expanded depth)."""
     cfg = preset_config(preset, studies)(num_layers=args.num_layers, baseline_layers=preset["num_layers"])
     for study in studies:
-        cfg = replace(cfg, **study.model_config(cfg, args))
+        cfg = replace(cfg, **study.model_values(cfg, args))
     return cfg
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
 

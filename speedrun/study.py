@@ -41,13 +41,19 @@ class Flag:
 class Study:
     """A study: flags, checks and model fields, declared once (see the module docstring).
 
+    Every field but name and flags has a default: a study with a part whose model fields are its flags declares
+    each switch once (the flag; its model field and the copy into the model config are derived).
     resolve(config, pattern) -> {field: value}: validates this study's flags of the run config (the track's layer
       pattern at --num-layers given) and returns their resolved values (defaults filled in); raises UsageError.
+      Default: no check, nothing derived.
     model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
+      Default (model_values): each model field named as a run config field, copied where it is not its default.
     added_params(model_cfg, model_class) -> int: the parameters the study adds to a model of this config, counted
-      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. The run log's
-      added_params line measures them on the built model; a test checks every bundled arm's two agree.
-    model_fields: (name, type, default) of the model config fields; the defaults mean off.
+      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. Optional: the run
+      log's added_params line measures them on the built model, and a test checks every bundled arm's measure
+      (and the formula, where one is declared).
+    model_fields: (name, type, default) of the model config fields; the defaults mean off. Default: with a
+      model_part, one per flag (its dest, kind and unset value); without, none.
     model_part: its ModelPart class (below), built into a model whose config has the study on.
     variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
       flags as given (e.g. dlo-groups2-init-slerp).
@@ -57,13 +63,13 @@ class Study:
     r18_model_part: its ModelPart on --base r18 where that differs from model_part (backout's R18Backout replaces
       #18's own backout)."""
     name: str  # the word the generic variant name starts with
-    title: str  # the --help group's title
-    description: str | None
     flags: tuple[Flag, ...]  # the first one switches the study on
-    resolve: Callable
-    model_config: Callable
-    added_params: Callable
-    model_fields: tuple = ()
+    title: str = ""  # the --help group's title (default: the name)
+    description: str | None = None
+    resolve: Callable = lambda config, pattern: {}
+    model_config: Callable | None = None
+    added_params: Callable | None = None
+    model_fields: tuple | None = None
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
     excludes_why: str = ""
@@ -73,6 +79,19 @@ class Study:
     model_part: type | None = None  # a ModelPart subclass: the study's parameters and model hooks
     on_r18: Callable | None = None
     r18_model_part: type | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "title", self.title or self.name)
+        if self.model_fields is None:  # the flags are the model fields
+            object.__setattr__(self, "model_fields", tuple((flag.dest, flag.kind, flag.unset) for flag in self.flags)
+                               if self.model_part is not None else ())
+
+    def model_values(self, model_cfg, config):
+        """The model config fields this run sets (Study.model_config, or each field copied where it is set)."""
+        if self.model_config is not None:
+            return self.model_config(model_cfg, config)
+        return {name: getattr(config, name) for name, _, default in self.model_fields
+                if getattr(config, name, default) != default}
 
     @property
     def r18_part(self):

@@ -48,6 +48,6 @@ def part_config(config, studies=None):
               "studies": studies}
     cfg = make_dataclass("R18StudyConfig", list(values))(**values)  # a dataclass: parts replace() its fields
     for study in studies:
-        cfg = replace(cfg, **study.model_config(cfg, config))
+        cfg = replace(cfg, **study.model_values(cfg, config))
     return cfg
 

@@ -1,6 +1,7 @@
 """The study registry (speedrun/studies.py) is the one definition of a study flag: the parser, the run config, the
 resume check, variant names and the model config all come from it."""
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,7 +11,7 @@ from test_faults_training import TINY, checkpoint_of_a_4_step_run, one_error_lin
 from speedrun.run_config import RunConfig
 from speedrun.studies import STUDIES
 from speedrun.cli import make_parser, resolve_study_args
-from speedrun.study import Flag, Study
+from speedrun.study import Flag, ModelPart, Study
 
 TINY_DLO = T.resolve_args(["--preset", "tiny", "--init-from", __file__, "--dlo-groups", "2"])
 
@@ -65,6 +66,16 @@ def a_switch_study(name, help_text="a switch"):
                  flags=(Flag(f"--{name}", help_text, resume=True, kind=bool, options=dict(action="store_true")),),
                  resolve=lambda config, pattern: {}, model_config=lambda model_cfg, config: {},
                  added_params=lambda model_cfg, model_class: 0)
+
+
+def test_a_switch_with_a_part_is_declared_once():
+    """Its model field (named, typed and defaulted as the flag) and the copy into the model config are derived."""
+    study = Study(name="logit-scale", model_part=ModelPart, flags=(
+        Flag("--logit-scale", "a switch", resume=True, kind=bool, options=dict(action="store_true")),))
+    assert study.model_fields == (("logit_scale", bool, False),) and study.title == "logit-scale"
+    assert study.model_values(None, SimpleNamespace(logit_scale=True)) == {"logit_scale": True}
+    assert study.model_values(None, SimpleNamespace(logit_scale=False)) == {}
+    assert study.resolve(None, None) == {} and study.added_params is None  # measured only
 
 
 def test_any_help_text_is_shown_as_written():
