@@ -24,6 +24,7 @@ from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.muon import NS5_COEFFS
 from speedrun.optimizers import TrackOptimizers
+from speedrun.studies import STUDIES
 from speedrun.study import Flag
 # check_data: the study runner's
 from speedrun.training import Track, check_data, run_training, train_step  # noqa: F401
@@ -39,12 +40,12 @@ PRESETS = {
                           max_window_tokens=3456, train_seq_len=64 * 1024, num_iterations=5590),
     "tiny": tiny_preset(num_layers=6),
 }
-ModelConfig = preset_config(PRESETS["full"])  # the record's model (GPTConfig with its sizes as defaults)
+ModelConfig = preset_config(PRESETS["full"], STUDIES)  # the record's model (its sizes as defaults)
 
 
 def model_config(args):
     """The model of checked args: the preset's sizes, --num-layers and the study flags."""
-    return model_config_from_args(PRESETS[args.preset], args)
+    return model_config_from_args(PRESETS[args.preset], args, STUDIES)
 
 
 def layer_pattern(num_layers):
@@ -157,7 +158,7 @@ TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent 
 def make_arg_parser():
     return make_parser("GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline. Size and run "
                        "flags without a default take the --preset's value.", PRESETS,
-                       backout_record_layer=11, track_flags=TRACK_FLAGS)
+                       track_flags=TRACK_FLAGS)
 
 
 def resolve_args(argv=None):

@@ -178,9 +178,10 @@ class R18Backout(BackoutLambdas, ModelPart):
     its lambda then unused), `--backout-layers none` removes it; the sum and subtract mixes over untransformed
     sources, `embed` being #18's x0 (the smeared and normed embedding), its lambdas as on #14."""
 
+    replaces_base_head_input = True  # #18's own backout
+
     def __init__(self, model, cfg):
         super().__init__()
-        model.own_backout = False
         self.sources = () if cfg.backout_layers == ("none",) else tuple(cfg.backout_layers)
         self.norm_after_sum = cfg.backout_norm_after_sum
         if self.sources:
@@ -225,7 +226,7 @@ BACKOUT_TRANSFORMS = ["none", "detach", "relu", "tanh", "relu-linear", "tanh-lin
 BACKOUT_FLAGS = (
     Flag("--backout-layers", "sources mixed into the final latents: 0-based layer indices, `embed` (the token "
                              "embedding the residual starts from) or `new-embed` (a fresh embedding table); comma- "
-                             "or space-separated. The record: {record_layer}",
+                             "or space-separated. The records: 11 (medium track), 8 (small track)",
          resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE")),
     Flag("--backout-mode", "sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
                            "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "

@@ -42,9 +42,9 @@ def tiny_preset(num_layers):
                 train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
 
 
-def make_parser(description, presets, backout_record_layer, track_flags=()):
+def make_parser(description, presets, track_flags=(), studies=STUDIES):
     """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
-    group per study (speedrun.studies)."""
+    group per study (speedrun.studies), each flag's help as the study wrote it."""
     p = OneLineErrorParser(description=description, formatter_class=HelpWithDefaults)
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(presets), default="full",
@@ -102,10 +102,10 @@ def make_parser(description, presets, backout_record_layer, track_flags=()):
                          "the checkpoint's position in its own schedule (docs/dlo.md) (default restart)")
     for flag in track_flags:
         flag.add_to(run)
-    for study in STUDIES:
+    for study in studies:
         group = p.add_argument_group(study.title, study.description)
         for flag in study.flags:
-            flag.add_to(group, record_layer=backout_record_layer)
+            flag.add_to(group)
     return p
 
 
@@ -127,12 +127,14 @@ def resolve_track_args(parser, argv, presets, script_path, layer_pattern, track_
     return config
 
 
-def resolve_study_args(config, layer_pattern):
+def resolve_study_args(config, layer_pattern, studies=STUDIES):
     """The config with the study flags checked against the track's model (its width and its layer pattern at
-    --num-layers) and their defaults filled in."""
+    --num-layers) and their defaults filled in. The exclusions a study declares are checked before those of a study
+    that rebuilds the model (which refuses every study it does not name), so a declared one names its reason."""
+    for study in sorted(studies, key=lambda study: study.rebuilds_model):
+        study.check_exclusions(config, studies)
     pattern = layer_pattern(config.num_layers)
-    for study in STUDIES:
-        study.check_exclusions(config, STUDIES)
+    for study in studies:
         config = replace(config, **study.resolve(config, pattern))
     return config
 

@@ -464,8 +464,6 @@ DLO_FLAGS = (
 )
 DLO_DESCRIPTION = ("Dynamic Layer Operation (docs/dlo.md): expand a trained checkpoint (--init-from) in depth and "
                    "learn per token which MLPs to skip. Off unless --dlo-groups is given.")
-# --dlo-groups cannot be combined with these: expansion copies the baseline's per-layer parts only.
-DLO_EXCLUDES = ("--backout-layers", "--rolling-skip", "--laurel")
 
 
 def dlo_flag(key):

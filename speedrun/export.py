@@ -9,7 +9,7 @@ torch) are merged at the top. It holds only what the run executes:
   reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
   add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
-- a method whose body computes a constant from folded values (StudyGPT.mlp_router: None with no study on) is
+- a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
   (class_constants: the small track's USE_SNOO = False);
@@ -102,6 +102,8 @@ def folded_tests(config, omitted=(), active=()):
             folds.update({f"{name}.{dest}": hashable(getattr(config, dest)) for name in CONFIG_NAMES})
     if not active:  # the registry is empty, and so is every model's list of study parts
         folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
+        # the study contract's hooks (speedrun/study.py's StudyHost, every base's) are then constants in each module
+        folds.update(constant_methods(ast.parse(module_path("speedrun.study").read_text()), folds)[0])
     for study in STUDIES:
         if study not in active:
             folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in study.flags
@@ -292,8 +294,8 @@ def is_scalar(value):
 def constant_methods(tree, folds):
     """{`self.name()`: value}, {name: its class} of each method whose body (a docstring aside) is assignments of
     decided values to names, asserts decided true and a `return` of a decided scalar: calling it computes nothing
-    else (StudyGPT.mlp_router is None with no study on). The value holds whatever arguments the call passes. A name
-    two classes of the module define is left out (Program.check_constant_methods: nor may a class of another)."""
+    else (StudyHost.parts_mlp_router is None with no study on). The value holds whatever arguments the call passes. A
+    name two classes of the module define is left out (Program.check_constant_methods: nor may a class of another)."""
     found, owners = {}, {}
     classes = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
     defined = [m.name for c in classes for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -335,7 +337,7 @@ def own_blocks(function):
 
 def propagate_locals(text, folds):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
-    self.mlp_router()`), assigned that value as a literal and read as it in the statements after it in its block
+    self.parts_mlp_router()`), assigned that value as a literal and read as it in the statements after it in its block
     (where it is not called nor its attribute or item read): the tests on it then fold, and the assignment is left
     unread (drop_dead_constants). A local assigned a literal in the source is left as it is."""
     tree = ast.parse(text)

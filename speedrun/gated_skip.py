@@ -41,13 +41,10 @@ class GatedSkip(ModelPart):
 
 
 GATED_SKIP = Study(
-    name="gated-skip", title="gated skip (speedrun/gated_skip.py)", description=None,
+    name="gated-skip", title="gated skip (speedrun/gated_skip.py)",
     flags=(Flag("--gated-skip-layer", "the head also reads sigmoid(g) * out[K], g learned (the gate starts at "
                                       "0.018)", resume=True, kind=int, options=dict(type=int, metavar="K")),),
-    resolve=resolve,
-    model_fields=(("gated_skip_layer", int, None),),
-    model_config=lambda model_cfg, config: (dict(gated_skip_layer=config.gated_skip_layer)
-                                            if config.gated_skip_layer is not None else {}),
+    resolve=resolve,  # the flag is also the model field gated_skip_layer (default None: off), copied when given
     added_params=lambda model_cfg, model_class: int(model_cfg.gated_skip_layer is not None),  # the gate's scalar
     variant_name=lambda config: f"gated-skip-L{config.gated_skip_layer}",
     model_part=GatedSkip,

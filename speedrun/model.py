@@ -1,18 +1,18 @@
 """The study model machinery both tracks share: the named scalar vector, the calls of the study parts' hooks
 (ModelPart, speedrun/study.py; the model names no study), parameter counts and groups, and the generic layer loop
 (U-net skips, value embeddings, masks). A track's GPT subclasses StudyGPT with its embeddings,
-blocks, per-layer scalars and head."""
+blocks, per-layer scalars and head. The studies a model may hold come with its config (GPTConfig.studies: the
+registry the run passes in), never from an import here."""
 
-from dataclasses import dataclass, field, fields, make_dataclass, replace
-from functools import partial
+from dataclasses import dataclass, field, make_dataclass, replace
+from functools import cache, partial
 
 import torch
 import torch.nn as nn
 
 from speedrun.layers import (MLP, CausalSelfAttention, dense_window_mask, flex_block_masks, norm,
                              padded_vocab)
-from speedrun.studies import STUDIES
-from speedrun.study import added_params_by_study, one_part_hook, reserve_scalars
+from speedrun.study import StudyHost, added_params_by_study
 
 
 def cast_model(model, dtype):
@@ -22,18 +22,13 @@ def cast_model(model, dtype):
             p.data = p.data.to(dtype)
 
 
-# The study fields of a track's ModelConfig, as the studies declare them (speedrun.studies); every default means
-# off. baseline_layers: the preset's layer count (added_params reports extra layers against it).
-StudyConfig = make_dataclass("StudyConfig", [(name, kind, field(default=default))
-                                             for study in STUDIES for name, kind, default in study.model_fields]
-                             + [("baseline_layers", int | None, field(default=None))])
-STUDY_OFF = {f.name: f.default for f in fields(StudyConfig)}
 PRESET_SIZE_FIELDS = ("model_dim", "num_heads", "head_dim", "block_size", "max_window_tokens")
 
 
 @dataclass(kw_only=True)
-class GPTConfig(StudyConfig):
-    """A model: its sizes (a track's preset gives them) and the study fields."""
+class GPTConfig:
+    """A model: its sizes (a track's preset gives them), and the studies it may hold, whose fields join it
+    (model_config_class). baseline_layers: the preset's layer count (added_params reports extra layers against it)."""
     num_layers: int
     model_dim: int
     num_heads: int
@@ -43,20 +38,36 @@ class GPTConfig(StudyConfig):
     vocab_size: int = 50257
     mlp_ratio: int = 4
     attn_scale: float = 0.12
+    baseline_layers: int | None = None
+    studies: tuple = field(default=(), repr=False)  # the run's registry: each study's part is built when it is on
 
 
-def preset_config(preset):
-    """GPTConfig with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
-    return partial(GPTConfig, num_layers=preset["num_layers"], **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+@cache
+def model_config_class(studies):
+    """GPTConfig with the model fields the studies declare (Study.model_fields; every default means off)."""
+    return make_dataclass("ModelConfig", [(name, kind, field(default=default))
+                                          for study in studies for name, kind, default in study.model_fields],
+                          bases=(GPTConfig,), kw_only=True)
 
 
-def model_config_from_args(preset, args):
-    """The model for checked args: the preset's sizes, --num-layers, and the study flags (with DLO, num_layers
-    becomes the expanded depth)."""
-    cfg = GPTConfig(num_layers=args.num_layers, baseline_layers=preset["num_layers"],
-                    **{k: preset[k] for k in PRESET_SIZE_FIELDS})
-    for study in STUDIES:
-        cfg = replace(cfg, **study.model_config(cfg, args))
+def studies_off(cfg):
+    """The config fields that switch every study off (and count no extra layers)."""
+    return dict({name: default for study in cfg.studies for name, _, default in study.model_fields},
+                baseline_layers=None)
+
+
+def preset_config(preset, studies):
+    """The model config with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
+    return partial(model_config_class(tuple(studies)), studies=tuple(studies), num_layers=preset["num_layers"],
+                   **{k: preset[k] for k in PRESET_SIZE_FIELDS})
+
+
+def model_config_from_args(preset, args, studies):
+    """The model for checked args and the run's studies: the preset's sizes, --num-layers, and the study flags
+    (with DLO, num_layers becomes the expanded depth)."""
+    cfg = preset_config(preset, studies)(num_layers=args.num_layers, baseline_layers=preset["num_layers"])
+    for study in studies:
+        cfg = replace(cfg, **study.model_values(cfg, args))
     return cfg
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
 
@@ -88,7 +99,7 @@ class StudyBlock(nn.Module):
         return self.residual(x, fx, "mlp", augment)
 
 
-class StudyGPT(nn.Module):
+class StudyGPT(StudyHost, nn.Module):
     """Track-independent part of the GPT. A subclass's __init__ creates its token embedding(s), then calls
     add_layers_and_head(its block class, max_seq_len) and finish_init().
     It also provides:
@@ -107,13 +118,13 @@ class StudyGPT(nn.Module):
         self.cfg = cfg
         # A study part may change the depth and each layer's structure (ModelPart.layer_pattern).
         own = [pattern for pattern in (study.model_part.layer_pattern(cfg, self.layer_pattern)
-                                       for study in STUDIES if study.in_model(cfg)) if pattern is not None]
+                                       for study in cfg.studies if study.in_model(cfg)) if pattern is not None]
         self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
         # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
         self.extra_param_counts = {}
         # Every learned scalar lives in one vector; `scalar_layout` names the slices.
-        self._scalar_inits, self.scalar_layout = [], {}
+        self.begin_scalars()
 
     def add_layers_and_head(self, block_class, max_seq_len):
         """The value embeddings, the blocks and the zero lm head (rows padded to a multiple of 128), after the
@@ -133,30 +144,12 @@ class StudyGPT(nn.Module):
         self.add_scalars("unet", torch.ones(len(self.pattern["unet_pairs"])))
         self.add_scalars("block", torch.tensor(self.block_lambdas).repeat(L))
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
-        # Study variants keep their modules here (key = variant name) and their scalars in the shared vector,
-        # so parameter counts, optimiser groups and logging find them without special cases.
-        self.study = nn.ModuleDict()
-        self.add_study_variants(self.cfg)
+        # Study variants keep their modules in self.study (key = variant name) and their scalars in the shared
+        # vector, so parameter counts, optimiser groups and logging find them without special cases.
+        self.build_parts([study for study in self.cfg.studies if study.in_model(self.cfg)], self.cfg,
+                         lambda study: study.model_part)
         self.scalars = nn.Parameter(torch.cat(self._scalar_inits))
         del self._scalar_inits
-
-    def add_scalars(self, name, init):
-        """Reserves a named slice of the scalar vector (only during __init__)."""
-        reserve_scalars(self._scalar_inits, self.scalar_layout, name, init)
-
-    def add_study_variants(self, cfg):
-        """Adds the modules and scalars of the study flags in cfg (none for the baseline)."""
-        # The studies written against the ModelPart interface (speedrun/study.py), in registry order (those
-        # built_last after the others: the parameter and scalar order of existing checkpoints).
-        self.parts = []
-        studies = [study for study in STUDIES if study.in_model(cfg)]
-        for study in sorted(studies, key=lambda study: study.model_part.built_last):
-            self.study[study.name] = study.model_part(self, cfg)
-            self.parts.append(self.study[study.name])
-
-    def scalar_slice(self, name):
-        a, b = self.scalar_layout[name]
-        return self.scalars[a:b]
 
     def added_params(self):
         """Parameters added by each study variant: its modules plus its scalar slices ("name" or "name.*")."""
@@ -179,7 +172,7 @@ class StudyGPT(nn.Module):
 
     def extra_layer_params(self):
         """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling)."""
-        base = replace(self.cfg, **STUDY_OFF)
+        base = replace(self.cfg, **studies_off(self.cfg))
         return self.param_count(replace(base, num_layers=self.cfg.num_layers)) - self.param_count(
             replace(base, num_layers=self.cfg.baseline_layers))
 
@@ -222,57 +215,34 @@ class StudyGPT(nn.Module):
         skip_w = self.scalar_slice("unet")
         scalars = self.block_scalars()
         skip_into = {dst: (j, src) for j, (src, dst) in enumerate(pat["unet_pairs"])}
-        router = self.mlp_router()
+        router = self.parts_mlp_router()
         outputs = []
-        residuals = self.block_residuals()
+        residuals = self.parts_residuals()
         for i, block in enumerate(self.blocks):
-            for part in self.parts:
-                x = part.block_input(self, i, x, outputs, x_embed)
+            x = self.parts_block_input(i, x, outputs, x_embed)
             skip = (skip_w[skip_into[i][0]], outputs[skip_into[i][1]]) if i in skip_into else None
             ve = ve_all[pat["ve_index"][i]] if pat["ve_index"][i] is not None else None
             mask = long_mask if i in pat["long_window_layers"] else short_mask
             if router is None:
-                extra = self.mlp_extra(i, outputs, x_embed, input_seq)
+                extra = self.parts_mlp_extra(i, outputs, x_embed, input_seq)
                 x = self.run_block(i, block, x, embeds, ve, mask, scalars, skip=skip, mlp_extra=extra,
                                    augment=None if residuals is None else residuals(i))
             else:
                 before_mlp = self.layer_before_mlp(i, block, StudyBlock.add_skip(x, skip), embeds, ve, mask, scalars)
                 x = router(i, block, before_mlp)
-            for part in self.parts:
-                x = part.block_output(self, i, x, outputs)
+            x = self.parts_block_output(i, x, outputs)
             outputs.append(x)
         if router is not None:
             router.finish(input_seq, window_blocks, aux_losses)
         return x, outputs, x_embed
 
-    def mlp_extra(self, i, outputs, x_embed, input_seq):
-        """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
-        # `if self.parts`: with no study on, an export folds the hook to None where it is called
-        return one_part_hook(self.parts, "mlp_extra", self, i, outputs, x_embed, input_seq,
-                             what=f"widen layer {i}'s MLP input") if self.parts else None
-
     def head_input(self, x, outputs, x_embed, input_seq=None):
-        head_in = norm(x)
-        for part in self.parts:
-            head_in = part.head_input(self, head_in, outputs, x_embed, input_seq)
-        return head_in
+        return self.parts_head_input(norm(x), outputs, x_embed, input_seq)
 
     def block_scalars(self):
         """(block lambdas, value lambdas), each indexed by layer."""
         L = self.cfg.num_layers
         return self.scalar_slice("block").view(L, -1), self.scalar_slice("value").view(L, 2)
-
-    def mlp_router(self):
-        """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
-        return one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
-
-    def routes_mlp(self):
-        return any(part.routes_mlp for part in self.parts)
-
-    def block_residuals(self):
-        """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
-        that augments the residuals, or None: every residual plain."""
-        return one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
 
     def run_block(self, i, block, x, embeds, ve, mask, scalars, skip=None, mlp_extra=None, augment=None):
         lambdas, v_lambdas = scalars
@@ -343,6 +313,5 @@ class StudyGPT(nn.Module):
         for (src, dst), w in zip(self.pattern["unet_pairs"], self.scalar_slice("unet").tolist()):
             out[f"skip.L{src}->L{dst}"] = w
         out.update(self.block_named_scalars())
-        for part in self.parts:
-            out.update(part.named_scalars(self))
+        out.update(self.parts_named_scalars())
         return out

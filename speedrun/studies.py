@@ -3,7 +3,7 @@ and their parts in a default variant name."""
 
 from speedrun.backout import (BACKOUT_FLAGS, BACKOUT_MODEL_FIELDS, Backout, R18Backout, backout_added_params,
                               backout_config, backout_on_r18, backout_variant_name, resolve_backout_args)
-from speedrun.dlo import (DLO_DESCRIPTION, DLO_EXCLUDES, DLO_FLAGS, DLO_MODEL_FIELDS, DLORouters, dlo_added_params,
+from speedrun.dlo import (DLO_DESCRIPTION, DLO_FLAGS, DLO_MODEL_FIELDS, DLORouters, dlo_added_params,
                          dlo_model_config, resolve_dlo_args)
 from speedrun.gated_skip import GATED_SKIP
 from speedrun.laurel import (LAUREL_FLAGS, LAUREL_MODEL_FIELDS, LaurelResiduals, laurel_added_params, laurel_config,
@@ -27,6 +27,7 @@ STUDIES = (
           model_part=LaurelResiduals),
     Study(name="dlo", title="dlo", description=DLO_DESCRIPTION, flags=DLO_FLAGS, resolve=resolve_dlo_args,
           model_config=dlo_model_config, added_params=dlo_added_params, model_fields=DLO_MODEL_FIELDS,
-          excludes=DLO_EXCLUDES, excludes_why="DLO expands baseline checkpoints", model_part=DLORouters),
+          # expansion copies the baseline's per-layer parts only: every other study is refused with it
+          rebuilds_model=True, excludes_why="DLO expands baseline checkpoints", model_part=DLORouters),
     GATED_SKIP,
 )

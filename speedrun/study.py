@@ -33,22 +33,27 @@ class Flag:
         """The parsed value when the flag is not on the command line."""
         return self.options.get("default", False if self.options.get("action") == "store_true" else None)
 
-    def add_to(self, group, **help_values):
-        group.add_argument(self.name, help=self.help.format(**help_values) if help_values else self.help,
-                           **self.options)
+    def add_to(self, group):
+        group.add_argument(self.name, help=self.help, **self.options)  # the help as written: a `{` is text
 
 
 @dataclass(frozen=True)
 class Study:
     """A study: flags, checks and model fields, declared once (see the module docstring).
 
+    Every field but name and flags has a default: a study with a part whose model fields are its flags declares
+    each switch once (the flag; its model field and the copy into the model config are derived).
     resolve(config, pattern) -> {field: value}: validates this study's flags of the run config (the track's layer
       pattern at --num-layers given) and returns their resolved values (defaults filled in); raises UsageError.
+      Default: no check, nothing derived.
     model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
+      Default (model_values): each model field named as a run config field, copied where it is not its default.
     added_params(model_cfg, model_class) -> int: the parameters the study adds to a model of this config, counted
-      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. The run log's
-      added_params line measures them on the built model; a test checks every bundled arm's two agree.
-    model_fields: (name, type, default) of the model config fields; the defaults mean off.
+      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. Optional: the run
+      log's added_params line measures them on the built model, and a test checks every bundled arm's measure
+      (and the formula, where one is declared).
+    model_fields: (name, type, default) of the model config fields; the defaults mean off. Default: with a
+      model_part, one per flag (its dest, kind and unset value); without, none.
     model_part: its ModelPart class (below), built into a model whose config has the study on.
     variant_name(config) -> the study's part of the default variant name, or None for the generic one made from the
       flags as given (e.g. dlo-groups2-init-slerp).
@@ -58,19 +63,35 @@ class Study:
     r18_model_part: its ModelPart on --base r18 where that differs from model_part (backout's R18Backout replaces
       #18's own backout)."""
     name: str  # the word the generic variant name starts with
-    title: str  # the --help group's title
-    description: str | None
     flags: tuple[Flag, ...]  # the first one switches the study on
-    resolve: Callable
-    model_config: Callable
-    added_params: Callable
-    model_fields: tuple = ()
+    title: str = ""  # the --help group's title (default: the name)
+    description: str | None = None
+    resolve: Callable = lambda config, pattern: {}
+    model_config: Callable | None = None
+    added_params: Callable | None = None
+    model_fields: tuple | None = None
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with
     excludes_why: str = ""
+    # A study that rebuilds the model (DLO expands a checkpoint) refuses every other study but those it names here.
+    rebuilds_model: bool = False
+    compatible: tuple[str, ...] = ()
     model_part: type | None = None  # a ModelPart subclass: the study's parameters and model hooks
     on_r18: Callable | None = None
     r18_model_part: type | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "title", self.title or self.name)
+        if self.model_fields is None:  # the flags are the model fields
+            object.__setattr__(self, "model_fields", tuple((flag.dest, flag.kind, flag.unset) for flag in self.flags)
+                               if self.model_part is not None else ())
+
+    def model_values(self, model_cfg, config):
+        """The model config fields this run sets (Study.model_config, or each field copied where it is set)."""
+        if self.model_config is not None:
+            return self.model_config(model_cfg, config)
+        return {name: getattr(config, name) for name, _, default in self.model_fields
+                if getattr(config, name, default) != default}
 
     @property
     def r18_part(self):
@@ -90,7 +111,11 @@ class Study:
         if not self.active(config):
             return
         flags = {flag.name: flag for study in studies for flag in study.flags}
-        for name in self.excludes:
+        excluded = list(self.excludes)
+        if self.rebuilds_model:
+            excluded += [study.flags[0].name for study in studies
+                         if study is not self and study.name not in self.compatible and study.active(config)]
+        for name in excluded:
             if name in flags and is_set(getattr(config, flags[name].dest)):
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
 
@@ -122,6 +147,93 @@ def one_part_hook(parts, hook, *args, what):
     found = [answer for answer in (getattr(part, hook)(*args) for part in parts) if answer is not None]
     assert len(found) <= 1, f"two study parts {what}"
     return found[0] if found else None
+
+
+class StudyHost:
+    """The model side of the study contract, one for every base (the #14 and small tracks' StudyGPT, --base r18's
+    R18GPT): the parts built into model.study and model.parts, the named study scalars, and the calls of the parts'
+    hooks. A base keeps its study scalars in the vector named by `scalar_vector` (built from the slices the parts
+    reserve during __init__, after begin_scalars()) and calls the hooks below where its forward reaches them."""
+    scalar_vector = "scalars"
+
+    def begin_scalars(self):
+        self._scalar_inits, self.scalar_layout = [], {}
+
+    def add_scalars(self, name, init):
+        """Reserves a named slice of the study scalar vector (only during __init__)."""
+        reserve_scalars(self._scalar_inits, self.scalar_layout, name, init)
+
+    def scalar_slice(self, name):
+        a, b = self.scalar_layout[name]
+        return getattr(self, self.scalar_vector)[a:b]
+
+    def scalar_grad(self, name):
+        """The gradient of a named slice (after a backward)."""
+        a, b = self.scalar_layout[name]
+        return getattr(self, self.scalar_vector).grad[a:b]
+
+    def build_parts(self, studies, cfg, part_class):
+        """Builds the part (part_class(study)) of each study in `studies` into self.study, in their order, those
+        built_last after the others (the parameter and scalar order of older checkpoints)."""
+        self.study, self.parts = nn.ModuleDict(), []
+        for study in sorted(studies, key=lambda study: part_class(study).built_last):
+            self.study[study.name] = part_class(study)(self, cfg)
+            self.parts.append(self.study[study.name])
+
+    def parts_block_input(self, i, x, outputs, x_embed):
+        for part in self.parts:
+            x = part.block_input(self, i, x, outputs, x_embed)
+        return x
+
+    def parts_block_output(self, i, x, outputs):
+        for part in self.parts:
+            x = part.block_output(self, i, x, outputs)
+        return x
+
+    def parts_head_input(self, head_in, outputs, x_embed, input_seq):
+        for part in self.parts:
+            head_in = part.head_input(self, head_in, outputs, x_embed, input_seq)
+        return head_in
+
+    # `if self.parts`: with no study on, an export folds these hooks to None where they are called
+    def parts_residuals(self):
+        """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
+        that augments the residuals, or None: every residual plain."""
+        return one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
+
+    def parts_mlp_router(self):
+        """This forward pass's MLP router (ModelPart.mlp_router), or None: every block runs its own MLP."""
+        return one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
+
+    def parts_mlp_extra(self, i, outputs, x_embed, input_seq):
+        """Features a study part concatenates to layer i's MLP input, or None (every baseline layer)."""
+        return one_part_hook(self.parts, "mlp_extra", self, i, outputs, x_embed, input_seq,
+                             what=f"widen layer {i}'s MLP input") if self.parts else None
+
+    def routes_mlp(self):
+        return any(part.routes_mlp for part in self.parts)
+
+    def replaces_base_head_input(self):
+        """Whether a part computes the head's input from norm(x) in place of the base's own (#18's backout)."""
+        return any(part.replaces_base_head_input for part in self.parts)
+
+    def parts_named_scalars(self):
+        out = {}
+        for part in self.parts:
+            out.update(part.named_scalars(self))
+        return out
+
+    def parts_before_step(self, config, step):
+        for part in self.parts:
+            part.before_step(self, config, step)
+
+    def parts_after_step(self, opt, config, proc):
+        for part in self.parts:
+            part.after_step(self, opt, config, proc)
+
+    def parts_init_from(self, state, config):
+        """Whether a part loaded an --init-from checkpoint itself (ModelPart.init_from: e.g. expanding it)."""
+        return any(part.init_from(self, state, config) for part in self.parts)
 
 
 def is_set(value):
@@ -171,6 +283,7 @@ class ModelPart(nn.Module):
 
     built_last = False  # built after the parts without it: the parameter and scalar order of older checkpoints
     routes_mlp = False  # its mlp_router computes the MLPs (see above)
+    replaces_base_head_input = False  # its head_input gets norm(x), not the base's own head input (#18's backout)
 
     @staticmethod
     def layer_pattern(cfg, track_layer_pattern):

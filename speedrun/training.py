@@ -238,7 +238,7 @@ def run_training(track: Track, config, proc: Dist):
     model = track.model_class(cfg, max_seq_len=max(config.train_seq_len, config.val_seq_len)).to(proc.device)
     model.cast_low_precision(low)
     # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
-    if config.init_from and not any(part.init_from(model, init_state, config) for part in model.parts):
+    if config.init_from and not model.parts_init_from(init_state, config):
         load_model_weights(model, init_state, config.init_from)
     if config.resume:
         load_model_weights(model, resume_state, config.resume)
@@ -304,11 +304,9 @@ def run_training(track: Track, config, proc: Dist):
     def train(step, window):
         if config.profile_steps:
             profiler.begin_step(step)
-        for part in model.parts:
-            part.before_step(model, config, step)
+        model.parts_before_step(config, step)
         train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
-        for part in model.parts:
-            part.after_step(model, opt, config, proc)
+        model.parts_after_step(opt, config, proc)
         if config.profile_steps:
             with profiler.optimizer():
                 opt.step(*schedule_at(step))

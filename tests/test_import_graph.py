@@ -90,3 +90,10 @@ def test_the_graph_sees_relative_function_level_and_from_imports(tmp_path):
     assert find_cycle(graph) == ["ablations.a", "ablations.b", "ablations.c", "ablations.a"]
     (tmp_path / "ablations" / "c.py").write_text("import json\n")
     assert find_cycle(import_graph(tmp_path)) is None
+
+
+def test_the_generic_models_import_no_study():
+    """The registry is passed in (GPTConfig.studies, R18GPT's registry): neither base's model imports the studies."""
+    graph = import_graph()
+    for model in ("speedrun.model", "speedrun.r18.model"):
+        assert "speedrun.studies" not in graph[model], model

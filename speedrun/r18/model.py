@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
 from speedrun.r18.studies import MATRIX_MULTIPLIERS, SCALAR_MULTIPLIERS, part_config
-from speedrun.studies import STUDIES
-from speedrun.study import added_params_by_study, one_part_hook, reserve_scalars
+from speedrun.study import StudyHost, added_params_by_study
 
 NUM_LAYERS = 16
 VALUE_EMBED_LAYERS = (0, 1, 2, 3, 4, 11, 12, 13, 14, 15)  # ve[0..4] twice: layers 0-4 and 11-15
@@ -241,21 +240,23 @@ class R18DepthExpansion:
         return list(qkvo_w.view(4, dim, dim)) + [p for p in block.parameters() if p is not qkvo_w]
 
 
-class R18GPT(nn.Module):
+class R18GPT(StudyHost, nn.Module):
     """Parameters are created in the record's order with the same initialisers, so one seed gives the record's
     initial weights. Each parameter carries `label` (its optimiser group), and where not 1, `lr_mul`/`wd_mul`.
-    `studies`: a resolved run config whose studies add their parts (speedrun.r18.studies states the rule) after
-    the record's parameters (so the record's initial weights stay those of the seed); the model calls their hooks
+    `studies`: a resolved run config whose studies (those of `registry`, by default the bundled ones) add their
+    parts (speedrun.r18.studies states the rule) after the record's parameters (so the record's initial weights stay those of the seed); the model calls their hooks
     (ModelPart, speedrun/study.py) as the #14 model does, its x0 being the embedding the residual starts from. The
     layers follow `pattern`: the record's, or a part's (ModelPart.layer_pattern, e.g. DLO's expansion)."""
 
     depth_expansion = R18DepthExpansion
+    scalar_vector = "study_scalars"  # the record's own scalars keep their vector, `scalars`
 
-    def __init__(self, cfg: R18Config, studies=None):
+    def __init__(self, cfg: R18Config, studies=None, registry=None):
         super().__init__()
         # The config the parts are built from, and the studies in it: registry order, built_last ones after the others.
-        self.study_cfg = None if studies is None else part_config(studies)
-        in_model = [] if studies is None else sorted([study for study in STUDIES if study.in_model(self.study_cfg)],
+        self.study_cfg = None if studies is None else part_config(studies, registry)
+        in_model = [] if studies is None else sorted([study for study in self.study_cfg.studies
+                                                      if study.in_model(self.study_cfg)],
                                                      key=lambda study: study.r18_part.built_last)
         # What a study part reads of the layer pattern, and the layers' value embeddings, windows, skips, backout.
         own = [pattern for pattern in (study.r18_part.layer_pattern(self.study_cfg, layer_pattern)
@@ -286,38 +287,25 @@ class R18GPT(nn.Module):
             torch.ones(pad)]))
         self.split_embed = False
         self._label_parameters()
-        self.own_backout = True  # x -= lambda*out[11] before the head; a part that replaces it turns it off
-        self.study, self.parts = nn.ModuleDict(), []
-        self._study_scalar_inits, self.study_scalar_layout = [], {}
-        for study in in_model:
-            self.study[study.name] = study.r18_part(self, self.study_cfg)
-            self.parts.append(self.study[study.name])
+        self.begin_scalars()
+        self.build_parts(in_model, self.study_cfg, lambda study: study.r18_part)
         for part in self.parts:  # what a study adds trains by its shape (speedrun.r18.studies)
             for p in part.parameters():
                 p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS
-        if self._study_scalar_inits:
-            self.study_scalars = nn.Parameter(torch.cat(self._study_scalar_inits))
+        if self._scalar_inits:
+            self.study_scalars = nn.Parameter(torch.cat(self._scalar_inits))
             self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = SCALAR_MULTIPLIERS
-        del self._study_scalar_inits
-
-    def add_scalars(self, name, init):
-        """Reserves a named slice of `study_scalars` (only during __init__): the ModelPart contract's call, as on
-        the #14 model."""
-        reserve_scalars(self._study_scalar_inits, self.study_scalar_layout, name, init)
+        del self._scalar_inits
 
     def block_matrix_params(self, block):
         """A block's hidden matrices with their weight-decay multipliers (DLO's layer-wise rates scale them)."""
         return [(p, p.wd_mul) for p in (block.attn.qkvo_w, block.mlp.c_fc, block.mlp.c_proj)]
 
-    def scalar_slice(self, name):
-        a, b = self.study_scalar_layout[name]
-        return self.study_scalars[a:b]
-
     def added_params(self):
         """Parameters each study adds, named as on the #14 model (speedrun.study.added_params_by_study); a part that
         grows the model (ModelPart.base_config) counts everything beyond the record's model, its new layers
         included."""
-        counts = added_params_by_study(self.study, self.study_scalar_layout)
+        counts = added_params_by_study(self.study, self.scalar_layout)
         for name, part in self.study.items():
             if part.base_config(self.study_cfg) is not None:
                 with torch.device("meta"):
@@ -326,14 +314,14 @@ class R18GPT(nn.Module):
         return counts
 
     def named_scalars(self):
-        """The record's smear, skip and (unless a part replaced it) backout scalars, then every part's."""
+        """The record's smear, skip and (unless a part replaced the head input it belongs to) backout scalars, then
+        every part's."""
         layout = scalar_layout(len(self.blocks))
         s = self.scalars.detach().float().cpu()
-        out = dict(backout=round(float(s[layout["backout"]].reshape(-1)[0]), 6)) if self.own_backout else {}
-        out.update(smear=round(float(s[layout["smear"]].reshape(-1)[0]), 6),
-                   skip=[round(float(v), 6) for v in s[layout["skip"]].reshape(-1)])
-        for part in self.parts:
-            out.update({name: round(value, 6) for name, value in part.named_scalars(self).items()})
+        out = {} if self.replaces_base_head_input() else dict(backout=float(s[layout["backout"]].reshape(-1)[0]))
+        out.update(smear=float(s[layout["smear"]].reshape(-1)[0]),
+                   skip=[float(v) for v in s[layout["skip"]].reshape(-1)])
+        out.update(self.parts_named_scalars())
         return out
 
     def _label_parameters(self):
@@ -390,17 +378,14 @@ class R18GPT(nn.Module):
         x02 = norm(self.embed2(input_seq)[None])
 
         skip_into = {dst: (k, src) for k, (src, dst) in enumerate(pattern["unet_pairs"])}
-        # `if self.parts`: with no study on, an export folds both to None and the branches they decide
-        residuals = one_part_hook(self.parts, "residuals", self, what="augment the residuals") if self.parts else None
-        router = one_part_hook(self.parts, "mlp_router", self, what="route the MLPs") if self.parts else None
+        residuals, router = self.parts_residuals(), self.parts_mlp_router()
         # The study parts' hooks may read any layer's output; without parts only the skips' sources and the backout
         # layer are kept, so an eager validation holds no more activations than the record's (None in the others).
         kept = (range(len(self.blocks)) if self.parts
                 else {src for _, src in skip_into.values()} | {pattern["backout_layer"]})
         outputs = []
         for i, block in enumerate(self.blocks):
-            for part in self.parts:
-                x = part.block_input(self, i, x, outputs, x0)
+            x = self.parts_block_input(i, x, outputs, x0)
             if i in skip_into:
                 k, src = skip_into[i]
                 weight = torch.sigmoid(skip_lambdas[k]) * 2 * torch.sigmoid(gate(self.skip_gates[k], x0))
@@ -412,13 +397,11 @@ class R18GPT(nn.Module):
             x = block(x, ve_at.get(i), sa_lambdas[i], cu_seqlens, max_len, windows[i], self.yarn, attention,
                       i in pattern["long_window_layers"], augment=None if residuals is None else residuals(i),
                       routed_mlp=None if router is None else partial(router, i, block))
-            for part in self.parts:
-                x = part.block_output(self, i, x, outputs)
+            x = self.parts_block_output(i, x, outputs)
             outputs.append(x if i in kept else None)
-        head_in = norm(x - backout_lambda * outputs[pattern["backout_layer"]]) if self.own_backout else norm(x)
-        for part in self.parts:
-            head_in = part.head_input(self, head_in, outputs, x0, input_seq)
-        loss = self.head_loss(head_in, target_seq, mtp_weights)
+        head_in = (norm(x) if self.replaces_base_head_input()
+                   else norm(x - backout_lambda * outputs[pattern["backout_layer"]]))
+        loss = self.head_loss(self.parts_head_input(head_in, outputs, x0, input_seq), target_seq, mtp_weights)
         aux_losses = []
         if router is not None:
             router.finish(input_seq, ws_long, aux_losses)  # none in eval mode

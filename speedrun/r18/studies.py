@@ -26,9 +26,9 @@ MATRIX_MULTIPLIERS = (STUDY_MATRIX_LABEL, 1.0, 1.0)
 UNHONOURED_HOOKS = (("mlp_extra", "widens an MLP's input, and #18's blocks have no input for it"),)
 
 
-def check_r18_studies(config):
+def check_r18_studies(config, studies=STUDIES):
     """Raises UsageError (one line) on a study switched on in the resolved config that does not run on r18."""
-    for study in STUDIES:
+    for study in studies:
         if not study.active(config):
             continue
         reason = study.on_r18(config) if study.on_r18 is not None else None
@@ -39,13 +39,15 @@ def check_r18_studies(config):
             raise UsageError(reason)
 
 
-def part_config(config):
-    """The config r18's study parts are built from: the run config with every study's model fields, off unless
-    its flags set them (Study.model_config, as the #14 model's config gets them: DLO's num_layers becomes the
-    expanded depth)."""
-    values = {**vars(config), **{name: default for study in STUDIES for name, _, default in study.model_fields}}
+def part_config(config, studies=None):
+    """The config r18's study parts are built from: the run config with the model fields of every study of the
+    run's registry (`studies`, by default the bundled ones; kept as its `studies`), off unless its flags set them
+    (Study.model_config, as the #14 model's config gets them: DLO's num_layers becomes the expanded depth)."""
+    studies = STUDIES if studies is None else tuple(studies)
+    values = {**vars(config), **{name: default for study in studies for name, _, default in study.model_fields},
+              "studies": studies}
     cfg = make_dataclass("R18StudyConfig", list(values))(**values)  # a dataclass: parts replace() its fields
-    for study in STUDIES:
-        cfg = replace(cfg, **study.model_config(cfg, config))
+    for study in studies:
+        cfg = replace(cfg, **study.model_values(cfg, config))
     return cfg
 

@@ -275,7 +275,7 @@ def run_r18(args, proc, script):
     torch.manual_seed(args.seed)
     model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
     # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
-    if args.init_from and not any(part.init_from(model, init_state, args) for part in model.parts):
+    if args.init_from and not model.parts_init_from(init_state, args):
         load_model_weights(model, init_state, args.init_from)
     if args.resume:
         load_model_weights(model, resume_state, args.resume)
@@ -316,12 +316,10 @@ def run_r18(args, proc, script):
 
     def train(step, _):
         mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
-        for part in model.parts:
-            part.before_step(model, args, step)
+        model.parts_before_step(args, step)
         forward_backward(train_model, stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size),
                          mtp, (windows.short, windows.long), attention, proc)
-        for part in model.parts:
-            part.after_step(model, opts, args, proc)
+        model.parts_after_step(opts, args, proc)
         opts.step(step)
 
     def save(steps_done, train_ms):

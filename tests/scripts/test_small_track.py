@@ -297,7 +297,7 @@ def test_subtract_backout_moves_the_latents_once_the_layers_do():
 
 
 def test_backout_record_layer_is_named_and_checked():
-    assert "The record: 8" in " ".join(S.make_arg_parser().format_help().split())
+    assert "8 (small track)" in " ".join(S.make_arg_parser().format_help().split())
     args = tiny_args("--backout-layers", "8", "--backout-mode", "subtract")
     assert args.backout_layers == (8,) and args.backout_skip_init == 0.5
 

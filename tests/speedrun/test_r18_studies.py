@@ -23,10 +23,10 @@ def run_config(*flags):
     return T.resolve_args(["--preset", "tiny", "--base", "r18", *flags])
 
 
-def model_of(config):
+def model_of(config, registry=None):
     torch.manual_seed(0)
     model = R18GPT(R18Config(model_dim=config.model_dim, num_heads=config.num_heads, head_dim=config.head_dim,
-                             vocab_size=200, block_size=8, max_seq_len=SEQ), studies=config)
+                             vocab_size=200, block_size=8, max_seq_len=SEQ), studies=config, registry=registry)
     # The record zeroes the attention output and MLP projections (every block the identity at init, so every
     # backout source the same direction): random ones make the backouts differ.
     g = torch.Generator().manual_seed(2)

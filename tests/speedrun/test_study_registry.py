@@ -1,16 +1,19 @@
 """The study registry (speedrun/studies.py) is the one definition of a study flag: the parser, the run config, the
 resume check, variant names and the model config all come from it."""
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
 import train_gpt as S
 import train_gpt_medium as T
 from test_faults_training import TINY, checkpoint_of_a_4_step_run, one_error_line  # noqa: F401
-from speedrun.model import GPTConfig
 from speedrun.run_config import RunConfig
 from speedrun.studies import STUDIES
-from speedrun.study import Flag
+from speedrun.cli import make_parser, resolve_study_args
+from speedrun.study import Flag, ModelPart, Study
+
+TINY_DLO = T.resolve_args(["--preset", "tiny", "--init-from", __file__, "--dlo-groups", "2"])
 
 
 def test_a_flag_must_say_whether_resume_must_match_it():
@@ -44,7 +47,7 @@ def test_model_config_defaults_are_stated_once_and_are_the_command_lines():
     assert (dlo_args.dlo_skip_loss_weight, laurel_args.laurel_rank) == (off.dlo_skip_loss_weight, off.laurel_rank)
     assert T.model_config(dlo_args).dlo_skip_loss_weight == 0.1
     study_fields = {name for study in STUDIES for name, _, _ in study.model_fields}
-    assert study_fields <= {f.name for f in dataclasses.fields(GPTConfig)}
+    assert study_fields <= {f.name for f in dataclasses.fields(off)}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -55,6 +58,44 @@ def test_model_config_defaults_are_stated_once_and_are_the_command_lines():
 def test_a_studys_exclusions_and_checks_are_its_own(argv, message):
     with pytest.raises(T.UsageError, match=message):
         T.resolve_args(["--preset", "tiny", "--init-from", __file__, *argv])
+
+
+def a_switch_study(name, help_text="a switch"):
+    """A one-flag study that changes nothing, declared here: no module of the project knows it."""
+    return Study(name=name, title=name, description=None,
+                 flags=(Flag(f"--{name}", help_text, resume=True, kind=bool, options=dict(action="store_true")),),
+                 resolve=lambda config, pattern: {}, model_config=lambda model_cfg, config: {},
+                 added_params=lambda model_cfg, model_class: 0)
+
+
+def test_a_switch_with_a_part_is_declared_once():
+    """Its model field (named, typed and defaulted as the flag) and the copy into the model config are derived."""
+    study = Study(name="logit-scale", model_part=ModelPart, flags=(
+        Flag("--logit-scale", "a switch", resume=True, kind=bool, options=dict(action="store_true")),))
+    assert study.model_fields == (("logit_scale", bool, False),) and study.title == "logit-scale"
+    assert study.model_values(None, SimpleNamespace(logit_scale=True)) == {"logit_scale": True}
+    assert study.model_values(None, SimpleNamespace(logit_scale=False)) == {}
+    assert study.resolve(None, None) == {} and study.added_params is None  # measured only
+
+
+def test_any_help_text_is_shown_as_written():
+    study = a_switch_study("braces", "sets {x} to {0}, as {record_layer} reads")
+    text = " ".join(make_parser("d", T.PRESETS, studies=STUDIES + (study,)).format_help().split())
+    assert "sets {x} to {0}, as {record_layer} reads" in text  # a KeyError or IndexError before
+
+
+def test_a_study_that_rebuilds_the_model_refuses_any_study_it_does_not_name():
+    """DLO names no compatible study: a study it has never heard of is refused with it, in one line."""
+    new = a_switch_study("logit-scale")
+    fields = [("logit_scale", bool, dataclasses.field(default=False))]
+    config_class = dataclasses.make_dataclass("WithLogitScale", fields, bases=(type(TINY_DLO),), frozen=True)
+    config = config_class(**vars(TINY_DLO), logit_scale=True)
+    studies = STUDIES + (new,)
+    with pytest.raises(T.UsageError, match=r"^--dlo-groups cannot be combined with --logit-scale \(DLO expands"):
+        resolve_study_args(config, T.layer_pattern, studies)
+    named = tuple(dataclasses.replace(study, compatible=("logit-scale",)) if study.rebuilds_model else study
+                  for study in studies)
+    assert resolve_study_args(config, T.layer_pattern, named).logit_scale  # named compatible: runs
 
 
 @pytest.mark.slow
