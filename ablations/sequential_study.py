@@ -217,7 +217,9 @@ def check_design(path: Path, recorded: dict, design: dict) -> None:
 
 def _save_state(path: Path, state: dict) -> None:
     from analysis.atomic import write_text_atomically
+    from analysis.sequential import design_digest
 
+    state["design_digest"] = design_digest(state["design"])
     write_text_atomically(path, json.dumps(state, indent=1) + "\n")
 
 

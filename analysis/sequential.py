@@ -517,6 +517,14 @@ RECORD_FILE = "sequential.json"
 STUDY_CLAIMS = ("vs-baseline", "below-target")
 
 
+def design_digest(design: dict) -> str:
+    """A digest of a record's design, written beside it by the runner: a design edited by hand no longer matches it,
+    so every reader refuses what the runner (which compares the design with the study file's) refuses."""
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(json.dumps(design, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def record_problem(state) -> str | None:
     """What makes a sequential record one the study runner never writes (damaged, hand-edited, implausible), or
     None. The one check every reader applies: the runner refuses to resume such a record and every command refuses
@@ -525,6 +533,8 @@ def record_problem(state) -> str | None:
             state.get("looks"), dict):
         return "no design and looks tables"
     design = state["design"]
+    if "design_digest" in state and state["design_digest"] != design_digest(design):
+        return "its design was edited after the runner wrote it (design_digest differs)"
     if design.get("claim") not in STUDY_CLAIMS:
         return f"claim {design.get('claim')!r} is not one of {', '.join(STUDY_CLAIMS)}"
     alpha, most = design.get("alpha"), design.get("max_seeds")

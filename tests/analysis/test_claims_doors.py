@@ -195,3 +195,20 @@ def test_analysis_record_names_what_it_could_not_package(capsys, tmp_path, monke
     destination = next(iter(common[-1].glob("track_2_medium")), None)
     assert status == 2 and "track_2_medium" in err and "No space left on device" in err and "seed" not in err
     assert destination is not None and not list(destination.iterdir())  # nothing half-written left
+
+
+def test_a_design_edited_by_hand_after_the_runner_wrote_it_is_refused_by_every_door(capsys, tmp_path):
+    """Issue 43: a record the runner wrote, its alpha then edited to 0.05 (a value in (0, 1)), was refused by the
+    runner (against the study file) but shown and used by compare, which has no study file: the runner's digest of
+    the design makes every reader refuse it."""
+    from ablations.sequential_study import _save_state
+
+    root = write_arms(tmp_path / "s", {"baseline": BASELINE, "lucky": LUCKY})
+    path = root / "sequential.json"
+    state = record(root, "lucky", "better")
+    _save_state(path, state)
+    assert doors(capsys, tmp_path, [root], "lucky")["compare"][0] == 0  # as the runner wrote it: read
+    path.write_text(path.read_text().replace('"alpha": 0.01', '"alpha": 0.05'))
+    for door, (status, text) in doors(capsys, tmp_path, [root], "lucky").items():
+        assert status == 2 and len(text.strip().splitlines()) == 1, (door, text)
+        assert "its design was edited after the runner wrote it" in text, (door, text)
