@@ -615,7 +615,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--scalars", nargs="+", metavar="PATTERN", help="extra scalar globs to plot")
     p.add_argument("--arms", type=comma_list,
                    help="comma-separated arms to report (the study runner names its study's arms); logs of other "
-                        "arms are listed as left out (default: every arm with a log)")
+                        "arms are listed as left out, and still count in the claims' Holm family (default: every "
+                        "arm with a log)")
     p.add_argument("--exploratory", action="store_true", help=EXPLORATORY_HELP)
     p.add_argument("--stale", action="append", type=Path, default=[], metavar="LOG", help=STALE_HELP)
     p.add_argument("--jobs", type=positive_int, default=None, help="processes parsing logs")

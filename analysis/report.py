@@ -84,7 +84,8 @@ def _planned_figures(groups: dict, runs, baseline: str | None, target: float, sc
 def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str | None, out: Path,
                  scalar_patterns=None, arms=None, family: bool = True) -> Path:
     """Write the report to `out` and its PNGs next to it (named <report stem>_<plot>.png). Returns `out`. `arms`:
-    the only arms reported (the study's arms as it stands now); logs of other arms are listed as left out."""
+    the only arms reported (the study's arms as it stands now); logs of other arms are listed as left out, and
+    their complete runs still count in the Holm family of the claims (a claim holds whichever arms are named)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     left_out = [run for run in runs if arms is not None and run.variant not in arms]
     runs = [run for run in runs if arms is None or run.variant in arms]
@@ -115,7 +116,9 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
     if not groups:
         lines.append("No complete runs to compare.")
     elif baseline in groups and len(groups) > 1:
-        compared = compare_arms(groups, baseline, sequential=state is not None)
+        # the arms left out still count in the family: naming arms after the fact never shrinks it
+        compared = compare_arms(group_runs(runs + left_out), baseline, sequential=state is not None,
+                                shown=set(groups))
         compared["claims"] = claims(compared, 1 - compared["confidence"], family, state)
         lines.append(render_compare(compared, markdown=True, arm_table=False))
     elif baseline in groups:

@@ -32,9 +32,12 @@ def _to_target(group: dict) -> str:
 
 
 def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "baseline",
-                     report: Path | None = None, family: bool = True, left_out=()) -> str:
-    """The summary text of the complete runs among `runs` (logs of the study folder `study_dir`)."""
+                     report: Path | None = None, family: bool = True, left_out=(), arms=None) -> str:
+    """The summary text of the complete runs among `runs` (logs of the study folder `study_dir`); `arms`: the arms
+    shown (default all); the others' complete runs still count in the Holm family of the claims."""
     report = report or study_dir / "report.md"
+    family_groups = group_runs(runs)
+    runs = [run for run in runs if arms is None or run.variant in arms]
     groups = group_runs(runs)
     lines = [f"result of {study_dir} (target val loss {target:g}; "
              f"{sum(len(g) for g in groups.values())} complete runs of {len(runs)} logs)"]
@@ -44,8 +47,8 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
         groups = {baseline: groups[baseline], **{k: v for k, v in groups.items() if k != baseline}}
     by_arm = {g["variant"]: g for g in summarize(runs, target)["groups"]}
     state = find_study_record(runs)
-    compared = (compare_arms(groups, baseline, CONFIDENCE, sequential=state is not None) if baseline in groups
-                else None)
+    compared = (compare_arms(family_groups, baseline, CONFIDENCE, sequential=state is not None, shown=set(groups))
+                if baseline in groups else None)
     comparisons = {c["variant"]: c for c in compared["comparisons"]} if compared else {}
     rows = []
     for name in groups:
@@ -85,17 +88,19 @@ def main(argv=None) -> int:
                         help="the arms are exploratory (study key family = false): each at alpha, not family-controlled")
     parser.add_argument("--stale", action="append", type=Path, default=[], metavar="LOG", help=STALE_HELP)
     parser.add_argument("--arms", type=comma_list,
-                        help="comma-separated arms to show, as in the report (default: every arm with a log)")
+                        help="comma-separated arms to show, as in the report; the others still count in the claims' "
+                             "Holm family (default: every arm with a log)")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():
         print(f"error: not a folder: {args.dir}", file=sys.stderr)
         return 2
     runs, unreadable = load_runs([args.dir])
-    runs, stale = split_stale([run for run in runs if args.arms is None or run.variant in args.arms], args.stale)
-    unreadable += stale
+    shown_logs = {run.path for run in runs if args.arms is None or run.variant in args.arms}
+    runs, stale = split_stale(runs, args.stale)
+    unreadable += [entry for entry in stale if entry.path in shown_logs]
     try:
         print(terminal_summary(args.dir, runs, args.target, args.baseline, args.report, not args.exploratory,
-                               unreadable))
+                               unreadable, args.arms))
     except (MixedTracks, UsageError) as problem:  # UsageError: a damaged sequential record
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -144,6 +144,16 @@ def test_case6_arms_named_after_the_fact_keep_the_study_family(capsys, tmp_path)
     (lucky,) = result["comparisons"]
     assert lucky["loss_p"] < 0.01 < lucky["loss_p_holm"] and result["claims"]["arms"][0]["claim"] is None
     assert result["claims"]["family"].startswith("family of 5 arms against baseline (1 shown)")
+    from analysis.terminal import main as terminal
+    assert terminal([str(root), "--target", "2.92", "--arms", "baseline,lucky"]) == 0
+    shown = capsys.readouterr().out
+    assert "family of 5 arms against baseline (1 shown)" in shown and "a real difference" not in shown
+    assert "null0" not in shown
+    status, _, err = run_cli(capsys, "report", root, "--target", "2.92", "--arms", "baseline,lucky",
+                             "--out", tmp_path / "report.md")
+    report = (tmp_path / "report.md").read_text()
+    assert status == 0 and "family of 5 arms against baseline (1 shown)" in report, err
+    assert "a real difference" not in report
 
 
 def test_case7_zero_variance_makes_no_claim_anywhere(capsys, tmp_path):
