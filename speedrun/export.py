@@ -1092,10 +1092,11 @@ def first_difference(modular, exported):
     alike (every logged loss and scalar, every final parameter)."""
     import torch
 
-    from speedrun.logformat import RUN_LOCAL_KEYS, read_config
+    from analysis.runs import training_config  # the one definition of what makes two logs one run
+    from speedrun.logformat import read_config
     logs = [(folder / "run.txt").read_bytes() for folder in (modular, exported)]
-    ours, theirs = (read_config(log) or {} for log in logs)
-    for key in sorted((set(ours) | set(theirs)) - set(RUN_LOCAL_KEYS)):
+    ours, theirs = (training_config(read_config(log) or {}) for log in logs)
+    for key in sorted(set(ours) | set(theirs)):
         if key not in theirs or key not in ours or ours[key] != theirs[key]:
             return (f"config {key}: {ours.get(key, 'absent')!r} (modular script) vs {theirs.get(key, 'absent')!r} "
                     f"(exported file)")

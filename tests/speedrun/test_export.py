@@ -548,3 +548,27 @@ def test_a_run_writing_checkpoints_every_k_steps_keeps_resume_in_its_file(tmp_pa
     text = export(tmp_path, T, "--checkpoint-every", "5")
     assert 'add_argument("--checkpoint-every"' in text and 'add_argument("--resume"' in text
     assert "def load_resume_state" in text or "def restore_run_state" in text
+
+
+def test_the_check_compares_the_keys_that_make_the_run_and_every_final_parameter(tmp_path):
+    """The check's comparison itself (verify_export is stubbed in this file's other tests): a run-local entry (the log
+    folder) and a study left off are no difference; a training entry, a logged loss and a final parameter are."""
+    import torch
+
+    from analysis_logs import our_log_text
+    from speedrun.export import first_difference
+
+    def run(name, config, final=3.0, weight=0.0):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "run.txt").write_text(our_log_text(config=config, total_steps=4, val_every=2,
+                                                     losses=lambda step: 4.0 if step < 4 else final))
+        torch.save({"model": {"w": torch.tensor([weight])}}, folder / "run.pt")
+        return folder
+
+    modular = run("modular", {"log_dir": "logs/a", "backout_layers": [], "num_layers": 6})
+    assert first_difference(modular, run("same", {"log_dir": "elsewhere", "num_layers": 6})) is None
+    assert first_difference(modular, run("deeper", {"log_dir": "logs/a", "num_layers": 7})) == (
+        "config num_layers: 6 (modular script) vs 7 (exported file)")
+    assert first_difference(modular, run("loss", {"num_layers": 6}, final=3.5)).startswith("step 4: val_loss")
+    assert first_difference(modular, run("weight", {"num_layers": 6}, weight=1.0)) == "final parameter w differs"
