@@ -144,9 +144,11 @@ def _fp8_head_backward_flops(args):
     return 4 * grad_out.shape[0] * grad_out.shape[1] * x_f8.shape[1]
 
 
-# The small track's FP8 head is one opaque custom op each way (torch's formulas do not see inside).
+# The small track's FP8 head is one opaque custom op each way (torch's formulas do not see inside); and the
+# matrix-vector product, which torch's counter has no formula for (DLO's routers: a [T, D] @ [D] per layer).
 CUSTOM_FLOPS = {"speedrun.fp8_head_matmul": _fp8_head_flops,
-                "speedrun.fp8_head_matmul_backward": _fp8_head_backward_flops}
+                "speedrun.fp8_head_matmul_backward": _fp8_head_backward_flops,
+                "aten.mv": lambda args: 2 * args[0].numel()}
 
 _METER: StepMeter | None = None  # the meter of the step being measured (the attention stand-in reports to it)
 
@@ -677,6 +679,16 @@ schedule ({at}). TFLOP/step: forward, backward and optimiser of one rank. H100 >
 of FLOPs at {flops:.0f} TFLOP/s (dense bf16), the step's least HBM traffic at {hbm:.2f} TB/s and the bytes sent at
 {nvlink:.0f} GB/s (NVLink, one direction). Saved and peak MiB are eager's: a compiled step saves less (`--track T
 --compiled` gives its saved bytes; benchmarks/results/2026-11-28_cpu_step-cost.txt checks both against the GPU).
+FLOPs are those of matrix products and attention (torch's FLOP formulas, and the matrix-vector product): pointwise
+work (norms, activations, the optimisers' element-wise updates) is not counted, so an arm that adds only pointwise
+work shows +0.00%.
+
+DLO's sparse arms (`dlo-sparsity` > 0) cost what their dense arm costs per training step, truly: in training every
+token goes through every MLP and the router's gate scales its output (soft gating, or hard gating's zeroed gates,
+still computed), so no MLP work is skipped; their routers add a matrix-vector product per layer (+0.01%). Skipping
+is real only in evaluation, where the active tokens are gathered and only they go through the MLP: each run reports
+that forward's FLOPs relative to the dense model at every validation (`dlo.flops_rel`), which this table (a training
+step) does not show.
 
 """
 
