@@ -685,10 +685,10 @@ work shows +0.00%.
 
 DLO's sparse arms (`dlo-sparsity` > 0) cost what their dense arm costs per training step, truly: in training every
 token goes through every MLP and the router's gate scales its output (soft gating, or hard gating's zeroed gates,
-still computed), so no MLP work is skipped; their routers add a matrix-vector product per layer (under 0.01%: shown +0.00%). Skipping
-is real only in evaluation, where the active tokens are gathered and only they go through the MLP: each run reports
-that forward's FLOPs relative to the dense model at every validation (`dlo.flops_rel`), which this table (a training
-step) does not show.
+still computed), so no MLP work is skipped; their routers add a matrix-vector product per layer (under 0.01%, shown
++0.00%). Skipping is real only in evaluation, where the active tokens are gathered and only they go through the MLP:
+each run reports that forward's FLOPs relative to the dense model at every validation (`dlo.flops_rel`), which this
+table (a training step) does not show.
 
 """
 
