@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from benchmarks import step_cost
 from benchmarks.step_cost import (RECORD_WORLD_SIZE, CostedAttention, StepCost, StepMeter, _micro_batches,
-                                  block_mask_pairs, recorded_collectives)
+                                  block_mask_pairs, recorded_collectives, varlen_pairs)
 from benchmarks.vs_upstream import Refusal, extract_script
 from speedrun.logformat import SEPARATOR
 
@@ -45,7 +45,9 @@ class RecordStep:
     step_begin, step_end: the training step's lines lie between them (begin included, end excluded);
     forward_backward: the step's line that runs the forward and backward, as `<loss expression>.backward()`;
     prepare(namespace, step): the replacements made after the head (attention, schedule tensors);
-    num_iterations(namespace): the length of its schedule; ours: the (track, flags) of our script it is set beside."""
+    step_at(namespace, at): the step measured, as step_cost chooses ours; batch(namespace, step): the tensors its
+    loader would give; ours: the (track, flags) of our script it is set beside;
+    stubs: modules the head imports that cannot load here (CUDA-only kernels), as {name: module}."""
     name: str
     marker: str
     head_end: str
@@ -53,8 +55,10 @@ class RecordStep:
     step_end: str
     forward_backward: str
     prepare: Callable
-    num_iterations: Callable
+    step_at: Callable
+    batch: Callable
     ours: tuple
+    stubs: Callable = dict
 
 
 def _marked_mask(blocks):
@@ -80,13 +84,102 @@ def _prepare_137(ns, step):
     ns["outer_optim"].current_step = step
 
 
+def _one_sequence(tokens):
+    """(inputs, targets) of `tokens` tokens as upstream's loaders give them: int32 inputs, int64 targets."""
+    targets = torch.zeros(tokens, dtype=torch.int64)
+    return targets.to(torch.int32), targets
+
+
+class _Anything(types.ModuleType):
+    """A stand-in module whose every attribute is a decorator that returns what it decorates (triton.jit,
+    triton.autotune(...)) and is callable and indexable itself (tl.constexpr annotations, kernel[grid])."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # the import system's questions (__path__, __spec__): a plain module
+            raise AttributeError(name)
+        return _Permissive()
+
+
+class _Permissive:
+    def __call__(self, *args, **kwargs):
+        return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else _Permissive()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Permissive()
+
+    def __getitem__(self, key):
+        if isinstance(key, int):  # not a sequence: iteration stops at once
+            raise IndexError(key)
+        return _Permissive()
+
+
+def _stubs_18():
+    """#18 imports Triton (its NorMuon's symmetric-matmul kernels, replaced in _prepare_18) and the `kernels` hub
+    (FlashAttention-3, replaced by the varlen stand-in)."""
+    kernels = types.ModuleType("kernels")
+    kernels.get_kernel = lambda name: types.SimpleNamespace(
+        flash_attn_interface=types.SimpleNamespace(flash_attn_varlen_func=_flash_varlen_standin))
+    triton = _Anything("triton")
+    triton.__version__ = "stand-in"
+    triton.language = _Anything("triton.language")
+    return {"triton": triton, "triton.language": triton.language, "kernels": kernels}
+
+
+def _flash_varlen_standin(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                          window_size):  # q [T, H, D]
+    T, H, D = q.shape
+    return CostedAttention.apply(q, k, v, H * D * varlen_pairs(T, window_size[0]))
+
+
+def _prepare_18(ns, step):
+    """#18: its Triton kernels -> the same products in torch (X X^T; beta A + alpha A A); the schedule advanced to
+    the step (windows, YaRN, multi-token weights, batch size) and the embedding split as at that step."""
+    ns["XXT"] = lambda A, out: torch.matmul(A, A.mT, out=out)
+    ns["ba_plus_cAA"] = lambda A, alpha, beta, out: (torch.baddbmm if A.ndim > 2 else torch.addmm)(
+        A, A, A, beta=beta, alpha=alpha, out=out)
+    manager = ns["training_manager"]
+    manager.advance_schedule(step)
+    ns["model"].split_embed = step > manager.split_step
+
+
+def _batch_18(ns, step):
+    inputs, targets = _one_sequence(ns["get_bs"](step) // (ns["grad_accum_steps"] * ns["world_size"]))
+    tokens = len(inputs)  # its loader's document boundaries: a fixed length, from the tokens
+    docs = torch.zeros(ns["next_multiple_of_n"](tokens // 300, n=128), dtype=torch.int32)
+    return inputs, targets, docs
+
+
+class _Sender:
+    """Its train loader's .send(args) -> the batch (upstream changes the batch size through it)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def send(self, _):
+        return self.batch
+
+    def __next__(self):
+        return self.batch
+
+
 RECORD_STEPS = (
     RecordStep("#137", "assert world_size == 8  # this code is designed for 8xH100",
                head_end="model: nn.Module = torch.compile(model, dynamic=False)\n",
                step_begin="    # --------------- TRAINING SECTION -----------------\n",
                step_end="    # logging\n",
                forward_backward="model(inputs, targets, get_window_size_blocks(step)).backward()",
-               prepare=_prepare_137, num_iterations=lambda ns: ns["args"].num_iterations, ours=("r14", ())),
+               prepare=_prepare_137, step_at=lambda ns, at: int(at * ns["args"].num_iterations),
+               batch=lambda ns, step: _one_sequence(ns["args"].train_seq_len), ours=("r14", ())),
+    RecordStep("#18", "get_kernel('varunneal/flash-attention-3')",
+               head_end="########################################\n#            Warmup kernels",
+               step_begin="    # --------------- TRAINING SECTION -----------------\n",
+               step_end="    # logging\n",
+               forward_backward="(model(inputs, targets, cum_seqlens, training_manager.get_forward_args()) "
+                                "/ grad_accum_steps).backward()",
+               prepare=_prepare_18, step_at=lambda ns, at: int(at * ns["args"].num_iterations) | 1,
+               batch=_batch_18, ours=("r18", ()), stubs=_stubs_18),
 )
 
 
@@ -195,22 +288,23 @@ def measure_record(script: str, record: RecordStep, at=0.5, world_size=RECORD_WO
     sent, meter = Counter(), StepMeter()
     step_cost._METER = meter
     sys.modules[module.__name__] = module  # its dataclasses look their module up
+    fake = FakeTensorMode()  # before the stubs: it imports torch's compiler, which asks the real Triton
     try:
-        with cpu_and_fake_patches(world_size, script), FakeTensorMode(), recorded_collectives(world_size, sent), meter:
+        with (mock.patch.dict(sys.modules, record.stubs()), cpu_and_fake_patches(world_size, script), fake,
+              recorded_collectives(world_size, sent), meter):
             exec(compile(head, f"<upstream {record.name} head>", "exec"), ns)
-            step = int(at * record.num_iterations(ns))
+            step = record.step_at(ns, at)
             record.prepare(ns, step)
             model = ns["model"]
             params, buffers = list(model.parameters()), list(model.buffers())
-            targets = torch.zeros(ns["args"].train_seq_len, dtype=torch.int64)
-            batch = (targets.to(torch.int32), targets)  # as upstream's loaders give them
-            ns.update(step=step, train_loader=iter([batch]))
+            batch = record.batch(ns, step)
+            ns.update(step=step, train_loader=_Sender(batch))
             storages = {t.untyped_storage()._cdata for t in params + buffers}
+            vocab_width = next(p.shape[0] for name, p in model.named_parameters() if "lm_head" in name)
             figures = {}
 
             def forward_backward(run_one):
-                saved, fusable = _micro_batches(meter, storages, model.lm_head_w.shape[0] if hasattr(
-                    model, "lm_head_w") else None, run_one, 1, loss_divisor=1)
+                saved, fusable = _micro_batches(meter, storages, vocab_width, run_one, 1, loss_divisor=1)
                 figures.update(saved=saved, fusable=fusable)
                 meter.phase = "optimizer"
 
@@ -227,7 +321,7 @@ def measure_record(script: str, record: RecordStep, at=0.5, world_size=RECORD_WO
     finally:
         sys.modules.pop(module.__name__, None)
         step_cost._METER = None
-    return StepCost(record.name, [], world_size, 1, len(targets), params=sum(p.numel() for p in params),
+    return StepCost(record.name, [], world_size, 1, len(batch[0]), params=sum(p.numel() for p in params),
                     param_bytes=sum(p.numel() * p.element_size() for p in params), optimizer_state_bytes=state,
                     flops={phase: int(meter.flops[phase]) for phase in ("forward", "backward", "optimizer")},
                     saved_bytes=figures["saved"], peak_bytes=meter.peak, head_fusable_bytes=figures["fusable"],

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.step_cost import StepCost, main
 from benchmarks.upstream_step import (RecordStep, Refusal, identify, measure_record, read_script, side_by_side,
@@ -61,7 +62,8 @@ for step in range(args.num_iterations):
 STANDIN_STEP = RecordStep("stand-in", "# stand-in record", head_end="for step in range(args.num_iterations):\n",
                           step_begin="    # --- step ---\n", step_end="    # --- end ---\n",
                           forward_backward="model(inputs, targets).backward()", prepare=lambda ns, step: None,
-                          num_iterations=lambda ns: ns["args"].num_iterations, ours=("small", ()))
+                          step_at=lambda ns, at: int(at * ns["args"].num_iterations),
+                          batch=lambda ns, step: (torch.zeros(T, dtype=torch.int64),) * 2, ours=("small", ()))
 
 
 def test_a_record_script_is_measured_as_ours_is():
