@@ -334,7 +334,7 @@ def measure_record(script: str, record: RecordStep, at=0.5, world_size=RECORD_WO
 def _ratio(ours, upstream):
     if upstream == 0:
         return "  -  " if ours == 0 else "  inf"
-    return f"{ours / upstream:.3f}"
+    return f"{ours / upstream:.3f}" + (" (equal)" if ours == upstream else "")
 
 
 def side_by_side(ours: StepCost, upstream: StepCost, name: str):

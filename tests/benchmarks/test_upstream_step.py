@@ -112,7 +112,7 @@ def test_side_by_side_gives_ratios_and_names_the_operations_that_differ():
                     sent_bytes=70.0, sent_by_kind={"all_reduce": 70.0}, collectives={"all_reduce calls": 1},
                     ops={"forward mm": 1, "backward mm": 2})
     same = "\n".join(side_by_side(ours, ours, "#x"))
-    assert "forward FLOPs" in same and same.count("1.000") == 9 and "differ (0 of 2" in same
+    assert "forward FLOPs" in same and same.count("1.000 (equal)") == 9 and "differ (0 of 2" in same
     upstream = replace(ours, saved_bytes=1250, ops={"forward mm": 1, "backward mm": 2, "forward neg": 30})
     lines = side_by_side(ours, upstream, "#x")
     assert any(line.startswith("saved for backward") and line.endswith("0.800") for line in lines)
