@@ -22,7 +22,7 @@ import tempfile
 import textwrap
 import types
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 from unittest import mock
@@ -32,8 +32,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
 from benchmarks import step_cost
-from benchmarks.step_cost import (RECORD_WORLD_SIZE, CostedAttention, StepCost, StepMeter, _micro_batches,
-                                  block_mask_pairs, recorded_collectives, varlen_pairs)
+from benchmarks.step_cost import (RECORD_WORLD_SIZE, CostedAttention, StepCost, StepMeter, _fp8_head_backward_flops,
+                                  _fp8_head_flops, _micro_batches, block_mask_pairs, recorded_collectives,
+                                  varlen_pairs)
 from benchmarks.vs_upstream import Refusal, extract_script
 from speedrun.logformat import SEPARATOR
 
@@ -47,7 +48,9 @@ class RecordStep:
     prepare(namespace, step): the replacements made after the head (attention, schedule tensors);
     step_at(namespace, at): the step measured, as step_cost chooses ours; batch(namespace, step): the tensors its
     loader would give; ours: the (track, flags) of our script it is set beside;
-    stubs: modules the head imports that cannot load here (CUDA-only kernels), as {name: module}."""
+    stubs: modules the head imports that cannot load here (CUDA-only kernels), as {name: module};
+    loop_lines: lines of its loop outside the step that the step reads (run first, as found);
+    custom_flops: FLOP formulas of its custom operators, by name (as step_cost.CUSTOM_FLOPS)."""
     name: str
     marker: str
     head_end: str
@@ -59,6 +62,8 @@ class RecordStep:
     batch: Callable
     ours: tuple
     stubs: Callable = dict
+    loop_lines: tuple = ()
+    custom_flops: dict = field(default_factory=dict)
 
 
 def _marked_mask(blocks):
@@ -164,6 +169,16 @@ class _Sender:
         return self.batch
 
 
+def _prepare_small_21(ns, step):
+    """Small-track #21 (re-timed 2025-02-01): as #137 (FlexAttention, its block masks, the window's pinned
+    tensor), its loop's step count named."""
+    ns["flex_attention"] = _flex_standin(128)
+    ns["GPT"].create_blockmasks = lambda self, input_seq, window_blocks: (_marked_mask(window_blocks),
+                                                                         _marked_mask(window_blocks // 2))
+    ns["window_size_blocks"] = lambda window_size: window_size // 128
+    ns["train_steps"] = ns["args"].num_iterations
+
+
 RECORD_STEPS = (
     RecordStep("#137", "assert world_size == 8  # this code is designed for 8xH100",
                head_end="model: nn.Module = torch.compile(model, dynamic=False)\n",
@@ -180,6 +195,15 @@ RECORD_STEPS = (
                                 "/ grad_accum_steps).backward()",
                prepare=_prepare_18, step_at=lambda ns, at: int(at * ns["args"].num_iterations) | 1,
                batch=_batch_18, ours=("r18", ()), stubs=_stubs_18),
+    RecordStep("small #21", "use_fp8=True, x_s=2.0, w_s=2.0**9, grad_s=2.0**19",
+               head_end="model: nn.Module = torch.compile(model, dynamic=False)\n",
+               step_begin="    # --------------- TRAINING SECTION -----------------\n",
+               step_end="    # logging\n",
+               forward_backward="model(inputs, targets, window_size_blocks(window_size)).backward()",
+               prepare=_prepare_small_21, step_at=lambda ns, at: int(at * ns["args"].num_iterations),
+               batch=lambda ns, step: _one_sequence(ns["args"].seq_len), ours=("small", ()),
+               loop_lines=("    window_size = next_multiple_of_n(1728 * step / train_steps, n=128)\n",),
+               custom_flops={"nanogpt.mm": _fp8_head_flops, "nanogpt.mm_backward": _fp8_head_backward_flops}),
 )
 
 
@@ -224,7 +248,10 @@ def split_script(script: str, record: RecordStep):
     suffix = ".backward()"
     loss = record.forward_backward[:-len(suffix)]
     _one_piece(step, record.forward_backward, "the forward-and-backward line")
-    return head, step.replace(record.forward_backward, f"_step_cost_forward_backward(lambda: {loss})")
+    for line in record.loop_lines:
+        _one_piece(script, line, "a line of its loop the step reads")
+    before = "".join(textwrap.dedent(line) for line in record.loop_lines)
+    return head, before + step.replace(record.forward_backward, f"_step_cost_forward_backward(lambda: {loss})")
 
 
 class OnTheCpu(TorchFunctionMode):
@@ -290,7 +317,8 @@ def measure_record(script: str, record: RecordStep, at=0.5, world_size=RECORD_WO
     sys.modules[module.__name__] = module  # its dataclasses look their module up
     fake = FakeTensorMode()  # before the stubs: it imports torch's compiler, which asks the real Triton
     try:
-        with (mock.patch.dict(sys.modules, record.stubs()), cpu_and_fake_patches(world_size, script), fake,
+        with (mock.patch.dict(sys.modules, record.stubs()), mock.patch.dict(step_cost.CUSTOM_FLOPS, record.custom_flops),
+              cpu_and_fake_patches(world_size, script), fake,
               recorded_collectives(world_size, sent), meter):
             exec(compile(head, f"<upstream {record.name} head>", "exec"), ns)
             step = record.step_at(ns, at)
