@@ -1,16 +1,19 @@
 """One optimiser step of an upstream record's own script, measured by step_cost's meter under fake tensors on CPU:
-the counts `python benchmarks/step_cost.py --vs-upstream RECORD_LOG_OR_SCRIPT` sets beside ours.
+the counts `python benchmarks/step_cost.py --vs-upstream RECORD_LOG_OR_SCRIPT` sets beside ours (records #137 and
+#18 of the medium track, #21 of the small track; benchmarks/results/2026-11-28_cpu_step-cost.txt, stop 41).
 
 The script comes from a record log the user supplies (vs_upstream.extract_script) or is the script itself; this
 repository never stores upstream code. It runs in two pieces, in a module of its own, as rank 0 of 8:
 - its head, up to the line a record names (definitions, model, optimisers; before its compile and warm-up);
-- its training step's lines (the loop body a record names) at the step `at` of the way through its schedule, with
-  its forward-and-backward line wrapped so that the saved tensors are counted and the optimiser phase begins after.
-What fake tensors and a CPU need is patched around it, never inside its lines: torch.compile returns what it is given
-(the step runs eagerly, as ours is measured), CUDA calls are no-ops (tensors stay on the CPU, all fake), collectives
-are recorded (step_cost.recorded_collectives), the logs go to a temporary folder, nvidia-smi answers nothing.
-Each record then names the few replacements that remain (RecordStep.prepare): its attention kernel by step_cost's
-stand-in counted from the same window in blocks, its schedule's device tensors by plain numbers.
+- its training step's lines (the loop body a record names, after any loop line the step reads) at the step `at` of
+  the way through its schedule, its forward-and-backward line wrapped (the one edit of its lines) so that the saved
+  tensors are counted and the optimiser phase begins after.
+What fake tensors and a CPU need is patched around its lines: torch.compile returns what it is given (the step runs
+eagerly, as ours is measured), CUDA calls are no-ops (tensors stay on the CPU, all fake), Module.bfloat16 casts fake
+parameters in place, collectives are recorded (step_cost.recorded_collectives), the logs go to a temporary folder,
+nvidia-smi answers nothing, imports of CUDA-only kernels (Triton, the kernels hub) are stubs. Each record then names
+the few replacements that remain (RecordStep.prepare): its attention kernel by step_cost's stand-in counted from the
+window it asks for, its Triton kernels by the same products in torch, its schedule's device tensors by numbers.
 """
 from __future__ import annotations
 
@@ -298,8 +301,8 @@ def cpu_and_fake_patches(world_size, script):
         for target, name, value in [
                 (torch, "compile", no_compile), (torch.cuda, "is_available", lambda: True),
                 (torch.cuda, "set_device", lambda *a, **k: None), (torch.cuda, "synchronize", lambda *a, **k: None),
-                (torch.nn.Module, "cuda", lambda self, *a, **k: self), (torch.nn.Module, "bfloat16", _bfloat16_in_place),
-                (torch.Tensor, "cuda", lambda t, *a, **k: t),
+                (torch.nn.Module, "cuda", lambda self, *a, **k: self), (torch.Tensor, "cuda", lambda t, *a, **k: t),
+                (torch.nn.Module, "bfloat16", _bfloat16_in_place),
                 (subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout="", stderr="", returncode=0))]:
             stack.enter_context(mock.patch.object(target, name, value))
         stack.enter_context(contextlib.redirect_stdout(open(os.devnull, "w")))  # it prints its log's name
@@ -317,9 +320,9 @@ def measure_record(script: str, record: RecordStep, at=0.5, world_size=RECORD_WO
     sys.modules[module.__name__] = module  # its dataclasses look their module up
     fake = FakeTensorMode()  # before the stubs: it imports torch's compiler, which asks the real Triton
     try:
-        with (mock.patch.dict(sys.modules, record.stubs()), mock.patch.dict(step_cost.CUSTOM_FLOPS, record.custom_flops),
-              cpu_and_fake_patches(world_size, script), fake,
-              recorded_collectives(world_size, sent), meter):
+        with (mock.patch.dict(sys.modules, record.stubs()),
+              mock.patch.dict(step_cost.CUSTOM_FLOPS, record.custom_flops),
+              cpu_and_fake_patches(world_size, script), fake, recorded_collectives(world_size, sent), meter):
             exec(compile(head, f"<upstream {record.name} head>", "exec"), ns)
             step = record.step_at(ns, at)
             record.prepare(ns, step)

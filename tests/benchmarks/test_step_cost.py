@@ -10,8 +10,8 @@ from unittest import mock
 
 import pytest
 
-from benchmarks.step_cost import (REDUCED_FLAGS, TRACKS, StepMeter, block_mask_pairs, count_differences, counts, measure_once,
-                                  script_module, study_cost_lines, varlen_pairs)
+from benchmarks.step_cost import (REDUCED_FLAGS, TRACKS, StepMeter, block_mask_pairs, count_differences, counts,
+                                  measure_once, script_module, study_cost_lines, varlen_pairs)
 from speedrun.studies import STUDIES
 from conftest import FIXTURES
 

@@ -1,9 +1,7 @@
 """benchmarks/upstream_step.py (step_cost --vs-upstream) on a stand-in record written here, not upstream's code: a
 script of upstream's shape (torchrun's environment, CUDA, NCCL, a training loop at module level) measured by the
 same meter as ours, its figures known by hand; the side-by-side lines; bad input refused in one line."""
-from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
