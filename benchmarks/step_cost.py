@@ -6,6 +6,7 @@
     python benchmarks/step_cost.py --studies record,r18-laurel           # some studies' arms
     python benchmarks/step_cost.py --write-docs docs/step-cost.md        # the table of every bundled arm
     python benchmarks/step_cost.py --track small --at 0 --world-size 1 --compiled   # + what a compiled step saves
+    python benchmarks/step_cost.py --vs-upstream RECORD_LOG_OR_SCRIPT   # beside upstream's own script (#137)
 
 Per optimiser step of one rank at the record's world size (8) it reports: parameters and the persistent bytes the
 optimisers add (their state); FLOPs of forward, backward and optimiser step (torch's FLOP formulas per aten op, the
@@ -143,9 +144,11 @@ def _fp8_head_backward_flops(args):
     return 4 * grad_out.shape[0] * grad_out.shape[1] * x_f8.shape[1]
 
 
-# The small track's FP8 head is one opaque custom op each way (torch's formulas do not see inside).
+# The small track's FP8 head is one opaque custom op each way (torch's formulas do not see inside); and the
+# matrix-vector product, which torch's counter has no formula for (DLO's routers: a [T, D] @ [D] per layer).
 CUSTOM_FLOPS = {"speedrun.fp8_head_matmul": _fp8_head_flops,
-                "speedrun.fp8_head_matmul_backward": _fp8_head_backward_flops}
+                "speedrun.fp8_head_matmul_backward": _fp8_head_backward_flops,
+                "aten.mv": lambda args: 2 * args[0].numel()}
 
 _METER: StepMeter | None = None  # the meter of the step being measured (the attention stand-in reports to it)
 
@@ -225,6 +228,11 @@ class _Done:
     def wait(self):
         return None
 
+    def get_future(self):
+        done = torch.futures.Future()
+        done.set_result(None)
+        return done
+
 
 @contextlib.contextmanager
 def recorded_collectives(world_size, sent):
@@ -247,7 +255,8 @@ def recorded_collectives(world_size, sent):
     patches = {kind: recorder(kind) for kind in RING_SEND}
     patches.update(is_initialized=lambda: True, get_rank=lambda *a, **k: 0,
                    get_world_size=lambda *a, **k: world_size, get_backend=lambda *a, **k: "nccl",
-                   new_group=lambda *a, **k: None, barrier=lambda *a, **k: None)
+                   new_group=lambda *a, **k: None, barrier=lambda *a, **k: None,
+                   init_process_group=lambda *a, **k: None, destroy_process_group=lambda *a, **k: None)
     with contextlib.ExitStack() as stack:
         for name, value in patches.items():
             stack.enter_context(mock.patch.object(dist, name, value))
@@ -271,6 +280,7 @@ class StepCost:
     peak_bytes: int = 0  # eager
     head_fusable_bytes: int = 0  # saved by the eager head's softcap chain beyond one vocabulary-wide tensor
     sent_bytes: float = 0.0
+    sent_by_kind: dict = field(default_factory=dict)  # collective -> bytes this rank sends
     collectives: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)  # "phase op" -> count per step
 
@@ -348,6 +358,7 @@ def measure_once(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_ba
     scale = accum / run_batches
     cost = replace(cost, track=track, flags=list(flags), world_size=world_size, micro_batches=accum,
                    peak_bytes=meter.peak, sent_bytes=sum(v for k, v in sent.items() if not k.endswith("calls")),
+                   sent_by_kind={k: v for k, v in sorted(sent.items()) if not k.endswith("calls")},
                    collectives={k: int(v) for k, v in sorted(sent.items()) if k.endswith("calls")},
                    flops={phase: int(meter.flops[phase] * (scale if phase != "optimizer" else 1))
                           for phase in ("forward", "backward", "optimizer")},
@@ -377,7 +388,7 @@ def _model_figures(model, meter):
             {t.untyped_storage()._cdata for t in params + buffers})
 
 
-def _micro_batches(meter, param_storages, vocab_width, run_one, count):
+def _micro_batches(meter, param_storages, vocab_width, run_one, count, loss_divisor=VIRTUAL_RANKS):
     """Forward and backward of `count` micro-batches; returns the largest micro-batch's saved bytes and the bytes
     a fused head would not save: every vocabulary-wide saved tensor but the largest (a compiled step fuses the
     softcap and the cross-entropy around the logits; eager keeps each link of that chain)."""
@@ -390,7 +401,7 @@ def _micro_batches(meter, param_storages, vocab_width, run_one, count):
         vocab_wide = [n for n, wide in saved.values() if wide]
         most = max(most, sum(n for n, _ in saved.values()))
         fusable = max(fusable, sum(vocab_wide) - max(vocab_wide, default=0))
-        (loss / VIRTUAL_RANKS).backward()
+        (loss / loss_divisor if loss_divisor != 1 else loss).backward()
     return most, fusable
 
 
@@ -422,6 +433,8 @@ def _track_setup(module, args, track, at):
 
     def optimizers(world_size):
         opt = spec.optimizers(model, 0, world_size, fused_adam=True, ns_dtype=torch.bfloat16, compile_muon=False)
+        if getattr(opt, "snoo", None) is not None:
+            opt.snoo.calls = step  # as in a run: its outer step fires only at every `every`-th step, not this one
         return (lambda: opt.step(step, args.num_iterations)), opt.reducer
 
     tensors = [torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64), torch.tensor(long_blocks)]
@@ -463,6 +476,8 @@ def _measured_step(setup, track, world_size, run_batches, meter):
     opt_step, reducer = setup.optimizers(world_size)  # after `start`: the state made up front counts
     if reducer is not None:
         reducer.arm()
+    # The step's work only: building the model and the optimisers' state is no part of it.
+    meter.ops.clear(), meter.flops.clear()
     with setup.attention():
         saved, fusable = _micro_batches(meter, param_storages, setup.vocab_width,
                                         lambda: model(*setup.tensors, *setup.extra_args), run_batches)
@@ -664,6 +679,16 @@ schedule ({at}). TFLOP/step: forward, backward and optimiser of one rank. H100 >
 of FLOPs at {flops:.0f} TFLOP/s (dense bf16), the step's least HBM traffic at {hbm:.2f} TB/s and the bytes sent at
 {nvlink:.0f} GB/s (NVLink, one direction). Saved and peak MiB are eager's: a compiled step saves less (`--track T
 --compiled` gives its saved bytes; benchmarks/results/2026-11-28_cpu_step-cost.txt checks both against the GPU).
+FLOPs are those of matrix products and attention (torch's FLOP formulas, and the matrix-vector product): pointwise
+work (norms, activations, the optimisers' element-wise updates) is not counted, so an arm that adds only pointwise
+work shows +0.00%.
+
+DLO's sparse arms (`dlo-sparsity` > 0) cost what their dense arm costs per training step, truly: in training every
+token goes through every MLP and the router's gate scales its output (soft gating, or hard gating's zeroed gates,
+still computed), so no MLP work is skipped; their routers add a matrix-vector product per layer (under 0.01%, shown
++0.00%). Skipping is real only in evaluation, where the active tokens are gathered and only they go through the MLP:
+each run reports that forward's FLOPs relative to the dense model at every validation (`dlo.flops_rel`), which this
+table (a training step) does not show.
 
 """
 
@@ -682,11 +707,22 @@ def main(argv=None):
     p.add_argument("--write-reference", metavar="PATH",
                    help="write the baselines' counts at the reduced size there "
                         "(tests/fixtures/step_cost_reference.json)")
+    p.add_argument("--vs-upstream", metavar="RECORD_LOG_OR_SCRIPT", type=Path,
+                   help="the same counts of upstream's own script (#137 or #18; a record log or its script, never "
+                        "stored here) beside ours (benchmarks/upstream_step.py)")
     p.add_argument("flags", nargs="*", help="the training script's flags (after --)")
     a = p.parse_args(argv)
     if not 0 <= a.at <= 1:
         p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
     try:
+        if a.vs_upstream:
+            from benchmarks.upstream_step import Refusal, compare
+            try:
+                print("\n".join(compare(a.vs_upstream, a.at)))
+            except Refusal as refusal:
+                print(f"step_cost: {refusal}", file=sys.stderr)
+                return 2
+            return 0
         if a.write_reference:
             Path(a.write_reference).write_text(json.dumps(reduced_counts(), indent=1, sort_keys=True) + "\n")
             return 0

@@ -10,8 +10,8 @@ from unittest import mock
 
 import pytest
 
-from benchmarks.step_cost import (REDUCED_FLAGS, TRACKS, block_mask_pairs, count_differences, counts, measure_once,
-                                  script_module, study_cost_lines, varlen_pairs)
+from benchmarks.step_cost import (REDUCED_FLAGS, TRACKS, StepMeter, block_mask_pairs, count_differences, counts,
+                                  measure_once, script_module, study_cost_lines, varlen_pairs)
 from speedrun.studies import STUDIES
 from conftest import FIXTURES
 
@@ -39,6 +39,15 @@ def test_a_stray_operation_is_named():
     forward_mul = reference["ops"]["forward mul"]
     assert f"forward mul: {forward_mul} -> {forward_mul + 1}" in problems
     assert any(line.startswith("backward mul:") for line in problems)
+
+
+def test_a_matrix_vector_product_is_counted():
+    """2 M N FLOPs for [M, N] @ [N] (DLO's routers), which torch's FLOP formulas leave out."""
+    import torch
+    meter = StepMeter()
+    with meter:
+        torch.ones(4, 3) @ torch.ones(3)
+    assert meter.flops["forward"] == 2 * 4 * 3 and meter.ops[("forward", "mv")] == 1
 
 
 def test_attention_pairs_follow_the_window():
