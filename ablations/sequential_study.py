@@ -11,6 +11,7 @@ those the study asks for are stale; `run --redo-stale` moves them to the record'
 looked at afresh on its redone runs."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -18,6 +19,8 @@ import math
 import os
 import socket
 from pathlib import Path
+
+from speedrun.logformat import sequential_study_value
 
 from .errors import StudyError
 from .runstate import log_config, log_is_complete, run_paths
@@ -271,12 +274,16 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
                       stale: dict[str, str]) -> int:
     """Runs the batches and takes the looks; `state` is the record read by load_state, `stale` its arms whose looks
     are of runs the study no longer asks for (check_stale_looks let them through: they are dropped here)."""
-    from analysis.sequential import decided, describe_look, look_counts, take_look
+    from analysis.sequential import decided, describe_look, design_digest, look_counts, take_look
 
     state_path = options.runs_dir / study.name / STATE_FILE
     for leftover in state_path.parent.glob(f".{STATE_FILE}.*.tmp"):
         leftover.unlink(missing_ok=True)  # a record's write killed before its rename (analysis/atomic.py's name)
     check = options.config_check
+    # every run of the study carries the study and its design into its log (read by analysis.claims): copied
+    # without this record, the runs still refuse a fixed-sample claim
+    options = dataclasses.replace(options, sequential_study=sequential_study_value(
+        study.name, design_digest(state["design"])))
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()
     schedule = look_counts(design["max_seeds"], design["batch"])

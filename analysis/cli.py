@@ -468,10 +468,12 @@ def cmd_record(args):
         raise _no_complete_runs(runs)
     variants = {run.variant for run in complete}
     target = args.target if args.target is not None else TARGETS[args.track]
-    sequential = sequential_claim(complete, target) if len(variants) == 1 else None
+    state = find_study_record(complete) if len(variants) == 1 else None
+    sequential = record_claim(state, complete[0].variant, target) if len(variants) == 1 else None
     try:
         path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target,
-                              sequential=sequential, not_counted=not_counted([], unreadable))
+                              sequential=sequential, not_counted=not_counted([], unreadable),
+                              sequential_record=Path(state["path"]) if state is not None else None)
     except RecordError as problem:
         raise UsageError(str(problem)) from None
     print(path)
