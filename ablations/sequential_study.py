@@ -17,6 +17,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -204,9 +205,43 @@ def check_stale_looks(stale: dict[str, str], redo_stale: bool) -> None:
 def load_state(path: Path, design: dict) -> dict:
     state = read_state(path)
     if state is None:
-        return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
-    check_design(path, state["design"], design)
+        state = {"design": design, "looks": {arm: [] for arm in design["arms"]}}
+    else:
+        check_design(path, state["design"], design)
+    check_runs_design(path.parent, state)
     return state
+
+
+_SEED_LOG = re.compile(r"seed\d+\.txt")
+
+
+def check_runs_design(folder: Path, state: dict) -> None:
+    """Refuses (one line) to look at runs made for another sequential design (their logs' sequential_study line):
+    a record moved aside and the study started afresh with other settings would count them, and every analysis
+    command then refuses the claims (analysis.claims.find_study_record), since those runs were looked at under the
+    other design."""
+    from analysis.claims import sequential_marks
+    from analysis.logs import LogUnreadable, parse_log
+    from analysis.sequential import design_digest
+    from speedrun.errors import UsageError
+
+    design = state["design"]
+    ours = (folder.name, design_digest(design))
+    for arm in [*([design["baseline"]] if design.get("baseline") else []), *design["arms"]]:
+        for log in sorted((folder / arm).glob("seed*.txt")):
+            if not _SEED_LOG.fullmatch(log.name):
+                continue  # a log set aside (unfinished, stale): never counted
+            try:
+                marks = sequential_marks([parse_log(log)])
+            except (LogUnreadable, OSError):
+                continue
+            except UsageError as problem:
+                raise StudyError(str(problem)) from None
+            other = next((mark for mark in marks if mark != ours), None)
+            if other is not None:
+                raise StudyError(f"{log} was made for sequential study {other[0]} under design {other[1]}, not this "
+                                 f"one ({ours[1]}): its looks belong to that design's record; restore that record "
+                                 f"(and its settings), or move the runs aside to start afresh")
 
 
 def check_design(path: Path, recorded: dict, design: dict) -> None:

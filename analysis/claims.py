@@ -64,9 +64,12 @@ def find_study_record(runs) -> dict | None:
     not with them or holds another design: no claim, since a fixed-sample p is not valid after looking."""
     marks = sequential_marks(runs)
     found: dict[Path, Path] = {}
+    present: dict[Path, bool] = {}  # the runs of an arm share their places: each is looked up once
     for run in runs:
         for place in _record_paths(run):
-            if place.exists() or place.is_symlink():
+            if place not in present:
+                present[place] = place.exists() or place.is_symlink()
+            if present[place]:
                 found.setdefault(place.resolve(), place)
                 break
     if not found:

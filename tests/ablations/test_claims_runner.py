@@ -144,3 +144,22 @@ def test_the_runs_of_a_sequential_study_carry_it_into_a_copy_without_its_record(
     fixed = write_study(tmp_path, "f", arms, seeds=[0], flags=FLAGS)
     assert ablations(["run", fixed], tmp_path, runner_env()).returncode == 0
     assert "sequential_study:" not in (tmp_path / "runs" / "f" / "baseline" / "seed0.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_study_started_afresh_under_another_design_refuses_the_runs_of_the_first(tmp_path):
+    """The record moved aside (the runner's own advice to start afresh) and the study run with other settings: the
+    runner counted the runs made and looked at under the first design, and every analysis command then refused
+    their claims. It now refuses in one line and starts nothing; the same settings resume the runs as before."""
+    arms = {"baseline": {}, "backout-L4": {"backout-layers": 4}}
+    study = write_study(tmp_path, "s", arms, flags=FLAGS)
+    assert ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(),
+                     timeout=300).returncode == 0
+    record = tmp_path / "runs" / "s" / "sequential.json"
+    record.rename(record.with_name("sequential.aside.json"))
+    again = ablations(["run", study, "--until-decided", "--max-seeds", "4"], tmp_path, runner_env())
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stdout + again.stderr
+    assert "was made for sequential study s under design" in again.stderr and "start afresh" in again.stderr
+    assert not record.exists() and " start " not in again.stdout
+    same = ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(), timeout=300)
+    assert same.returncode == 0, same.stdout + same.stderr
