@@ -319,6 +319,7 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
     # without this record, the runs still refuse a fixed-sample claim
     options = dataclasses.replace(options, sequential_study=sequential_study_value(
         study.name, design_digest(state["design"])))
+    state["study"] = study.name  # two studies of one design (arms, alpha, seeds) differ in their runs' flags
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()
     schedule = look_counts(design["max_seeds"], design["batch"])

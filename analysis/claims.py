@@ -91,12 +91,13 @@ def find_study_record(runs) -> dict | None:
         raise UsageError(f"{place}: a sequential record of other arms ({', '.join(sorted(tested))}) than the runs' "
                          f"({', '.join(sorted({run.variant for run in runs}))}): a foreign record; move it aside")
     digest = state.get("design_digest") or design_digest(design)
-    other = sorted(mark for mark in marks if mark[1] != digest)
+    recorded_study = state.get("study")  # records written before the runner named the study: the digest alone
+    other = sorted(mark for mark in marks if mark[1] != digest or recorded_study not in (None, mark[0]))
     if other:
         study, theirs = other[0]
-        raise UsageError(f"no claim: runs of sequential study {study} were made under another design (digest "
-                         f"{theirs}) than {place} holds ({digest}), e.g. {marks[other[0]]}; give them with their "
-                         f"own study's record")
+        raise UsageError(f"no claim: runs of sequential study {study} were made under another study or design "
+                         f"(digest {theirs}) than {place} holds ({recorded_study or 'study unnamed'}, {digest}), "
+                         f"e.g. {marks[other[0]]}; give them with their own study's record")
     state["path"] = str(place)
     return state
 

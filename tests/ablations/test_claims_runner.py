@@ -129,7 +129,9 @@ def test_the_runs_of_a_sequential_study_carry_it_into_a_copy_without_its_record(
     result = ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     folder = tmp_path / "runs" / "s"
-    digest = json.loads((folder / "sequential.json").read_text())["design_digest"]
+    record = json.loads((folder / "sequential.json").read_text())
+    digest = record["design_digest"]
+    assert record["study"] == "s"
     logs = sorted(folder.glob("*/seed*.txt"))
     assert logs and all(f'sequential_study: {{"design_digest": "{digest}", "study": "s"}}' in log.read_text()
                         for log in logs)

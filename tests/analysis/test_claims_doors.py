@@ -292,4 +292,9 @@ def test_case2_copied_with_the_record_the_study_verdict_holds(capsys, tmp_path):
                                 "--max-runs", "3")
     assert "tested its arms against baseline, not a record claim" in text and "PASS" not in loss_part(text), err
     status, _, err = run_cli(capsys, "compare", marked_study(tmp_path / "other", made_under={"alpha": 0.05}))
-    assert status == 2 and "no claim: runs of sequential study s were made under another design" in err
+    assert status == 2 and "no claim: runs of sequential study s were made under another study or design" in err
+    foreign = marked_study(tmp_path / "foreign")  # the same design, another study's record (its runs' flags differ)
+    record_file = foreign / "sequential.json"
+    record_file.write_text(json.dumps({**json.loads(record_file.read_text()), "study": "t"}))
+    status, _, err = run_cli(capsys, "compare", foreign)
+    assert status == 2 and "another study or design" in err and "(t, " in err
