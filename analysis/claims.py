@@ -102,10 +102,11 @@ def find_study_record(runs) -> dict | None:
     return state
 
 
-def record_claim(state: dict | None, arm: str, target: float) -> dict | None:
-    """The sequential verdict on the record claim "mean final loss of `arm` below `target`", when the runs belong to
-    a sequential study (None otherwise): {family, claim, decision, n, adjusted_p, family_p} of the study for that
-    claim, or, for a claim the study never tested, claim None and `untested` saying why in one line."""
+def record_claim(state: dict | None, arm: str, target: float, alpha: float | None = None) -> dict | None:
+    """The sequential verdict on the record claim "mean final loss of `arm` below `target`" (at `alpha`, when one
+    is asked), when the runs belong to a sequential study (None otherwise): {family, claim, decision, n, adjusted_p,
+    family_p} of the study for that claim, or, for a claim the study never tested, claim None and `untested` saying
+    why in one line."""
     if state is None:
         return None
     design = state["design"]
@@ -118,6 +119,8 @@ def record_claim(state: dict | None, arm: str, target: float) -> dict | None:
         why = f"the sequential study tested {', '.join(design['arms'])}, not {arm}"
     elif not math.isclose(design["target"], target, rel_tol=0, abs_tol=1e-12):
         why = f"the sequential study tested mean < {design['target']:g}, not mean < {target:g}"
+    elif alpha is not None and not math.isclose(alpha, design["alpha"], rel_tol=1e-9):
+        why = f"the sequential study tested at family-wise alpha {design['alpha']:g}, not at {alpha:g}"
     if why is not None:
         return {"family": family, "claim": None, "decision": "not tested", "n": None, "adjusted_p": None,
                 "family_p": None, "untested": f"no claim: {why}; its fixed-sample p is not valid after looking"}

@@ -340,7 +340,7 @@ def copied_record_claim(losses: list[float], marked: bool) -> bool:
     if state == "refused":
         return False
     return record_check(runs, 0.0, alpha=ALPHA, resamples=2, max_runs=2,
-                        sequential=record_claim(state, "arm0", 0.0))["loss_ok"]
+                        sequential=record_claim(state, "arm0", 0.0, ALPHA))["loss_ok"]
 
 
 def copied_rows(studies: int, rng, arm_counts=(5, 15), record_maxima=(5, 9, 26), old_share: int = 10) -> list[str]:

@@ -84,6 +84,10 @@ def test_case1_a_record_claim_for_a_target_the_study_never_tested(capsys, tmp_pa
     status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--resamples", "50",
                               "--max-runs", "3")
     assert "below target after 5 seeds" in text and "loss below 2.925 at p < 0.01: PASS" in text
+    status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--alpha", "0.001",
+                              "--resamples", "50", "--max-runs", "3")  # decided at 0.01: no PASS at 0.001
+    assert status == 1 and "PASS" not in loss_part(text)
+    assert "no claim: the sequential study tested at family-wise alpha 0.01, not at 0.001" in text
 
 
 @pytest.mark.parametrize("shape", ["study folder", "arm folders", "log files"])
