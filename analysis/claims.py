@@ -61,7 +61,8 @@ def find_study_record(runs) -> dict | None:
     """The sequential record of the study `runs` belong to, or None when they were never looked at sequentially.
     UsageError (one line) for a damaged record, runs of several sequential studies, a record that holds none
     of the runs' arms, and runs that say they were made by a sequential study (sequential_marks) whose record is
-    not with them or holds another design: no claim, since a fixed-sample p is not valid after looking."""
+    not with them or holds another study or design: no claim, since a fixed-sample p is not valid after
+    looking."""
     marks = sequential_marks(runs)
     found: dict[Path, Path] = {}
     present: dict[Path, bool] = {}  # the runs of an arm share their places: each is looked up once
