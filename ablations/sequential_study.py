@@ -11,13 +11,17 @@ those the study asks for are stale; `run --redo-stale` moves them to the record'
 looked at afresh on its redone runs."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
 import math
 import os
+import re
 import socket
 from pathlib import Path
+
+from speedrun.logformat import sequential_study_value
 
 from .errors import StudyError
 from .runstate import log_config, log_is_complete, run_paths
@@ -201,9 +205,43 @@ def check_stale_looks(stale: dict[str, str], redo_stale: bool) -> None:
 def load_state(path: Path, design: dict) -> dict:
     state = read_state(path)
     if state is None:
-        return {"design": design, "looks": {arm: [] for arm in design["arms"]}}
-    check_design(path, state["design"], design)
+        state = {"design": design, "looks": {arm: [] for arm in design["arms"]}}
+    else:
+        check_design(path, state["design"], design)
+    check_runs_design(path.parent, state)
     return state
+
+
+_SEED_LOG = re.compile(r"seed\d+\.txt")
+
+
+def check_runs_design(folder: Path, state: dict) -> None:
+    """Refuses (one line) to look at runs made for another sequential design (their logs' sequential_study line):
+    a record moved aside and the study started afresh with other settings would count them, and every analysis
+    command then refuses the claims (analysis.claims.find_study_record), since those runs were looked at under the
+    other design."""
+    from analysis.claims import sequential_marks
+    from analysis.logs import LogUnreadable, parse_log
+    from analysis.sequential import design_digest
+    from speedrun.errors import UsageError
+
+    design = state["design"]
+    ours = (folder.name, design_digest(design))
+    for arm in [*([design["baseline"]] if design.get("baseline") else []), *design["arms"]]:
+        for log in sorted((folder / arm).glob("seed*.txt")):
+            if not _SEED_LOG.fullmatch(log.name):
+                continue  # a log set aside (unfinished, stale): never counted
+            try:
+                marks = sequential_marks([parse_log(log)])
+            except (LogUnreadable, OSError):
+                continue
+            except UsageError as problem:
+                raise StudyError(str(problem)) from None
+            other = next((mark for mark in marks if mark != ours), None)
+            if other is not None:
+                raise StudyError(f"{log} was made for sequential study {other[0]} under design {other[1]}, not this "
+                                 f"one ({ours[1]}): its looks belong to that design's record; restore that record "
+                                 f"(and its settings), or move the runs aside to start afresh")
 
 
 def check_design(path: Path, recorded: dict, design: dict) -> None:
@@ -271,12 +309,17 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
                       stale: dict[str, str]) -> int:
     """Runs the batches and takes the looks; `state` is the record read by load_state, `stale` its arms whose looks
     are of runs the study no longer asks for (check_stale_looks let them through: they are dropped here)."""
-    from analysis.sequential import decided, describe_look, look_counts, take_look
+    from analysis.sequential import decided, describe_look, design_digest, look_counts, take_look
 
     state_path = options.runs_dir / study.name / STATE_FILE
     for leftover in state_path.parent.glob(f".{STATE_FILE}.*.tmp"):
         leftover.unlink(missing_ok=True)  # a record's write killed before its rename (analysis/atomic.py's name)
     check = options.config_check
+    # every run of the study carries the study and its design into its log (read by analysis.claims): copied
+    # without this record, the runs still refuse a fixed-sample claim
+    options = dataclasses.replace(options, sequential_study=sequential_study_value(
+        study.name, design_digest(state["design"])))
+    state["study"] = study.name  # two studies of one design (arms, alpha, seeds) differ in their runs' flags
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()
     schedule = look_counts(design["max_seeds"], design["batch"])

@@ -6,6 +6,10 @@ that holds there.
   (sequential.json) in that study folder means the runs were looked at sequentially, whichever way they are given
   now (the study folder, arm folders, log files, a copy). A damaged or implausible record, or one that names none of
   the runs' arms, is refused in one line (sequential.read_record).
+- A run the runner made for a sequential study also says so in its log (the study and its design's digest): copied
+  away from the record, with the study folder gone, it still gets no fixed-sample claim, only "no claim" in one
+  line; given with the record (the study folder, or the record copied beside the arm folders or the logs), the
+  study's verdict holds when the record's design is the one the runs were made under.
 - Runs of a sequential study get its verdicts only: for the claim, target, baseline and alpha the study tested.
   Anything else (another target, a record claim on an arm tested against a baseline) gets no claim, said in one
   line: the fixed-sample p is not valid after looking.
@@ -16,31 +20,65 @@ import math
 from pathlib import Path
 
 from speedrun.errors import UsageError
+from speedrun.logformat import SEQUENTIAL_STUDY_KEY, parse_sequential_study
 
-from .sequential import RECORD_FILE, family_phrase, read_record, study_verdicts
+from .sequential import RECORD_FILE, design_digest, family_phrase, read_record, study_verdicts
 
 
 def _record_paths(run) -> list[Path]:
-    """Where the sequential record of a run's study would be: beside its arm folder, and beside the folder its
-    config line says it was written to (a copied log still names its study)."""
-    places = [run.path.parent.parent / RECORD_FILE]
+    """Where the sequential record of a run's study would be: beside its arm folder, beside the log itself (a
+    record package: `analysis record` copies it there), and beside the folder its config line says it was written
+    to (a copied log still names its study)."""
+    places = [run.path.parent.parent / RECORD_FILE, run.path.parent / RECORD_FILE]
     log_dir = run.config.get("log_dir") if isinstance(run.config, dict) else None
     if isinstance(log_dir, str) and log_dir:
         places.append(Path(log_dir).parent / RECORD_FILE)
     return places
 
 
+def sequential_marks(runs) -> dict[tuple[str, str], Path]:
+    """{(study, design digest): a log saying so} of the runs the study runner made for a sequential study (their
+    `sequential_study` line, speedrun/logformat.py); empty for logs made before the line existed. UsageError (one
+    line) for a line that does not read."""
+    marks: dict[tuple[str, str], Path] = {}
+    for run in runs:
+        value = run.env.get(SEQUENTIAL_STUDY_KEY) if isinstance(getattr(run, "env", None), dict) else None
+        if value is None:
+            continue
+        mark = parse_sequential_study(value)
+        if mark is None:
+            raise UsageError(f"{run.path}: its {SEQUENTIAL_STUDY_KEY} line does not read ({value[:60]!r}): a "
+                             f"damaged log of a sequential study; no claim from it")
+        marks.setdefault((mark["study"], mark["design_digest"]), run.path)
+    return marks
+
+
+def _studies(marks) -> str:
+    return ", ".join(sorted({study for study, _ in marks}))
+
+
 def find_study_record(runs) -> dict | None:
     """The sequential record of the study `runs` belong to, or None when they were never looked at sequentially.
-    UsageError (one line) for a damaged record, runs of several sequential studies, or a record that holds none
-    of the runs' arms."""
+    UsageError (one line) for a damaged record, runs of several sequential studies, a record that holds none
+    of the runs' arms, and runs that say they were made by a sequential study (sequential_marks) whose record is
+    not with them or holds another study or design: no claim, since a fixed-sample p is not valid after
+    looking."""
+    marks = sequential_marks(runs)
     found: dict[Path, Path] = {}
+    present: dict[Path, bool] = {}  # the runs of an arm share their places: each is looked up once
     for run in runs:
         for place in _record_paths(run):
-            if place.exists() or place.is_symlink():
+            if place not in present:
+                present[place] = place.exists() or place.is_symlink()
+            if present[place]:
                 found.setdefault(place.resolve(), place)
                 break
     if not found:
+        if marks:
+            plural = "ies" if len({study for study, _ in marks}) > 1 else "y"
+            raise UsageError(f"no claim: these runs were made by sequential stud{plural} {_studies(marks)} whose "
+                             f"record ({RECORD_FILE}) is not with them; give them with it (the study folder, or "
+                             f"the record beside their arm folders)")
         return None
     if len(found) > 1:
         shown = ", ".join(str(place) for place in found.values())
@@ -53,14 +91,23 @@ def find_study_record(runs) -> dict | None:
     if not set(design["arms"]) & variants and variants - tested:
         raise UsageError(f"{place}: a sequential record of other arms ({', '.join(sorted(tested))}) than the runs' "
                          f"({', '.join(sorted({run.variant for run in runs}))}): a foreign record; move it aside")
+    digest = state.get("design_digest") or design_digest(design)
+    recorded_study = state.get("study")  # records written before the runner named the study: the digest alone
+    other = sorted(mark for mark in marks if mark[1] != digest or recorded_study not in (None, mark[0]))
+    if other:
+        study, theirs = other[0]
+        raise UsageError(f"no claim: runs of sequential study {study} were made under another study or design "
+                         f"(digest {theirs}) than {place} holds ({recorded_study or 'study unnamed'}, {digest}), "
+                         f"e.g. {marks[other[0]]}; give them with their own study's record")
     state["path"] = str(place)
     return state
 
 
-def record_claim(state: dict | None, arm: str, target: float) -> dict | None:
-    """The sequential verdict on the record claim "mean final loss of `arm` below `target`", when the runs belong to
-    a sequential study (None otherwise): {family, claim, decision, n, adjusted_p, family_p} of the study for that
-    claim, or, for a claim the study never tested, claim None and `untested` saying why in one line."""
+def record_claim(state: dict | None, arm: str, target: float, alpha: float | None = None) -> dict | None:
+    """The sequential verdict on the record claim "mean final loss of `arm` below `target`" (at `alpha`, when one
+    is asked), when the runs belong to a sequential study (None otherwise): {family, claim, decision, n, adjusted_p,
+    family_p} of the study for that claim, or, for a claim the study never tested, claim None and `untested` saying
+    why in one line."""
     if state is None:
         return None
     design = state["design"]
@@ -73,6 +120,8 @@ def record_claim(state: dict | None, arm: str, target: float) -> dict | None:
         why = f"the sequential study tested {', '.join(design['arms'])}, not {arm}"
     elif not math.isclose(design["target"], target, rel_tol=0, abs_tol=1e-12):
         why = f"the sequential study tested mean < {design['target']:g}, not mean < {target:g}"
+    elif alpha is not None and not math.isclose(alpha, design["alpha"], rel_tol=1e-9):
+        why = f"the sequential study tested at family-wise alpha {design['alpha']:g}, not at {alpha:g}"
     if why is not None:
         return {"family": family, "claim": None, "decision": "not tested", "n": None, "adjusted_p": None,
                 "family_p": None, "untested": f"no claim: {why}; its fixed-sample p is not valid after looking"}

@@ -300,7 +300,8 @@ def cmd_record_check(args):
     target = _target(args, candidates)
     result = record_check(candidates, target, baseline, alpha=args.alpha, batch=args.runs,
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
-                          confidence=args.confidence, record=record, sequential=sequential_claim(candidates, target))
+                          confidence=args.confidence, record=record,
+                          sequential=sequential_claim(candidates, target, args.alpha))
     result["warnings"] = arm_warnings({"candidate": candidates})
     result["not_counted"] = not_counted(read, unreadable)
     if args.json:
@@ -312,10 +313,11 @@ def cmd_record_check(args):
     return 0 if result["verdict"] == "pass" else 1
 
 
-def sequential_claim(candidates, target: float) -> dict | None:
-    """The sequential study's verdict on the record claim of `candidates` (one arm's runs) below `target`, or why
-    that study never tested it (claims.record_claim); None when the runs were never looked at sequentially."""
-    return record_claim(find_study_record(candidates), candidates[0].variant, target)
+def sequential_claim(candidates, target: float, alpha: float) -> dict | None:
+    """The sequential study's verdict on the record claim of `candidates` (one arm's runs) below `target` at
+    `alpha`, or why that study never tested it (claims.record_claim); None when the runs were never looked at
+    sequentially."""
+    return record_claim(find_study_record(candidates), candidates[0].variant, target, alpha)
 
 
 def cmd_plan(args):
@@ -468,10 +470,12 @@ def cmd_record(args):
         raise _no_complete_runs(runs)
     variants = {run.variant for run in complete}
     target = args.target if args.target is not None else TARGETS[args.track]
-    sequential = sequential_claim(complete, target) if len(variants) == 1 else None
+    state = find_study_record(complete) if len(variants) == 1 else None
+    sequential = record_claim(state, complete[0].variant, target) if len(variants) == 1 else None
     try:
         path = package_record(runs, args.track, args.name, args.date, args.records_root, args.target,
-                              sequential=sequential, not_counted=not_counted([], unreadable))
+                              sequential=sequential, not_counted=not_counted([], unreadable),
+                              sequential_record=Path(state["path"]) if state is not None else None)
     except RecordError as problem:
         raise UsageError(str(problem)) from None
     print(path)

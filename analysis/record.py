@@ -95,9 +95,11 @@ def _not_counted_lines(not_counted) -> str:
 
 
 def package_record(runs, track: str, name: str, date: str, root: Path, target: float | None = None,
-                   sequential: dict | None = None, not_counted=()) -> Path:
-    """Copy the complete `runs` into `root/<track folder>/<date>_<name>/` with a README. Raises RecordError when
-    there is nothing to package, several variants are mixed, or the folder exists."""
+                   sequential: dict | None = None, not_counted=(), sequential_record: Path | None = None) -> Path:
+    """Copy the complete `runs` into `root/<track folder>/<date>_<name>/` with a README, and the record of the
+    sequential study they come from (`sequential_record`) beside them, so that the package keeps the study's verdict
+    when the study folder is gone (analysis.claims). Raises RecordError when there is nothing to package, several
+    variants are mixed, or the folder exists."""
     left_out = sum(not run.complete for run in runs)
     runs = [run for run in runs if run.complete]
     if not runs:
@@ -120,6 +122,8 @@ def package_record(runs, track: str, name: str, date: str, root: Path, target: f
         names = _log_names(runs)
         for run, log_name in zip(runs, names):
             shutil.copy2(run.path, staging / log_name)
+        if sequential_record is not None:
+            shutil.copy2(sequential_record, staging / sequential_record.name)
         code_note = write_code(_shared_code(runs), runs[0].path, track, staging)
         (staging / "README.md").write_text(
             readme_text(runs, names, track, name, date, target, variants[0], left_out, sequential, not_counted,

@@ -2,7 +2,8 @@
 sequential studies of `--until-decided` save where most ideas fail?
 
     python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--door-studies 2000]
-                                        [--batch 1] [--seed 0] [--sections 1234|123|4] [--out FILE]
+                                        [--copy-studies 20000] [--batch 1] [--seed 0]
+                                        [--sections 12345|1234|123|4|5] [--out FILE]
 
 Each simulated study draws final losses as normal with the seed-to-seed std (medium track, 0.0015) and applies the
 project's own rules to them: the fixed-sample comparison (Welch t-tests, Holm over the arms, as `compare` and the
@@ -19,6 +20,9 @@ alpha / family size per arm, conditional-power futility, stagewise p-values, Hol
 4. the doors: the same null studies through the product's own functions behind each command, study by study
    (compare with --arms naming the best arm after the fact, record-check's loss test, the runner's take_look and
    study_verdicts).
+5. the copies: runs of null sequential studies (vs a baseline, and record claims) copied without their record, the
+   study folder gone, through each door's own functions: runs whose logs name their study (the runner writes the
+   line since issue 40) make no claim; logs from before the line show the fixed-sample rate they would get.
 Sections 1-3 take the vectorised path, which tests/benchmarks/test_claims_simulation.py holds to the product's
 functions (identical decisions on 1,000 random studies each). `+-` is two Monte Carlo standard errors. tests/benchmarks/test_claims_simulation.py runs a smaller version."""
 from __future__ import annotations
@@ -34,6 +38,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis import power  # noqa: E402
+from analysis.claims import find_study_record, record_claim  # noqa: E402
 from analysis.cli import at_least_two, positive_int  # noqa: E402
 from analysis.compare import claims, compare_arms  # noqa: E402
 from analysis.record_check import record_check  # noqa: E402
@@ -41,7 +46,8 @@ from analysis.sequential import (DEFAULT_MAX_FACTOR, Design, _null_p_values, cal
                                  decide, decided, look_counts, look_p_values, sequential_max_seeds, study_verdicts,
                                  take_look)
 from analysis.stats import fixed_rule_claims, holm, sequential_rule_claims  # noqa: E402
-from speedrun.errors import OneLineErrorParser  # noqa: E402
+from speedrun.errors import OneLineErrorParser, UsageError  # noqa: E402
+from speedrun.logformat import SEQUENTIAL_STUDY_KEY, sequential_study_value  # noqa: E402
 
 ALPHA = 0.01
 STD = 0.0015  # medium track seed-to-seed std (records/published_seed_losses.csv: 0.0014-0.0016)
@@ -285,6 +291,89 @@ def mix_rows(studies: int, rng, arm_counts=(5, 10), effects=EFFECTS, batch: int 
     return lines
 
 
+class _CopiedRun(_Run):
+    """A run of a sequential study copied without its record (sequential.json), the study folder gone: what the
+    doors read of it beside its loss. `mark`: the study and design digest the runner wrote into its log (None: a
+    log made before the runner wrote them)."""
+
+    def __init__(self, loss: float, variant: str, seed: int, copy: Path, mark: str | None):
+        super().__init__(loss)
+        self.variant, self.seed = variant, seed
+        self.path = copy / variant / f"seed{seed}.txt"
+        self.config = {"log_dir": str(GONE_STUDY / variant)}
+        self.env = {SEQUENTIAL_STUDY_KEY: mark} if mark is not None else {}
+
+
+# Where the copied runs' study was: gone. The copy's folder holds no record either.
+GONE_STUDY = Path("/nonexistent/runs/s")
+COPY = Path("/nonexistent/copy")
+MARK = sequential_study_value("s", "0123456789abcdef")
+
+
+def _study_record_or_refusal(runs):
+    """The doors' first step, claims.find_study_record: the study's record, None, or "refused" (its one line)."""
+    try:
+        return find_study_record(runs)
+    except UsageError:
+        return "refused"
+
+
+def copied_compare_claims(arms: list[list[float]], baseline: list[float], marked: bool) -> bool:
+    """Whether `compare` (and report and analysis.terminal, which print the same claims) claims anything over the
+    copied runs of a sequential study: find_study_record, then compare_arms and claims as cmd_compare runs them."""
+    mark = MARK if marked else None
+    groups = {"baseline": [_CopiedRun(v, "baseline", k, COPY, mark) for k, v in enumerate(baseline)]}
+    groups.update({f"arm{a}": [_CopiedRun(v, f"arm{a}", k, COPY, mark) for k, v in enumerate(losses)]
+                   for a, losses in enumerate(arms)})
+    state = _study_record_or_refusal([run for runs in groups.values() for run in runs])
+    if state == "refused":
+        return False
+    result = compare_arms(groups, "baseline", 1 - ALPHA, sequential=state is not None)
+    return any(arm["claim"] is not None for arm in claims(result, ALPHA, True, state)["arms"])
+
+
+def copied_record_claim(losses: list[float], marked: bool) -> bool:
+    """Whether `record-check` (and `record`'s README, from the same functions) passes the loss test over the copied
+    runs of a sequential record-claim study: find_study_record, record_claim, record_check as cmd_record_check."""
+    runs = [_CopiedRun(v, "arm0", k, COPY, MARK if marked else None) for k, v in enumerate(losses)]
+    state = _study_record_or_refusal(runs)
+    if state == "refused":
+        return False
+    return record_check(runs, 0.0, alpha=ALPHA, resamples=2, max_runs=2,
+                        sequential=record_claim(state, "arm0", 0.0, ALPHA))["loss_ok"]
+
+
+def copied_rows(studies: int, rng, arm_counts=(5, 15), record_maxima=(5, 9, 26), old_share: int = 10) -> list[str]:
+    """Null sequential studies (the runner's rule: sequential_decisions, held to take_look and study_verdicts by
+    tests/benchmarks/test_claims_simulation.py) whose runs are then copied without their record, the study folder
+    gone, and read through each door's functions: runs that name their study (this project's logs now) and runs
+    that do not (logs made before the runner wrote the line: what the fix closes, on 1 / `old_share` of the studies,
+    since each goes through the fixed-sample tests)."""
+    old = max(2, studies // old_share)
+    lines = []
+    for arms in arm_counts:
+        design = sequential_design(EFFECTS[1], arms)
+        draws = rng.standard_normal((studies, arms, design.max_seeds))
+        baseline = rng.standard_normal((studies, design.max_seeds))
+        _, _, stop_n = sequential_decisions(draws, baseline, design)
+        for marked, count in ((True, studies), (False, old)):
+            claimed = [copied_compare_claims([list(draws[s, a, :stop_n[s, a]]) for a in range(arms)],
+                                             list(baseline[s, :stop_n[s].max()]), marked) for s in range(count)]
+            what = "logs name their study" if marked else "logs from before"
+            lines.append(f"{f'compare/report/terminal, {arms} null arms, {what}':<64} {count:>7} "
+                         f"{share(float(np.mean(claimed)), count):>16}")
+    for most in record_maxima:
+        design = record_design(most)
+        draws = rng.standard_normal((studies, 1, most))
+        _, _, stop_n = sequential_decisions(draws, None, design)
+        for marked, count in ((True, studies), (False, old)):
+            passed = [copied_record_claim(list(draws[s, 0, :stop_n[s, 0]]), marked) for s in range(count)]
+            what = "logs name their study" if marked else "logs from before"
+            lines.append(f"{f'record-check/record, at most {most} seeds, {what}':<64} "
+                         f"{count:>7} {share(float(np.mean(passed)), count):>16}")
+    return lines
+
+
 def door_rows(studies: int, rng, arm_counts=(5, 15), record_seeds=(5, 9, 26), sequential_arms: int = 5) -> list[str]:
     """Section 4: no effect anywhere, each claim through the product's function behind one door, study by study."""
     lines = [f"{'door':<58} {'studies':>7} {'P(false claim)':>16}"]
@@ -317,8 +406,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=positive_int, default=BATCH,
                         help=f"seeds per arm between the looks of sections 1 and 3 ({BATCH})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the numpy Generator (0)")
-    parser.add_argument("--sections", choices=("1234", "123", "4"), default="1234",
-                        help="which sections to run (default all; 4: the doors only)")
+    parser.add_argument("--copy-studies", type=at_least_two, default=20_000,
+                        help="simulated studies per row of section 5, each through the doors' functions (20000)")
+    parser.add_argument("--sections", choices=("12345", "1234", "123", "4", "5"), default="12345",
+                        help="which sections to run (default all; 4: the doors only; 5: the copies without record)")
     parser.add_argument("--out", type=Path, help="also write the output to this file")
     args = parser.parse_args(argv)
     started = time.time()
@@ -344,6 +435,11 @@ def main(argv=None) -> int:
         lines += ["", "4. The doors: no effect anywhere, each claim through the product's own function behind the "
                       "door (study by study, not vectorised), family-wise alpha 0.01", ""]
         lines += door_rows(args.door_studies, rng)
+    if "5" in args.sections:
+        lines += ["", "5. Runs of a null sequential study copied without its record (sequential.json), the study "
+                      "folder gone, through each door's functions (find_study_record, then the claim), family-wise "
+                      "alpha 0.01", "", f"{'door (the copied runs)':<64} {'studies':>7} {'P(false claim)':>16}"]
+        lines += copied_rows(args.copy_studies, rng)
     lines += ["", f"{time.time() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)

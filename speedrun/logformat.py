@@ -34,6 +34,34 @@ def config_line(config: dict) -> str:
     return CONFIG_PREFIX + json.dumps(config, sort_keys=True)
 
 
+# A run the study runner made for a sequential study (`run --until-decided`) says so in its environment section: the
+# study and the digest of its design (analysis.sequential.design_digest). The runs then carry their design wherever
+# they are copied, so no reader takes a fixed-sample claim from them without the study's record. The runner hands
+# the line's value to the script in this variable; logs made before it existed simply lack the line.
+SEQUENTIAL_STUDY_KEY = "sequential_study"
+SEQUENTIAL_STUDY_VARIABLE = "SPEEDRUN_SEQUENTIAL_STUDY"
+
+
+def sequential_study_value(study: str, digest: str) -> str:
+    return json.dumps({"study": study, "design_digest": digest}, sort_keys=True)
+
+
+def sequential_study_line(value: str) -> str:
+    return f"{SEQUENTIAL_STUDY_KEY}: {value}"
+
+
+def parse_sequential_study(value: str) -> dict | None:
+    """{study, design_digest} of a sequential_study line's value, or None when it does not read as one."""
+    try:
+        mark = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(mark, dict) or not all(isinstance(mark.get(key), str) and mark[key]
+                                             for key in ("study", "design_digest")):
+        return None
+    return {"study": mark["study"], "design_digest": mark["design_digest"]}
+
+
 def added_params_line(added: dict) -> str:
     """Parameters each study adds to the model, by study, then their total."""
     return f"{ADDED_PARAMS_PREFIX}{json.dumps(added)} total {sum(added.values())}"

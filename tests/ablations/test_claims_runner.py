@@ -110,3 +110,58 @@ def test_status_refuses_the_record_the_runner_refuses(tmp_path, status_of, edit,
     assert code == 0 and "Traceback" not in out
     (line,) = [line for line in out.splitlines() if line.startswith("sequential (")]
     assert "cannot be shown" in line and why in line
+
+
+@pytest.mark.slow
+def test_the_runs_of_a_sequential_study_carry_it_into_a_copy_without_its_record(tmp_path):
+    """Issue 40 case 2: runs copied without sequential.json, the study folder gone, got fixed-sample claims. Each
+    run the runner makes for a sequential study names the study and its design's digest in its log (the digest the
+    record holds), so the copy makes no claim; runs of a fixed study carry no such line."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from runner_support import REPO
+
+    arms = {"baseline": {}, "backout-L4": {"backout-layers": 4}}
+    study = write_study(tmp_path, "s", arms, flags=FLAGS)
+    result = ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = tmp_path / "runs" / "s"
+    record = json.loads((folder / "sequential.json").read_text())
+    digest = record["design_digest"]
+    assert record["study"] == "s"
+    logs = sorted(folder.glob("*/seed*.txt"))
+    assert logs and all(f'sequential_study: {{"design_digest": "{digest}", "study": "s"}}' in log.read_text()
+                        for log in logs)
+    for arm in arms:
+        shutil.copytree(folder / arm, tmp_path / "copy" / arm)
+    shutil.rmtree(folder)
+    compare = subprocess.run([sys.executable, "-m", "analysis", "compare", str(tmp_path / "copy")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert compare.returncode == 2 and compare.stdout == "", compare.stdout + compare.stderr
+    assert "no claim: these runs were made by sequential study s whose record (sequential.json) is not with them" \
+        in compare.stderr
+    fixed = write_study(tmp_path, "f", arms, seeds=[0], flags=FLAGS)
+    assert ablations(["run", fixed], tmp_path, runner_env()).returncode == 0
+    assert "sequential_study:" not in (tmp_path / "runs" / "f" / "baseline" / "seed0.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_study_started_afresh_under_another_design_refuses_the_runs_of_the_first(tmp_path):
+    """The record moved aside (the runner's own advice to start afresh) and the study run with other settings: the
+    runner counted the runs made and looked at under the first design, and every analysis command then refused
+    their claims. It now refuses in one line and starts nothing; the same settings resume the runs as before."""
+    arms = {"baseline": {}, "backout-L4": {"backout-layers": 4}}
+    study = write_study(tmp_path, "s", arms, flags=FLAGS)
+    assert ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(),
+                     timeout=300).returncode == 0
+    record = tmp_path / "runs" / "s" / "sequential.json"
+    record.rename(record.with_name("sequential.aside.json"))
+    again = ablations(["run", study, "--until-decided", "--max-seeds", "4"], tmp_path, runner_env())
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stdout + again.stderr
+    assert "was made for sequential study s under design" in again.stderr and "start afresh" in again.stderr
+    assert not record.exists() and " start " not in again.stdout
+    same = ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(), timeout=300)
+    assert same.returncode == 0, same.stdout + same.stderr

@@ -84,6 +84,10 @@ def test_case1_a_record_claim_for_a_target_the_study_never_tested(capsys, tmp_pa
     status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--resamples", "50",
                               "--max-runs", "3")
     assert "below target after 5 seeds" in text and "loss below 2.925 at p < 0.01: PASS" in text
+    status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--alpha", "0.001",
+                              "--resamples", "50", "--max-runs", "3")  # decided at 0.01: no PASS at 0.001
+    assert status == 1 and "PASS" not in loss_part(text)
+    assert "no claim: the sequential study tested at family-wise alpha 0.01, not at 0.001" in text
 
 
 @pytest.mark.parametrize("shape", ["study folder", "arm folders", "log files"])
@@ -222,3 +226,79 @@ def test_a_design_edited_by_hand_after_the_runner_wrote_it_is_refused_by_every_d
     for door, (status, text) in doors(capsys, tmp_path, [root], "lucky").items():
         assert status == 2 and len(text.strip().splitlines()) == 1, (door, text)
         assert "its design was edited after the runner wrote it" in text, (door, text)
+
+
+def marked_study(tmp_path, made_under=None):
+    """A sequential study's folder as the runner leaves it: the record beside the arms, each log naming the study
+    and its design's digest (the runner hands them to the script; `made_under`: design keys that differ from the
+    record's) and, on its config line, the folder it was written to."""
+    from analysis.sequential import design_digest
+    from speedrun.logformat import sequential_study_value
+
+    root = tmp_path / "s"
+    root.mkdir(parents=True)
+    state = record(root, "lucky", "not shown", adjusted=0.02)
+    mark = sequential_study_value("s", design_digest({**state["design"], **(made_under or {})}))
+    for arm, values in {"baseline": BASELINE, "lucky": LUCKY}.items():
+        for seed, final in enumerate(values):
+            logs_for_tests.write(root / arm / f"seed{seed}.txt", logs_for_tests.our_log_text(
+                variant=arm, seed=seed, config={"log_dir": str(root / arm)}, env={"sequential_study": mark},
+                losses=lambda step, final=final: logs_for_tests.default_curve(step, 100, final)))
+    return root
+
+
+def copy_runs(root, to, with_record=False):
+    import shutil
+    for arm in ("baseline", "lucky"):
+        shutil.copytree(root / arm, to / arm)
+    if with_record:
+        shutil.copy2(root / "sequential.json", to / "sequential.json")
+    return to
+
+
+@pytest.mark.parametrize("shape", ["study folder", "arm folders", "log files"])
+def test_case2_runs_copied_without_their_record_with_the_study_gone_make_no_claim_at_any_door(capsys, tmp_path,
+                                                                                             shape):
+    """Copied away from sequential.json, with the study folder gone, the runs of a sequential study got fixed-sample
+    claims ("a real difference" for the arm the looks left "not shown"): the runs now name their study, so every
+    door says in one line that there is no claim without its record."""
+    import shutil
+
+    copy = copy_runs(marked_study(tmp_path), tmp_path / "copy")
+    shutil.rmtree(tmp_path / "s")
+    paths = {"study folder": [copy], "arm folders": [copy / "baseline", copy / "lucky"],
+             "log files": sorted(copy.glob("*/seed*.txt"))}[shape]
+    texts = doors(capsys, tmp_path, paths, "lucky")
+    assert set(texts) >= {"compare", "record-check", "summarize"}
+    for door, (status, text) in texts.items():
+        assert status == 2 and len(text.strip().splitlines()) == 1, (door, text)
+        assert ("no claim: these runs were made by sequential study s whose record (sequential.json) is not with "
+                "them") in text, (door, text)
+
+
+def test_case2_copied_with_the_record_the_study_verdict_holds(capsys, tmp_path):
+    """The record travels with the copy (beside the arm folders, or in the package `analysis record` makes): the
+    study's verdict, not a fixed-sample claim; a record of another design than the runs were made under: refused."""
+    import shutil
+
+    root = marked_study(tmp_path)
+    copy = copy_runs(root, tmp_path / "copy", with_record=True)
+    status, text, _ = run_cli(capsys, "record", root, "--track", "medium", "--name", "X", "--variant", "lucky",
+                              "--target", "2.92", "--records-root", tmp_path / "records")
+    package = next((tmp_path / "records").rglob("README.md")).parent
+    assert status == 0 and (package / "sequential.json").is_file()
+    shutil.rmtree(root)
+    for paths in ([copy], [copy / "baseline", copy / "lucky"]):
+        status, text, err = run_cli(capsys, "compare", *paths)
+        assert status == 0 and "no claim (sequential decision: not shown)" in text and "a real difference" not in \
+            text, err
+    status, text, err = run_cli(capsys, "record-check", package, "--target", "2.92", "--resamples", "50",
+                                "--max-runs", "3")
+    assert "tested its arms against baseline, not a record claim" in text and "PASS" not in loss_part(text), err
+    status, _, err = run_cli(capsys, "compare", marked_study(tmp_path / "other", made_under={"alpha": 0.05}))
+    assert status == 2 and "no claim: runs of sequential study s were made under another study or design" in err
+    foreign = marked_study(tmp_path / "foreign")  # the same design, another study's record (its runs' flags differ)
+    record_file = foreign / "sequential.json"
+    record_file.write_text(json.dumps({**json.loads(record_file.read_text()), "study": "t"}))
+    status, _, err = run_cli(capsys, "compare", foreign)
+    assert status == 2 and "another study or design" in err and "(t, " in err

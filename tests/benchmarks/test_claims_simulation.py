@@ -110,3 +110,13 @@ def test_the_vectorised_fixed_path_decides_as_compare_does():
     product = sim.product_fixed_decisions(draws, baseline)
     assert np.array_equal(fast[0], product[0]) and np.array_equal(fast[1][product[0]], product[1][product[0]])
     assert 0 < product[0].mean() < 1
+
+
+def test_the_copied_runs_go_through_the_doors_own_refusal():
+    """Section 5's doors: runs whose logs name their sequential study, copied without its record, make no claim even
+    where the fixed-sample tests would claim (a clear difference); the same runs without the line (logs from before
+    it) get those fixed-sample claims, through compare's and record-check's own functions."""
+    better, baseline, below = [-3.0, -3.1, -2.9, -3.05], [0.1, -0.1, 0.05, -0.05], [-3.0, -3.1, -2.9, -3.05]
+    assert sim.copied_compare_claims([better], baseline, marked=False)
+    assert not sim.copied_compare_claims([better], baseline, marked=True)
+    assert sim.copied_record_claim(below, marked=False) and not sim.copied_record_claim(below, marked=True)

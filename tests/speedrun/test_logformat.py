@@ -164,6 +164,33 @@ def test_lines_of_other_shapes_are_not_step_lines(line):
     assert lf.parse_step_line(line) is None
 
 
+def test_the_script_writes_the_sequential_study_the_runner_hands_it_and_readers_find_it(tmp_path, monkeypatch):
+    """Issue 40 case 2: a run of a sequential study names the study and its design's digest in its log, so a copy
+    without the study's record still knows it was looked at sequentially; a run started without the variable (by
+    hand, a fixed study, any log made before the line existed) has no such line."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from analysis.claims import sequential_marks
+    from speedrun.runlog import LogWriter, write_preamble
+
+    def written(name):
+        log = LogWriter(tmp_path / "arm" / f"{name}.txt", True)
+        write_preamble(log, __file__, SimpleNamespace(device=torch.device("cpu")), {"track": "medium", "seed": 0})
+        log.close()
+        return parse_log(tmp_path / "arm" / f"{name}.txt")
+
+    value = lf.sequential_study_value("s", "0123abcd")
+    monkeypatch.setenv(lf.SEQUENTIAL_STUDY_VARIABLE, value)
+    marked = written("seed0")
+    assert marked.env[lf.SEQUENTIAL_STUDY_KEY] == value and marked.config == {"seed": 0, "track": "medium"}
+    assert sequential_marks([marked]) == {("s", "0123abcd"): marked.path}
+    monkeypatch.delenv(lf.SEQUENTIAL_STUDY_VARIABLE)
+    assert sequential_marks([written("seed1")]) == {}
+    assert lf.parse_sequential_study("not json") is None and lf.parse_sequential_study('{"study": "s"}') is None
+
+
 def test_no_project_file_outside_the_grammar_builds_or_matches_a_log_line():
     """The writer's line shapes live in speedrun/logformat.py only (the tests' fixtures of foreign eras aside)."""
     shapes = ('f"step:{', 'rb"^step:', 'r"^step:', '"peak memory allocated', '"config: "', '"=" * 100', "'=' * 100",
