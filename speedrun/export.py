@@ -5,9 +5,10 @@ one comment line naming where it came from; the project imports are gone and the
 torch) are merged at the top. It holds only what the run executes:
 - tests the export can decide are folded (folded_tests): `if` statements, conditional expressions and `for` loops
   over an empty registry keep the branch that runs, and the statements a kept `return` leaves unreachable go. They
-  decide on the base, the export flag itself, the fields of the studies that are off (so --base r18's hand wiring
-  reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
-  add_argument becomes a set_defaults, their code is folded away);
+  decide on the calls of the functions FOLDED_CALLS declares, found by what their name resolves to (the base:
+  speedrun.cli.runs_r18; the export flag itself), the fields of the studies that are off (so --base r18's hand
+  wiring reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS:
+  their add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
 - a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
@@ -19,7 +20,8 @@ torch) are merged at the top. It holds only what the run executes:
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
 log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
-it cannot export is refused in one line.
+it cannot export is refused in one line, as is modular code that breaks a rule the export relies on (docs/export.md,
+"Rules for the modular code", lists each with its check).
 Before the file is kept it is checked (verify_export): it and the modular script train the run's arm a few steps of
 the tiny preset on CPU, with the same flags and seed; every logged loss and scalar and every final parameter must
 be equal, or the export is refused naming the first difference (or the program that failed).
@@ -87,15 +89,26 @@ def hashable(value):
     return tuple(value) if isinstance(value, list) else value
 
 
+# Functions whose every call the export decides, whatever the argument (a read of the run config) and wherever it is
+# called from (found by what the name resolves to, not by how the call is spelt): (module, function) -> its value in
+# the run of `config`. The file imports no project module, so its log embeds none (runlog.package_sources finds none).
+FOLDED_CALLS = {("speedrun.cli", "runs_r18"): lambda config: getattr(config, "base", None) == "r18",
+                ("speedrun.cli", "asks_for_export"): lambda config: False,
+                ("speedrun.runlog", "package_sources"): lambda config: ()}
+R18_BASE = "speedrun.cli.runs_r18(*)"  # its fold: whether the export's base is r18
+
+
+def folded_call_key(module, function):
+    """The fold of every call of a FOLDED_CALLS function (parsed_module gives it each module's name for it)."""
+    return f"{module}.{function}(*)"
+
+
 def folded_tests(config, omitted=(), active=()):
     """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
     these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
     value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
     studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
-    base = getattr(config, "base", None)
-    # The file imports no project module, so its log embeds none (runlog.package_sources would find none).
-    folds = {"parsed['base'] == 'r18'": base == "r18", ON_R18: base == "r18",
-             "asks_for_export(argv)": False, "package_sources()": ()}
+    folds = {folded_call_key(*function): value(config) for function, value in FOLDED_CALLS.items()}
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:  # left out, the flag holds the parser's default: the config's value
             dest = flag[2:].replace("-", "_")
@@ -121,6 +134,11 @@ def only_reads(node):
     """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
                               ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+
+
+def reads_config(node):
+    """Whether an expression only reads names, attributes, constants and items at a constant (`parsed["base"]`)."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Load)) for n in ast.walk(node))
 
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
@@ -149,6 +167,8 @@ def folded_value(node, folds, test=True):
         return UNKNOWN
     if isinstance(node, ast.Call):
         called = ast.unparse(node.func)
+        if f"{called}(*)" in folds and all(reads_config(a) for a in node.args + [k.value for k in node.keywords]):
+            return folds[f"{called}(*)"]
         if f"{called}()" in folds and all(only_reads(a) for a in node.args + [k.value for k in node.keywords]):
             return folds[f"{called}()"]
         if called in PURE_BUILTINS and len(node.args) == 1 and not node.keywords:
@@ -248,11 +268,6 @@ def replace_spans(text, edits):
     for first, last, new in sorted(spans, key=lambda span: span[0], reverse=True):
         encoded = encoded[:first] + new + encoded[last:]
     return encoded.decode()
-
-
-# The test of --base r18 in the run config (folded like the others; parsed_module also reads it for the studies'
-# parts: study_parts_of_base).
-ON_R18 = "args.base == 'r18'"
 
 
 def study_parts_of_base(text, on_r18):
@@ -629,12 +644,29 @@ def load_module(name, folds, registries, omitted=()):
                          tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()), tuple(omitted))
 
 
+def module_call_folds(name, tree, folds):
+    """The folds of FOLDED_CALLS under the names this module calls them by: its own function's, or what a project
+    import binds (at any depth, renamed or not)."""
+    found = {}
+    for module, function in FOLDED_CALLS:
+        if folded_call_key(module, function) not in folds:
+            continue
+        value = folds[folded_call_key(module, function)]
+        if module == name:
+            found[f"{function}(*)"] = value
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == module:
+                found.update({f"{a.asname or a.name}(*)": value for a in node.names if a.name == function})
+    return found
+
+
 @functools.lru_cache(maxsize=256)
 def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text, folded_methods = fold_constants(omit_arguments(source, omitted), dict(folds), where)
-    text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), dict(folds).get(ON_R18, False))
+    folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
+    text, folded_methods = fold_constants(omit_arguments(source, omitted), folds, where)
+    text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), folds.get(R18_BASE, False))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
     docstring = ast.get_docstring(ast.parse(text), clean=True)
@@ -907,6 +939,33 @@ def check_names(modules, program):
                 raise UsageError(f"{EXPORT_FLAG}: {origin} defines `{name}`, a builtin's name")
 
 
+BASES = ("r14", "r18")
+
+
+def hand_base_test(node):
+    """Whether an expression compares a base by hand (`args.base == "r18"`, `parsed["base"] != "r14"`)."""
+    sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+    return any(isinstance(side, ast.Constant) and side.value in BASES for side in sides) and any(
+        isinstance(side, ast.Attribute) and side.attr == "base"
+        or isinstance(side, ast.Subscript) and ast.unparse(side.slice) == "'base'" for side in sides)
+
+
+def check_kept_code(modules, program):
+    """Raises UsageError where the kept code relies on what the export changes (docs/export.md, rules 4 and 9): a
+    base compared by hand (only calls of speedrun.cli.runs_r18 fold; another test keeps both bases' code), or a
+    docstring read (`__doc__`: the file has none)."""
+    for module in modules:
+        where = module.path.relative_to(ROOT).as_posix()
+        for statement in program.kept_statements(module):
+            for node in ast.walk(statement.node):
+                if hand_base_test(node):
+                    raise UsageError(f"{EXPORT_FLAG}: {where} tests the base as `{ast.unparse(node)}`: call "
+                                     f"speedrun.cli.runs_r18, the test the export folds (docs/export.md, rule 4)")
+                if isinstance(node, ast.Attribute) and node.attr == "__doc__":
+                    raise UsageError(f"{EXPORT_FLAG}: {where} reads `{ast.unparse(node)}`, and the file keeps no "
+                                     f"docstrings: write the text as a string (docs/export.md, rule 9)")
+
+
 def check_off_study_fields(modules, program, active):
     """Raises UsageError where a kept statement still reads a field of a study that is off (`config.laurel` outside
     a test the export folds): the file's config has no such field."""
@@ -991,6 +1050,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=())
                              (*omitted, *EXPORT_ONLY_FLAGS))
     modules = program.order()
     check_names(modules, program)
+    check_kept_code(modules, program)
     check_off_study_fields(modules, program, active)
     studies = study_lines(active, fixed_flags)
     script_docstring = program.script.docstring or ""

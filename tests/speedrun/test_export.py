@@ -572,3 +572,35 @@ def test_the_check_compares_the_keys_that_make_the_run_and_every_final_parameter
         "config num_layers: 6 (modular script) vs 7 (exported file)")
     assert first_difference(modular, run("loss", {"num_layers": 6}, final=3.5)).startswith("step 4: val_loss")
     assert first_difference(modular, run("weight", {"num_layers": 6}, weight=1.0)) == "final parameter w differs"
+
+
+def test_the_base_folds_by_the_function_called_not_by_how_the_script_names_its_locals():
+    """The issue's case: renaming the local `parsed` of train_gpt_medium.resolve_args left the base test unfolded
+    (the exporter matched the text `parsed['base'] == 'r18'`), so an r14 export pulled in the r18 package and
+    failed on a name both define."""
+    from conftest import MEDIUM_SCRIPT
+    from speedrun.export import folded_tests, parsed_module
+    source = MEDIUM_SCRIPT.read_text()
+    assert source.count('runs_r18(parsed["base"])') == 1
+    renamed = source.replace("parsed", "options")
+    for base, kept in (("r14", "resolve_track_args(parser, given, PRESETS"), ("r18", "resolve_r18_args(")):
+        folds = folded_tests(T.resolve_args(["--preset", "tiny", "--base", base]))
+        module = parsed_module("train_gpt_medium", renamed, tuple(sorted(folds.items())), (), ())
+        resolve = next(s.text for s in module.statements if s.defines == {"resolve_args"})
+        assert "runs_r18" not in resolve and kept in resolve
+
+
+@pytest.mark.parametrize("line, message", [
+    ("    if args.base == 'r18':", r"script.py tests the base as `args.base == 'r18'`: call speedrun.cli.runs_r18, "
+                                   r"the test the export folds \(docs/export.md, rule 4\)"),
+    ("    if run.__doc__:", r"script.py reads `run.__doc__`, and the file keeps no docstrings"),
+])
+def test_kept_code_that_relies_on_what_the_export_changes_is_refused_naming_the_rule(tmp_path, monkeypatch, line,
+                                                                                      message):
+    from speedrun import export as export_module
+    script = (f"import sys\n\n\ndef run(args):\n    \"\"\"Doc.\"\"\"\n{line}\n        return 1\n    return 0\n\n\n"
+              "if __name__ == '__main__':\n    print(run(sys.argv))\n")
+    exported_program(tmp_path, monkeypatch, "", script)
+    program = export_module.folded_program("script", {}, {})
+    with pytest.raises(UsageError, match=message):
+        export_module.check_kept_code(program.order(), program)
