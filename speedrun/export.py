@@ -1277,6 +1277,8 @@ def check_out_path(out, force):
         raise UsageError(f"{EXPORT_FLAG} {out}: exists; give {FORCE_FLAG} to replace it")
     if path.is_dir():
         raise UsageError(f"{EXPORT_FLAG} {out}: is a folder")
+    if not path.parent.is_dir():  # before the check's minute of training, not after
+        raise UsageError(f"{EXPORT_FLAG} {out}: no folder {path.parent}")
 
 
 def write_atomically(out, text):

@@ -604,3 +604,13 @@ def test_kept_code_that_relies_on_what_the_export_changes_is_refused_naming_the_
     program = export_module.folded_program("script", {}, {})
     with pytest.raises(UsageError, match=message):
         export_module.check_kept_code(program.order(), program)
+
+
+def test_an_out_in_a_missing_folder_is_refused_before_the_check_trains(tmp_path, monkeypatch, capsys):
+    from speedrun import export as export_module
+    checked = []
+    monkeypatch.setattr(export_module, "verify_export", lambda *args: checked.append(args))
+    out = tmp_path / "missing" / "x.py"
+    assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
+    assert capsys.readouterr().err == f"error: --export-script {out}: no folder {out.parent}\n"
+    assert checked == []
