@@ -350,11 +350,25 @@ def own_blocks(function):
     return blocks
 
 
+def assigned_locals(statement):
+    """[(name, value node)] of `x = value` or `a, b = value_a, value_b` (names only); [] for any other statement."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return []
+    target, value = statement.targets[0], statement.value
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts) \
+            and all(isinstance(t, ast.Name) for t in target.elts):
+        return [(t.id, v) for t, v in zip(target.elts, value.elts)]
+    return []
+
+
 def propagate_locals(text, folds):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
-    self.parts_mlp_router()`), assigned that value as a literal and read as it in the statements after it in its block
-    (where it is not called nor its attribute or item read): the tests on it then fold, and the assignment is left
-    unread (drop_dead_constants). A local assigned a literal in the source is left as it is."""
+    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`),
+    assigned that value as a literal and read as it in the statements after it in its block (where it is not called
+    nor its attribute or item read): the tests on it then fold, and the assignment is left unread
+    (drop_dead_constants). A local assigned a literal in the source is left as it is."""
     tree = ast.parse(text)
     edits = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
@@ -364,21 +378,19 @@ def propagate_locals(text, folds):
         stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
         for block in own_blocks(function):
             for i, statement in enumerate(block):
-                if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                        and isinstance(statement.targets[0], ast.Name) and stores.count(statement.targets[0].id) == 1
-                        and not isinstance(statement.value, ast.Constant)):
-                    continue
-                value = folded_value(statement.value, folds, test=False)
-                if value is UNKNOWN or not is_scalar(value):
-                    continue
-                name = statement.targets[0].id
-                edits.append((statement.value, repr(value)))
-                held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
-                        if isinstance(n, (ast.Attribute, ast.Subscript))}
-                held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
-                edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
-                          if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                          and id(n) not in held]
+                for name, value_node in assigned_locals(statement):
+                    if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
+                        continue
+                    value = folded_value(value_node, folds, test=False)
+                    if value is UNKNOWN or not is_scalar(value):
+                        continue
+                    edits.append((value_node, repr(value)))
+                    held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
+                            if isinstance(n, (ast.Attribute, ast.Subscript))}
+                    held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
+                    edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
+                              if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                              and id(n) not in held]
     return replace_spans(text, edits)
 
 
@@ -457,9 +469,9 @@ def drop_dead_constants(text):
         read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
-            dead = [s for s in (block if isinstance(block, list) else []) if isinstance(s, ast.Assign)
-                    and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in read
-                    and isinstance(s.value, ast.Constant)]
+            dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
+                    and all(name not in read and isinstance(value, ast.Constant)
+                            for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
@@ -536,7 +548,8 @@ class Statement:
     text: str  # its lines, with the comments and blank lines before it
     defines: set = field(default_factory=set)
     refs: set = field(default_factory=set)
-    # A class's methods (dunders aside) by name: each is kept only when the kept code names it (Program.shake).
+    # A class's methods and attributes (dunders aside) by name: each is kept only when the kept code names it
+    # (Program.shake).
     methods: dict = field(default_factory=dict)
 
     @property
@@ -545,17 +558,29 @@ class Statement:
 
     @property
     def own_nodes(self):
-        """The parts of the statement that are kept with it: all of it, or a class less its methods."""
+        """The parts of the statement that are kept with it: all of it, or a class less its members."""
         if not self.methods:
             return [self.node]
         node = self.node
         return node.decorator_list + node.bases + node.keywords + [s for s in node.body if not is_method(s)]
 
 
+def member_name(node):
+    """The name of a statement of a class body the export may leave out, a method or a class attribute (`name =
+    value`; `depth_expansion = R18DepthExpansion`, read by a study that is off), or None (a dunder is always kept,
+    as is an annotated field: a dataclass's)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        name = node.name
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        name = node.targets[0].id
+    else:
+        return None
+    return None if name.startswith("__") and name.endswith("__") else name
+
+
 def is_method(node):
-    """Whether a statement of a class body is a method the export may leave out (a dunder is always kept)."""
-    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
-        node.name.startswith("__") and node.name.endswith("__"))
+    """Whether a statement of a class body is a member the export may leave out (member_name)."""
+    return member_name(node) is not None
 
 
 def names_in(nodes):
@@ -598,7 +623,7 @@ def without_methods(statement, dropped):
     """A class statement with the methods named in `dropped` cut, with their decorators and comments."""
     lines = statement.text.split("\n")
     node = ast.parse(statement.text).body[0]
-    cut = [item for item in node.body if is_method(item) and item.name in dropped]
+    cut = [item for item in node.body if is_method(item) and member_name(item) in dropped]
     for item in reversed(cut):
         empties = len(cut) == len(node.body) and item is cut[0]  # the body keeps a `pass`
         lines = replace_lines(lines, first_line_with_comments(lines, item), item.end_lineno,
@@ -711,7 +736,7 @@ def parsed_module(name, source, folds, registries, omitted):
         statement.refs = names_in([node])
         if isinstance(node, ast.ClassDef):
             for item in (item for item in node.body if is_method(item)):
-                statement.methods.setdefault(item.name, []).append(item)
+                statement.methods.setdefault(member_name(item), []).append(item)
         module.statements.append(statement)
     return module
 
@@ -766,7 +791,9 @@ class Program:
                 work.append((module, s.own_nodes))
                 self.kept_methods[id(s)] = set()
                 called_by_library = self.library_methods(module, s) if s.methods else set()
-                named = self.named | (names_in(s.own_nodes) if s.methods else set())  # the class body's names too
+                # the class body's names too (a class attribute's value may name another)
+                attributes = [item.value for item in (s.node.body if s.methods else []) if isinstance(item, ast.Assign)]
+                named = self.named | (names_in(s.own_nodes + attributes) if s.methods else set())
                 for name in s.methods:
                     if called_by_library is None or name in called_by_library or name in named:
                         self.keep_method(module, s, name, work)

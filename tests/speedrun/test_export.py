@@ -614,3 +614,32 @@ def test_an_out_in_a_missing_folder_is_refused_before_the_check_trains(tmp_path,
     assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
     assert capsys.readouterr().err == f"error: --export-script {out}: no folder {out.parent}\n"
     assert checked == []
+
+
+def test_both_locals_of_a_decided_tuple_assignment_fold_and_go():
+    """The r18 model's `residuals, router = self.parts_residuals(), self.parts_mlp_router()` left `if residuals is
+    None` tests and `router.finish(...)` in the baseline file."""
+    from speedrun.export import drop_dead_constants, fold_constants
+    source = ("def forward(self, x):\n    residuals, router = self.a(), self.b()\n"
+              "    x = f(x, augment=None if residuals is None else residuals(1))\n"
+              "    if router is not None:\n        router.finish(x)\n    return x\n")
+    text, _ = fold_constants(source, {"self.a()": None, "self.b()": None}, "x.py")
+    assert drop_dead_constants(text) == "def forward(self, x):\n    x = f(x, augment=None)\n    return x\n"
+    kept, _ = fold_constants(source.replace("self.b()", "g()"), {"self.a()": None}, "x.py")
+    assert "residuals, router = None, g()" in drop_dead_constants(kept)  # one item unknown: the statement stays
+
+
+def test_a_class_attribute_nothing_reads_goes_with_what_only_it_names(tmp_path, monkeypatch):
+    """#18's `depth_expansion = R18DepthExpansion`, read by DLO alone, kept an empty `class R18DepthExpansion: pass`
+    in every r18 file without DLO."""
+    library = ("class Expansion:\n    def grow(self):\n        return 2\n\n\nclass Model:\n"
+               "    expansion = Expansion  # read by a study that is off\n    size = 3\n    ratio = size * 2\n\n"
+               "    def run(self):\n        return self.ratio\n")
+    script = "from speedrun.lib import Model\n\nif __name__ == '__main__':\n    print(Model().run())\n"
+    r18 = export(tmp_path, T, "--base", "r18")
+    assert "class R18DepthExpansion" not in r18 and "depth_expansion" not in r18
+    assert "router = " not in r18 and "residuals = " not in r18 and "residuals is None" not in r18
+    (tmp_path / "program").mkdir()
+    text = exported_program(tmp_path / "program", monkeypatch, library, script)
+    assert "Expansion" not in text and "read by a study" not in text
+    assert "    size = 3\n    ratio = size * 2\n" in text  # what a kept attribute's value names stays
