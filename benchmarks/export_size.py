@@ -9,7 +9,7 @@ code section that opens each log, as every upstream record log carries its scrip
 
 --upstream-without FIRST LAST also counts each upstream record less its top-level definitions FIRST..LAST (with the
 comments above them): #18 less its Triton/FP8 kernels is `--upstream-without mm_op ba_plus_cAA`. --diff A B counts
-the lines B adds and removes against A (a study's record file against the baseline's).
+the lines B adds and removes against A (a study's record file against the baseline's), section by section.
 """
 from __future__ import annotations
 
@@ -75,11 +75,29 @@ def without_definitions(text, first, last):
     return "\n".join(lines[:top] + lines[end.end_lineno:]) + "\n"
 
 
+def sections_of(text):
+    """{section name: its lines} of an export (the lines above the first section under ""), in order."""
+    found, name = {"": []}, ""
+    for line in text.rstrip("\n").split("\n"):
+        match = SECTION.match(line)
+        if match:
+            name = match.group(1)
+            found[name] = []
+        found[name].append(line)
+    return found
+
+
 def diff_counts(before, after):
-    """(lines added, lines removed) from `before` to `after`."""
-    changes = [line for line in difflib.unified_diff(before.split("\n"), after.split("\n"), lineterm="", n=0)
-               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    return sum(line.startswith("+") for line in changes), sum(line.startswith("-") for line in changes)
+    """(lines added, lines removed) from `before` to `after`, section by section: a module the export places
+    elsewhere (its imports reached in another order) is no change."""
+    old, new = sections_of(before), sections_of(after)
+    added = removed = 0
+    for name in dict.fromkeys([*old, *new]):
+        for line in difflib.unified_diff(old.get(name, []), new.get(name, []), lineterm="", n=0):
+            if line[:3] not in ("+++", "---"):
+                added += line.startswith("+")
+                removed += line.startswith("-")
+    return added, removed
 
 
 def main(argv=None):
