@@ -15,7 +15,8 @@ torch) are merged at the top. It holds only what the run executes:
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
   (class_constants: the small track's USE_SNOO = False);
 - every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block),
-  and every method of a kept class that no kept code names and no library base class has (Program);
+  and every method and class attribute of a kept class that no kept code names and no library base class has
+  (Program);
 - docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
