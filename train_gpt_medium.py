@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedrun.cli import make_parser, record_preset, resolve_track_args, run_main, tiny_preset
+from speedrun.cli import make_parser, record_preset, resolve_track_args, run_main, runs_r18, tiny_preset
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
 from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
@@ -166,7 +166,7 @@ def resolve_args(argv=None):
     parser = make_arg_parser()
     given = sys.argv[1:] if argv is None else argv
     parsed = vars(parser.parse_args(given))
-    if parsed["base"] == "r18":
+    if runs_r18(parsed["base"]):
         return resolve_r18_args(parser, given, parsed)
     config = resolve_track_args(parser, given, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
     config = replace(config, coordinate_descent_tuning=config.coordinate_descent_tuning or "on")
@@ -240,7 +240,7 @@ R18_RECORD_VAL_EVERY = 250
 
 
 def run(args, proc: Dist):
-    if args.base == "r18":
+    if runs_r18(args.base):
         from speedrun.r18.train import run_r18  # only r18 runs import (and log) the r18 package
         run_r18(args, proc, __file__)
     else:

@@ -215,6 +215,12 @@ def with_fixed_flags(argv):
     return [*FIXED_FLAGS, *RUN_DEFAULTS, *argv]
 
 
+def runs_r18(base):
+    """Whether --base names record #18's code (speedrun/r18). The one test of the base: an export folds every call
+    of it to its run's base (speedrun/export.py, FOLDED_CALLS), so nothing of the other base reaches the file."""
+    return base == "r18"
+
+
 def asks_for_export(argv):
     return any(token.split("=")[0] == "--export-script" for token in argv)
 

@@ -5,21 +5,24 @@ one comment line naming where it came from; the project imports are gone and the
 torch) are merged at the top. It holds only what the run executes:
 - tests the export can decide are folded (folded_tests): `if` statements, conditional expressions and `for` loops
   over an empty registry keep the branch that runs, and the statements a kept `return` leaves unreachable go. They
-  decide on the base, the export flag itself, the fields of the studies that are off (so --base r18's hand wiring
-  reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS: their
-  add_argument becomes a set_defaults, their code is folded away);
+  decide on the calls of the functions FOLDED_CALLS declares, found by what their name resolves to (the base:
+  speedrun.cli.runs_r18; the export flag itself), the fields of the studies that are off (so --base r18's hand
+  wiring reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS:
+  their add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
 - a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
   (class_constants: the small track's USE_SNOO = False);
 - every top-level definition nothing kept refers to is dropped (tree-shaking from the script's `__main__` block),
-  and every method of a kept class that no kept code names and no library base class has (Program);
+  and every method and class attribute of a kept class that no kept code names and no library base class has
+  (Program);
 - docstrings are dropped and blank lines made single (the comments stay), as upstream's script reads.
 The run's study and track flags become the file's FIXED_FLAGS (speedrun/cli.py), read before its own command
 line, which keeps the run flags (seed, log dir, stop-after, preset...). The file writes its own source as the
 log's code section, with no module sections. `--from-log LOG` rebuilds the flags from a log's config line. A run
-it cannot export is refused in one line.
+it cannot export is refused in one line, as is modular code that breaks a rule the export relies on (docs/export.md,
+"Rules for the modular code", lists each with its check).
 Before the file is kept it is checked (verify_export): it and the modular script train the run's arm a few steps of
 the tiny preset on CPU, with the same flags and seed; every logged loss and scalar and every final parameter must
 be equal, or the export is refused naming the first difference (or the program that failed).
@@ -87,15 +90,26 @@ def hashable(value):
     return tuple(value) if isinstance(value, list) else value
 
 
+# Functions whose every call the export decides, whatever the argument (a read of the run config) and wherever it is
+# called from (found by what the name resolves to, not by how the call is spelt): (module, function) -> its value in
+# the run of `config`. The file imports no project module, so its log embeds none (runlog.package_sources finds none).
+FOLDED_CALLS = {("speedrun.cli", "runs_r18"): lambda config: getattr(config, "base", None) == "r18",
+                ("speedrun.cli", "asks_for_export"): lambda config: False,
+                ("speedrun.runlog", "package_sources"): lambda config: ()}
+R18_BASE = "speedrun.cli.runs_r18(*)"  # its fold: whether the export's base is r18
+
+
+def folded_call_key(module, function):
+    """The fold of every call of a FOLDED_CALLS function (parsed_module gives it each module's name for it)."""
+    return f"{module}.{function}(*)"
+
+
 def folded_tests(config, omitted=(), active=()):
     """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
     these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
     value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
     studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
-    base = getattr(config, "base", None)
-    # The file imports no project module, so its log embeds none (runlog.package_sources would find none).
-    folds = {"parsed['base'] == 'r18'": base == "r18", ON_R18: base == "r18",
-             "asks_for_export(argv)": False, "package_sources()": ()}
+    folds = {folded_call_key(*function): value(config) for function, value in FOLDED_CALLS.items()}
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:  # left out, the flag holds the parser's default: the config's value
             dest = flag[2:].replace("-", "_")
@@ -121,6 +135,11 @@ def only_reads(node):
     """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
                               ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+
+
+def reads_config(node):
+    """Whether an expression only reads names, attributes, constants and items at a constant (`parsed["base"]`)."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Load)) for n in ast.walk(node))
 
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
@@ -149,6 +168,8 @@ def folded_value(node, folds, test=True):
         return UNKNOWN
     if isinstance(node, ast.Call):
         called = ast.unparse(node.func)
+        if f"{called}(*)" in folds and all(reads_config(a) for a in node.args + [k.value for k in node.keywords]):
+            return folds[f"{called}(*)"]
         if f"{called}()" in folds and all(only_reads(a) for a in node.args + [k.value for k in node.keywords]):
             return folds[f"{called}()"]
         if called in PURE_BUILTINS and len(node.args) == 1 and not node.keywords:
@@ -250,11 +271,6 @@ def replace_spans(text, edits):
     return encoded.decode()
 
 
-# The test of --base r18 in the run config (folded like the others; parsed_module also reads it for the studies'
-# parts: study_parts_of_base).
-ON_R18 = "args.base == 'r18'"
-
-
 def study_parts_of_base(text, on_r18):
     """The source with each `Study(...)` call's part keywords kept for the export's base only: on r18, a
     `r18_model_part=X` becomes its `model_part=X`; elsewhere `on_r18=` and `r18_model_part=` go (speedrun/study.py:
@@ -335,11 +351,25 @@ def own_blocks(function):
     return blocks
 
 
+def assigned_locals(statement):
+    """[(name, value node)] of `x = value` or `a, b = value_a, value_b` (names only); [] for any other statement."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return []
+    target, value = statement.targets[0], statement.value
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts) \
+            and all(isinstance(t, ast.Name) for t in target.elts):
+        return [(t.id, v) for t, v in zip(target.elts, value.elts)]
+    return []
+
+
 def propagate_locals(text, folds):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
-    self.parts_mlp_router()`), assigned that value as a literal and read as it in the statements after it in its block
-    (where it is not called nor its attribute or item read): the tests on it then fold, and the assignment is left
-    unread (drop_dead_constants). A local assigned a literal in the source is left as it is."""
+    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`),
+    assigned that value as a literal and read as it in the statements after it in its block (where it is not called
+    nor its attribute or item read): the tests on it then fold, and the assignment is left unread
+    (drop_dead_constants). A local assigned a literal in the source is left as it is."""
     tree = ast.parse(text)
     edits = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
@@ -349,21 +379,19 @@ def propagate_locals(text, folds):
         stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
         for block in own_blocks(function):
             for i, statement in enumerate(block):
-                if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                        and isinstance(statement.targets[0], ast.Name) and stores.count(statement.targets[0].id) == 1
-                        and not isinstance(statement.value, ast.Constant)):
-                    continue
-                value = folded_value(statement.value, folds, test=False)
-                if value is UNKNOWN or not is_scalar(value):
-                    continue
-                name = statement.targets[0].id
-                edits.append((statement.value, repr(value)))
-                held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
-                        if isinstance(n, (ast.Attribute, ast.Subscript))}
-                held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
-                edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
-                          if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                          and id(n) not in held]
+                for name, value_node in assigned_locals(statement):
+                    if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
+                        continue
+                    value = folded_value(value_node, folds, test=False)
+                    if value is UNKNOWN or not is_scalar(value):
+                        continue
+                    edits.append((value_node, repr(value)))
+                    held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
+                            if isinstance(n, (ast.Attribute, ast.Subscript))}
+                    held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
+                    edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
+                              if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                              and id(n) not in held]
     return replace_spans(text, edits)
 
 
@@ -442,9 +470,9 @@ def drop_dead_constants(text):
         read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
-            dead = [s for s in (block if isinstance(block, list) else []) if isinstance(s, ast.Assign)
-                    and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in read
-                    and isinstance(s.value, ast.Constant)]
+            dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
+                    and all(name not in read and isinstance(value, ast.Constant)
+                            for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
@@ -521,7 +549,8 @@ class Statement:
     text: str  # its lines, with the comments and blank lines before it
     defines: set = field(default_factory=set)
     refs: set = field(default_factory=set)
-    # A class's methods (dunders aside) by name: each is kept only when the kept code names it (Program.shake).
+    # A class's methods and attributes (dunders aside) by name: each is kept only when the kept code names it
+    # (Program.shake).
     methods: dict = field(default_factory=dict)
 
     @property
@@ -530,17 +559,29 @@ class Statement:
 
     @property
     def own_nodes(self):
-        """The parts of the statement that are kept with it: all of it, or a class less its methods."""
+        """The parts of the statement that are kept with it: all of it, or a class less its members."""
         if not self.methods:
             return [self.node]
         node = self.node
         return node.decorator_list + node.bases + node.keywords + [s for s in node.body if not is_method(s)]
 
 
+def member_name(node):
+    """The name of a statement of a class body the export may leave out, a method or a class attribute (`name =
+    value`; `depth_expansion = R18DepthExpansion`, read by a study that is off), or None (a dunder is always kept,
+    as is an annotated field: a dataclass's)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        name = node.name
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        name = node.targets[0].id
+    else:
+        return None
+    return None if name.startswith("__") and name.endswith("__") else name
+
+
 def is_method(node):
-    """Whether a statement of a class body is a method the export may leave out (a dunder is always kept)."""
-    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
-        node.name.startswith("__") and node.name.endswith("__"))
+    """Whether a statement of a class body is a member the export may leave out (member_name)."""
+    return member_name(node) is not None
 
 
 def names_in(nodes):
@@ -583,7 +624,7 @@ def without_methods(statement, dropped):
     """A class statement with the methods named in `dropped` cut, with their decorators and comments."""
     lines = statement.text.split("\n")
     node = ast.parse(statement.text).body[0]
-    cut = [item for item in node.body if is_method(item) and item.name in dropped]
+    cut = [item for item in node.body if is_method(item) and member_name(item) in dropped]
     for item in reversed(cut):
         empties = len(cut) == len(node.body) and item is cut[0]  # the body keeps a `pass`
         lines = replace_lines(lines, first_line_with_comments(lines, item), item.end_lineno,
@@ -629,12 +670,29 @@ def load_module(name, folds, registries, omitted=()):
                          tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()), tuple(omitted))
 
 
+def module_call_folds(name, tree, folds):
+    """The folds of FOLDED_CALLS under the names this module calls them by: its own function's, or what a project
+    import binds (at any depth, renamed or not)."""
+    found = {}
+    for module, function in FOLDED_CALLS:
+        if folded_call_key(module, function) not in folds:
+            continue
+        value = folds[folded_call_key(module, function)]
+        if module == name:
+            found[f"{function}(*)"] = value
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == module:
+                found.update({f"{a.asname or a.name}(*)": value for a in node.names if a.name == function})
+    return found
+
+
 @functools.lru_cache(maxsize=256)
 def parsed_module(name, source, folds, registries, omitted):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
-    text, folded_methods = fold_constants(omit_arguments(source, omitted), dict(folds), where)
-    text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), dict(folds).get(ON_R18, False))
+    folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
+    text, folded_methods = fold_constants(omit_arguments(source, omitted), folds, where)
+    text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), folds.get(R18_BASE, False))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
     docstring = ast.get_docstring(ast.parse(text), clean=True)
@@ -679,7 +737,7 @@ def parsed_module(name, source, folds, registries, omitted):
         statement.refs = names_in([node])
         if isinstance(node, ast.ClassDef):
             for item in (item for item in node.body if is_method(item)):
-                statement.methods.setdefault(item.name, []).append(item)
+                statement.methods.setdefault(member_name(item), []).append(item)
         module.statements.append(statement)
     return module
 
@@ -734,7 +792,9 @@ class Program:
                 work.append((module, s.own_nodes))
                 self.kept_methods[id(s)] = set()
                 called_by_library = self.library_methods(module, s) if s.methods else set()
-                named = self.named | (names_in(s.own_nodes) if s.methods else set())  # the class body's names too
+                # the class body's names too (a class attribute's value may name another)
+                attributes = [item.value for item in (s.node.body if s.methods else []) if isinstance(item, ast.Assign)]
+                named = self.named | (names_in(s.own_nodes + attributes) if s.methods else set())
                 for name in s.methods:
                     if called_by_library is None or name in called_by_library or name in named:
                         self.keep_method(module, s, name, work)
@@ -907,6 +967,33 @@ def check_names(modules, program):
                 raise UsageError(f"{EXPORT_FLAG}: {origin} defines `{name}`, a builtin's name")
 
 
+BASES = ("r14", "r18")
+
+
+def hand_base_test(node):
+    """Whether an expression compares a base by hand (`args.base == "r18"`, `parsed["base"] != "r14"`)."""
+    sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+    return any(isinstance(side, ast.Constant) and side.value in BASES for side in sides) and any(
+        isinstance(side, ast.Attribute) and side.attr == "base"
+        or isinstance(side, ast.Subscript) and ast.unparse(side.slice) == "'base'" for side in sides)
+
+
+def check_kept_code(modules, program):
+    """Raises UsageError where the kept code relies on what the export changes (docs/export.md, rules 4 and 9): a
+    base compared by hand (only calls of speedrun.cli.runs_r18 fold; another test keeps both bases' code), or a
+    docstring read (`__doc__`: the file has none)."""
+    for module in modules:
+        where = module.path.relative_to(ROOT).as_posix()
+        for statement in program.kept_statements(module):
+            for node in ast.walk(statement.node):
+                if hand_base_test(node):
+                    raise UsageError(f"{EXPORT_FLAG}: {where} tests the base as `{ast.unparse(node)}`: call "
+                                     f"speedrun.cli.runs_r18, the test the export folds (docs/export.md, rule 4)")
+                if isinstance(node, ast.Attribute) and node.attr == "__doc__":
+                    raise UsageError(f"{EXPORT_FLAG}: {where} reads `{ast.unparse(node)}`, and the file keeps no "
+                                     f"docstrings: write the text as a string (docs/export.md, rule 9)")
+
+
 def check_off_study_fields(modules, program, active):
     """Raises UsageError where a kept statement still reads a field of a study that is off (`config.laurel` outside
     a test the export folds): the file's config has no such field."""
@@ -991,6 +1078,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=())
                              (*omitted, *EXPORT_ONLY_FLAGS))
     modules = program.order()
     check_names(modules, program)
+    check_kept_code(modules, program)
     check_off_study_fields(modules, program, active)
     studies = study_lines(active, fixed_flags)
     script_docstring = program.script.docstring or ""
@@ -1217,6 +1305,8 @@ def check_out_path(out, force):
         raise UsageError(f"{EXPORT_FLAG} {out}: exists; give {FORCE_FLAG} to replace it")
     if path.is_dir():
         raise UsageError(f"{EXPORT_FLAG} {out}: is a folder")
+    if not path.parent.is_dir():  # before the check's minute of training, not after
+        raise UsageError(f"{EXPORT_FLAG} {out}: no folder {path.parent}")
 
 
 def write_atomically(out, text):

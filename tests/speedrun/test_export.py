@@ -572,3 +572,74 @@ def test_the_check_compares_the_keys_that_make_the_run_and_every_final_parameter
         "config num_layers: 6 (modular script) vs 7 (exported file)")
     assert first_difference(modular, run("loss", {"num_layers": 6}, final=3.5)).startswith("step 4: val_loss")
     assert first_difference(modular, run("weight", {"num_layers": 6}, weight=1.0)) == "final parameter w differs"
+
+
+def test_the_base_folds_by_the_function_called_not_by_how_the_script_names_its_locals():
+    """The issue's case: renaming the local `parsed` of train_gpt_medium.resolve_args left the base test unfolded
+    (the exporter matched the text `parsed['base'] == 'r18'`), so an r14 export pulled in the r18 package and
+    failed on a name both define."""
+    from conftest import MEDIUM_SCRIPT
+    from speedrun.export import folded_tests, parsed_module
+    source = MEDIUM_SCRIPT.read_text()
+    assert source.count('runs_r18(parsed["base"])') == 1
+    renamed = source.replace("parsed", "options")
+    for base, kept in (("r14", "resolve_track_args(parser, given, PRESETS"), ("r18", "resolve_r18_args(")):
+        folds = folded_tests(T.resolve_args(["--preset", "tiny", "--base", base]))
+        module = parsed_module("train_gpt_medium", renamed, tuple(sorted(folds.items())), (), ())
+        resolve = next(s.text for s in module.statements if s.defines == {"resolve_args"})
+        assert "runs_r18" not in resolve and kept in resolve
+
+
+@pytest.mark.parametrize("line, message", [
+    ("    if args.base == 'r18':", r"script.py tests the base as `args.base == 'r18'`: call speedrun.cli.runs_r18, "
+                                   r"the test the export folds \(docs/export.md, rule 4\)"),
+    ("    if run.__doc__:", r"script.py reads `run.__doc__`, and the file keeps no docstrings"),
+])
+def test_kept_code_that_relies_on_what_the_export_changes_is_refused_naming_the_rule(tmp_path, monkeypatch, line,
+                                                                                      message):
+    from speedrun import export as export_module
+    script = (f"import sys\n\n\ndef run(args):\n    \"\"\"Doc.\"\"\"\n{line}\n        return 1\n    return 0\n\n\n"
+              "if __name__ == '__main__':\n    print(run(sys.argv))\n")
+    exported_program(tmp_path, monkeypatch, "", script)
+    program = export_module.folded_program("script", {}, {})
+    with pytest.raises(UsageError, match=message):
+        export_module.check_kept_code(program.order(), program)
+
+
+def test_an_out_in_a_missing_folder_is_refused_before_the_check_trains(tmp_path, monkeypatch, capsys):
+    from speedrun import export as export_module
+    checked = []
+    monkeypatch.setattr(export_module, "verify_export", lambda *args: checked.append(args))
+    out = tmp_path / "missing" / "x.py"
+    assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
+    assert capsys.readouterr().err == f"error: --export-script {out}: no folder {out.parent}\n"
+    assert checked == []
+
+
+def test_both_locals_of_a_decided_tuple_assignment_fold_and_go():
+    """The r18 model's `residuals, router = self.parts_residuals(), self.parts_mlp_router()` left `if residuals is
+    None` tests and `router.finish(...)` in the baseline file."""
+    from speedrun.export import drop_dead_constants, fold_constants
+    source = ("def forward(self, x):\n    residuals, router = self.a(), self.b()\n"
+              "    x = f(x, augment=None if residuals is None else residuals(1))\n"
+              "    if router is not None:\n        router.finish(x)\n    return x\n")
+    text, _ = fold_constants(source, {"self.a()": None, "self.b()": None}, "x.py")
+    assert drop_dead_constants(text) == "def forward(self, x):\n    x = f(x, augment=None)\n    return x\n"
+    kept, _ = fold_constants(source.replace("self.b()", "g()"), {"self.a()": None}, "x.py")
+    assert "residuals, router = None, g()" in drop_dead_constants(kept)  # one item unknown: the statement stays
+
+
+def test_a_class_attribute_nothing_reads_goes_with_what_only_it_names(tmp_path, monkeypatch):
+    """#18's `depth_expansion = R18DepthExpansion`, read by DLO alone, kept an empty `class R18DepthExpansion: pass`
+    in every r18 file without DLO."""
+    library = ("class Expansion:\n    def grow(self):\n        return 2\n\n\nclass Model:\n"
+               "    expansion = Expansion  # read by a study that is off\n    size = 3\n    ratio = size * 2\n\n"
+               "    def run(self):\n        return self.ratio\n")
+    script = "from speedrun.lib import Model\n\nif __name__ == '__main__':\n    print(Model().run())\n"
+    r18 = export(tmp_path, T, "--base", "r18")
+    assert "class R18DepthExpansion" not in r18 and "depth_expansion" not in r18
+    assert "router = " not in r18 and "residuals = " not in r18 and "residuals is None" not in r18
+    (tmp_path / "program").mkdir()
+    text = exported_program(tmp_path / "program", monkeypatch, library, script)
+    assert "Expansion" not in text and "read by a study" not in text
+    assert "    size = 3\n    ratio = size * 2\n" in text  # what a kept attribute's value names stays
