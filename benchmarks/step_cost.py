@@ -6,7 +6,7 @@
     python benchmarks/step_cost.py --studies record,r18-laurel           # some studies' arms
     python benchmarks/step_cost.py --write-docs docs/step-cost.md        # the table of every bundled arm
     python benchmarks/step_cost.py --track small --at 0 --world-size 1 --compiled   # + what a compiled step saves
-    python benchmarks/step_cost.py --vs-upstream RECORD_LOG_OR_SCRIPT   # beside upstream's own script (#137)
+    python benchmarks/upstream_step.py RECORD_LOG_OR_SCRIPT   # beside upstream's own script (#137, #18, #21)
 
 Per optimiser step of one rank at the record's world size (8) it reports: parameters and the persistent bytes the
 optimisers add (their state); FLOPs of forward, backward and optimiser step (torch's FLOP formulas per aten op, the
@@ -707,22 +707,11 @@ def main(argv=None):
     p.add_argument("--write-reference", metavar="PATH",
                    help="write the baselines' counts at the reduced size there "
                         "(tests/fixtures/step_cost_reference.json)")
-    p.add_argument("--vs-upstream", metavar="RECORD_LOG_OR_SCRIPT", type=Path,
-                   help="the same counts of upstream's own script (#137 or #18; a record log or its script, never "
-                        "stored here) beside ours (benchmarks/upstream_step.py)")
     p.add_argument("flags", nargs="*", help="the training script's flags (after --)")
     a = p.parse_args(argv)
     if not 0 <= a.at <= 1:
         p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
     try:
-        if a.vs_upstream:
-            from benchmarks.upstream_step import Refusal, compare
-            try:
-                print("\n".join(compare(a.vs_upstream, a.at)))
-            except Refusal as refusal:
-                print(f"step_cost: {refusal}", file=sys.stderr)
-                return 2
-            return 0
         if a.write_reference:
             Path(a.write_reference).write_text(json.dumps(reduced_counts(), indent=1, sort_keys=True) + "\n")
             return 0

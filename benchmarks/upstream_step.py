@@ -1,5 +1,5 @@
 """One optimiser step of an upstream record's own script, measured by step_cost's meter under fake tensors on CPU:
-the counts `python benchmarks/step_cost.py --vs-upstream RECORD_LOG_OR_SCRIPT` sets beside ours (records #137 and
+the counts `python benchmarks/upstream_step.py RECORD_LOG_OR_SCRIPT` sets beside ours (records #137 and
 #18 of the medium track, #21 of the small track; benchmarks/results/2026-11-28_cpu_step-cost.txt, stop 41).
 
 The script comes from a record log the user supplies (vs_upstream.extract_script) or is the script itself; this
@@ -17,6 +17,7 @@ window it asks for, its Triton kernels by the same products in torch, its schedu
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -31,6 +32,8 @@ from typing import Callable
 from unittest import mock
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file: the project's packages
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
@@ -404,3 +407,23 @@ def compare(path: Path, at=0.5, records=RECORD_STEPS):
     head = (f"upstream {record.name} ({path.name}) against ours (--track {track} {' '.join(flags)}) at --at {at}: "
             f"one optimiser step of rank 0 of {RECORD_WORLD_SIZE}, eager, under fake tensors")
     return [head] + side_by_side(ours, upstream, record.name)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("record", metavar="RECORD_LOG_OR_SCRIPT", type=Path,
+                   help="upstream's record log (#137, #18 or #21) or its script, never stored here")
+    p.add_argument("--at", type=float, default=0.5, help="where in the schedule the step is, 0..1 (default 0.5)")
+    a = p.parse_args(argv)
+    if not 0 <= a.at <= 1:
+        p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
+    try:
+        print("\n".join(compare(a.record, a.at)))
+    except Refusal as refusal:
+        print(f"upstream_step: {refusal}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

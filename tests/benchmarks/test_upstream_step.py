@@ -1,4 +1,4 @@
-"""benchmarks/upstream_step.py (step_cost --vs-upstream) on a stand-in record written here, not upstream's code: a
+"""benchmarks/upstream_step.py (its command: python benchmarks/upstream_step.py RECORD) on a stand-in record written here, not upstream's code: a
 script of upstream's shape (torchrun's environment, CUDA, NCCL, a training loop at module level) measured by the
 same meter as ours, its figures known by hand; the side-by-side lines; bad input refused in one line."""
 from dataclasses import replace
@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from benchmarks.step_cost import StepCost, main
-from benchmarks.upstream_step import (RecordStep, Refusal, identify, measure_record, read_script, side_by_side,
+from benchmarks.step_cost import StepCost
+from benchmarks.upstream_step import (RecordStep, Refusal, identify, main, measure_record, read_script, side_by_side,
                                       split_script)
 from speedrun.logformat import SEPARATOR
 
@@ -99,7 +99,7 @@ def test_the_command_refuses_bad_input(tmp_path, capsys, text, problem):
     path = tmp_path / "given.txt"
     if text is not None:
         path.write_text(text)
-    assert main(["--vs-upstream", str(path)]) == 2
+    assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert problem in err and err.count("\n") == 1
 
