@@ -385,7 +385,7 @@ def best_arm_copied_rows(studies: int, rng, arm_counts=(5, 15), old_share: int =
     the best arm at its target. Runs whose logs name the study's arms (the runner writes them since issue 40) and,
     on 1 / `old_share` of the studies, logs without the line (made before it, or by hand)."""
     old = max(2, studies // old_share)
-    lines = [f"{'door (baseline and best arm copied)':<64} {'studies':>7} {'P(false claim)':>16}"]
+    lines = [f"{'door (baseline and best arm copied)':<76} {'studies':>7} {'P(false claim)':>16}"]
     for arms in arm_counts:
         seeds = fixed_seeds(EFFECTS[1], arms)
         names = [f"arm{a}" for a in range(arms)]
@@ -407,7 +407,7 @@ def best_arm_copied_rows(studies: int, rng, arm_counts=(5, 15), old_share: int =
                                              max_runs=2)["loss_ok"])
             what = "logs name the study's arms" if marked else "logs without the line"
             for door, claimed in (("compare/report/terminal", compared), ("record-check/record", recorded)):
-                lines.append(f"{f'{door}, {arms} null arms, {seeds} seeds, {what}':<64} {count:>7} "
+                lines.append(f"{f'{door}, {arms} null arms, {seeds} seeds, {what}':<76} {count:>7} "
                              f"{share(float(np.mean(claimed)), count):>16}")
     return lines
 
