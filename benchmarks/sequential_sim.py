@@ -378,6 +378,22 @@ def copied_rows(studies: int, rng, arm_counts=(5, 15), record_maxima=(5, 9, 26),
     return lines
 
 
+def best_arm_copied_claims(draws: np.ndarray, baseline: np.ndarray, marked: bool) -> tuple[bool, bool]:
+    """(compare claims, record-check passes) over the copy of one fixed-sample study (`draws`: arms x seeds) holding
+    only its baseline and the arm of lowest mean loss: find_study_record, compare_arms + claims as cmd_compare runs
+    them (report and analysis.terminal print the same claims), record_check at the target 0 as cmd_record_check
+    (record's README, the same p). `marked`: the logs name every arm of the study, as the runner writes them."""
+    names = [f"arm{a}" for a in range(len(draws))]
+    mark = study_value("f", arms=["baseline", *names]) if marked else None
+    best = names[int(draws.mean(axis=1).argmin())]
+    runs = {"baseline": [_CopiedRun(v, "baseline", k, COPY, mark) for k, v in enumerate(baseline)],
+            best: [_CopiedRun(v, best, k, COPY, mark) for k, v in enumerate(draws[names.index(best)])]}
+    state = _study_record_or_refusal([run for group in runs.values() for run in group])
+    result = compare_arms(runs, "baseline", 1 - ALPHA, sequential=state is not None)
+    compared = any(arm["claim"] is not None for arm in claims(result, ALPHA, True, state)["arms"])
+    return compared, bool(record_check(runs[best], 0.0, alpha=ALPHA, resamples=2, max_runs=2)["loss_ok"])
+
+
 def best_arm_copied_rows(studies: int, rng, arm_counts=(5, 15), old_share: int = 10) -> list[str]:
     """Section 6: null fixed-sample studies (the fixed design's seeds), of which only the baseline and the arm with
     the lowest mean loss are copied, the study folder gone, and read through each door's functions: compare (and
@@ -388,23 +404,10 @@ def best_arm_copied_rows(studies: int, rng, arm_counts=(5, 15), old_share: int =
     lines = [f"{'door (baseline and best arm copied)':<76} {'studies':>7} {'P(false claim)':>16}"]
     for arms in arm_counts:
         seeds = fixed_seeds(EFFECTS[1], arms)
-        names = [f"arm{a}" for a in range(arms)]
-        mark = study_value("f", arms=["baseline", *names])
         draws = rng.standard_normal((studies, arms, seeds))
         baseline = rng.standard_normal((studies, seeds))
-        best = draws.mean(axis=2).argmin(axis=1)
         for marked, count in ((True, studies), (False, old)):
-            compared, recorded = [], []
-            for s in range(count):
-                runs = {"baseline": [_CopiedRun(v, "baseline", k, COPY, mark if marked else None)
-                                     for k, v in enumerate(baseline[s])],
-                        names[best[s]]: [_CopiedRun(v, names[best[s]], k, COPY, mark if marked else None)
-                                         for k, v in enumerate(draws[s, best[s]])]}
-                state = _study_record_or_refusal([run for group in runs.values() for run in group])
-                result = compare_arms(runs, "baseline", 1 - ALPHA, sequential=state is not None)
-                compared.append(any(arm["claim"] is not None for arm in claims(result, ALPHA, True, state)["arms"]))
-                recorded.append(record_check(runs[names[best[s]]], 0.0, alpha=ALPHA, resamples=2,
-                                             max_runs=2)["loss_ok"])
+            compared, recorded = zip(*(best_arm_copied_claims(draws[s], baseline[s], marked) for s in range(count)))
             what = "logs name the study's arms" if marked else "logs without the line"
             for door, claimed in (("compare/report/terminal", compared), ("record-check/record", recorded)):
                 lines.append(f"{f'{door}, {arms} null arms, {seeds} seeds, {what}':<76} {count:>7} "
