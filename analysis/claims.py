@@ -66,20 +66,23 @@ def sequential_marks(runs) -> dict[tuple[str, str], Path]:
 
 
 def study_family(runs) -> dict | None:
-    """{"study", "arms"} of the fixed-sample study the runs were made for (every arm of it, named in their logs),
-    or None when no run names one. Runs of two such studies mixed are refused in one line: each study is its own
-    family, and which arms of the other were left out cannot be told apart from which were never run."""
-    families: dict[tuple[str, tuple[str, ...]], Path] = {}
+    """{"study", "arms"} of the fixed-sample study the runs were made for (every arm of it, named in their logs; the
+    union when the study's arms were edited between runs: the family is every arm it tested), or None when no run
+    names one. Runs of two such studies mixed are refused in one line: each study is its own family, and which arms
+    of the other were left out cannot be told apart from which were never run."""
+    families: dict[str, dict[str, None]] = {}
+    where: dict[str, Path] = {}
     for mark, path in study_marks(runs):
         if mark["arms"] is not None:
-            families.setdefault((mark["study"], tuple(mark["arms"])), path)
+            families.setdefault(mark["study"], {}).update(dict.fromkeys(mark["arms"]))
+            where.setdefault(mark["study"], path)
     if len(families) > 1:
-        shown = ", ".join(f"{study} ({path})" for (study, _), path in families.items())
+        shown = ", ".join(f"{study} ({path})" for study, path in where.items())
         raise UsageError(f"the runs come from {len(families)} studies, each its own family of claims ({shown}): give "
                          f"one study's runs")
     if not families:
         return None
-    ((study, arms),) = families
+    ((study, arms),) = families.items()
     return {"study": study, "arms": list(arms)}
 
 

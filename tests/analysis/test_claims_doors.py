@@ -342,12 +342,12 @@ def test_case6_the_best_arm_of_a_fixed_study_copied_alone_is_adjusted_over_the_w
 
 
 def test_case6_runs_of_two_fixed_studies_mixed_are_refused_and_unmarked_runs_behave_as_before(capsys, tmp_path):
-    """Each study is its own family: runs of two fixed studies given together are refused in one line. Logs without
-    the line (made before it, or by hand) keep the old behaviour: the raw p over the arms given."""
+    """Each study is its own family: runs of two fixed studies given together are refused in one line; runs of one
+    study whose arms were edited between them count every arm it named. Logs without the line (made before it, or by
+    hand) keep the old behaviour: the raw p over the arms given."""
     from speedrun.logformat import study_value
 
     paths = copied_best_of_fixed_study(tmp_path, "study folder")
-    other = tmp_path / "copy" / "other" / "seed0.txt"
     for seed, final in enumerate(PICKED):
         other = tmp_path / "copy" / "other" / f"seed{seed}.txt"
         logs_for_tests.write(other, logs_for_tests.our_log_text(
@@ -356,6 +356,12 @@ def test_case6_runs_of_two_fixed_studies_mixed_are_refused_and_unmarked_runs_beh
     for command in (["compare"], ["summarize"]):
         status, _, err = run_cli(capsys, *command, *paths)
         assert status == 2 and len(err.strip().splitlines()) == 1 and "the runs come from 2 studies" in err, err
+    from types import SimpleNamespace
+
+    from analysis.claims import study_family
+    edited = [SimpleNamespace(path=tmp_path / f"{i}.txt", env={"study": study_value("f", arms=arms)})
+              for i, arms in enumerate((["baseline", "a1"], ["baseline", "a1", "a2"]))]
+    assert study_family(edited) == {"study": "f", "arms": ["baseline", "a1", "a2"]}  # an arm added: every arm counts
     plain = write_arms(tmp_path / "plain", {"baseline": BASELINE, "picked": PICKED})
     status, text, _ = run_cli(capsys, "compare", plain)
     assert status == 0 and "picked: final loss 0.0020 lower than baseline (p 0.0039" in text and "Holm over" not in text
