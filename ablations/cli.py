@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 from speedrun.errors import OneLineErrorParser
+from speedrun.logformat import study_value
 
 from . import sequential_study
 from .errors import StudyError
@@ -268,7 +270,7 @@ def cmd_run(args) -> int:
             code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state,
                                                       stale_looks)
         else:
-            code = run_study(study, runs, options, reporter)
+            code = run_study(study, runs, _fixed_study_mark(options, study), reporter)
     finally:
         if study_lock is not None:
             os.close(study_lock)  # closing the fd lets go of the lock (a dead runner's goes with it)
@@ -331,7 +333,15 @@ def cmd_run_one(args) -> int:
     options.wait_for_others = False
     options.config_check = _config_check(study, runs, module, args)
     reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
+    if not study.until_decided:  # a sequential study's runs carry its design only from its look loop
+        options = _fixed_study_mark(options, study)
     return run_study(study, runs, options, reporter)
+
+
+def _fixed_study_mark(options: Options, study: Study) -> Options:
+    """Each run of a fixed-sample study carries every arm of the study into its log (speedrun.logformat.study_value):
+    a copy of some arms' runs (the baseline and the best arm, say) is still Holm-adjusted over all of them."""
+    return dataclasses.replace(options, study_mark=study_value(study.name, arms=study.arms))
 
 
 STATES = (("done", "done"), ("stale", "stale"), ("running", "running"), ("failed", "failed"), ("todo", "to do"))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from speedrun.compile_cache import remove_truncated_kernel, truncated_kernel
-from speedrun.logformat import SEQUENTIAL_STUDY_VARIABLE
+from speedrun.logformat import STUDY_VARIABLE
 
 from .progress import Reporter, StepClock, duration
 from .runstate import (LogFollower, RunLock, RunPaths, checkpoint_config, checkpoint_damage, end_processes, is_running,
@@ -54,9 +54,9 @@ class Options:
     poll_s: float = 0.25
     progress_every_s: float = 30.0     # training-step progress lines at most this often (validations always)
     config_check: ConfigCheck | None = None  # redoes complete runs and skips checkpoints made with other flags
-    # the runs belong to a sequential study: its name and design digest (speedrun.logformat.sequential_study_value),
-    # handed to each run, which writes them into its log
-    sequential_study: str | None = None
+    # the study the runs belong to and its claim rule (speedrun.logformat.study_value: a sequential design's digest,
+    # or a fixed study's arms), handed to each run, which writes it into its log
+    study_mark: str | None = None
 
 
 def detect_gpus() -> list[str]:
@@ -271,9 +271,9 @@ class StudyRunner:
         gpus = []
         token = new_run_token()
         env = dict(os.environ, **launch_environment(paths, token))
-        env.pop(SEQUENTIAL_STUDY_VARIABLE, None)  # only the runner says which runs are a sequential study's
-        if self.options.sequential_study:
-            env[SEQUENTIAL_STUDY_VARIABLE] = self.options.sequential_study
+        env.pop(STUDY_VARIABLE, None)  # only the runner says which study a run belongs to
+        if self.options.study_mark:
+            env[STUDY_VARIABLE] = self.options.study_mark
         if self.options.gpu_ids and self.options.nnodes == 1:
             gpus, self.free_gpus = self.free_gpus[:self.study.nproc], self.free_gpus[self.study.nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

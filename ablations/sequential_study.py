@@ -21,7 +21,7 @@ import re
 import socket
 from pathlib import Path
 
-from speedrun.logformat import sequential_study_value
+from speedrun.logformat import study_value
 
 from .errors import StudyError
 from .runstate import log_config, log_is_complete, run_paths
@@ -216,7 +216,7 @@ _SEED_LOG = re.compile(r"seed\d+\.txt")
 
 
 def check_runs_design(folder: Path, state: dict) -> None:
-    """Refuses (one line) to look at runs made for another sequential design (their logs' sequential_study line):
+    """Refuses (one line) to look at runs made for another sequential design (their logs' study line):
     a record moved aside and the study started afresh with other settings would count them, and every analysis
     command then refuses the claims (analysis.claims.find_study_record), since those runs were looked at under the
     other design."""
@@ -317,8 +317,8 @@ def run_until_decided(study: Study, options: Options, reporter, design: dict, st
     check = options.config_check
     # every run of the study carries the study and its design into its log (read by analysis.claims): copied
     # without this record, the runs still refuse a fixed-sample claim
-    options = dataclasses.replace(options, sequential_study=sequential_study_value(
-        study.name, design_digest(state["design"])))
+    options = dataclasses.replace(options, study_mark=study_value(study.name,
+                                                                  design_digest=design_digest(state["design"])))
     state["study"] = study.name  # two studies of one design (arms, alpha, seeds) differ in their runs' flags
     sequential_design = _design(design)
     final_boundary = sequential_design.final_boundary()

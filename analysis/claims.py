@@ -13,16 +13,19 @@ that holds there.
 - Runs of a sequential study get its verdicts only: for the claim, target, baseline and alpha the study tested.
   Anything else (another target, a record claim on an arm tested against a baseline) gets no claim, said in one
   line: the fixed-sample p is not valid after looking.
-- A family is every arm of the study: Holm over all of them, whichever arms are shown."""
+- A family is every arm of the study: Holm over all of them, whichever arms are shown. A run the runner made for a
+  fixed-sample study names every arm of it in its log, so a copy of some arms' runs (the baseline and the best arm,
+  the study folder gone) is still adjusted over the whole study (study_family)."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
 from speedrun.errors import UsageError
-from speedrun.logformat import SEQUENTIAL_STUDY_KEY, parse_sequential_study
+from speedrun.logformat import STUDY_KEY, parse_study
 
 from .sequential import RECORD_FILE, design_digest, family_phrase, read_record, study_verdicts
+from .stats import holm
 
 
 def _record_paths(run) -> list[Path]:
@@ -36,21 +39,75 @@ def _record_paths(run) -> list[Path]:
     return places
 
 
-def sequential_marks(runs) -> dict[tuple[str, str], Path]:
-    """{(study, design digest): a log saying so} of the runs the study runner made for a sequential study (their
-    `sequential_study` line, speedrun/logformat.py); empty for logs made before the line existed. UsageError (one
-    line) for a line that does not read."""
-    marks: dict[tuple[str, str], Path] = {}
+def study_marks(runs) -> list[tuple[dict, Path]]:
+    """(what its `study` line says, the log) of each run the study runner made (speedrun/logformat.py); empty for
+    logs made before the line existed and runs started by hand. UsageError (one line) for a line that does not
+    read."""
+    marks = []
     for run in runs:
-        value = run.env.get(SEQUENTIAL_STUDY_KEY) if isinstance(getattr(run, "env", None), dict) else None
+        value = run.env.get(STUDY_KEY) if isinstance(getattr(run, "env", None), dict) else None
         if value is None:
             continue
-        mark = parse_sequential_study(value)
+        mark = parse_study(value)
         if mark is None:
-            raise UsageError(f"{run.path}: its {SEQUENTIAL_STUDY_KEY} line does not read ({value[:60]!r}): a "
-                             f"damaged log of a sequential study; no claim from it")
-        marks.setdefault((mark["study"], mark["design_digest"]), run.path)
+            raise UsageError(f"{run.path}: its {STUDY_KEY} line does not read ({value[:60]!r}): a damaged log of a "
+                             f"study's run; no claim from it")
+        marks.append((mark, run.path))
     return marks
+
+
+def sequential_marks(runs) -> dict[tuple[str, str], Path]:
+    """{(study, design digest): a log saying so} of the runs the study runner made for a sequential study."""
+    marks: dict[tuple[str, str], Path] = {}
+    for mark, path in study_marks(runs):
+        if mark["design_digest"] is not None:
+            marks.setdefault((mark["study"], mark["design_digest"]), path)
+    return marks
+
+
+def study_family(runs) -> dict | None:
+    """{"study", "arms"} of the fixed-sample study the runs were made for (every arm of it, named in their logs; the
+    union when the study's arms were edited between runs: the family is every arm it tested), or None when no run
+    names one. Runs of two such studies mixed are refused in one line: each study is its own family, and which arms
+    of the other were left out cannot be told apart from which were never run."""
+    families: dict[str, dict[str, None]] = {}
+    where: dict[str, Path] = {}
+    for mark, path in study_marks(runs):
+        if mark["arms"] is not None:
+            families.setdefault(mark["study"], {}).update(dict.fromkeys(mark["arms"]))
+            where.setdefault(mark["study"], path)
+    if len(families) > 1:
+        shown = ", ".join(f"{study} ({path})" for study, path in where.items())
+        raise UsageError(f"the runs come from {len(families)} studies, each its own family of claims ({shown}): give "
+                         f"one study's runs")
+    if not families:
+        return None
+    ((study, arms),) = families.items()
+    return {"study": study, "arms": list(arms)}
+
+
+def family_holm(p_values: list, family_size: int) -> list:
+    """Holm-adjusted p of the arms given (None: untested) within a family of `family_size` arms, the arms not given
+    counted at p = 1: valid, since Holm controls the family-wise error for any p-values of the missing arms and p = 1
+    is the largest (the adjusted p of the arms given can only rise), and conservative for the same reason."""
+    missing = family_size - sum(p is not None for p in p_values)
+    return holm(list(p_values) + [1.0] * max(missing, 0))[:len(p_values)]
+
+
+def family_note(family_size: int, shown: int) -> str:
+    return (f"Holm over the study's {family_size} arms, {shown} shown (the runs name their study; the arms not "
+            f"given count at p = 1)")
+
+
+def family_of_runs(runs, present, baseline: str | None = None) -> tuple[int, int] | None:
+    """(the study's family size, arms shown) when the runs name a fixed-sample study with arms beyond `present`
+    (the arms the door tests; `baseline`, the arm they are tested against, is no member); None otherwise."""
+    family = study_family(runs)
+    if family is None:
+        return None
+    shown = set(present) - {baseline}
+    size = len((set(family["arms"]) | shown) - {baseline})
+    return (size, len(shown)) if size > len(shown) else None
 
 
 def _studies(marks) -> str:

@@ -201,7 +201,12 @@ def cmd_summarize(args):
     after_looking = f" ({AFTER_LOOKING})" if state is not None else ""
     print(f"groups (complete runs only; std: n-1; p: one-sided t-test of mean < {target:g}{after_looking}; "
           f"diverged runs count in n, not in mean/std, and leave p empty)")
+    if result["study_family"] and state is None:  # the claim's p: adjusted over the study's arms
+        print(f"p Holm: {result['study_family']}")
+        for row, group in zip(group_rows, result["groups"]):
+            row.insert(5, pval(group.get("p_family")))
     print(table(["variant", "n", "mean loss", "std loss", "p fixed-sample" if state is not None else "p",
+                 *(["p Holm"] if result["study_family"] and state is None else []),
                  "mean time s", "std time s", "reached", "mean time to target s"], group_rows)
           if group_rows else "no complete runs")
     if state is not None:

@@ -2,7 +2,7 @@
 of the differences and, for more than one arm, Holm and Benjamini-Hochberg corrections."""
 from __future__ import annotations
 
-from .claims import NO_VARIANCE, comparison_untested, no_variance
+from .claims import NO_VARIANCE, comparison_untested, family_holm, family_note, family_of_runs, no_variance
 from .sequential import family_phrase, study_verdicts
 from .stats import benjamini_hochberg, fixed_rule_claims, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
@@ -54,9 +54,13 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
             entry.update({f"{key}_diff": test["diff"], f"{key}_ci": test["ci"], f"{key}_df": test["df"],
                           f"{key}_p": test["p"]})
         comparisons.append(entry)
+    # runs that name a fixed-sample study of more arms than are given: adjusted over every arm of it
+    study_family = family_of_runs([run for runs in groups.values() for run in runs], groups, baseline)
+    missing = study_family[0] - len(comparisons) if study_family else 0
     for key, _, _, _ in METRICS:
         raw = [c[f"{key}_p"] for c in comparisons]
-        for entry, p_holm, p_bh in zip(comparisons, holm(raw), benjamini_hochberg(raw)):
+        adjusted = family_holm(raw, len(comparisons) + missing) if missing else holm(raw)
+        for entry, p_holm, p_bh in zip(comparisons, adjusted, benjamini_hochberg(raw + [1.0] * missing)):
             entry[f"{key}_p_holm"], entry[f"{key}_p_bh"] = p_holm, p_bh
 
     warnings = []
@@ -65,7 +69,7 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
         if warning:
             warnings.append(warning)
     baseline_std = mean_std([r.final_val_loss for r in groups[baseline]])[1]
-    family_size = len(comparisons)
+    family_size = len(comparisons) + missing
     if shown is not None:
         others = [name for name in others if name in shown]
         comparisons = [c for c in comparisons if c["variant"] in shown]
@@ -79,7 +83,8 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
                             f"difference is within seed noise (baseline loss std {num(baseline_std, 5)}).")
     return {"baseline": baseline, "confidence": confidence, "alternative": alternative,
             "arms": [arm_record(name, groups[name]) for name in [baseline] + others],
-            "comparisons": comparisons, "family_size": family_size, "warnings": warnings}
+            "comparisons": comparisons, "family_size": family_size, "warnings": warnings,
+            "study_family": family_note(family_size, len(comparisons)) if missing else None}
 
 
 def claims(result: dict, alpha: float, family: bool = True, sequential_state: dict | None = None) -> dict:
@@ -100,6 +105,9 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
     shown = f" ({len(comparisons)} shown)" if size != len(comparisons) else ""
     if sequential_state:
         phrase = "sequential: " + family_phrase(sequential_state["design"])
+    elif family and size > 1 and result.get("study_family"):
+        phrase = (f"{result['study_family']}, against {baseline}, family-wise alpha {alpha:g} (Holm-adjusted p; the "
+                  f"unadjusted p beside it)")
     elif family and size > 1:
         phrase = (f"family of {size} arms against {baseline}{shown}, family-wise alpha {alpha:g} (Holm-adjusted "
                   f"p; the unadjusted p beside it)")

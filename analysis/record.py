@@ -11,6 +11,7 @@ from pathlib import Path
 
 from speedrun.logformat import changed_source, code_section, split_sources
 
+from .claims import family_holm, family_note, family_of_runs
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
 from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
@@ -50,6 +51,7 @@ def readme_text(runs, names, track: str, name: str, date: str, target: float, va
     st = loss_time_stats(losses, times, target)
     mean_loss, std_loss, p_value = st["mean_val_loss"], st["std_val_loss"], st["p_value"]
     mean_time, std_time = st["mean_time_s"], st["std_time_s"]
+    claim_lines = _sequential_lines(sequential) + _family_line(runs, variant, p_value, sequential)
     rows = [[f"`{log}`", run.seed, repr(run.final_val_loss), repr(run.train_time_s)] for log, run in zip(names, runs)]
     return f"""# {name}
 
@@ -60,7 +62,7 @@ packaged on {date}{f"; {left_out} unfinished run(s) of the same folder were left
 
 - final validation loss: mean {num(mean_loss, 6)}, sample standard deviation {num(std_loss, 6)}
 - train time: mean {num(mean_time, 3)} s, sample standard deviation {num(std_time, 3)} s
-- one-sided one-sample t-test that the mean loss is below {target:g}: p = {pval(p_value)}{_sequential_lines(sequential)}
+- one-sided one-sample t-test that the mean loss is below {target:g}: p = {pval(p_value)}{claim_lines}
 {_not_counted_lines(not_counted)}
 {code_note}
 
@@ -75,6 +77,15 @@ print("mean loss", sum(losses) / len(losses), "mean time", sum(times) / len(time
 print("p =", scipy.stats.ttest_1samp(losses, {target!r}, alternative="less").pvalue)
 ```
 """
+
+
+def _family_line(runs, variant: str, p_value, sequential: dict | None) -> str:
+    """The claim's p when the runs name a fixed-sample study of several arms (this one may be the best of them)."""
+    study_family = family_of_runs(runs, {variant}) if sequential is None else None
+    if not study_family or p_value is None:
+        return ""
+    return (f"\n- {family_note(*study_family)}: p = {pval(family_holm([p_value], study_family[0])[0])}, the "
+            f"claim's p-value (the arm may have been picked as the best of the study's arms)")
 
 
 def _sequential_lines(sequential: dict | None) -> str:

@@ -9,7 +9,7 @@ the bootstrap chance that a fresh batch of n runs passes the loss test, and the 
 chance."""
 from __future__ import annotations
 
-from .claims import NO_VARIANCE, no_variance
+from .claims import NO_VARIANCE, family_holm, family_note, family_of_runs, no_variance
 from .stats import bootstrap_pass_chance, fixed_rule_claims, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
@@ -23,11 +23,19 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     losses = [r.final_val_loss for r in candidates]
     times = [r.train_time_s for r in candidates]
     loss_time = loss_time_stats(losses, times, target)
-    p_loss = loss_time["p_value"]
+    # runs that name a fixed-sample study of several arms: this arm may be the best of them, picked after the fact,
+    # so its claim is Holm-adjusted over every arm of the study (claims.family_holm)
+    study_family = family_of_runs(candidates, {run.variant for run in candidates})
+    p_claim = loss_time["p_value"]
+    if study_family and p_claim is not None:
+        p_claim = family_holm([p_claim], study_family[0])[0]
     batch = batch or len(candidates)
     result = {
         "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
-        **loss_time, "loss_ok": not loss_time["n_diverged"] and p_loss is not None and fixed_rule_claims(p_loss, alpha),
+        **loss_time,
+        "loss_ok": not loss_time["n_diverged"] and p_claim is not None and fixed_rule_claims(p_claim, alpha),
+        "p_family": p_claim if study_family else None,
+        "study_family": family_note(*study_family) if study_family else None,
         "record": None, "record_diff_s": None, "record_ok": None,
         "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
         "bootstrap": {
@@ -66,7 +74,8 @@ def render_record_check(result: dict) -> str:
         + (f" ({diverged} of {result['n']} runs diverged: a diverged run fails the claim)" if diverged else
            f" ({NO_VARIANCE}: every run ended at one loss)" if result.get("no_variance") else
            f" (one-sided one-sample t-test p = {pval(result['p_value'])}"
-           + (", not valid after looking)" if result["sequential"] else ")")),
+           + (", not valid after looking)" if result["sequential"] else
+              f"; {result['study_family']}: p = {pval(result['p_family'])})" if result.get("study_family") else ")")),
     ]
     sequential = result["sequential"]
     if sequential is not None and sequential.get("untested"):

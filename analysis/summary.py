@@ -1,6 +1,7 @@
 """`summarize`: per-run facts and per-group statistics, as the JSON object analysis/README.md describes."""
 from __future__ import annotations
 
+from .claims import family_holm, family_note, family_of_runs
 from .logs import Duplicate, arm_warnings, duplicate_warnings, group_runs
 from .stats import crossing, loss_time_stats, mean_std
 
@@ -48,8 +49,14 @@ def summarize(runs, target: float, unreadable=(), by: str = "variant") -> dict:
     grouped = group_runs(runs, by=by)
     groups = [group_record(name, [by_path[str(run.path)] for run in members], target)
               for name, members in grouped.items()]
+    # runs that name a fixed-sample study of more arms than are given: each group's p adjusted over all of them
+    study_family = family_of_runs([run for members in grouped.values() for run in members if run.complete], grouped)
+    if study_family:
+        for group, p_family in zip(groups, family_holm([g["p_value"] for g in groups], study_family[0])):
+            group["p_family"] = p_family
     return {
         "target": target,
+        "study_family": family_note(*study_family) if study_family else None,
         "runs": records,
         "groups": groups,
         "warnings": arm_warnings(grouped) + duplicate_warnings(unreadable),

@@ -3,7 +3,8 @@ sequential studies of `--until-decided` save where most ideas fail?
 
     python benchmarks/sequential_sim.py [--studies 20000] [--record-studies 200000] [--door-studies 2000]
                                         [--copy-studies 20000] [--batch 1] [--seed 0]
-                                        [--sections 12345|1234|123|4|5] [--out FILE]
+                                        [--best-studies 5000] [--sections 123456|12345|1234|123|4|5|6]
+                                        [--out FILE]
 
 Each simulated study draws final losses as normal with the seed-to-seed std (medium track, 0.0015) and applies the
 project's own rules to them: the fixed-sample comparison (Welch t-tests, Holm over the arms, as `compare` and the
@@ -23,6 +24,9 @@ alpha / family size per arm, conditional-power futility, stagewise p-values, Hol
 5. the copies: runs of null sequential studies (vs a baseline, and record claims) copied without their record, the
    study folder gone, through each door's own functions: runs whose logs name their study (the runner writes the
    line since issue 40) make no claim; logs from before the line show the fixed-sample rate they would get.
+6. the best arm copied: null fixed-sample studies of 5 and 15 arms of which only the baseline and the best arm are
+   copied, the study folder gone: runs whose logs name the study's arms are adjusted over all of them at every door;
+   logs without the line show the rate of a family shrunk to the arms given.
 Sections 1-3 take the vectorised path, which tests/benchmarks/test_claims_simulation.py holds to the product's
 functions (identical decisions on 1,000 random studies each). `+-` is two Monte Carlo standard errors. tests/benchmarks/test_claims_simulation.py runs a smaller version."""
 from __future__ import annotations
@@ -47,7 +51,7 @@ from analysis.sequential import (DEFAULT_MAX_FACTOR, Design, _null_p_values, cal
                                  take_look)
 from analysis.stats import fixed_rule_claims, holm, sequential_rule_claims  # noqa: E402
 from speedrun.errors import OneLineErrorParser, UsageError  # noqa: E402
-from speedrun.logformat import SEQUENTIAL_STUDY_KEY, sequential_study_value  # noqa: E402
+from speedrun.logformat import STUDY_KEY, study_value  # noqa: E402
 
 ALPHA = 0.01
 STD = 0.0015  # medium track seed-to-seed std (records/published_seed_losses.csv: 0.0014-0.0016)
@@ -301,13 +305,13 @@ class _CopiedRun(_Run):
         self.variant, self.seed = variant, seed
         self.path = copy / variant / f"seed{seed}.txt"
         self.config = {"log_dir": str(GONE_STUDY / variant)}
-        self.env = {SEQUENTIAL_STUDY_KEY: mark} if mark is not None else {}
+        self.env = {STUDY_KEY: mark} if mark is not None else {}
 
 
 # Where the copied runs' study was: gone. The copy's folder holds no record either.
 GONE_STUDY = Path("/nonexistent/runs/s")
 COPY = Path("/nonexistent/copy")
-MARK = sequential_study_value("s", "0123456789abcdef")
+MARK = study_value("s", design_digest="0123456789abcdef")
 
 
 def _study_record_or_refusal(runs):
@@ -374,6 +378,43 @@ def copied_rows(studies: int, rng, arm_counts=(5, 15), record_maxima=(5, 9, 26),
     return lines
 
 
+def best_arm_copied_claims(draws: np.ndarray, baseline: np.ndarray, marked: bool) -> tuple[bool, bool]:
+    """(compare claims, record-check passes) over the copy of one fixed-sample study (`draws`: arms x seeds) holding
+    only its baseline and the arm of lowest mean loss: find_study_record, compare_arms + claims as cmd_compare runs
+    them (report and analysis.terminal print the same claims), record_check at the target 0 as cmd_record_check
+    (record's README, the same p). `marked`: the logs name every arm of the study, as the runner writes them."""
+    names = [f"arm{a}" for a in range(len(draws))]
+    mark = study_value("f", arms=["baseline", *names]) if marked else None
+    best = names[int(draws.mean(axis=1).argmin())]
+    runs = {"baseline": [_CopiedRun(v, "baseline", k, COPY, mark) for k, v in enumerate(baseline)],
+            best: [_CopiedRun(v, best, k, COPY, mark) for k, v in enumerate(draws[names.index(best)])]}
+    state = _study_record_or_refusal([run for group in runs.values() for run in group])
+    result = compare_arms(runs, "baseline", 1 - ALPHA, sequential=state is not None)
+    compared = any(arm["claim"] is not None for arm in claims(result, ALPHA, True, state)["arms"])
+    return compared, bool(record_check(runs[best], 0.0, alpha=ALPHA, resamples=2, max_runs=2)["loss_ok"])
+
+
+def best_arm_copied_rows(studies: int, rng, arm_counts=(5, 15), old_share: int = 10) -> list[str]:
+    """Section 6: null fixed-sample studies (the fixed design's seeds), of which only the baseline and the arm with
+    the lowest mean loss are copied, the study folder gone, and read through each door's functions: compare (and
+    report, analysis.terminal: compare_arms + claims) on the two arms, record-check (and record: record_check) on
+    the best arm at its target. Runs whose logs name the study's arms (the runner writes them since issue 40) and,
+    on 1 / `old_share` of the studies, logs without the line (made before it, or by hand)."""
+    old = max(2, studies // old_share)
+    lines = [f"{'door (baseline and best arm copied)':<76} {'studies':>7} {'P(false claim)':>16}"]
+    for arms in arm_counts:
+        seeds = fixed_seeds(EFFECTS[1], arms)
+        draws = rng.standard_normal((studies, arms, seeds))
+        baseline = rng.standard_normal((studies, seeds))
+        for marked, count in ((True, studies), (False, old)):
+            compared, recorded = zip(*(best_arm_copied_claims(draws[s], baseline[s], marked) for s in range(count)))
+            what = "logs name the study's arms" if marked else "logs without the line"
+            for door, claimed in (("compare/report/terminal", compared), ("record-check/record", recorded)):
+                lines.append(f"{f'{door}, {arms} null arms, {seeds} seeds, {what}':<76} {count:>7} "
+                             f"{share(float(np.mean(claimed)), count):>16}")
+    return lines
+
+
 def door_rows(studies: int, rng, arm_counts=(5, 15), record_seeds=(5, 9, 26), sequential_arms: int = 5) -> list[str]:
     """Section 4: no effect anywhere, each claim through the product's function behind one door, study by study."""
     lines = [f"{'door':<58} {'studies':>7} {'P(false claim)':>16}"]
@@ -408,8 +449,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the numpy Generator (0)")
     parser.add_argument("--copy-studies", type=at_least_two, default=20_000,
                         help="simulated studies per row of section 5, each through the doors' functions (20000)")
-    parser.add_argument("--sections", choices=("12345", "1234", "123", "4", "5"), default="12345",
-                        help="which sections to run (default all; 4: the doors only; 5: the copies without record)")
+    parser.add_argument("--best-studies", type=at_least_two, default=5000,
+                        help="simulated studies per row of section 6, each through the doors' functions (5000)")
+    parser.add_argument("--sections", choices=("123456", "12345", "1234", "123", "4", "5", "6"), default="123456",
+                        help="which sections to run (default all; 4: the doors only; 5: the copies without record; "
+                             "6: the best arm of a fixed study copied)")
     parser.add_argument("--out", type=Path, help="also write the output to this file")
     args = parser.parse_args(argv)
     started = time.time()
@@ -440,6 +484,11 @@ def main(argv=None) -> int:
                       "folder gone, through each door's functions (find_study_record, then the claim), family-wise "
                       "alpha 0.01", "", f"{'door (the copied runs)':<64} {'studies':>7} {'P(false claim)':>16}"]
         lines += copied_rows(args.copy_studies, rng)
+    if "6" in args.sections:
+        lines += ["", "6. The baseline and the best arm of a null fixed-sample study copied (the study folder gone), "
+                      "through each door's functions (compare: Holm over the study's arms against the baseline; "
+                      "record-check: the best arm below its target, Holm over every arm), family-wise alpha 0.01", ""]
+        lines += best_arm_copied_rows(args.best_studies, rng)
     lines += ["", f"{time.time() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)

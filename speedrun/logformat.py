@@ -34,32 +34,44 @@ def config_line(config: dict) -> str:
     return CONFIG_PREFIX + json.dumps(config, sort_keys=True)
 
 
-# A run the study runner made for a sequential study (`run --until-decided`) says so in its environment section: the
-# study and the digest of its design (analysis.sequential.design_digest). The runs then carry their design wherever
-# they are copied, so no reader takes a fixed-sample claim from them without the study's record. The runner hands
-# the line's value to the script in this variable; logs made before it existed simply lack the line.
-SEQUENTIAL_STUDY_KEY = "sequential_study"
-SEQUENTIAL_STUDY_VARIABLE = "SPEEDRUN_SEQUENTIAL_STUDY"
+# A run the study runner made says in its environment section which study it belongs to, so that it carries the
+# study's claim rule wherever it is copied: for a sequential study (`run --until-decided`) the digest of its design
+# (analysis.sequential.design_digest: no reader takes a fixed-sample claim from the runs without the study's record);
+# for a fixed-sample study every arm of the study (the Holm family: a copy of a few arms is still adjusted over all
+# of them). The runner hands the line's value to the script in this variable; logs made before it existed, and runs
+# started by hand, lack the line.
+STUDY_KEY = "study"
+STUDY_VARIABLE = "SPEEDRUN_STUDY"
 
 
-def sequential_study_value(study: str, digest: str) -> str:
-    return json.dumps({"study": study, "design_digest": digest}, sort_keys=True)
+def study_value(study: str, design_digest: str | None = None, arms=None) -> str:
+    """The line's value: a sequential study's `design_digest`, or a fixed study's `arms` (every one, baseline too)."""
+    if (design_digest is None) == (arms is None):
+        raise ValueError("a study's line holds its design digest (sequential) or its arms (fixed), one of them")
+    return json.dumps({"study": study, **({"design_digest": design_digest} if design_digest is not None
+                                          else {"arms": list(arms)})}, sort_keys=True)
 
 
-def sequential_study_line(value: str) -> str:
-    return f"{SEQUENTIAL_STUDY_KEY}: {value}"
+def study_line(value: str) -> str:
+    return f"{STUDY_KEY}: {value}"
 
 
-def parse_sequential_study(value: str) -> dict | None:
-    """{study, design_digest} of a sequential_study line's value, or None when it does not read as one."""
+def parse_study(value: str) -> dict | None:
+    """{study, design_digest, arms} of a study line's value (design_digest for a sequential study, arms for a fixed
+    one, the other None), or None when it does not read as one."""
     try:
         mark = json.loads(value)
     except ValueError:
         return None
-    if not isinstance(mark, dict) or not all(isinstance(mark.get(key), str) and mark[key]
-                                             for key in ("study", "design_digest")):
+    if not isinstance(mark, dict) or not (isinstance(mark.get("study"), str) and mark["study"]):
         return None
-    return {"study": mark["study"], "design_digest": mark["design_digest"]}
+    digest, arms = mark.get("design_digest"), mark.get("arms")
+    sequential = isinstance(digest, str) and digest and arms is None
+    fixed = (digest is None and isinstance(arms, list) and arms
+             and all(isinstance(arm, str) and arm for arm in arms) and len(set(arms)) == len(arms))
+    if not (sequential or fixed):
+        return None
+    return {"study": mark["study"], "design_digest": digest, "arms": arms}
 
 
 def added_params_line(added: dict) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
-from speedrun.logformat import SEPARATOR, SEQUENTIAL_STUDY_VARIABLE, config_line, sequential_study_line, source_header
+from speedrun.logformat import SEPARATOR, STUDY_VARIABLE, config_line, source_header, study_line
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The project packages whose modules a log embeds: the training package, and the data package's shard format.
@@ -93,9 +93,9 @@ def write_preamble(log: LogWriter, script_path, proc: Dist, config, extra_lines=
     for line in environment_lines(proc):
         log.write(line, echo=False)
     log.write(config_line({**LEFT_OUT_FIELDS, **config}))
-    sequential = os.environ.get(SEQUENTIAL_STUDY_VARIABLE)
-    if sequential:  # set by the study runner for the runs of a sequential study
-        log.write(sequential_study_line(sequential), echo=False)
+    study = os.environ.get(STUDY_VARIABLE)
+    if study:  # set by the study runner for the runs of its studies
+        log.write(study_line(study), echo=False)
     for line in extra_lines:
         log.write(line)
     log.write(SEPARATOR, echo=False)

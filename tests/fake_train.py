@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for the log format
-from speedrun.logformat import (SEPARATOR, SEQUENTIAL_STUDY_VARIABLE, config_line, peak_line,  # noqa: E402
-                                scalars_line, sequential_study_line, train_step_line, validation_line)
+from speedrun.logformat import (SEPARATOR, STUDY_VARIABLE, config_line, peak_line, scalars_line,  # noqa: E402
+                                study_line, train_step_line, validation_line)
 
 TRACK = "fake"  # the config line's `track`, as the real scripts write theirs
 
@@ -119,8 +119,8 @@ def main():
     config = {**vars(args), "track": TRACK, "world_size": world_size}
     state["config"] = config  # as the real script's checkpoints do: what the run was made with
     emit(config_line(config), keep=False)
-    if os.environ.get(SEQUENTIAL_STUDY_VARIABLE):  # as speedrun/runlog.py writes it
-        emit(sequential_study_line(os.environ[SEQUENTIAL_STUDY_VARIABLE]), keep=False)
+    if os.environ.get(STUDY_VARIABLE):  # as speedrun/runlog.py writes it
+        emit(study_line(os.environ[STUDY_VARIABLE]), keep=False)
     emit(SEPARATOR, keep=False)
     for line in state["lines"]:
         emit(line, keep=False)

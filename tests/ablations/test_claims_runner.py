@@ -116,7 +116,7 @@ def test_status_refuses_the_record_the_runner_refuses(tmp_path, status_of, edit,
 def test_the_runs_of_a_sequential_study_carry_it_into_a_copy_without_its_record(tmp_path):
     """Issue 40 case 2: runs copied without sequential.json, the study folder gone, got fixed-sample claims. Each
     run the runner makes for a sequential study names the study and its design's digest in its log (the digest the
-    record holds), so the copy makes no claim; runs of a fixed study carry no such line."""
+    record holds), so the copy makes no claim; runs of a fixed study name every arm of it instead."""
     import json
     import shutil
     import subprocess
@@ -133,7 +133,7 @@ def test_the_runs_of_a_sequential_study_carry_it_into_a_copy_without_its_record(
     digest = record["design_digest"]
     assert record["study"] == "s"
     logs = sorted(folder.glob("*/seed*.txt"))
-    assert logs and all(f'sequential_study: {{"design_digest": "{digest}", "study": "s"}}' in log.read_text()
+    assert logs and all(f'study: {{"design_digest": "{digest}", "study": "s"}}' in log.read_text()
                         for log in logs)
     for arm in arms:
         shutil.copytree(folder / arm, tmp_path / "copy" / arm)
@@ -145,7 +145,11 @@ def test_the_runs_of_a_sequential_study_carry_it_into_a_copy_without_its_record(
         in compare.stderr
     fixed = write_study(tmp_path, "f", arms, seeds=[0], flags=FLAGS)
     assert ablations(["run", fixed], tmp_path, runner_env()).returncode == 0
-    assert "sequential_study:" not in (tmp_path / "runs" / "f" / "baseline" / "seed0.txt").read_text()
+    # a fixed study's runs name every arm of it instead (its Holm family), as run-one's do
+    fixed_line = 'study: {"arms": ["baseline", "backout-L4"], "study": "f"}'
+    assert fixed_line in (tmp_path / "runs" / "f" / "baseline" / "seed0.txt").read_text()
+    assert ablations(["run-one", fixed, "backout-L4", "1"], tmp_path, runner_env()).returncode == 0
+    assert fixed_line in (tmp_path / "runs" / "f" / "backout-L4" / "seed1.txt").read_text()
 
 
 @pytest.mark.slow

@@ -120,3 +120,16 @@ def test_the_copied_runs_go_through_the_doors_own_refusal():
     assert sim.copied_compare_claims([better], baseline, marked=False)
     assert not sim.copied_compare_claims([better], baseline, marked=True)
     assert sim.copied_record_claim(below, marked=False) and not sim.copied_record_claim(below, marked=True)
+
+
+def test_the_best_arm_copied_goes_through_the_doors_own_family_adjustment():
+    """Section 6's doors: the baseline and the best of 5 arms copied alone, an arm whose raw p claims at 0.01 (compare
+    p about 0.004, record-check p about 0.002) but not over the study's family: the logs that name the study's arms
+    make compare and record-check adjust over all of them; logs without the line claim at the raw p."""
+    import numpy as np
+
+    baseline = np.array([0.0, 0.001, -0.001, 0.0005, -0.0005])
+    draws = np.full((5, 5), 0.0) + np.array([0.001, -0.001, 0.0004, -0.0004, 0.0])  # four arms near the baseline
+    draws[2] = np.array([-1.5, -2.5, -1.0, -3.0, -2.0]) * 1e-3  # the best: Welch p 0.0039, one-sided p 0.0024 below 0
+    assert sim.best_arm_copied_claims(draws, baseline, marked=False) == (True, True)
+    assert sim.best_arm_copied_claims(draws, baseline, marked=True) == (False, False)

@@ -164,15 +164,16 @@ def test_lines_of_other_shapes_are_not_step_lines(line):
     assert lf.parse_step_line(line) is None
 
 
-def test_the_script_writes_the_sequential_study_the_runner_hands_it_and_readers_find_it(tmp_path, monkeypatch):
-    """Issue 40 case 2: a run of a sequential study names the study and its design's digest in its log, so a copy
-    without the study's record still knows it was looked at sequentially; a run started without the variable (by
-    hand, a fixed study, any log made before the line existed) has no such line."""
+def test_the_script_writes_the_study_the_runner_hands_it_and_readers_find_it(tmp_path, monkeypatch):
+    """Issue 40 cases 2 and 6: a run of a sequential study names the study and its design's digest in its log, so a
+    copy without the study's record still knows it was looked at sequentially; a run of a fixed study names every arm
+    of it, so a copy of some arms is still adjusted over all; a run started without the variable (by hand, any log
+    made before the line existed) has no such line."""
     from types import SimpleNamespace
 
     import torch
 
-    from analysis.claims import sequential_marks
+    from analysis.claims import sequential_marks, study_family
     from speedrun.runlog import LogWriter, write_preamble
 
     def written(name):
@@ -181,14 +182,19 @@ def test_the_script_writes_the_sequential_study_the_runner_hands_it_and_readers_
         log.close()
         return parse_log(tmp_path / "arm" / f"{name}.txt")
 
-    value = lf.sequential_study_value("s", "0123abcd")
-    monkeypatch.setenv(lf.SEQUENTIAL_STUDY_VARIABLE, value)
+    value = lf.study_value("s", design_digest="0123abcd")
+    monkeypatch.setenv(lf.STUDY_VARIABLE, value)
     marked = written("seed0")
-    assert marked.env[lf.SEQUENTIAL_STUDY_KEY] == value and marked.config == {"seed": 0, "track": "medium"}
-    assert sequential_marks([marked]) == {("s", "0123abcd"): marked.path}
-    monkeypatch.delenv(lf.SEQUENTIAL_STUDY_VARIABLE)
-    assert sequential_marks([written("seed1")]) == {}
-    assert lf.parse_sequential_study("not json") is None and lf.parse_sequential_study('{"study": "s"}') is None
+    assert marked.env[lf.STUDY_KEY] == value and marked.config == {"seed": 0, "track": "medium"}
+    assert sequential_marks([marked]) == {("s", "0123abcd"): marked.path} and study_family([marked]) is None
+    monkeypatch.setenv(lf.STUDY_VARIABLE, lf.study_value("f", arms=["baseline", "a", "b"]))
+    fixed = written("seed2")
+    assert study_family([fixed]) == {"study": "f", "arms": ["baseline", "a", "b"]} and sequential_marks([fixed]) == {}
+    monkeypatch.delenv(lf.STUDY_VARIABLE)
+    assert sequential_marks([written("seed1")]) == {} and study_family([written("seed1")]) is None
+    for broken in ("not json", '{"study": "s"}', '{"study": "s", "arms": []}', '{"study": "s", "arms": ["a", "a"]}',
+                   '{"study": "s", "arms": ["a"], "design_digest": "d"}'):
+        assert lf.parse_study(broken) is None, broken
 
 
 def test_no_project_file_outside_the_grammar_builds_or_matches_a_log_line():
