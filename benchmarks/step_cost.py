@@ -693,11 +693,22 @@ table (a training step) does not show.
 """
 
 
+def add_at_flag(parser):
+    """--at: where in the schedule the measured step is (both this command and upstream_step's)."""
+    def fraction(text):
+        value = float(text)
+        if not 0 <= value <= 1:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text}: a fraction of the schedule, 0..1")
+        return value
+    parser.add_argument("--at", type=fraction, default=0.5,
+                        help="where in the schedule the step is, 0..1 (default 0.5)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--track", choices=sorted(TRACKS), help="one configuration of this track (flags after --)")
     p.add_argument("--studies", help="comma-separated bundled studies (default: all)")
-    p.add_argument("--at", type=float, default=0.5, help="where in the schedule the step is, 0..1 (default 0.5)")
+    add_at_flag(p)
     p.add_argument("--world-size", type=int, default=RECORD_WORLD_SIZE, choices=[1, 2, 4, 8])
     p.add_argument("--json", action="store_true", help="with --track: the full figures as JSON")
     p.add_argument("--compiled", action="store_true",
@@ -709,8 +720,6 @@ def main(argv=None):
                         "(tests/fixtures/step_cost_reference.json)")
     p.add_argument("flags", nargs="*", help="the training script's flags (after --)")
     a = p.parse_args(argv)
-    if not 0 <= a.at <= 1:
-        p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
     try:
         if a.write_reference:
             Path(a.write_reference).write_text(json.dumps(reduced_counts(), indent=1, sort_keys=True) + "\n")

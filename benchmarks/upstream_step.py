@@ -413,10 +413,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("record", metavar="RECORD_LOG_OR_SCRIPT", type=Path,
                    help="upstream's record log (#137, #18 or #21) or its script, never stored here")
-    p.add_argument("--at", type=float, default=0.5, help="where in the schedule the step is, 0..1 (default 0.5)")
+    step_cost.add_at_flag(p)
     a = p.parse_args(argv)
-    if not 0 <= a.at <= 1:
-        p.error(f"--at {a.at}: a fraction of the schedule, 0..1")
     try:
         print("\n".join(compare(a.record, a.at)))
     except Refusal as refusal:

@@ -115,3 +115,13 @@ def test_side_by_side_gives_ratios_and_names_the_operations_that_differ():
     lines = side_by_side(ours, upstream, "#x")
     assert any(line.startswith("saved for backward") and line.endswith("0.800") for line in lines)
     assert [line.split() for line in lines if "neg" in line] == [["forward", "neg", "0", "/", "30"]]
+
+
+@pytest.mark.parametrize("at", ["1.5", "-0.1", "nan"])
+def test_a_step_outside_the_schedule_is_refused_in_one_line_by_both_commands(capsys, at):
+    from benchmarks import step_cost
+    for command in (main, step_cost.main):
+        with pytest.raises(SystemExit) as exit_:
+            command(["record.log", "--at", at] if command is main else ["--at", at])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"argument --at: {at}: a fraction of the schedule, 0..1" in err
