@@ -761,8 +761,9 @@ says how). Per rank at world size 8 (the record's); the baselines also at world 
 arm's study's `baseline` arm (the track's record when it has none) at world size 8. Measured at the middle of each
 schedule ({at}). TFLOP/step: forward, backward and optimiser of one rank. H100 >= ms: a lower bound, the largest
 of FLOPs at {flops:.0f} TFLOP/s (dense bf16), the step's least HBM traffic at {hbm:.2f} TB/s and the bytes sent at
-{nvlink:.0f} GB/s (NVLink, one direction). Saved and peak MiB are eager's: a compiled step saves less (`--track T
---compiled` gives its saved bytes; benchmarks/results/2026-11-28_cpu_step-cost.txt checks both against the GPU).
+{nvlink:.0f} GB/s (NVLink, one direction). Saved and peak MiB are eager's: a compiled step saves less and fuses its
+pointwise chains (`--track T --compiled` gives its saved bytes and peak, the backward's transients included;
+benchmarks/results/2026-11-28_cpu_step-cost.txt checks that peak against the GPU's).
 FLOPs are those of matrix products and attention (torch's FLOP formulas, and the matrix-vector product): pointwise
 work (norms, activations, the optimisers' element-wise updates) is not counted, so an arm that adds only pointwise
 work shows +0.00%.
@@ -821,7 +822,7 @@ def main(argv=None):
                 floor = 2 * compiled.param_bytes + compiled.optimizer_state_bytes + compiled.saved_bytes
                 print(f"compiled: saved {compiled.saved_bytes / MIB:,.0f} MiB per micro-batch; peak "
                       f"{compiled.peak_bytes / MIB:,.0f} MiB at {a.world_size} ({floor / MIB:,.0f} of it parameters, "
-                      f"their gradients, optimiser state and saved; the rest the backward's transients)")
+                      f"their gradients, optimiser state and saved; the rest transients)")
             return 0
         arms = bundled_arms(a.studies.split(",") if a.studies else None)
         table = markdown_table(arms, a.at)
