@@ -539,6 +539,15 @@ def _fused_nodes(graph):
     return fused
 
 
+def _kernel(target):
+    """What the GPU runs for a graph node: a custom op's own body, op by op (its fake implementation, which tracing
+    uses, makes its outputs only, not the buffers inside such as the FP8 head's casts); else the op itself."""
+    from torch._library.custom_ops import OPDEFS
+    if isinstance(target, torch._ops.OpOverload) and target._schema.name in OPDEFS:
+        return OPDEFS[target._schema.name]._init_fn
+    return target
+
+
 def _run_as_traced(graph_module, _):
     """A partitioned graph run op by op under the meter as inductor's code runs it: its inputs (the backward's saved
     tensors) dropped on entry (the boxed calling convention), each value freed after its last use, and the values
@@ -568,7 +577,7 @@ def _run_as_traced(graph_module, _):
             else:
                 call_args, call_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
                 with _METER.untracked() if node in fused else contextlib.nullcontext():
-                    values[node] = node.target(*call_args, **call_kwargs)
+                    values[node] = _kernel(node.target)(*call_args, **call_kwargs)
             for value in freed_after.get(node, ()):
                 del values[value]
     run._boxed_call = True
