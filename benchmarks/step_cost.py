@@ -5,7 +5,7 @@
     python benchmarks/step_cost.py --track r18 -- --backout-layers 11    # one configuration
     python benchmarks/step_cost.py --studies record,r18-laurel           # some studies' arms
     python benchmarks/step_cost.py --write-docs docs/step-cost.md        # the table of every bundled arm
-    python benchmarks/step_cost.py --track small --at 0 --world-size 1 --compiled   # + what a compiled step saves
+    python benchmarks/step_cost.py --track small --at 0 --world-size 1 --compiled   # + the compiled step's peak
     python benchmarks/upstream_step.py RECORD_LOG_OR_SCRIPT   # beside upstream's own script (#137, #18, #21)
 
 Per optimiser step of one rank at the record's world size (8) it reports: parameters and the persistent bytes the
@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import operator
 import sys
 import weakref
 from collections import Counter
@@ -86,6 +87,16 @@ class StepMeter(TorchDispatchMode):
         self.flops, self.ops = Counter(), Counter()
         self.live = self.peak = 0
         self.sizes = {}
+        self.tracking = True
+
+    @contextlib.contextmanager
+    def untracked(self):
+        """Storages made meanwhile are not counted (a trace's fake values, which its graphs keep as metadata)."""
+        self.tracking = False
+        try:
+            yield
+        finally:
+            self.tracking = True
 
     def own(self, tensors):
         """Starts counting storages that exist already (parameters, buffers, inputs)."""
@@ -128,8 +139,9 @@ class StepMeter(TorchDispatchMode):
         launched = name in CUSTOM_FLOPS or packet.__module__ == "torch._ops.aten"  # prim.device etc.: metadata
         if launched and name not in self.NOT_LAUNCHED and not func.is_view:
             self.add(name, flops)
-        for t in tree_flatten(out)[0]:
-            self._track(t)
+        if self.tracking:
+            for t in tree_flatten(out)[0]:
+                self._track(t)
         self.peak = max(self.peak, self.live)
         return out
 
@@ -334,17 +346,19 @@ def resolve(track, flags):
 _MEASURED = {}
 
 
-def measure(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None):
+def measure(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None, compiled=False):
     """measure_once, remembered: arms of several studies share their flags, each arm its track's baseline."""
-    key = (track, tuple(flags), world_size, at, micro_batches)
+    key = (track, tuple(flags), world_size, at, micro_batches, compiled)
     if key not in _MEASURED:
-        _MEASURED[key] = measure_once(track, flags, world_size, at, micro_batches)
+        _MEASURED[key] = measure_once(track, flags, world_size, at, micro_batches, compiled)
     return _MEASURED[key]
 
 
-def measure_once(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None):
+def measure_once(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_batches=None, compiled=False):
     """The StepCost of one rank at `world_size` for the track's run with `flags` (a UsageError for flags its
-    script refuses), at the step `at` of the way through the schedule."""
+    script refuses), at the step `at` of the way through the schedule. `compiled`: each micro-batch runs as the
+    forward and backward graphs AOTAutograd partitions for inductor (compiled_micro_batch), so the saved and peak
+    bytes are the compiled program's (its FLOPs and operations are the traced graphs', not comparable to eager's)."""
     module, args = resolve(track, flags)
     accum = VIRTUAL_RANKS // world_size
     run_batches = micro_batches or min(accum, 2 if world_size == 1 else 1)
@@ -353,7 +367,7 @@ def measure_once(track, flags=(), world_size=RECORD_WORLD_SIZE, at=0.5, micro_ba
     global _METER
     _METER = meter
     with FakeTensorMode(), recorded_collectives(world_size, sent), meter:
-        cost = _measured_step(setup_step(module, args, track, at), track, world_size, run_batches, meter)
+        cost = _measured_step(setup_step(module, args, track, at), track, world_size, run_batches, meter, compiled)
     _METER = None
     scale = accum / run_batches
     cost = replace(cost, track=track, flags=list(flags), world_size=world_size, micro_batches=accum,
@@ -468,10 +482,14 @@ def setup_step(module, args, track, at):
     return (_r18_setup if getattr(args, "base", "r14") == "r18" else _track_setup)(module, args, track, at)
 
 
-def _measured_step(setup, track, world_size, run_batches, meter):
+def _measured_step(setup, track, world_size, run_batches, meter, compiled=False):
     model = setup.model
     params, param_bytes, param_storages = _model_figures(model, meter)
     meter.own(setup.tensors)
+    run_one = lambda: model(*setup.tensors, *setup.extra_args)  # noqa: E731
+    if compiled:
+        with meter.untracked():
+            run_one = compiled_micro_batch(setup)
     start = meter.live
     opt_step, reducer = setup.optimizers(world_size)  # after `start`: the state made up front counts
     if reducer is not None:
@@ -479,8 +497,7 @@ def _measured_step(setup, track, world_size, run_batches, meter):
     # The step's work only: building the model and the optimisers' state is no part of it.
     meter.ops.clear(), meter.flops.clear()
     with setup.attention():
-        saved, fusable = _micro_batches(meter, param_storages, setup.vocab_width,
-                                        lambda: model(*setup.tensors, *setup.extra_args), run_batches)
+        saved, fusable = _micro_batches(meter, param_storages, setup.vocab_width, run_one, run_batches)
     if reducer is not None:
         reducer.finish_backward()
     meter.phase = "optimizer"
@@ -489,35 +506,111 @@ def _measured_step(setup, track, world_size, run_batches, meter):
                     optimizer_state_bytes=meter.live - start, saved_bytes=saved, head_fusable_bytes=fusable)
 
 
-def compiled_saved_bytes(track, flags=(), at=0.5):
-    """The bytes one micro-batch saves for the backward when compiled: the outputs beyond the loss of the forward
-    graph that AOTAutograd's min-cut partition (inductor's) gives, traced under fake tensors (tens of seconds)."""
-    from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
-    module, args = resolve(track, flags)
-    global _METER
-    _METER = StepMeter()  # the attention stand-in reports to it
-    saved = []
+def _fused_nodes(graph):
+    """The nodes of a partitioned graph whose values inductor computes inside their consumers' kernels instead of
+    storing them, by its own rules for a GPU: a pointwise op (or a constant) all of whose users, through views, are
+    pointwise ops or reductions, unless several users read it and its fused expression is large (more than
+    realize_opcount_threshold ops, 30) or reads more than realize_reads_threshold (4) stored values - inductor stores
+    such a reused value once rather than recompute it in each reader."""
+    from torch._inductor import config
+    opcount_limit = config.realize_opcount_threshold or config._realize_opcount_threshold_default
 
-    def forward_graph(graph_module, _):
-        outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
-        saved.append(sum(n.meta["val"].numel() * n.meta["val"].element_size() for n in outputs[1:]
-                         if getattr(n, "op", "placeholder") != "placeholder" and torch.is_tensor(n.meta.get("val"))))
-        return make_boxed_func(graph_module.forward)
+    def pointwise(node):
+        return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and (
+            torch.Tag.pointwise in node.target.tags or not node.all_input_nodes)
 
-    with FakeTensorMode(), recorded_collectives(1, Counter()):
-        setup = setup_step(module, args, track, at)
-        named = list(setup.model.named_parameters()) + list(setup.model.named_buffers())
+    def fuses_in(user):
+        if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
+            return False
+        if user.target.is_view:
+            return all(fuses_in(u) for u in user.users)
+        return torch.Tag.pointwise in user.target.tags or torch.Tag.reduction in user.target.tags
 
-        def loss(*values):
-            state, tensors = values[:len(named)], values[len(named):]
-            return torch.func.functional_call(setup.model, {n: v for (n, _), v in zip(named, state)},
-                                              (*tensors, *setup.extra_args))
+    fused, reads, opcount = set(), {}, {}
+    for node in graph.nodes:  # topological: a node's inputs are settled before it
+        if not pointwise(node):
+            continue
+        reads[node] = set().union(*[reads[i] if i in fused else {i} for i in node.all_input_nodes])
+        opcount[node] = 1 + sum(opcount[i] for i in node.all_input_nodes if i in fused)
+        reused_large = len(node.users) > 1 and (opcount[node] > opcount_limit
+                                                or len(reads[node]) > config.realize_reads_threshold)
+        if node.users and all(fuses_in(u) for u in node.users) and not reused_large:
+            fused.add(node)
+    return fused
 
-        with setup.attention():
-            aot_function(loss, fw_compiler=forward_graph, bw_compiler=lambda g, _: make_boxed_func(g.forward),
-                         partition_fn=min_cut_rematerialization_partition)(*[t for _, t in named], *setup.tensors)
-    _METER = None
-    return saved[0]
+
+def _kernel(target):
+    """What the GPU runs for a graph node: a custom op's own body, op by op (its fake implementation, which tracing
+    uses, makes its outputs only, not the buffers inside such as the FP8 head's casts); else the op itself."""
+    from torch._library.custom_ops import OPDEFS
+    if isinstance(target, torch._ops.OpOverload) and target._schema.name in OPDEFS:
+        return OPDEFS[target._schema.name]._init_fn
+    return target
+
+
+def _run_as_traced(graph_module, _):
+    """A partitioned graph run op by op under the meter as inductor's code runs it: its inputs (the backward's saved
+    tensors) dropped on entry (the boxed calling convention), each value freed after its last use, and the values
+    inductor fuses away (_fused_nodes) computed untracked, so the live bytes rise and fall with the compiled
+    program's buffers - the backward's transients, such as the head's logit gradient, where the graph stores them."""
+    graph = graph_module.graph
+    fused = _fused_nodes(graph)
+    freed_after = {}
+    last_user = {}
+    for node in graph.nodes:
+        for value in node.all_input_nodes:
+            last_user[value] = node
+    for value, node in last_user.items():
+        freed_after.setdefault(node, []).append(value)
+
+    def run(args):
+        inputs = list(reversed(args))
+        args.clear()
+        values = {}
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                values[node] = inputs.pop()
+            elif node.op == "output":
+                return torch.fx.node.map_arg(node.args[0], values.__getitem__)
+            elif node.op == "get_attr":  # a constant the trace lifted onto the graph module
+                values[node] = operator.attrgetter(node.target)(graph_module)
+            else:
+                call_args, call_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+                with _METER.untracked() if node in fused else contextlib.nullcontext():
+                    values[node] = _kernel(node.target)(*call_args, **call_kwargs)
+            for value in freed_after.get(node, ()):
+                del values[value]
+    run._boxed_call = True
+    return run
+
+
+def compiled_micro_batch(setup):
+    """A micro-batch's loss as torch.compile's program: the forward traced by AOTAutograd with inductor's
+    decompositions and partitioned by inductor's own partition function (its joint-graph passes, then the min-cut
+    that picks what the forward saves), both graphs run by _run_as_traced; traced here by a first forward and
+    backward whose gradients are dropped. Called with the meter not tracking (the trace's values are no part of
+    the step)."""
+    from functorch.compile import aot_function
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+    named = list(setup.model.named_parameters()) + list(setup.model.named_buffers())
+
+    def loss(*values):
+        state, tensors = values[:len(named)], values[len(named):]
+        return torch.func.functional_call(setup.model, {n: v for (n, _), v in zip(named, state)},
+                                          (*tensors, *setup.extra_args))
+
+    compiled = aot_function(loss, fw_compiler=_run_as_traced, bw_compiler=_run_as_traced, partition_fn=partition_fn,
+                            decompositions=select_decomp_table())
+
+    def run():
+        return compiled(*[t for _, t in named], *setup.tensors)
+
+    with setup.attention():
+        run().backward()
+    for p in setup.model.parameters():
+        p.grad = None
+    return run
 
 
 # ----- the counts a change to the baseline must not move -------------------------------------------------------------
@@ -677,8 +770,9 @@ says how). Per rank at world size 8 (the record's); the baselines also at world 
 arm's study's `baseline` arm (the track's record when it has none) at world size 8. Measured at the middle of each
 schedule ({at}). TFLOP/step: forward, backward and optimiser of one rank. H100 >= ms: a lower bound, the largest
 of FLOPs at {flops:.0f} TFLOP/s (dense bf16), the step's least HBM traffic at {hbm:.2f} TB/s and the bytes sent at
-{nvlink:.0f} GB/s (NVLink, one direction). Saved and peak MiB are eager's: a compiled step saves less (`--track T
---compiled` gives its saved bytes; benchmarks/results/2026-11-28_cpu_step-cost.txt checks both against the GPU).
+{nvlink:.0f} GB/s (NVLink, one direction). Saved and peak MiB are eager's: a compiled step saves less and fuses its
+pointwise chains (`--track T --compiled` gives its saved bytes and peak, the backward's transients included;
+benchmarks/results/2026-11-28_cpu_step-cost.txt checks that peak against the GPU's).
 FLOPs are those of matrix products and attention (torch's FLOP formulas, and the matrix-vector product): pointwise
 work (norms, activations, the optimisers' element-wise updates) is not counted, so an arm that adds only pointwise
 work shows +0.00%.
@@ -712,8 +806,8 @@ def main(argv=None):
     p.add_argument("--world-size", type=int, default=RECORD_WORLD_SIZE, choices=[1, 2, 4, 8])
     p.add_argument("--json", action="store_true", help="with --track: the full figures as JSON")
     p.add_argument("--compiled", action="store_true",
-                   help="with --track: also the bytes a compiled micro-batch saves (AOTAutograd's min-cut partition) "
-                        "and the compiled peak's floor: parameters, gradients, optimiser state and those bytes")
+                   help="with --track: also the compiled step's saved bytes and peak (inductor's partition and "
+                        "fusion rules, run under fake tensors: measure_once's `compiled`)")
     p.add_argument("--write-docs", metavar="PATH", help="write the markdown table of every bundled arm there")
     p.add_argument("--write-reference", metavar="PATH",
                    help="write the baselines' counts at the reduced size there "
@@ -731,10 +825,11 @@ def main(argv=None):
             else:
                 print(f"{a.track} {' '.join(a.flags)}: {cost_line(cost, baseline(a.track, a.world_size, a.at))}")
             if a.compiled:
-                saved = compiled_saved_bytes(a.track, a.flags, a.at)
-                floor = 2 * cost.param_bytes + cost.optimizer_state_bytes + saved
-                print(f"compiled: saved {saved / MIB:,.0f} MiB per micro-batch; peak at least {floor / MIB:,.0f} MiB "
-                      f"(parameters, their gradients, optimiser state, saved; transients not counted)")
+                compiled = measure(a.track, a.flags, a.world_size, a.at, compiled=True)
+                floor = 2 * compiled.param_bytes + compiled.optimizer_state_bytes + compiled.saved_bytes
+                print(f"compiled: saved {compiled.saved_bytes / MIB:,.0f} MiB per micro-batch; peak "
+                      f"{compiled.peak_bytes / MIB:,.0f} MiB at {a.world_size} ({floor / MIB:,.0f} of it parameters, "
+                      f"their gradients, optimiser state and saved; the rest transients)")
             return 0
         arms = bundled_arms(a.studies.split(",") if a.studies else None)
         table = markdown_table(arms, a.at)
