@@ -10,6 +10,9 @@ torch) are merged at the top. It holds only what the run executes:
   wiring reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS:
   their add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
+  emptied, it is read as `()` (empty_registries_read), and so is a parameter every kept call passes `()` or leaves
+  at a default of `()`: it goes from its function and the calls, and a function whose body is then `pass` goes with
+  its call statements (decided_calls);
 - a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
@@ -395,9 +398,58 @@ def propagate_locals(text, folds):
     return replace_spans(text, edits)
 
 
+EMPTY_OF = {ast.ListComp: "[]", ast.SetComp: "set()", ast.GeneratorExp: "()", ast.DictComp: "{}"}
+# `tuple(x for x in ())` is (), `sorted((), key=...)` is []
+EMPTY_CONSTRUCTORS = {"tuple": "()", "list": "[]", "set": "set()", "dict": "{}", "sorted": "[]"}
+EMPTY_LITERALS = ("()", "[]", "set()", "{}")
+
+
+def is_empty_literal(node):
+    return ast.unparse(node) in EMPTY_LITERALS
+
+
+def empty_registries_read(text, folds):
+    """The source with each read of a name the folds hold as an empty tuple (the registry pruned to no study:
+    `STUDIES`) written `()`, and each comprehension over an empty tuple written as its empty value: the loops and
+    defaults over the registry then fold, and its definition is left unread (the file has no `STUDIES = ()`)."""
+    tree = ast.parse(text)
+    edits = [(n, "()") for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+             and folds.get(n.id, UNKNOWN) == () and isinstance(folds[n.id], tuple)]
+    if edits:
+        return replace_spans(text, edits)
+    for node in ast.walk(tree):
+        # `tuple(())`, `sorted((), key=...)`: what a registry passed on leaves; `tuple(x) + ()`
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EMPTY_CONSTRUCTORS \
+                and len(node.args) == 1 and is_empty_literal(node.args[0]) \
+                and all(only_reads(k.value) or isinstance(k.value, ast.Lambda) for k in node.keywords):
+            return replace_spans(text, [(node, EMPTY_CONSTRUCTORS[node.func.id])])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and ast.unparse(node.right) == "()" \
+                and (isinstance(node.left, ast.Tuple) or isinstance(node.left, ast.Call)
+                     and ast.unparse(node.left.func) == "tuple"):
+            return replace_span(text, node, node.left)
+    # `x |= set()`, `x += ()`: adds nothing
+    lines = text.split("\n")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.BitOr, ast.Add)) \
+                and is_empty_literal(node.value) and isinstance(node.target, ast.Name):
+            kept = [" " * node.col_offset + "pass"] if only_statement(tree, node) else []
+            return "\n".join(replace_lines(lines, node.lineno if kept else first_line_with_comments(lines, node),
+                                            node.end_lineno, kept))
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if type(node) in EMPTY_OF and isinstance(node.generators[0].iter, ast.Tuple) \
+                and not node.generators[0].iter.elts:
+            call = parents.get(id(node))
+            if isinstance(call, ast.Call) and call.args == [node] and not call.keywords \
+                    and isinstance(call.func, ast.Name) and call.func.id in EMPTY_CONSTRUCTORS:
+                return replace_spans(text, [(call, EMPTY_CONSTRUCTORS[call.func.id])])
+            return replace_spans(text, [(node, EMPTY_OF[type(node)])])
+    return text
+
+
 def fold_constants(text, folds, where):
-    """(the source, {method name: class}): fold_ifs and propagate_locals, with the module's constant methods, until
-    nothing changes."""
+    """(the source, {method name: class}): empty_registries_read, fold_ifs and propagate_locals, with the module's
+    constant methods, until nothing changes."""
     folded_methods = {}
     while True:
         tree = ast.parse(text)
@@ -405,7 +457,7 @@ def fold_constants(text, folds, where):
         called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         folded_methods.update({name: owner for name, owner in owners.items() if f"self.{name}" in called})
         module_folds = dict(folds, **methods)
-        folded = propagate_locals(fold_ifs(text, module_folds, where), module_folds)
+        folded = propagate_locals(fold_ifs(empty_registries_read(text, folds), module_folds, where), module_folds)
         if folded == text:
             return text, folded_methods
         text = folded
@@ -541,6 +593,126 @@ def prune_registry(text, name, keep, where):
     raise UsageError(f"{EXPORT_FLAG}: {where}: no {name} = (...) to prune")
 
 
+def span(first, last):
+    """A node spanning the source from `first` to `last`, each (line, column)."""
+    return ast.Constant(None, lineno=first[0], col_offset=first[1], end_lineno=last[0], end_col_offset=last[1])
+
+
+def cut_items(items, removed):
+    """[(span node, "")] removing items[i] for each i in `removed` from a signature's or a call's items (nodes with
+    positions), each with the comma that joins it to the others."""
+    edits, i = [], 0
+    while i < len(items):
+        if i not in removed:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(items) and j + 1 in removed:
+            j += 1
+        if i > 0:  # from the end of the item before
+            edits.append((span((items[i - 1].end_lineno, items[i - 1].end_col_offset),
+                               (items[j].end_lineno, items[j].end_col_offset)), ""))
+        else:  # to the start of the item after, or the run's end
+            end = (items[j + 1].lineno, items[j + 1].col_offset) if j + 1 < len(items) else \
+                (items[j].end_lineno, items[j].end_col_offset)
+            edits.append((span((items[0].lineno, items[0].col_offset), end), ""))
+        i = j + 1
+    return edits
+
+
+def parameter_items(function):
+    """Nodes spanning a function's parameters (`name` or `name=default`), in order."""
+    args = function.args.args
+    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+    return [span((a.lineno, a.col_offset), ((d or a).end_lineno, (d or a).end_col_offset))
+            for a, d in zip(args, defaults)]
+
+
+def without_calls_decided(text, fixed_parameters, no_ops):
+    """The source with each parameter of `fixed_parameters` ((function, parameter, its position): every call of the
+    program passes it an empty tuple, or none over a default of one; decided_calls) read as `()` in its function
+    and gone from its signature and its calls, and each call statement of a function of `no_ops` (its body does
+    nothing) gone."""
+    if not fixed_parameters and not no_ops:
+        return text
+    tree = ast.parse(text)
+    fixed = {}
+    for function, parameter, position in fixed_parameters:
+        fixed.setdefault(function, {})[parameter] = position
+    edits = []  # the calls first: an argument cut may be a read of another fixed parameter
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in fixed:
+            names = fixed[call.func.id]
+            items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+            removed = {items.index(call.args[position]) for position in names.values() if position < len(call.args)}
+            removed |= {items.index(k) for k in call.keywords if k.arg in names}
+            edits += cut_items(items, removed)
+    text = replace_spans(text, edits) if edits else text
+    edits = []
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name in fixed:
+            names = fixed[node.name]
+            edits += cut_items(parameter_items(node), set(names.values()))
+            edits += [(n, "()") for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+    text = replace_spans(text, edits) if edits else text
+    lines = text.split("\n")
+    tree = ast.parse(text)
+    calls = [s for s in ast.walk(tree) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+             and isinstance(s.value.func, ast.Name) and s.value.func.id in no_ops]
+    for statement in sorted(calls, key=lambda s: s.lineno, reverse=True):
+        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
+        lines = replace_lines(lines, first_line_with_comments(lines, statement) if not kept else statement.lineno,
+                              statement.end_lineno, kept)
+    return "\n".join(lines)
+
+
+def decided_calls(program):
+    """(fixed_parameters, no_ops) of the kept program for without_calls_decided: of each top-level function its
+    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), the
+    parameters every call passes `()` or leaves at a default of `()` (the registry pruned to no study, passed on:
+    `studies=STUDIES`), and the functions whose body is `pass` alone, called as statements with arguments that only
+    read names (check_r18_studies with no study on)."""
+    nodes = [s.node for m in program.modules.values() for s in program.kept_statements(m)]
+    functions = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef) and not n.decorator_list}
+    every = [n for node in nodes for n in ast.walk(node)]
+    loads = [n.id for n in every if isinstance(n, ast.Name)]
+    bound = {a.arg for n in every if isinstance(n, ast.arguments) for a in n.posonlyargs + n.args + n.kwonlyargs}
+    bound |= {n.name for n in every if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n not in nodes}
+    bound |= {n.id for n in every if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    calls = {}
+    for n in every:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions:
+            calls.setdefault(n.func.id, []).append(n)
+    statements = {id(n.value) for n in every if isinstance(n, ast.Expr)}
+    fixed, no_ops = [], []
+    for name, function in functions.items():
+        called = calls.get(name, [])
+        if loads.count(name) != len(called) or name in bound or function.args.vararg or function.args.kwarg \
+                or function.args.posonlyargs \
+                or any(isinstance(a, ast.Starred) for c in called for a in c.args) \
+                or any(k.arg is None for c in called for k in c.keywords):
+            continue
+        if [type(s) for s in function.body] == [ast.Pass] and all(id(c) in statements for c in called) \
+                and all(only_reads(a) for c in called for a in c.args + [k.value for k in c.keywords]):
+            no_ops.append(name)
+            continue
+        args = function.args.args
+        defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+        stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
+                 for a in n.posonlyargs + n.args + n.kwonlyargs}
+        for position, (arg, default) in enumerate(zip(args, defaults)):
+            if arg.arg in stored | inner or position < len(function.args.posonlyargs):
+                continue
+            passed = []
+            for call in called:
+                keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
+                passed.append(call.args[position] if position < len(call.args) else keyword or default)
+            if passed and all(isinstance(v, ast.Tuple) and not v.elts for v in passed):
+                fixed.append((name, arg.arg, position))
+    return tuple(sorted(fixed)), tuple(sorted(no_ops))
+
+
 # ----- a module as statements ------------------------------------------------------------------------------------
 
 @dataclass
@@ -662,12 +834,12 @@ def import_line(node, alias):
     return bound, (node.module, alias.name, alias.asname)
 
 
-def load_module(name, folds, registries, omitted=()):
+def load_module(name, folds, registries, omitted=(), decided=((), ())):
     """The module `name` as statements, its `if`s folded and its registries pruned (cached: a process exporting
     several runs parses each source once per folding)."""
     path = module_path(name)
     return parsed_module(name, path.read_text(), tuple(sorted(folds.items())),
-                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()), tuple(omitted))
+                         tuple((r, tuple(k)) for r, k in registries.get(name, {}).items()), tuple(omitted), decided)
 
 
 def module_call_folds(name, tree, folds):
@@ -687,11 +859,12 @@ def module_call_folds(name, tree, folds):
 
 
 @functools.lru_cache(maxsize=256)
-def parsed_module(name, source, folds, registries, omitted):
+def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
     folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
-    text, folded_methods = fold_constants(omit_arguments(source, omitted), folds, where)
+    text, folded_methods = fold_constants(without_calls_decided(omit_arguments(source, omitted), *decided), folds,
+                                          where)
     text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), folds.get(R18_BASE, False))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
@@ -749,8 +922,8 @@ class Program:
     class, the methods that the kept code names (by a name, an attribute or a string: `x.step()`) or that a library
     base class has (nn.Module's forward, argparse's error: the library calls them)."""
 
-    def __init__(self, script_module, folds, registries, omitted=()):
-        self.folds, self.registries, self.omitted = folds, registries, omitted
+    def __init__(self, script_module, folds, registries, omitted=(), decided=((), ())):
+        self.folds, self.registries, self.omitted, self.decided = folds, registries, omitted, decided
         self.modules = {}
         self.kept = {}  # module name -> set of statement ids
         self.kept_methods = {}  # id(class statement) -> the names of its methods kept
@@ -762,7 +935,7 @@ class Program:
 
     def load(self, name):
         if name not in self.modules:
-            self.modules[name] = load_module(name, self.folds, self.registries, self.omitted)
+            self.modules[name] = load_module(name, self.folds, self.registries, self.omitted, self.decided)
             self.kept[name] = set()
         return self.modules[name]
 
@@ -915,12 +1088,16 @@ def class_constants(program):
 
 
 def folded_program(script_module, folds, registries, omitted=()):
-    """The Program, shaken again with the class constants of its kept classes folded where they are tested."""
+    """The Program, shaken again with the class constants of its kept classes folded where they are tested and the
+    calls its kept code decides (decided_calls) until neither finds more."""
     program = Program(script_module, folds, registries, omitted)
-    constants = class_constants(program) or {}
-    if not set(constants) - set(folds):
-        return program
-    return Program(script_module, {**constants, **folds}, registries, omitted)
+    while True:
+        constants = class_constants(program) or {}
+        found = decided_calls(program)
+        decided = tuple(tuple(sorted(set(known) | set(new))) for known, new in zip(program.decided, found))
+        if not set(constants) - set(program.folds) and decided == program.decided:
+            return program
+        program = Program(script_module, {**constants, **program.folds}, registries, omitted, decided)
 
 
 # ----- the file ---------------------------------------------------------------------------------------------------

@@ -643,3 +643,60 @@ def test_a_class_attribute_nothing_reads_goes_with_what_only_it_names(tmp_path, 
     text = exported_program(tmp_path / "program", monkeypatch, library, script)
     assert "Expansion" not in text and "read by a study" not in text
     assert "    size = 3\n    ratio = size * 2\n" in text  # what a kept attribute's value names stays
+
+
+REGISTRY_LIBRARY = '''STUDIES = ()
+
+
+def check(config, studies=STUDIES):
+    for study in studies:
+        study.check(config)
+
+
+def build(config, studies):
+    names = tuple(study.name for study in studies) + ()
+    return sorted(studies, key=lambda study: study.name), names
+
+
+def passed_on(config, studies):
+    return build(config, studies)
+
+
+def kept(config, studies=()):
+    return [study for study in studies]
+
+
+def run(config, other):
+    check(config)
+    return passed_on(config, STUDIES), kept(config, other)
+'''
+
+
+def test_an_empty_registry_and_what_only_passes_it_on_fold_away(tmp_path, monkeypatch):
+    """With no study on, `STUDIES = ()` was kept and looped over, passed on as a parameter (`studies=STUDIES`) through
+    three functions, and check_r18_studies kept as a function doing nothing, called."""
+    from speedrun import export as export_module
+    monkeypatch.setattr(export_module, "ROOT", tmp_path)
+    (tmp_path / "speedrun").mkdir()
+    (tmp_path / "speedrun" / "__init__.py").write_text("")
+    (tmp_path / "speedrun" / "lib.py").write_text(REGISTRY_LIBRARY)
+    (tmp_path / "script.py").write_text("from speedrun.lib import run\n\nif __name__ == '__main__':\n"
+                                        "    print(run(1, 2))\n")
+    program = export_module.folded_program("script", {"STUDIES": ()}, {})
+    text = "\n".join(s.text for m in program.order() for s in program.kept_statements(m))
+    assert "STUDIES" not in text and "check" not in text  # the registry, and the call that did nothing
+    assert "def build(config):\n    names = ()\n    return [], names\n" in text
+    assert "def passed_on(config):\n    return build(config)\n" in text and "passed_on(config), " in text
+    # a parameter a call passes something else keeps it
+    assert "def kept(config, studies=()):" in text and "kept(config, other)" in text
+
+
+def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it(tmp_path):
+    for text in (export(tmp_path, T), export(tmp_path, T, "--base", "r18"), export(tmp_path, S)):
+        tree = ast.parse(text)
+        assert "STUDIES" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        assert not [f.name for f in functions if "studies" in [a.arg for a in f.args.args]
+                    and f.name in ("make_parser", "resolve_study_args", "model_config_from_args", "preset_config",
+                                   "check_r18_studies")]
+        assert "check_r18_studies" not in text
