@@ -45,7 +45,6 @@ def new_study(name="head-scale", **declared):
                              options=dict(action="store_true")),),
                  resolve=lambda config, pattern: {},
                  model_config=lambda model_cfg, config: dict(head_scale=True) if config.head_scale else {},
-                 added_params=lambda model_cfg, model_class: int(model_cfg.head_scale),
                  model_fields=(("head_scale", bool, False),), **{"model_part": HeadScale, **declared})
 
 
