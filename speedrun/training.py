@@ -195,9 +195,18 @@ def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, vali
 
 
 class BaseRun:
-    """What a base supplies to run_training for one run (its `begin(config, proc)` makes one): the model, the
-    optimisers, the data stream, the schedule or windows, the warm-up, validation, and its own log lines and
-    checkpoint entries. The skeleton calls these in the order they are listed; the defaults are the no-ops."""
+    """What a base supplies to run_training for one run (its `begin(config, proc)` makes one). It defines, in the
+    order the skeleton calls them:
+      build_model(config, proc) -> the model, on the device, in its precision;
+      optimizers(model, proc, compiled) -> (the optimisers: the study hooks' `opt`, stepped by optimizer_step;
+        their state: state_dict / load_state_dict of what a checkpoint keeps);
+      logged_config(config, proc) -> the config line's fields (the skeleton adds the parameter count);
+      warmup(train_model, model, opt, config, proc, train_files) -> kernel_warmup's take_step(i) for
+        config.warmup_steps steps;
+      stream(train_files, config, proc) -> the training batches;
+      validate(train_model, config, proc, step, state) -> the validation loss before `step`;
+      forward_backward(train_model, stream, step, state, opt, proc); optimizer_step(opt, step);
+    and may replace the no-ops below."""
 
     val_decimals = 6
 
@@ -208,32 +217,13 @@ class BaseRun:
         """The run's config as it runs (and is logged): the schedule's origin, the warm-up's length."""
         return config
 
-    def build_model(self, config, proc):
-        raise NotImplementedError
-
     def prepare_model(self, model, config, proc):
-        """Model state of the base's own set before the optimisers are built; returns the log lines saying it."""
+        """Model state of the base's own, set before the optimisers are built; returns the log lines saying it."""
         return []
 
-    def optimizers(self, model, proc, compiled):
-        """(the optimisers: the study hooks' `opt`, stepped by optimizer_step; their state: state_dict /
-        load_state_dict of what a checkpoint keeps)."""
-        raise NotImplementedError
-
     def compile(self, model, config, proc, compiled):
-        """The model the steps run: compiled or the model itself."""
+        """The model the steps run: compiled, or the model itself."""
         return model
-
-    def logged_config(self, config, proc):
-        """The config line's fields (the skeleton adds the parameter count)."""
-        raise NotImplementedError
-
-    def warmup(self, train_model, model, opt, config, proc, train_files):
-        """kernel_warmup's take_step(i) for config.warmup_steps steps."""
-        raise NotImplementedError
-
-    def stream(self, train_files, config, proc):
-        raise NotImplementedError
 
     def after_restore(self, model, start_step):
         """Model state that follows the step the run starts at (0, or a resume's)."""
@@ -244,15 +234,6 @@ class BaseRun:
 
     def prepare(self, step):
         """Step `step`'s state, handed to validate and forward_backward."""
-
-    def validate(self, train_model, config, proc, step, state):
-        raise NotImplementedError
-
-    def forward_backward(self, train_model, stream, step, state, opt, proc):
-        raise NotImplementedError
-
-    def optimizer_step(self, opt, step):
-        raise NotImplementedError
 
     def checkpoint_extra(self):
         """Entries of the base's own in every checkpoint."""
