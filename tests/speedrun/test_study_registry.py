@@ -89,16 +89,16 @@ def test_any_help_text_is_shown_as_written():
 
 def test_a_study_that_rebuilds_the_model_refuses_any_study_it_does_not_name():
     """DLO names no compatible study: a study it has never heard of is refused with it, in one line."""
-    new = a_switch_study("logit-scale")
-    fields = [("logit_scale", bool, dataclasses.field(default=False))]
-    config_class = dataclasses.make_dataclass("WithLogitScale", fields, bases=(type(TINY_DLO),), frozen=True)
-    config = config_class(**vars(TINY_DLO), logit_scale=True)
+    new = a_switch_study("made-up-switch")
+    fields = [("made_up_switch", bool, dataclasses.field(default=False))]
+    config_class = dataclasses.make_dataclass("WithMadeUpSwitch", fields, bases=(type(TINY_DLO),), frozen=True)
+    config = config_class(**vars(TINY_DLO), made_up_switch=True)
     studies = STUDIES + (new,)
-    with pytest.raises(T.UsageError, match=r"^--dlo-groups cannot be combined with --logit-scale \(DLO expands"):
+    with pytest.raises(T.UsageError, match=r"^--dlo-groups cannot be combined with --made-up-switch \(DLO expands"):
         resolve_study_args(config, T.layer_pattern, studies)
-    named = tuple(dataclasses.replace(study, compatible=("logit-scale",)) if study.rebuilds_model else study
+    named = tuple(dataclasses.replace(study, compatible=("made-up-switch",)) if study.rebuilds_model else study
                   for study in studies)
-    assert resolve_study_args(config, T.layer_pattern, named).logit_scale  # named compatible: runs
+    assert resolve_study_args(config, T.layer_pattern, named).made_up_switch  # named compatible: runs
 
 
 @pytest.mark.slow
