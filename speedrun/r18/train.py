@@ -1,5 +1,6 @@
-"""`train_gpt_medium.py --base r18`: a training run of record #18 (its model, NorMuon + odd-step Adam, BOS-aligned
-batches and schedules) with the run log, checkpoints and resume of the #14 path (speedrun.training).
+"""`train_gpt_medium.py --base r18`: what record #18 supplies to the run loop every base shares
+(speedrun.training.run_training, with its run log, checkpoints and resume): R18Run, its model, NorMuon + odd-step
+Adam, BOS-aligned batches and schedules.
 
 Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
 sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
