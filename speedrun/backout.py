@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.errors import UsageError
-from speedrun.layers import MLP, norm, padded_vocab, uniform_init_
-from speedrun.study import Flag, ModelPart
+from speedrun.layers import MLP, norm, uniform_init_
+from speedrun.study import Flag, ModelPart, Study
 
 SIMILARITY_TOKENS = 8192  # tokens of each eval sequence the backout similarity is measured on
 BACKOUT_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh}
@@ -341,28 +341,6 @@ def backout_config(model_cfg, args):
     return {name: getattr(args, name) for name, _, _ in BACKOUT_MODEL_FIELDS}
 
 
-def backout_added_params(cfg, model_class=None):
-    """Parameters the backout adds (see BackoutParts and add_backout): its matrices and table, its learned lambdas
-    (none frozen), the lm head's new columns (concat-head) or the last MLP's growth (concat-mlp)."""
-    if not cfg.backout_layers:
-        return 0
-    D, k, mode = cfg.model_dim, len(cfg.backout_layers), cfg.backout_mode
-    count = k * D * D if cfg.backout_transform.endswith("-linear") else 0
-    if "new-embed" in cfg.backout_layers:
-        count += cfg.vocab_size * D
-    learned = not cfg.backout_freeze
-    if mode == "sum":
-        count += (learned and not cfg.backout_fixed_x) + learned * k
-    elif mode == "subtract":
-        count += learned * k
-    elif mode == "concat-head":
-        count += padded_vocab(cfg.vocab_size) * D * k
-    else:  # concat-mlp: the down-projections, and the last MLP widened (input) and resized (hidden)
-        concat, hidden = k * cfg.backout_concat_dim, backout_mlp_hidden(cfg)
-        count += concat * D + hidden * (D + concat) + D * hidden - 2 * cfg.mlp_ratio * D * D
-    return count
-
-
 # Name pieces of the settings that differ from their defaults, in the order they are checked.
 BACKOUT_NAME_PIECES = [("backout_mode", "sum", "{}"), ("backout_transform", "none", "{}"),
                        ("backout_x_init", None, "x{:g}"), ("backout_skip_init", None, "skip{:g}"),
@@ -381,3 +359,11 @@ def backout_variant_name(args):
         if value != (defaults[name] if default is None else default):
             pieces.append(form.format(value))
     return "-".join(pieces)
+
+
+BACKOUT = Study(
+    name="backout", title="backout (docs/backout.md; every flag needs --backout-layers)",
+    flags=BACKOUT_FLAGS, resolve=resolve_backout_args, model_config=backout_config,
+    model_fields=BACKOUT_MODEL_FIELDS, variant_name=backout_variant_name,
+    model_part=Backout, on_r18=backout_on_r18, r18_model_part=R18Backout,
+)

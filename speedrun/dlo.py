@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from speedrun.checkpoint import load_model_weights
 from speedrun.errors import UsageError
 from speedrun.layers import norm, padded_vocab
-from speedrun.study import Flag, ModelPart
+from speedrun.study import Flag, ModelPart, Study
 
 # The paper's policies: new layers appended to each group, built from the group's layers (block scalars reset).
 GROUP_POLICIES = ("random", "copy", "identity", "merge", "slerp", "strict-identity")
@@ -363,19 +363,6 @@ def dlo_base_config(cfg):
     return replace(cfg, num_layers=cfg.dlo_base_layers, dlo_groups=0, dlo_add=0, dlo_base_layers=0)
 
 
-def dlo_added_params(cfg, model_class):
-    """A router (D weights) per layer of the expanded model, and each new layer: its attention (where its source
-    has one), its MLP, its block and value lambdas."""
-    if not cfg.dlo_groups:
-        return 0
-    D, hdim = cfg.model_dim, cfg.num_heads * cfg.head_dim
-    pattern = dlo_layer_pattern(cfg, model_class.layer_pattern)
-    new_layers = pattern["dlo_new_layers"]
-    with_attention = sum(q not in pattern["no_attention_layers"] for q in new_layers)
-    per_layer = 2 * cfg.mlp_ratio * D * D + len(model_class.block_lambdas) + 2
-    return cfg.num_layers * D + len(new_layers) * per_layer + with_attention * 4 * hdim * D
-
-
 def dlo_expand_from_checkpoint(model, state, args, max_seq_len):
     """Builds the unexpanded model (the track's unexpanded_model), loads the checkpoint into it (strict shapes),
     then expands into `model`."""
@@ -543,3 +530,11 @@ def dlo_model_config(model_cfg, args):
     fields = {name: getattr(args, name) for name, _, _ in DLO_MODEL_FIELDS if name != "dlo_base_layers"}
     return dict(fields, num_layers=model_cfg.num_layers + args.dlo_groups * args.dlo_add,
                 dlo_base_layers=model_cfg.num_layers)
+
+
+DLO = Study(
+    name="dlo", title="dlo", description=DLO_DESCRIPTION, flags=DLO_FLAGS, resolve=resolve_dlo_args,
+    model_config=dlo_model_config, model_fields=DLO_MODEL_FIELDS,
+    # expansion copies the baseline's per-layer parts only: every other study is refused with it
+    rebuilds_model=True, excludes_why="DLO expands baseline checkpoints", model_part=DLORouters,
+)

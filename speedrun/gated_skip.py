@@ -45,7 +45,6 @@ GATED_SKIP = Study(
     flags=(Flag("--gated-skip-layer", "the head also reads sigmoid(g) * out[K], g learned (the gate starts at "
                                       "0.018)", resume=True, kind=int, options=dict(type=int, metavar="K")),),
     resolve=resolve,  # the flag is also the model field gated_skip_layer (default None: off), copied when given
-    added_params=lambda model_cfg, model_class: int(model_cfg.gated_skip_layer is not None),  # the gate's scalar
     variant_name=lambda config: f"gated-skip-L{config.gated_skip_layer}",
     model_part=GatedSkip,
     excludes=("--dlo-groups",), excludes_why="layer indices of a DLO-expanded model are not the checkpoint's",

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedrun.errors import UsageError, parse_int_flag
-from speedrun.study import Flag, ModelPart
+from speedrun.study import Flag, ModelPart, Study
 
 # A LAuReL'd residual replaces x + f(x) by  alpha*f(x) + g(x, history). Sites are the attention and MLP residuals
 # of a block, or the whole block (f = attention + MLP); x is the stream entering that residual (after the U-net
@@ -330,20 +330,6 @@ LAUREL_MODEL_FIELDS = (("laurel", str, None), *((n, type(v), v) for n, v in LAUR
                        ("laurel_pa_h", str, "identity"), ("laurel_layers", tuple, None))
 
 
-def laurel_added_params(cfg, model_class):
-    """Per LAuReL'd residual: its RW scalars, its PA gammas (one per history entry) and its low-rank products (one,
-    or one per history entry), each 2 r D."""
-    if cfg.laurel is None:
-        return 0
-    rw, lr, pa, pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
-    no_attention = model_class.layer_pattern(cfg.num_layers)["no_attention_layer"]
-    n = len(laurel_sites(cfg.num_layers, no_attention, cfg.laurel_where, cfg.laurel_layers))
-    history = sum(min(cfg.laurel_k, i + 1) for i in range(n)) if pa else 0
-    rw_per_site = {"single": 1, "vector": 2 * cfg.model_dim}.get(cfg.laurel_rw_form, 2) if rw else 0
-    products = history if pa_lowrank and cfg.laurel_pa_h == "lowrank" else n if lr or pa_lowrank else 0
-    return n * rw_per_site + history + products * 2 * cfg.laurel_rank * cfg.model_dim
-
-
 def laurel_config(model_cfg, args):
     """Model config fields of the LAuReL flags ({} when off: the dataclass defaults mean off)."""
     if args.laurel is None:
@@ -371,3 +357,10 @@ def laurel_variant_name(args):
     if args.laurel_layers is not None:
         pieces.append("+".join(f"L{i}" for i in args.laurel_layers))
     return "-".join(pieces)
+
+
+LAUREL = Study(
+    name="laurel", title="laurel", description="LAuReL residuals (docs/laurel.md); every flag needs --laurel",
+    flags=LAUREL_FLAGS, resolve=resolve_laurel_args, model_config=laurel_config,
+    model_fields=LAUREL_MODEL_FIELDS, variant_name=laurel_variant_name, model_part=LaurelResiduals,
+)

@@ -4,7 +4,7 @@ a*out[i-3] + b*out[i-1] with a and b learned (init a = 0, b = 1: the baseline's 
 import torch
 
 from speedrun.errors import UsageError
-from speedrun.study import Flag, ModelPart
+from speedrun.study import Flag, ModelPart, Study
 
 ROLLING_SKIP_FLAGS = (
     Flag("--rolling-skip", "from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)",
@@ -21,11 +21,6 @@ def resolve_rolling_skip_args(config, pattern):
 
 def rolling_skip_config(model_cfg, config):
     return dict(rolling_skip=True) if config.rolling_skip else {}
-
-
-def rolling_skip_added_params(cfg, model_class=None):
-    """Two scalars per layer from layer 3 on."""
-    return 2 * (cfg.num_layers - 3) if cfg.rolling_skip else 0
 
 
 class RollingSkip(ModelPart):
@@ -47,3 +42,10 @@ class RollingSkip(ModelPart):
         for i, (a, b) in enumerate(model.scalar_slice("rolling").view(-1, 2).tolist(), start=3):
             out[f"rolling.L{i}.a"], out[f"rolling.L{i}.b"] = a, b
         return out
+
+
+ROLLING_SKIP = Study(
+    name="rolling", title="rolling skip (docs/backout.md)", flags=ROLLING_SKIP_FLAGS,
+    resolve=resolve_rolling_skip_args, model_config=rolling_skip_config, model_fields=ROLLING_SKIP_MODEL_FIELDS,
+    variant_name=lambda config: "rolling-skip", model_part=RollingSkip,
+)

@@ -48,10 +48,6 @@ class Study:
       Default: no check, nothing derived.
     model_config(model_cfg, config) -> {field: value}: the model config fields this run sets (empty when off).
       Default (model_values): each model field named as a run config field, copied where it is not its default.
-    added_params(model_cfg, model_class) -> int: the parameters the study adds to a model of this config, counted
-      by formula (0 when off); model_class gives the track's layer_pattern and block_lambdas. Optional: the run
-      log's added_params line measures them on the built model, and a test checks every bundled arm's measure
-      (and the formula, where one is declared).
     model_fields: (name, type, default) of the model config fields; the defaults mean off. Default: with a
       model_part, one per flag (its dest, kind and unset value); without, none.
     model_part: its ModelPart class (below), built into a model whose config has the study on.
@@ -68,7 +64,6 @@ class Study:
     description: str | None = None
     resolve: Callable = lambda config, pattern: {}
     model_config: Callable | None = None
-    added_params: Callable | None = None
     model_fields: tuple | None = None
     variant_name: Callable | None = None
     excludes: tuple[str, ...] = ()  # flags of other studies this one cannot be combined with

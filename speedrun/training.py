@@ -1,5 +1,6 @@
-"""The training run both tracks share (run_training), parameterised by a Track, and its pieces: the gradient
-step, the validation pass, the kernel warm-up skeleton and the step / scalars / peak-memory log lines."""
+"""The training run every base shares (run_training: the skeleton, written once), what a base supplies to it (a
+BaseRun; TrackRun for the scripts' Tracks, speedrun.r18.train.R18Run for --base r18), and its pieces: the gradient
+step, the validation pass, the kernel warm-up and the step / scalars / peak-memory log lines."""
 
 import copy
 import tempfile
@@ -164,7 +165,7 @@ def validates_at(config, step, last_step):
 
 
 def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, validate_and_log, train, save):
-    """The step loop both training paths share (run_training, and --base r18's): from start_step to the last step,
+    """run_training's step loop: from start_step to the last step,
     prepare(step) -> that step's state, validation when due (validate_and_log(step, state, train_ms), the clock
     stopped between two sync() calls), train(step, state), the step's time line, a checkpoint when due
     (save(steps_done, train_ms)); at the end the final checkpoint when one is asked for."""
@@ -193,9 +194,56 @@ def run_steps(config, proc: Dist, log, start_step, train_ms, sync, prepare, vali
         save(last_step, train_ms)
 
 
+class BaseRun:
+    """What a base supplies to run_training for one run (its `begin(config, proc)` makes one). It defines, in the
+    order the skeleton calls them:
+      build_model(config, proc) -> the model, on the device, in its precision;
+      optimizers(model, proc, compiled) -> (the optimisers: the study hooks' `opt`, stepped by optimizer_step;
+        their state: state_dict / load_state_dict of what a checkpoint keeps);
+      logged_config(config, proc) -> the config line's fields (the skeleton adds the parameter count);
+      warmup(train_model, model, opt, config, proc, train_files) -> kernel_warmup's take_step(i) for
+        config.warmup_steps steps;
+      stream(train_files, config, proc) -> the training batches;
+      validate(train_model, config, proc, step, state) -> the validation loss before `step`;
+      forward_backward(train_model, stream, step, state, opt, proc); optimizer_step(opt, step);
+    and may replace the no-ops below."""
+
+    val_decimals = 6
+
+    def check_inputs(self, config, proc):
+        """Checks of the base's own inputs, on every rank before any collective (UsageError)."""
+
+    def settle(self, config, compiled, init_state, resume_state):
+        """The run's config as it runs (and is logged): the schedule's origin, the warm-up's length."""
+        return config
+
+    def prepare_model(self, model, config, proc):
+        """Model state of the base's own, set before the optimisers are built; returns the log lines saying it."""
+        return []
+
+    def compile(self, model, config, proc, compiled):
+        """The model the steps run: compiled, or the model itself."""
+        return model
+
+    def after_restore(self, model, start_step):
+        """Model state that follows the step the run starts at (0, or a resume's)."""
+
+    def sync(self, proc):
+        """Where the clock stops around a validation."""
+        proc.barrier()
+
+    def prepare(self, step):
+        """Step `step`'s state, handed to validate and forward_backward."""
+
+    def checkpoint_extra(self):
+        """Entries of the base's own in every checkpoint."""
+        return None
+
+
 @dataclass
 class Track:
-    """What a training script hands to run_training: its names, model, optimisers, schedules and log details."""
+    """What a training script of the #14 kind (r14, the small track) hands to run_training: its names, model,
+    optimisers, schedules and log details."""
     name: str  # the config line's `track` (analysis maps it to the target)
     script: str  # the script's path: its source opens the log
     model_config: Callable  # args -> ModelConfig
@@ -211,32 +259,107 @@ class Track:
     # runs); its lines are written after the config line.
     prepare_model: Callable = lambda model, args, proc: []
 
+    def begin(self, config, proc):
+        return TrackRun(self, config, proc)
 
-def run_training(track: Track, config, proc: Dist):
-    """One training run: checks the data, builds model and optimisers (from a checkpoint with --init-from or
-    --resume), writes the log preamble, warms the kernels up, then trains, validates and checkpoints."""
-    cfg = track.model_config(config)
+
+class TrackRun(BaseRun):
+    """One run of a Track: token-stream batches, one attention window per step (a tensor), the schedule's clock."""
+
+    def __init__(self, track: Track, config, proc: Dist):
+        self.track, self.cfg = track, track.model_config(config)
+        self.low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
+            config.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
+        self.val_decimals, self.device = track.val_decimals, proc.device
+        self.window_tensors = {}
+
+    def settle(self, config, compiled, init_state, resume_state):
+        config = at_run_start(config, compiled, run_schedule_origin(config, init_state, resume_state)
+                              if config.resume or config.init_from else None)
+        self.schedule_at = schedule_clock(config.init_schedule_origin, config.num_iterations)
+        return config
+
+    def build_model(self, config, proc):
+        model = self.track.model_class(self.cfg, max_seq_len=max(config.train_seq_len, config.val_seq_len))
+        model = model.to(proc.device)
+        model.cast_low_precision(self.low)
+        return model
+
+    def prepare_model(self, model, config, proc):
+        return self.track.prepare_model(model, config, proc)
+
+    def optimizers(self, model, proc, compiled):
+        # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
+        # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
+        opt = self.track.optimizers(model, proc.rank, proc.world_size, fused_adam=proc.device.type == "cuda",
+                                    ns_dtype=self.low, compile_muon=compiled and proc.device.type == "cuda")
+        return opt, opt
+
+    def compile(self, model, config, proc, compiled):
+        if not compiled:
+            return model
+        configure_inductor(proc.device.type, self.track.coordinate_descent_tuning(config))
+        if config.compile == "regional":
+            model.compile_regions()
+            return model
+        return model.compile_whole()
+
+    def logged_config(self, config, proc):
+        return dict(config.as_dict(), track=self.track.name, world_size=proc.world_size, device=proc.device.type,
+                    low_precision=str(self.low).replace("torch.", ""))
+
+    def warmup(self, train_model, model, opt, config, proc, train_files):
+        return self.track.warmup(train_model, opt, config, proc, self.cfg)
+
+    def stream(self, train_files, config, proc):
+        return TokenStream(train_files, config.train_seq_len, "--train-files", proc.device)
+
+    def sync(self, proc):
+        if proc.device.type == "cuda":
+            torch.cuda.synchronize()
+        if self.track.barrier_around_validation:
+            proc.barrier()
+
+    def prepare(self, step):
+        # A tensor, so the compiled model is not specialised on (and recompiled for) each window size; one per
+        # value, made once, so no step waits on a host-to-device copy.
+        blocks = self.track.window_blocks_at(*self.schedule_at(step), self.cfg)
+        if blocks not in self.window_tensors:
+            self.window_tensors[blocks] = torch.tensor(blocks, device=self.device)
+        return self.window_tensors[blocks]
+
+    def validate(self, train_model, config, proc, step, window):
+        return validate(train_model, config, proc, window, self.track.val_head_chunks)
+
+    def forward_backward(self, train_model, stream, step, window, opt, proc):
+        train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
+
+    def optimizer_step(self, opt, step):
+        opt.step(*self.schedule_at(step))
+
+
+def run_training(base, config, proc: Dist):
+    """One training run of any base (a Track, or --base r18's speedrun.r18.train.R18): checks the inputs, builds
+    model and optimisers (from a checkpoint with --init-from or --resume), writes the log preamble, warms the
+    kernels up, then trains, validates and checkpoints. What differs by base comes from base.begin: a BaseRun."""
+    run = base.begin(config, proc)
     problem = None
     try:  # every input that can be checked is, on every rank, before the log starts and before any collective
         train_files = check_data(config)
         # the tests on the flags let an exported file fold away what a run without them never executes
         resume_state = load_resume_state(config) if config.resume else None
         init_state = load_checkpoint(config.init_from) if config.init_from else None
+        run.check_inputs(config, proc)
         if proc.rank == 0:
             check_log_dir(config.log_dir)  # last: it makes the folder
     except UsageError as e:
         problem = str(e)
     proc.agree(problem)
-    low = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
-        config.low_precision, torch.bfloat16 if proc.device.type == "cuda" else torch.float32)
     compiled = compiles_model(config, proc.device.type)
-    config = at_run_start(config, compiled, run_schedule_origin(config, init_state, resume_state)
-                          if config.resume or config.init_from else None)
-    schedule_at = schedule_clock(config.init_schedule_origin, config.num_iterations)
+    config = run.settle(config, compiled, init_state, resume_state)
 
     torch.manual_seed(config.seed)
-    model = track.model_class(cfg, max_seq_len=max(config.train_seq_len, config.val_seq_len)).to(proc.device)
-    model.cast_low_precision(low)
+    model = run.build_model(config, proc)
     # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
     if config.init_from and not model.parts_init_from(init_state, config):
         load_model_weights(model, init_state, config.init_from)
@@ -245,78 +368,52 @@ def run_training(track: Track, config, proc: Dist):
     for p in model.parameters():  # identical start on every rank
         if proc.world_size > 1:
             dist.broadcast(p.data, 0)
-    track_lines = track.prepare_model(model, config, proc)
-    # With --low-precision fp32 (CPU default) the NS5 iteration runs in fp32 too: bf16 matmuls are slow on CPU.
-    # Muon's update is compiled where it pays (CUDA); on CPU the eager update keeps the bitwise reference.
-    opt = track.optimizers(model, proc.rank, proc.world_size, fused_adam=proc.device.type == "cuda", ns_dtype=low,
-                           compile_muon=compiled and proc.device.type == "cuda")
-    if compiled:
-        configure_inductor(proc.device.type, track.coordinate_descent_tuning(config))
-        if config.compile == "regional":
-            model.compile_regions()
-            train_model = model
-        else:
-            train_model = model.compile_whole()
-    else:
-        train_model = model
+    base_lines = run.prepare_model(model, config, proc)
+    opt, opt_state = run.optimizers(model, proc, compiled)
+    train_model = run.compile(model, config, proc, compiled)
 
     log = LogWriter(Path(config.log_dir) / f"{config.run_name}.txt", proc.rank == 0)
-    logged = dict(config.as_dict(), track=track.name, world_size=proc.world_size, device=proc.device.type,
-                  low_precision=str(low).replace("torch.", ""),
-                  params=sum(p.numel() for p in model.parameters()))
-    added = model.added_params()
-    write_preamble(log, track.script, proc, logged, [added_params_line(added)] + track_lines)
+    logged = dict(run.logged_config(config, proc), params=sum(p.numel() for p in model.parameters()))
+    write_preamble(log, base.script, proc, logged, [added_params_line(model.added_params())] + base_lines)
 
     N = config.num_iterations
     last_step = config.stop_after or N
 
     if config.warmup_steps:
-        kernel_warmup(config.warmup_steps, model, opt, track.warmup(train_model, opt, config, proc, cfg))
+        kernel_warmup(config.warmup_steps, model, opt_state,
+                      run.warmup(train_model, model, opt, config, proc, train_files))
     if proc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
-    window_tensors = {}
 
-    stream = TokenStream(train_files, config.train_seq_len, "--train-files", proc.device)
-    start_step, train_ms = restore_run_state(resume_state, opt, stream, log) if config.resume else (0, 0.0)
+    stream = run.stream(train_files, config, proc)
+    start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log) if config.resume else (0, 0.0)
+    run.after_restore(model, start_step)
     ckpt_path = Path(config.log_dir) / f"{config.run_name}.pt"
-
-    def sync():
-        if proc.device.type == "cuda":
-            torch.cuda.synchronize()
-        if track.barrier_around_validation:
-            proc.barrier()
-
     profiler = StepProfiler(max(start_step, last_step - config.profile_steps), proc.device) \
         if config.profile_steps else None
 
-    def window_at(step):
-        # A tensor, so the compiled model is not specialised on (and recompiled for) each window size; one per
-        # value, made once, so no step waits on a host-to-device copy.
-        blocks = track.window_blocks_at(*schedule_at(step), cfg)
-        if blocks not in window_tensors:
-            window_tensors[blocks] = torch.tensor(blocks, device=proc.device)
-        return window_tensors[blocks]
+    def validate_and_log(step, state, train_ms):
+        val_loss = run.validate(train_model, config, proc, step, state)
+        log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), run.val_decimals)
 
-    def validate_and_log(step, window, train_ms):
-        val_loss = validate(train_model, config, proc, window, track.val_head_chunks)
-        log_validation(log, step, N, val_loss, train_ms, model.named_scalars(), track.val_decimals)
-
-    def train(step, window):
+    def train(step, state):
         if config.profile_steps:
             profiler.begin_step(step)
         model.parts_before_step(config, step)
-        train_step(train_model, stream.next_batch(proc.virtual_ranks), window, proc, opt.reducer)
+        run.forward_backward(train_model, stream, step, state, opt, proc)
         model.parts_after_step(opt, config, proc)
         if config.profile_steps:
             with profiler.optimizer():
-                opt.step(*schedule_at(step))
+                run.optimizer_step(opt, step)
         else:
-            opt.step(*schedule_at(step))
+            run.optimizer_step(opt, step)
 
     def save(steps_done, train_ms):
-        save_checkpoint(ckpt_path, model, opt, stream, steps_done, train_ms, config, log, proc)
+        save_checkpoint(ckpt_path, model, opt_state, stream, steps_done, train_ms, config, log, proc,
+                        extra=run.checkpoint_extra())
 
-    run_steps(config, proc, log, start_step, train_ms, sync, window_at, validate_and_log, train, save)
+    run_steps(config, proc, log, start_step, train_ms, lambda: run.sync(proc), run.prepare, validate_and_log,
+              train, save)
     if config.profile_steps:
         profiler.finish(Path(config.log_dir) / f"{config.run_name}.profile.json" if proc.rank == 0 else None)
     log.write(peak_memory_line(proc))

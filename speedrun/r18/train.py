@@ -1,5 +1,6 @@
-"""`train_gpt_medium.py --base r18`: a training run of record #18 (its model, NorMuon + odd-step Adam, BOS-aligned
-batches and schedules) with the run log, checkpoints and resume of the #14 path (speedrun.training).
+"""`train_gpt_medium.py --base r18`: what record #18 supplies to the run loop every base shares
+(speedrun.training.run_training, with its run log, checkpoints and resume): R18Run, its model, NorMuon + odd-step
+Adam, BOS-aligned batches and schedules.
 
 Sizes: the full preset is the record (16 x 1024, 4700 + 40 steps, 131k -> 524k tokens per step, validation in
 sequences of --val-seq-len); a smaller preset keeps the record's 16 layers with its own width, and its step is
@@ -14,13 +15,11 @@ the number of MTP weights and whether the embedding is untied: the schedule says
 after it, and one more compile fails the run instead of falling back to eager. --compile regional is refused:
 r18 averages its gradients in the optimisers, so compiling by region buys nothing here."""
 
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
-from speedrun.checkpoint import load_checkpoint, load_model_weights, load_resume_state, save_checkpoint
 from speedrun.data import VIRTUAL_RANKS, find_shards
 from speedrun.errors import UsageError
 from speedrun.r18.attention import kernel_history, resolve_attention
@@ -28,10 +27,7 @@ from speedrun.r18.data import MAX_DOC_TOKENS, BosAlignedStream, ValidationStream
 from speedrun.r18.model import R18Config, R18GPT
 from speedrun.r18.optim import R18Optimizers
 from speedrun.r18.schedule import R18Schedule
-from speedrun.logformat import added_params_line
-from speedrun.runlog import LogWriter, write_preamble
-from speedrun.training import (check_data, check_log_dir, compiles_model, configure_inductor, kernel_warmup,
-                               log_validation, peak_memory_line, restore_run_state, run_steps, validates_at)
+from speedrun.training import BaseRun, configure_inductor, run_training, validates_at
 
 RECORD_STEPS = 4740
 RECORD_EXTENSION = 40
@@ -249,83 +245,89 @@ class R18OptimizerState:
                              "that saved it")
 
 
+class R18Run(BaseRun):
+    """One --base r18 run for run_training: R18GPT in bf16, NorMuon + odd-step Adam, BOS-aligned batches, the
+    record's schedule and windows, a warm-up step per compiled graph and the attention kernels in the log."""
+
+    def __init__(self, config, proc):
+        if config.checkpoint_every and config.checkpoint_every % 2:
+            raise UsageError(f"--checkpoint-every {config.checkpoint_every}: --base r18 checkpoints after odd steps "
+                             f"only (Adam's gradients are summed over two steps), so it must be even")
+        self.cfg, self.schedule = r18_config(config), r18_schedule(config)
+
+    def check_inputs(self, config, proc):
+        self.attention = resolve_attention(config.attention, proc.device.type)
+
+    def settle(self, config, compiled, init_state, resume_state):
+        start_step = resume_state["step"] if config.resume else 0
+        self.graphs = compiled_graphs(self.schedule, config, start_step, config.stop_after or config.num_iterations) \
+            if compiled else {}
+        # A resume on another kernel (another node) is labelled with both: train_time is then no one kernel's
+        self.kernels = kernel_history(resume_state.get("attention") if config.resume else None, self.attention,
+                                      start_step)
+        # the config line says what ran
+        return replace(config, warmup_steps=len(self.graphs) if compiled and config.warmup_steps != 0 else 0)
+
+    def build_model(self, config, proc):
+        return R18GPT(self.cfg, studies=config).to(proc.device).cast_low_precision(torch.bfloat16)
+
+    def prepare_model(self, model, config, proc):
+        return [f"r18 attention: {self.kernels} (train_time comparable with the record's only on fa3 throughout)"]
+
+    def optimizers(self, model, proc, compiled):
+        # compiled with the model, as #18 compiles its optimiser steps
+        opts = R18Optimizers(model, self.schedule, compiled=compiled)
+        return opts, R18OptimizerState(opts)
+
+    def compile(self, model, config, proc, compiled):
+        return compile_r18(model, self.graphs, config.coordinate_descent_tuning == "on", proc.device.type) \
+            if compiled else model
+
+    def logged_config(self, config, proc):
+        return dict(vars(config), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
+                    attention=self.kernels)
+
+    def warmup(self, train_model, model, opt, config, proc, train_files):
+        return warmup_step_per_graph(train_model, model, opt, self.schedule, self.graphs, train_files, config, proc,
+                                     self.attention)
+
+    def stream(self, train_files, config, proc):
+        return BosAlignedStream(train_files, "--train-files")
+
+    def after_restore(self, model, start_step):
+        self.windows = Windows(model, self.schedule)
+        model.split_embed = start_step > self.schedule.split_step
+        for step in range(start_step):  # the rotary tables as the windows grew
+            self.windows.advance(step)
+
+    def prepare(self, step):
+        self.windows.advance(step)
+
+    def validate(self, train_model, config, proc, step, _):
+        return validate(train_model, config, proc, validation_windows(self.schedule, step, config.num_iterations),
+                        self.attention)
+
+    def forward_backward(self, train_model, stream, step, _, opt, proc):
+        mtp = torch.tensor(self.schedule.mtp_weights(step), device=proc.device)
+        forward_backward(train_model,
+                         stream.micro_batches(self.schedule.batch_size(step), proc.rank, proc.world_size),
+                         mtp, (self.windows.short, self.windows.long), self.attention, proc)
+
+    def optimizer_step(self, opt, step):
+        opt.step(step)
+
+    def checkpoint_extra(self):
+        return dict(attention=self.kernels)
+
+
+@dataclass
+class R18:
+    """--base r18 as run_training's base."""
+    script: str  # the script's path: its source opens the log
+
+    def begin(self, config, proc):
+        return R18Run(config, proc)
+
+
 def run_r18(args, proc, script):
-    if args.checkpoint_every and args.checkpoint_every % 2:
-        raise UsageError(f"--checkpoint-every {args.checkpoint_every}: --base r18 checkpoints after odd steps only "
-                         f"(Adam's gradients are summed over two steps), so it must be even")
-    cfg, schedule = r18_config(args), r18_schedule(args)
-    problem = None
-    try:
-        train_files = check_data(args)
-        # the tests on the flags let an exported file fold away what a run without them never executes
-        resume_state = load_resume_state(args) if args.resume else None
-        init_state = load_checkpoint(args.init_from) if args.init_from else None
-        attention = resolve_attention(args.attention, proc.device.type)
-        if proc.rank == 0:
-            check_log_dir(args.log_dir)
-    except UsageError as e:
-        problem = str(e)
-    proc.agree(problem)
-    N = args.num_iterations
-    start_step = resume_state["step"] if args.resume else 0
-    compiled = compiles_model(args, proc.device.type)
-    graphs = compiled_graphs(schedule, args, start_step, args.stop_after or N) if compiled else {}
-    warm_up = compiled and args.warmup_steps != 0
-    args = replace(args, warmup_steps=len(graphs) if warm_up else 0)  # the config line says what ran
-    torch.manual_seed(args.seed)
-    model = R18GPT(cfg, studies=args).to(proc.device).cast_low_precision(torch.bfloat16)
-    # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
-    if args.init_from and not model.parts_init_from(init_state, args):
-        load_model_weights(model, init_state, args.init_from)
-    if args.resume:
-        load_model_weights(model, resume_state, args.resume)
-    for p in model.parameters():
-        if proc.world_size > 1:
-            dist.broadcast(p.data, 0)
-    # compiled with the model, as #18 compiles its optimiser steps
-    opts = R18Optimizers(model, schedule, compiled=compiled)
-    opt_state = R18OptimizerState(opts)
-    train_model = (compile_r18(model, graphs, args.coordinate_descent_tuning == "on", proc.device.type) if compiled
-                   else model)
-    log = LogWriter(Path(args.log_dir) / f"{args.run_name}.txt", proc.rank == 0)
-    # A resume on another kernel (another node) is labelled with both: train_time is then no one kernel's
-    kernels = kernel_history(resume_state.get("attention") if args.resume else None, attention,
-                             start_step)
-    config = dict(vars(args), track="medium", base="r18", world_size=proc.world_size, device=proc.device.type,
-                  attention=kernels, params=sum(p.numel() for p in model.parameters()))
-    write_preamble(log, script, proc, config, [added_params_line(model.added_params()),
-                                              f"r18 attention: {kernels} (train_time comparable with the record's "
-                                              f"only on fa3 throughout)"])
-    if warm_up:
-        take_step = warmup_step_per_graph(train_model, model, opts, schedule, graphs, train_files, args, proc,
-                                          attention)
-        kernel_warmup(len(graphs), model, opt_state, take_step)
-    if proc.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()  # the figure reports training, not the warm-up
-    stream = BosAlignedStream(train_files, "--train-files")
-    windows = Windows(model, schedule)
-    start_step, train_ms = restore_run_state(resume_state, opt_state, stream, log) if args.resume else (0, 0.0)
-    model.split_embed = start_step > schedule.split_step
-    for step in range(start_step):  # the rotary tables as the windows grew
-        windows.advance(step)
-    ckpt_path = Path(args.log_dir) / f"{args.run_name}.pt"
-
-    def validate_and_log(step, _, train_ms):
-        val_loss = validate(train_model, args, proc, validation_windows(schedule, step, N), attention)
-        log_validation(log, step, N, val_loss, train_ms, model.named_scalars())
-
-    def train(step, _):
-        mtp = torch.tensor(schedule.mtp_weights(step), device=proc.device)
-        model.parts_before_step(args, step)
-        forward_backward(train_model, stream.micro_batches(schedule.batch_size(step), proc.rank, proc.world_size),
-                         mtp, (windows.short, windows.long), attention, proc)
-        model.parts_after_step(opts, args, proc)
-        opts.step(step)
-
-    def save(steps_done, train_ms):
-        save_checkpoint(ckpt_path, model, opt_state, stream, steps_done, train_ms, args, log, proc,
-                        extra=dict(attention=kernels))
-
-    run_steps(args, proc, log, start_step, train_ms, proc.barrier, windows.advance, validate_and_log, train, save)
-    log.write(peak_memory_line(proc))
-    log.close()
+    run_training(R18(script), args, proc)

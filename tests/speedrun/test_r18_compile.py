@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 
 import train_gpt_medium as T
 import speedrun.r18.train as r18_train
+import speedrun.training as training
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
 from speedrun.r18.attention import varlen_attend
@@ -133,13 +134,13 @@ def r18_run(args, monkeypatch):
     """`train_gpt_medium.py --base r18` with `args` in this process (run_r18, one rank); returns its validation
     losses by step, its config line, and how many graphs dynamo had compiled after the kernel warm-up (a list:
     empty when there was none) and at the end."""
-    graphs_after_warmup, kernel_warmup = [], r18_train.kernel_warmup
+    graphs_after_warmup, kernel_warmup = [], training.kernel_warmup  # the shared run loop's
 
     def counting_warmup(*warmup_args):
         kernel_warmup(*warmup_args)
         graphs_after_warmup.append(counters["stats"]["unique_graphs"])
 
-    monkeypatch.setattr(r18_train, "kernel_warmup", counting_warmup)
+    monkeypatch.setattr(training, "kernel_warmup", counting_warmup)
     torch._dynamo.reset()
     counters.clear()
     with dynamo_limits_kept():

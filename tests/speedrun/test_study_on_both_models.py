@@ -45,7 +45,6 @@ def new_study(name="head-scale", **declared):
                              options=dict(action="store_true")),),
                  resolve=lambda config, pattern: {},
                  model_config=lambda model_cfg, config: dict(head_scale=True) if config.head_scale else {},
-                 added_params=lambda model_cfg, model_class: int(model_cfg.head_scale),
                  model_fields=(("head_scale", bool, False),), **{"model_part": HeadScale, **declared})
 
 
@@ -117,3 +116,12 @@ def test_a_study_is_refused_on_r18_by_its_own_declaration_in_one_line(declared, 
         check_r18_studies(config, studies)
     assert "\n" not in str(refused.value)
     check_r18_studies(off, studies)  # off: nothing to refuse
+
+
+def test_the_guides_training_helper_trains_the_base_the_flags_name(shard_dir):
+    """study_training.trained_steps (the guide's test pattern) on --base r18 trains #18's model: it trained #14's."""
+    from speedrun.r18.model import R18GPT
+    from study_training import trained_steps
+    argv = ["--preset", "tiny", "--base", "r18", "--gated-skip-layer", "2"]
+    model = next(trained_steps(T, argv, str(shard_dir / "syn_train_*.bin"), steps=1))
+    assert isinstance(model, R18GPT) and model.scalar_grad("gated_skip").abs().sum() > 0
