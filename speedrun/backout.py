@@ -227,7 +227,7 @@ BACKOUT_FLAGS = (
     Flag("--backout-layers", "sources mixed into the final latents: 0-based layer indices, `embed` (the token "
                              "embedding the residual starts from) or `new-embed` (a fresh embedding table); comma- "
                              "or space-separated. The records: 11 (medium track), 8 (small track)",
-         resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE")),
+         resume=True, kind=tuple, options=dict(nargs="+", metavar="SOURCE", default=())),  # (): off, as resolved
     Flag("--backout-mode", "sum: x_lambda*norm(x) + sum_L lambda_L*norm(out[L]) (default); subtract: "
                            "norm(x - sum_L lambda_L*out[L]); concat-head: the head reads [norm(x), norm(out[L]), ...]; "
                            "concat-mlp: a down-projection of norm(out[L]) joins the last MLP's input",
@@ -326,21 +326,6 @@ def resolve_backout_args(args, pattern=None):
     return resolved
 
 
-# The model config fields (their defaults: off, and the command line's defaults in sum mode).
-BACKOUT_MODEL_FIELDS = (("backout_layers", tuple, ()), ("backout_mode", str, "sum"), ("backout_transform", str, "none"),
-                        *((name, float if name != "backout_concat_dim" else int, value)
-                          for name, value in backout_defaults("sum").items()),
-                        ("backout_fixed_x", bool, False), ("backout_freeze", bool, False),
-                        ("backout_norm_after_sum", bool, False))
-
-
-def backout_config(model_cfg, args):
-    """The model config fields of the backout flags (args already resolved; no sources: none, the defaults)."""
-    if not args.backout_layers:
-        return {}
-    return {name: getattr(args, name) for name, _, _ in BACKOUT_MODEL_FIELDS}
-
-
 # Name pieces of the settings that differ from their defaults, in the order they are checked.
 BACKOUT_NAME_PIECES = [("backout_mode", "sum", "{}"), ("backout_transform", "none", "{}"),
                        ("backout_x_init", None, "x{:g}"), ("backout_skip_init", None, "skip{:g}"),
@@ -363,7 +348,7 @@ def backout_variant_name(args):
 
 BACKOUT = Study(
     name="backout", title="backout (docs/backout.md; every flag needs --backout-layers)",
-    flags=BACKOUT_FLAGS, resolve=resolve_backout_args, model_config=backout_config,
-    model_fields=BACKOUT_MODEL_FIELDS, variant_name=backout_variant_name,
+    # each flag is also a model field (default: the flag's unset value, off), copied as resolved when it is set
+    flags=BACKOUT_FLAGS, resolve=resolve_backout_args, variant_name=backout_variant_name,
     model_part=Backout, on_r18=backout_on_r18, r18_model_part=R18Backout,
 )

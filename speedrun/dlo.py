@@ -534,6 +534,7 @@ def dlo_model_config(model_cfg, args):
 
 DLO = Study(
     name="dlo", title="dlo", description=DLO_DESCRIPTION, flags=DLO_FLAGS, resolve=resolve_dlo_args,
+    # by hand: num_layers and dlo_base_layers are computed from the preset's depth, and off means 0 groups, not None
     model_config=dlo_model_config, model_fields=DLO_MODEL_FIELDS,
     # expansion copies the baseline's per-layer parts only: every other study is refused with it
     rebuilds_model=True, excludes_why="DLO expands baseline checkpoints", model_part=DLORouters,

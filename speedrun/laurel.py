@@ -325,18 +325,6 @@ def resolve_laurel_args(args, pattern):
     return resolved
 
 
-# The model config fields (their defaults: off, and the command line's defaults).
-LAUREL_MODEL_FIELDS = (("laurel", str, None), *((n, type(v), v) for n, v in LAUREL_DEFAULTS.items()),
-                       ("laurel_pa_h", str, "identity"), ("laurel_layers", tuple, None))
-
-
-def laurel_config(model_cfg, args):
-    """Model config fields of the LAuReL flags ({} when off: the dataclass defaults mean off)."""
-    if args.laurel is None:
-        return {}
-    return {name: getattr(args, name) for name, _, _ in LAUREL_MODEL_FIELDS}
-
-
 def laurel_variant_name(args):
     """LAuReL's part of the default variant name, e.g. laurel-rw+lr+pa-r32-k3: the variant, its rank and k when
     it has them, then every other LAuReL setting that is not its default."""
@@ -361,6 +349,6 @@ def laurel_variant_name(args):
 
 LAUREL = Study(
     name="laurel", title="laurel", description="LAuReL residuals (docs/laurel.md); every flag needs --laurel",
-    flags=LAUREL_FLAGS, resolve=resolve_laurel_args, model_config=laurel_config,
-    model_fields=LAUREL_MODEL_FIELDS, variant_name=laurel_variant_name, model_part=LaurelResiduals,
+    # each flag is also a model field (default: the flag's unset value, off), copied as resolved when it is set
+    flags=LAUREL_FLAGS, resolve=resolve_laurel_args, variant_name=laurel_variant_name, model_part=LaurelResiduals,
 )

@@ -10,17 +10,12 @@ ROLLING_SKIP_FLAGS = (
     Flag("--rolling-skip", "from layer 3 on, layer i's input is a*out[i-3] + b*out[i-1] (learned, init a=0, b=1)",
          resume=True, kind=bool, options=dict(action="store_true")),
 )
-ROLLING_SKIP_MODEL_FIELDS = (("rolling_skip", bool, False),)
 
 
 def resolve_rolling_skip_args(config, pattern):
     if config.rolling_skip and config.num_layers < 4:
         raise UsageError(f"--rolling-skip needs at least 4 layers (got --num-layers {config.num_layers})")
     return {}
-
-
-def rolling_skip_config(model_cfg, config):
-    return dict(rolling_skip=True) if config.rolling_skip else {}
 
 
 class RollingSkip(ModelPart):
@@ -46,6 +41,6 @@ class RollingSkip(ModelPart):
 
 ROLLING_SKIP = Study(
     name="rolling", title="rolling skip (docs/backout.md)", flags=ROLLING_SKIP_FLAGS,
-    resolve=resolve_rolling_skip_args, model_config=rolling_skip_config, model_fields=ROLLING_SKIP_MODEL_FIELDS,
+    resolve=resolve_rolling_skip_args,  # the flag is also the model field rolling_skip (default False: off)
     variant_name=lambda config: "rolling-skip", model_part=RollingSkip,
 )

@@ -13,7 +13,7 @@ from conftest import ROOT, launch_script
 
 sys.path.insert(0, str(ROOT))
 import train_gpt_medium as tgm  # noqa: E402
-from speedrun.laurel import LaurelPass, LaurelResiduals, laurel_config, laurel_rw_weights
+from speedrun.laurel import LAUREL, LaurelPass, LaurelResiduals, laurel_rw_weights
 
 TINY = ["--preset", "tiny"]
 
@@ -121,7 +121,7 @@ def test_each_variant_matches_the_reference_equation(flags):
     """Random parameters and inputs through every site of a small model, against the loop reference."""
     dim, num_layers, tokens_per_seq = 8, 4, 3
     args = tgm.resolve_args(TINY + flags + ["--laurel-where", "both", "--num-layers", str(num_layers)])
-    cfg = tgm.ModelConfig(num_layers=num_layers, model_dim=dim, **dict(laurel_config(None, args), laurel_rank=3))
+    cfg = tgm.ModelConfig(num_layers=num_layers, model_dim=dim, **dict(LAUREL.model_values(None, args), laurel_rank=3))
     no_attention = tgm.layer_pattern(num_layers)["no_attention_layer"]
     model = types.SimpleNamespace(pattern={"no_attention_layer": no_attention}, add_scalars=lambda name, init: None)
     module = LaurelResiduals(model, cfg)

@@ -41,14 +41,17 @@ def test_every_flag_of_the_parser_is_a_classified_field_of_the_run_config(track)
 
 
 def test_model_config_defaults_are_stated_once_and_are_the_command_lines():
-    """The model's study fields default to what the command line gives (DLO's skip-loss weight 0.1, LAuReL's
-    rank 32), apart from the switches that turn a study off."""
+    """A study's defaults are stated once: where the model fields are the flags (LAuReL), the model of a run with
+    the study on gets the values its resolve filled in (rank 32) and an off model the flags' unset values; DLO's
+    hand-declared fields default to the command line's (skip-loss weight 0.1)."""
     off = T.ModelConfig()
-    assert (off.dlo_skip_loss_weight, off.laurel_rank, off.laurel_k) == (0.1, 32, 3)
+    assert (off.dlo_skip_loss_weight, off.laurel, off.laurel_rank, off.laurel_k) == (0.1, None, None, None)
     dlo_args = T.resolve_args(["--preset", "tiny", "--init-from", __file__, "--dlo-groups", "2"])
     laurel_args = T.resolve_args(["--preset", "tiny", "--laurel", "rw+lr+pa"])
-    assert (dlo_args.dlo_skip_loss_weight, laurel_args.laurel_rank) == (off.dlo_skip_loss_weight, off.laurel_rank)
+    assert dlo_args.dlo_skip_loss_weight == off.dlo_skip_loss_weight
     assert T.model_config(dlo_args).dlo_skip_loss_weight == 0.1
+    laurel_cfg = T.model_config(laurel_args)
+    assert (laurel_cfg.laurel_rank, laurel_cfg.laurel_k, laurel_cfg.laurel_pa_h) == (32, 3, "lowrank")
     study_fields = {name for study in STUDIES for name, _, _ in study.model_fields}
     assert study_fields <= {f.name for f in dataclasses.fields(off)}
 
@@ -117,3 +120,17 @@ def test_resume_refuses_another_value_of_a_study_flag_in_one_line(checkpoint_of_
     line = one_error_line(capsys)
     assert f"made with {named} " in line and "r.pt" in line
     assert not log_dir.exists()
+
+
+def test_no_bundled_study_spells_out_a_model_field_that_is_a_copy_of_its_flag():
+    """A switch is declared once: a study whose model fields are all its flags leaves model_fields and
+    model_config to the defaults (the copy is derived); hand code is for a study that computes a model value
+    (DLO: the expanded depth and the checkpoint's, dlo_base_layers)."""
+    for study in STUDIES:
+        if study.model_config is None:
+            derived = tuple((flag.dest, flag.kind, flag.unset) for flag in study.flags) if study.model_part else ()
+            assert study.model_fields == derived, study.name
+            continue
+        flag_fields = {flag.dest for flag in study.flags}
+        computed = [name for name, _, _ in study.model_fields if name not in flag_fields]
+        assert computed, f"{study.name}: every model field is a flag; declare the switch once (the copy is derived)"
