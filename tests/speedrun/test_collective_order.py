@@ -73,7 +73,7 @@ def cases(shard_dir, runs_dir, log_dir):
         for arm in study.arms:
             study_argv = study.argv(arm, study.seeds[0], runs_dir=runs_dir)
             if "--base" in study_argv and study_argv[study_argv.index("--base") + 1] == "r18":
-                continue  # r18 arms: test_r18_train runs the r18 base on two ranks (cost: its 16 layers per arm)
+                continue  # r18 arms: test_r18_train runs the r18 base on two ranks
             argv = (TRACK_SIZE[study.script.name] + data + without_run_flags(study_argv) + schedule)
             args = module.resolve_args(argv)
             key = (study.script.name, parameter_shapes(module, args), args.dlo_groups, args.dlo_layer_lr,
