@@ -1,8 +1,9 @@
-"""`--compile on` of the tiny model (inductor's CPU backend), trained as the script trains it - gradient averages
-launched from parameter hooks included - has no graph break and compiles exactly twice: the training graph and,
-once, validation's no-grad graph. `--compile regional` has no graph break, compiles nothing after its first
-training step and validation, and still launches the averages during the backward. Asserted on dynamo's counters,
-so a future graph break or recompile fails here."""
+"""Properties of compiled training the compile matrix (test_compile_matrix.py: no graph break, two graphs under
+`--compile on`, nothing new after the first step and validation, eager losses, per arm) does not check, under
+inductor's CPU backend: `--compile regional` computes eager's losses and gradients, still launches the gradient
+averages during the backward (as the whole-model compile does), takes a new FlexAttention block mask each step
+without recompiling, keeps LAuReL-PA's k inputs; compiled Muon compiles once per shape; DLO's validation routes any
+token count through one graph."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,7 +15,12 @@ from speedrun.distributed import GradientReducer
 from speedrun.layers import flex_block_masks
 from speedrun.training import validate
 
-STUDY_COMBINATION = ["--backout-layers", "3", "--laurel", "rw+lr", "--laurel-rank", "4"]
+from test_compile_matrix import COMPOSED_UNDER_INDUCTOR
+
+# Backout (a linear transform) and every LAuReL form composed in one model: the composition whose whole-model and
+# regional compiles (no graph break, two graphs, nothing new in steady state, eager losses) are the compile
+# matrix's cell inductor:train_gpt_medium:backout+laurel.
+STUDY_COMBINATION = COMPOSED_UNDER_INDUCTOR["train_gpt_medium:backout+laurel"]
 
 
 @pytest.fixture
@@ -58,32 +64,6 @@ def compiled_training(args, flags, regional, steps=3, watch=None):
             val_losses.append(validate(train_model, args, proc, window, T.VAL_HEAD_CHUNKS))
         frames.append(counters["frames"]["total"])
     return model, val_losses, frames
-
-
-# The baseline's checks (no graph break, exactly two graphs under --compile on, nothing new after the first step and
-# validation under regional) are made by the medium baseline's inductor cell of test_compile_matrix; these two
-# tests hold what no matrix cell does: backout and LAuReL composed in one model, through inductor.
-@pytest.mark.slow
-@pytest.mark.own_process
-@pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
-def test_compiled_training_has_no_graph_break_and_one_recompile(flags, tiny_data_args, one_rank_group):
-    """Guards: backout+LAuReL in one model, whole-model inductor: no graph break, exactly 2 frames and 2 graphs."""
-    compiled_training(tiny_data_args, flags, regional=False)
-    assert dict(counters["graph_break"]) == {}
-    assert counters["frames"]["total"] == 2 and counters["stats"]["unique_graphs"] == 2, dict(counters["frames"])
-
-
-@pytest.mark.slow
-@pytest.mark.own_process
-@pytest.mark.parametrize("flags", [STUDY_COMBINATION], ids=["backout+laurel"])
-def test_regional_compile_has_no_graph_break_and_compiles_nothing_in_steady_state(flags, tiny_data_args,
-                                                                                 one_rank_group):
-    """Guards: backout+LAuReL in one model, --compile regional under inductor: no graph break, nothing new after."""
-    _, _, frames = compiled_training(tiny_data_args, flags, regional=True)
-    assert dict(counters["graph_break"]) == {}
-    # Step 1 meets validation's no-grad mode for the first time; step 2 and the second validation must reuse what
-    # is compiled.
-    assert frames[2] == frames[1], frames
 
 
 @pytest.mark.slow

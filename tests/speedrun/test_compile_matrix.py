@@ -15,10 +15,12 @@ the norms study already run.
 
 Backends: inductor on CPU costs ~90 s a cell here (its C++ codegen), so the CI-sized matrix runs every cell under
 dynamo with AOTAutograd and no codegen (`aot_eager`: the graph breaks, recompiles, functionalisation and the
-compiled backward with its gradient hooks are all there; only inductor's lowering is not), and the cells of
-INDUCTOR_ARMS, which between them hold every kind of operation the arms add, under inductor instead (its run
-holds every check of the aot_eager one). COMPILE_MATRIX=
-inductor runs every cell under inductor, COMPILE_MATRIX=full every model configuration. An inductor cell runs in
+compiled backward with its gradient hooks are all there; only inductor's lowering is not), and under inductor
+only models that between them hold every kind of operation the arms add (each arm is a baseline plus its own):
+the cells of INDUCTOR_ARMS (run under inductor instead of aot_eager: its run holds every check of the aot_eager
+one) and COMPOSED_UNDER_INDUCTOR, one model holding several studies' operations at once (a composition no
+study runs, so its arms keep their aot_eager cells). COMPILE_MATRIX=inductor runs every cell under inductor,
+COMPILE_MATRIX=full every model configuration. An inductor cell runs in
 a process of its own (own_process: inductor's compiled kernels stay loaded for the life of a process); the time of
 each compile-mode run is printed (pytest -s). Every cell under inductor, run once: benchmarks/results/
 2026-11-25_cpu_compile-matrix-inductor-all.txt (all pass, 68 CPU-minutes)."""
@@ -123,12 +125,17 @@ def graph_structure(cfg):
     return repr(sorted(fields.items()))
 
 
-# Cells (named by their first arm) compiled by inductor in the default matrix: both baselines, the small record, all
-# three LAuReL forms at once, a linear backout transform, a concatenated skip of an MLP output, DLO's router.
-INDUCTOR_ARMS = {"train_gpt_medium:backout-concat:baseline", "train_gpt:small-backout-layer-sweep:baseline",
-                 "train_gpt:small-record:backout-L8-weighted", "train_gpt_medium:laurel:rw+lr+pa",
-                 "train_gpt_medium:backout-transforms:relu-linear", "train_gpt_medium:backout-concat:concat-mlp-L12",
+# Cells (named by their first arm) compiled by inductor in the default matrix: the small record (the small baseline
+# and its backout), a concatenated skip of an MLP output, DLO's router (each on the medium baseline).
+INDUCTOR_ARMS = {"train_gpt:small-record:backout-L8-weighted", "train_gpt_medium:backout-concat:concat-mlp-L12",
                  "train_gpt_medium:dlo:base-s10"}
+# One medium model under inductor holding a linear backout transform and all three LAuReL forms at once (the
+# operations of backout-transforms:relu-linear and laurel:rw+lr+pa, on the medium baseline's): one compilation
+# instead of three, and the composition of two studies in one compiled model, which no study's arm is.
+# test_compile_health's composition tests use the same flags.
+COMPOSED_UNDER_INDUCTOR = {"train_gpt_medium:backout+laurel": ["--backout-layers", "3", "--backout-transform",
+                                                               "relu-linear", "--laurel", "rw+lr+pa",
+                                                               "--laurel-rank", "4", "--laurel-k", "3"]}
 
 
 def on_r18(args):
@@ -159,6 +166,10 @@ def distinct_models():
         if matrix or cell in INDUCTOR_ARMS:
             params.append(pytest.param(script, list(flags), init_from, names, "inductor", id=f"inductor:{cell}",
                                        marks=pytest.mark.own_process))
+    for cell, flags in COMPOSED_UNDER_INDUCTOR.items():
+        script = cell.split(":")[0]
+        params.append(pytest.param(script, flags, False, [cell], "inductor", id=f"inductor:{cell}",
+                                   marks=pytest.mark.own_process))
     return params
 
 
@@ -278,9 +289,29 @@ def test_arm_compiles_without_break_or_recompile_and_matches_eager(script, flags
 
 
 def test_the_matrix_covers_every_arm_of_every_study():
-    covered = {name for *_, names, _ in (p.values for p in distinct_models()) for name in names}
+    params = [p for p in distinct_models() if p.id.removeprefix("inductor:") not in COMPOSED_UNDER_INDUCTOR]
+    covered = {name for *_, names, _ in (p.values for p in params) for name in names}
     assert covered == {f"{study.name}:{arm}" for study, arm, _ in compiled_study_arms()}
-    assert {script for script, *_ in (p.values for p in distinct_models())} == {"train_gpt", "train_gpt_medium"}
-    inductor_cells = {p.id.removeprefix("inductor:") for p in distinct_models() if p.values[-1] == "inductor"}
+    assert {script for script, *_ in (p.values for p in params)} == {"train_gpt", "train_gpt_medium"}
+    inductor_cells = {p.id.removeprefix("inductor:") for p in params if p.values[-1] == "inductor"}
     if not os.environ.get("COMPILE_MATRIX"):  # a renamed arm would otherwise drop out of inductor's share silently
         assert inductor_cells == INDUCTOR_ARMS
+
+
+def test_the_composed_inductor_model_holds_the_studies_it_stands_for():
+    """The composition is the model of both arms at once: every parameter of the relu-linear backout arm and of
+    the rw+lr+pa LAuReL arm (at the composition's depth and rank) is in it, with its shape, and the packed scalars
+    hold the baseline's and each study's own."""
+    import train_gpt_medium as medium
+    composed = COMPOSED_UNDER_INDUCTOR["train_gpt_medium:backout+laurel"]
+    def shapes(flags):
+        args = medium.resolve_args(["--preset", "tiny", *flags])
+        with torch.device("meta"):
+            model = medium.GPT(medium.model_config(args), max_seq_len=args.train_seq_len)
+        return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    backout = composed[:composed.index("--laurel")]
+    laurel = composed[composed.index("--laurel"):]
+    baseline, with_backout, with_laurel = shapes([]), shapes(backout), shapes(laurel)
+    assert set(with_backout) > set(baseline) and set(with_laurel) > set(baseline)
+    packed = with_backout["scalars"][0] + with_laurel["scalars"][0] - baseline["scalars"][0]
+    assert shapes(composed) == with_backout | with_laurel | {"scalars": (packed,)}
