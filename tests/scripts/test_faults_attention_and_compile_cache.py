@@ -4,6 +4,7 @@ line before any log, and a truncated kernel in inductor's compile cache named in
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,44 @@ def test_a_truncated_kernel_in_the_compile_cache_is_one_line_and_removed(tmp_pat
         f"{cache}); removed it: run again")
     assert "Traceback" not in poisoned.stderr and not kernel.exists()
     assert truncated_kernel(poisoned.stderr) == kernel  # the study runner starts such a run again
+
+
+def test_inductor_cache_is_the_folder_torch_compiles_into(tmp_path, monkeypatch):
+    """speedrun.compile_cache resolves inductor's cache without importing inductor: it must name torch's folder."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    from speedrun.compile_cache import CACHE_VARIABLE, inductor_cache
+    monkeypatch.delenv(CACHE_VARIABLE, raising=False)
+    assert inductor_cache() == Path(default_cache_dir())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(CACHE_VARIABLE, "relative-cache")
+    assert inductor_cache() == tmp_path / "relative-cache"
+    assert inductor_cache() == Path(cache_dir())  # torch's own reading of the same variable
+
+
+# The controller's sweep at the suite's start (tests/conftest.py pytest_sessionstart), run as pytest would run it.
+SESSION_START = """
+import sys, types
+sys.path[:0] = ["tests", "."]
+import conftest
+conftest.pytest_sessionstart(types.SimpleNamespace(config=types.SimpleNamespace()))
+print(sorted(name for name in ("torch", "torch._inductor") if name in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_the_suites_sweep_removes_a_settled_truncated_kernel_without_importing_torch(tmp_path):
+    """Guards: the sweep before xdist starts its workers finds inductor's cache and imports neither torch nor
+    inductor (their import, in the controller alone, held up every worker's start)."""
+    cache = tmp_path / "inductor-cache"
+    (cache / "ab").mkdir(parents=True)
+    truncated = cache / "ab" / "cabc.so"
+    truncated.write_bytes(b"\x7fELF")  # a header cut short: a compile killed while writing it
+    os.utime(truncated, (1, 1))  # settled long ago
+    env = {k: v for k, v in os.environ.items() if k != "SPEEDRUN_TEST_IN_OWN_PROCESS"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    res = subprocess.run([sys.executable, "-c", SESSION_START], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+    assert not truncated.exists() and f"conftest: {truncated}: file too short" in res.stderr

@@ -1,4 +1,4 @@
-"""The runner with the real training script: a tiny study on synthetic shards, and `./run.sh` as the README says."""
+"""The runner with the real training script: `./run.sh` as the README says (the demo study), and under --until-decided."""
 
 import importlib.util
 import json
@@ -18,25 +18,6 @@ from runner_support import REPO, ablations, is_complete, runner_env, start_ablat
 
 SCRIPT = REPO / "train_gpt_medium.py"
 DEMO_SHARDS = sorted((REPO / "data" / "demo").glob("demo_*_*.bin"))
-
-
-@pytest.mark.slow
-def test_tiny_study_with_the_training_script(tmp_path, shard_dir):
-    """Guards: the runner runs a 2-arm study of real train_gpt_medium.py runs, 2 side by side, to complete logs."""
-    flags = {"preset": "tiny", "num-iterations": 3, "val-every": 0,
-             "train-files": str(shard_dir / "syn_train_*.bin"), "val-files": str(shard_dir / "syn_val_*.bin")}
-    study = write_study(tmp_path, "tiny", {"baseline": {}, "layers-4": {"num-layers": 4}}, flags=flags,
-                        script=SCRIPT)
-    result = ablations(["run", study, "--parallel", "2", "--gpus", "0"], tmp_path, runner_env(), timeout=400)
-    assert result.returncode == 0, result.stdout + result.stderr
-    for arm in ("baseline", "layers-4"):
-        for seed in (0, 1):
-            log = tmp_path / "runs" / "tiny" / arm / f"seed{seed}.txt"
-            assert is_complete(log)
-            text = log.read_text()
-            assert f'"variant": "{arm}"' in text and f'"seed": {seed}' in text
-            assert "step:3/3 val_loss:" in text
-    assert result.stdout.count(" val_loss ") >= 4  # progress shows each run's validation
 
 
 @pytest.mark.slow
@@ -96,7 +77,10 @@ def test_main_job_on_a_gpu_node_with_fineweb_runs_the_record_study(tmp_path):
 @pytest.mark.skipif(not DEMO_SHARDS, reason="the bundled demo shards (data/demo/demo_*.bin) are not in this tree yet")
 def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
     """`./run.sh` on a machine with no GPU: the demo study, its report and its result on the terminal. The copy's
-    demo is cut to 12 steps: this checks the wiring; benchmarks/results/ holds the full demo's time and losses."""
+    demo is cut to 12 steps: this checks the wiring; benchmarks/results/ holds the full demo's time and losses.
+    Also guards the runner with the real training script: a 2-arm study of train_gpt_medium.py runs to complete logs
+    of the right arm and seed, each validation shown as progress (merged from a tiny study of its own: the demo
+    already launches that study's kind of runs)."""
     tree, env = copy_of_the_tree(tmp_path)
     demo = tree / "ablations" / "demo.toml"
     demo.write_text(demo.read_text().replace("num-iterations = 100", "num-iterations = 12"))
@@ -109,7 +93,12 @@ def test_main_job_without_gpu_runs_the_demo_and_its_report(tmp_path):
     assert {(log.parent.name, log.name) for log in logs} == {
         (arm, f"seed{seed}.txt") for arm in ("baseline", "backout-L4") for seed in (0, 1, 2)}
     assert all(is_complete(log) for log in logs)
+    for log in logs:
+        text = log.read_text()
+        assert f'"variant": "{log.parent.name}"' in text and f'"seed": {int(log.stem[4:])}' in text
+        assert "step:12/12 val_loss:" in text
     assert "6 runs: 6 done (6 by this runner), 0 failed" in result.stdout
+    assert result.stdout.count(" val_loss ") >= 6  # progress shows each run's validation
     assert (tree / "runs" / "demo" / "runner.log").read_text().count(" done ") >= 6
     if importlib.util.find_spec("analysis") is not None:
         assert "python -m analysis report" in result.stdout
