@@ -42,6 +42,14 @@ def tiny_preset(num_layers):
                 train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
 
 
+# What one base of the medium track alone runs: the other refuses it in one line (train_gpt_medium.py says why), and a
+# file exported for the other does not offer it (speedrun/export.py, having checked that the modular script refuses
+# it there: docs/export.md, rule 12). A flag: {flag: that base} (r18 has #18's depth alone).
+BASE_ONLY_FLAGS = {"--attention": "r18", "--num-layers": "r14"}
+# Choices of a shared flag, cut from its choices=[...]: {flag: {choice: that base}}.
+BASE_ONLY_CHOICES = {"--compile": {"regional": "r14"}}
+
+
 def make_parser(description, presets, track_flags=(), studies=STUDIES):
     """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
     group per study (speedrun.studies), each flag's help as the study wrote it."""
