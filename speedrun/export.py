@@ -652,6 +652,12 @@ def prune_registry(text, name, keep, where):
             if len(elements) != len(keep):
                 raise UsageError(f"{EXPORT_FLAG}: {where}: {name} has {len(elements)} entries, the run {len(keep)}")
             lines = text.split("\n")
+            for element in elements:
+                before = lines[element.lineno - 1][:element.col_offset]
+                after = lines[element.end_lineno - 1][element.end_col_offset:].split("#")[0]
+                if before.strip() or after.strip() not in ("", ","):
+                    raise UsageError(f"{EXPORT_FLAG}: {where}:{element.lineno}: each entry of {name} must stand on "
+                                     f"lines of its own (docs/export.md, rules 6 and 12)")
             for element, kept in reversed(list(zip(elements, keep))):
                 if not kept:  # with the comment lines right above it (its own)
                     lines = replace_lines(lines, first_line_with_comments(lines, element), element.end_lineno, [])

@@ -742,3 +742,14 @@ def test_a_declared_base_only_choice_that_the_base_runs_is_refused(tmp_path, mon
     assert T.main(["--export-script", str(out), "--preset", "tiny", "--base", "r18"]) == 2
     err = capsys.readouterr().err
     assert "--compile on is declared another base's" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
+    """Pruning cuts whole lines: an entry that shares one with `(`, `)` or another entry would take them along."""
+    from speedrun.export import prune_registry
+    source = 'TRACK_FLAGS = (\n    Flag("--a"),\n    Flag("--b"),\n)\n'
+    assert prune_registry(source, "TRACK_FLAGS", [True, False], "t.py").count("Flag(") == 1
+    for shared in ('TRACK_FLAGS = (Flag("--a"),\n    Flag("--b"))\n',
+                   'TRACK_FLAGS = (\n    Flag("--a"), Flag("--b"),\n)\n'):
+        with pytest.raises(UsageError, match="must stand on lines of its own"):
+            prune_registry(shared, "TRACK_FLAGS", [True, False], "t.py")
