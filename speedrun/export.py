@@ -1330,7 +1330,11 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if not_varied:
         registries[script_module] = {TRACK_FLAGS_NAME: [flag not in not_varied for flag in track_flags]}
     shared = [name for name in not_offered if name not in {flag.name for flag in track_flags}]
-    program = folded_program(script_module, folded_tests(config, omitted, active, not_varied), registries,
+    varied = [token for name, values in flag_groups(fixed_flags) if name not in not_offered
+              for token in [name, *values]]
+    # the file's FIXED_FLAGS, a constant of it: the tests on it fold (none fixed: with_fixed_flags adds nothing)
+    folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
+    program = folded_program(script_module, folds, registries,
                              (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()
     check_names(modules, program)
@@ -1363,8 +1367,6 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
                 f"# {', '.join(omitted)}."]
     left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in
                 [*(flag for study in STUDIES if study not in active for flag in study.flags), *not_varied]}
-    varied = [token for name, values in flag_groups(fixed_flags) if name not in not_offered
-              for token in [name, *values]]
     out += [f"FIXED_FLAGS = {tuple(varied)!r}",
             "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",

@@ -700,6 +700,8 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
                     and f.name in ("make_parser", "resolve_study_args", "model_config_from_args", "preset_config",
                                    "check_r18_studies")]
         assert "check_r18_studies" not in text
+        # none fixed: the refusal of fixed flags and their hiding from --help fold away (FIXED_FLAGS is the file's)
+        assert "refused_flags" not in text and "action.help = SUPPRESS" not in text
 
 
 def run_file(path, *flags):
@@ -753,3 +755,17 @@ def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
                    'TRACK_FLAGS = (\n    Flag("--a"), Flag("--b"),\n)\n'):
         with pytest.raises(UsageError, match="must stand on lines of its own"):
             prune_registry(shared, "TRACK_FLAGS", [True, False], "t.py")
+
+
+def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
+    """The file refuses its study's flags and its fixed ones on its command line (one arm): its --help listed them
+    all (the backout group, every mode and transform), as if it ran them."""
+    out = tmp_path / "exported.py"
+    out.write_text(export(tmp_path, T, "--backout-layers", "4", "--variant", "b4"))
+    help_text = run_file(out, "--help").stdout
+    assert "--backout" not in help_text and "--variant" not in help_text and "--seed" in help_text
+    headings = [line for line in help_text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings == ["options:", "run:", "checkpoints:"]
+    result = run_file(out, "--backout-mode", "concat-head")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--backout-mode: this file runs one arm" in result.stderr
