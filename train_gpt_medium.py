@@ -139,20 +139,21 @@ class Optimizers(TrackOptimizers):
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 
-TRACK_FLAGS = (Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track; "
-                                                   "default: on for r14 as its record, off for r18 as its record)",
-                    resume=False, kind=str, options=dict(choices=["on", "off"], default=None)),
-               Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record "
-                              "(speedrun/r18: its model, optimisers, batches and schedules; the study flags by the "
-                              "rule in speedrun/r18/studies.py)",
-                    resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
-               # resume=False: another attention computes the same function, so a run may resume on another node;
-               # its log then names both kernels and the step between (speedrun.r18.attention.kernel_history)
-               Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else "
-                                   "PyTorch varlen, else FlexAttention on CUDA; SDPA on CPU. The log says which ran; "
-                                   "train_time is comparable with the record's only on fa3",
-                    resume=False, kind=str, options=dict(choices=["auto", "fa3", "varlen", "flex", "sdpa"],
-                                                         default="auto")))
+# One Flag per element, on lines of its own: an export prunes the tuple (docs/export.md, rule 12).
+TRACK_FLAGS = (
+    Flag("--coordinate-descent-tuning", "inductor coordinate-descent tuning (allowed on the medium track; default: on "
+                                        "for r14 as its record, off for r18 as its record)",
+         resume=False, kind=str, options=dict(choices=["on", "off"], default=None)),
+    Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record (speedrun/r18: its "
+                   "model, optimisers, batches and schedules; the study flags by the rule in speedrun/r18/studies.py)",
+         resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
+    # resume=False: another attention computes the same function, so a run may resume on another node; its log then
+    # names both kernels and the step between (speedrun.r18.attention.kernel_history)
+    Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else PyTorch "
+                        "varlen, else FlexAttention on CUDA; SDPA on CPU. The log says which ran; train_time is "
+                        "comparable with the record's only on fa3",
+         resume=False, kind=str, options=dict(choices=["auto", "fa3", "varlen", "flex", "sdpa"], default="auto")),
+)
 
 
 def make_arg_parser():

@@ -42,6 +42,14 @@ def tiny_preset(num_layers):
                 train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
 
 
+# What one base of the medium track alone runs: the other refuses it in one line (train_gpt_medium.py says why), and a
+# file exported for the other does not offer it (speedrun/export.py, having checked that the modular script refuses
+# it there: docs/export.md, rule 12). A flag: {flag: that base} (r18 has #18's depth alone).
+BASE_ONLY_FLAGS = {"--attention": "r18", "--num-layers": "r14"}
+# Choices of a shared flag, cut from its choices=[...]: {flag: {choice: that base}}.
+BASE_ONLY_CHOICES = {"--compile": {"regional": "r14"}}
+
+
 def make_parser(description, presets, track_flags=(), studies=STUDIES):
     """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
     group per study (speedrun.studies), each flag's help as the study wrote it."""
@@ -103,9 +111,13 @@ def make_parser(description, presets, track_flags=(), studies=STUDIES):
     for flag in track_flags:
         flag.add_to(run)
     for study in studies:
-        group = p.add_argument_group(study.title, study.description)
+        group = p.add_argument_group(study.title, None if FIXED_FLAGS else study.description)
         for flag in study.flags:
             flag.add_to(group)
+    if FIXED_FLAGS:  # an exported file: it parses the flags it refuses on its command line, but does not offer them
+        for action in p._actions:
+            if set(action.option_strings) & refused_flags():
+                action.help = SUPPRESS
     return p
 
 
@@ -201,15 +213,21 @@ FIXED_FLAGS = ()
 RUN_DEFAULTS = ()
 
 
+def refused_flags():
+    """The flags an exported file refuses on its command line: its fixed ones and every study flag (the file is one
+    arm's)."""
+    return {token for token in FIXED_FLAGS if token.startswith("--")} | {flag.name for study in STUDIES
+                                                                          for flag in study.flags}
+
+
 def with_fixed_flags(argv):
-    """FIXED_FLAGS and RUN_DEFAULTS, then argv. In an exported file (FIXED_FLAGS set) a fixed flag or a study flag
-    given on the command line is refused: the file is one arm's."""
+    """FIXED_FLAGS and RUN_DEFAULTS, then argv. In an exported file (FIXED_FLAGS set) a flag of refused_flags given on
+    the command line is refused."""
     if not FIXED_FLAGS:
         return [*RUN_DEFAULTS, *argv]
-    fixed = {token for token in FIXED_FLAGS if token.startswith("--")}
-    fixed |= {flag.name for study in STUDIES for flag in study.flags}
+    refused = refused_flags()
     for token in argv:
-        if token.split("=")[0] in fixed:
+        if token.split("=")[0] in refused:
             raise UsageError(f"{token.split('=')[0]}: this file runs one arm ({' '.join(FIXED_FLAGS)}); export the "
                              f"modular script again for another")
     return [*FIXED_FLAGS, *RUN_DEFAULTS, *argv]

@@ -43,6 +43,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedrun.cli import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS
 from speedrun.errors import UsageError
 from speedrun.studies import STUDIES
 from speedrun.study import is_set
@@ -52,6 +53,11 @@ PROJECT_PACKAGES = ("speedrun", "data")
 EXPORT_FLAG = "--export-script"
 FROM_LOG_FLAG = "--from-log"
 STUDIES_MODULE = "speedrun.studies"  # the module of the STUDIES registry the export prunes
+# The script's tuple of its own flags (speedrun.study.Flag), pruned to those the file's command line can vary.
+TRACK_FLAGS_NAME = "TRACK_FLAGS"
+BASE_FLAG = "--base"  # the medium track's base: one file is one base's
+# The comment a pruned registry gets in the file.
+REGISTRY_NOTES = {"STUDIES": "the studies its run uses", TRACK_FLAGS_NAME: "the flags its command line can vary"}
 # Flags that define the arm rather than the run: fixed in the file (with the study and track flags).
 ARM_FLAGS = ("--variant", "--num-layers")
 RULE = "# " + "-" * 114
@@ -81,6 +87,43 @@ EXPORT_ONLY_FLAGS = (EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG)
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
+def flags_not_offered(config):
+    """The flags a file of this run does not offer: --base (the file is one base's) and those BASE_ONLY_FLAGS gives
+    another base (r14's file has no --attention, r18's no --num-layers). A track flag goes from the file's
+    TRACK_FLAGS, its field folded to the run's value and logged from LEFT_OUT_FIELDS; a shared one's add_argument
+    becomes a set_defaults (omit_arguments)."""
+    base = getattr(config, "base", None)
+    if base is None:  # a track with one base
+        return ()
+    return (BASE_FLAG, *(flag for flag, only in BASE_ONLY_FLAGS.items() if only != base))
+
+
+def choices_not_run(config):
+    """(flag, its choices) of BASE_ONLY_CHOICES that a base other than the run's alone runs: the file's parser does not
+    offer them (cut_choices)."""
+    base = getattr(config, "base", None)
+    if base is None:
+        return ()
+    cuts = ((flag, tuple(c for c, only in choices.items() if only != base)) for flag, choices in
+            BASE_ONLY_CHOICES.items())
+    return tuple((flag, cut) for flag, cut in cuts if cut)
+
+
+def check_refused_off_base(config, run_argv, resolve_args, track_flags):
+    """Raises UsageError where the modular script runs, on this run's base, a flag or choice that a declaration says
+    another base alone runs (BASE_ONLY_FLAGS, BASE_ONLY_CHOICES): the file would then lack something the run can do."""
+    probes = [(flag, choice) for flag, cut in choices_not_run(config) for choice in cut]
+    probes += [(f.name, choice) for f in track_flags if f.name in flags_not_offered(config) and f.name != BASE_FLAG
+               for choice in f.options.get("choices", ()) if choice != f.unset]
+    for flag, choice in probes:
+        try:
+            resolve_args([*run_argv, flag, choice])
+        except UsageError:
+            continue
+        raise UsageError(f"{EXPORT_FLAG}: {flag} {choice} is declared another base's (speedrun/cli.py's "
+                         f"BASE_ONLY_FLAGS, BASE_ONLY_CHOICES), but --base {config.base} runs it: fix the declaration")
+
+
 def omitted_run_flags(run_argv):
     """The run flags of OMITTED_RUN_FLAGS and NEEDS_FLAG that run_argv does not give, sorted."""
     given = {name for name, _ in flag_groups(run_argv)}
@@ -107,11 +150,12 @@ def folded_call_key(module, function):
     return f"{module}.{function}(*)"
 
 
-def folded_tests(config, omitted=(), active=()):
+def folded_tests(config, omitted=(), active=(), not_varied=()):
     """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
     these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
     value in this run: --base r18's hand wiring (speedrun/r18/studies.py) tests them, and folded, the modules of those
-    studies are never reached (and the file's config has no such fields: its registry holds the active studies)."""
+    studies are never reached (and the file's config has no such fields: its registry holds the active studies); so
+    do those of the track flags the file does not offer (`not_varied`: flags_not_offered)."""
     folds = {folded_call_key(*function): value(config) for function, value in FOLDED_CALLS.items()}
     for flag in omitted:
         if flag in OMITTED_RUN_FLAGS:  # left out, the flag holds the parser's default: the config's value
@@ -121,10 +165,9 @@ def folded_tests(config, omitted=(), active=()):
         folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
         # the study contract's hooks (speedrun/study.py's StudyHost, every base's) are then constants in each module
         folds.update(constant_methods(ast.parse(module_path("speedrun.study").read_text()), folds)[0])
-    for study in STUDIES:
-        if study not in active:
-            folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in study.flags
-                          for name in CONFIG_NAMES})
+    left_out = [flag for study in STUDIES if study not in active for flag in study.flags] + list(not_varied)
+    folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in left_out
+                  for name in CONFIG_NAMES})
     return folds
 
 
@@ -463,14 +506,38 @@ def fold_constants(text, folds, where):
         text = folded
 
 
+def add_argument_calls(tree, names):
+    """The `X.add_argument("--flag", ...)` calls of the tree whose flag (a literal) is in names."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "add_argument" and n.args and isinstance(n.args[0], ast.Constant)
+            and n.args[0].value in names]
+
+
+def cut_choices(text, cuts):
+    """The source with the choices of `cuts` ((flag, choices) pairs) cut from the literal `choices=[...]` of the
+    flag's add_argument: the file's parser does not offer them (a declaration of another form keeps them)."""
+    cuts = dict(cuts)
+    edits = []
+    for call in add_argument_calls(ast.parse(text), cuts):
+        for keyword in call.keywords:
+            if keyword.arg == "choices" and isinstance(keyword.value, (ast.List, ast.Tuple)):
+                items = keyword.value.elts
+                edits += cut_items(items, {i for i, item in enumerate(items) if isinstance(item, ast.Constant)
+                                           and item.value in cuts[call.args[0].value]})
+    return replace_spans(text, edits) if edits else text
+
+
 def omit_arguments(text, omitted):
     """The source with each `parser.add_argument(FLAG, ...)` statement of an omitted flag replaced by
     `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value. One
-    whose default is SUPPRESS (no config field: the export's own flags) goes whole."""
+    whose default is SUPPRESS (no config field: the export's own flags) goes whole. A (flag, choices) pair of
+    `omitted` cuts those choices from the flag's (cut_choices)."""
+    text = cut_choices(text, [item for item in omitted if isinstance(item, tuple)])
+    omitted = {item for item in omitted if isinstance(item, str)}
     lines = text.split("\n")
-    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-             and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "add_argument"
-             and n.value.args and isinstance(n.value.args[0], ast.Constant) and n.value.args[0].value in omitted]
+    tree = ast.parse(text)
+    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    calls = [statements[id(call)] for call in add_argument_calls(tree, omitted) if id(call) in statements]
     for node in sorted(calls, key=lambda n: n.lineno, reverse=True):
         keywords = {k.arg: k.value for k in node.value.keywords}
         dest = keywords["dest"].value if "dest" in keywords else node.value.args[0].value[2:].replace("-", "_")
@@ -585,10 +652,16 @@ def prune_registry(text, name, keep, where):
             if len(elements) != len(keep):
                 raise UsageError(f"{EXPORT_FLAG}: {where}: {name} has {len(elements)} entries, the run {len(keep)}")
             lines = text.split("\n")
+            for element in elements:
+                before = lines[element.lineno - 1][:element.col_offset]
+                after = lines[element.end_lineno - 1][element.end_col_offset:].split("#")[0]
+                if before.strip() or after.strip() not in ("", ","):
+                    raise UsageError(f"{EXPORT_FLAG}: {where}:{element.lineno}: each entry of {name} must stand on "
+                                     f"lines of its own (docs/export.md, rules 6 and 12)")
             for element, kept in reversed(list(zip(elements, keep))):
-                if not kept:
-                    lines = replace_lines(lines, element.lineno, element.end_lineno, [])
-            note = f"# In this file: the studies its run uses; the others of {where} are left out."
+                if not kept:  # with the comment lines right above it (its own)
+                    lines = replace_lines(lines, first_line_with_comments(lines, element), element.end_lineno, [])
+            note = f"# In this file: {REGISTRY_NOTES[name]}; the others of {where} are left out."
             return "\n".join(replace_lines(lines, node.lineno, node.lineno - 1, [note]))
     raise UsageError(f"{EXPORT_FLAG}: {where}: no {name} = (...) to prune")
 
@@ -1245,14 +1318,24 @@ def packed_assignment(name, values, width=118):
     return lines
 
 
-def export_source(script, config, fixed_flags, command, omitted=(), defaults=()):
+def export_source(script, config, fixed_flags, command, omitted=(), defaults=(), track_flags=()):
     """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
-    defaults, its command line without the omitted run flags (omitted_run_flags)."""
+    defaults, its command line without the omitted run flags (omitted_run_flags), the flags it does not offer
+    (flags_not_offered) and the choices its base does not run (choices_not_run)."""
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    program = folded_program(script_module, folded_tests(config, omitted, active), registries,
-                             (*omitted, *EXPORT_ONLY_FLAGS))
+    not_offered = flags_not_offered(config)
+    not_varied = [flag for flag in track_flags if flag.name in not_offered]
+    if not_varied:
+        registries[script_module] = {TRACK_FLAGS_NAME: [flag not in not_varied for flag in track_flags]}
+    shared = [name for name in not_offered if name not in {flag.name for flag in track_flags}]
+    varied = [token for name, values in flag_groups(fixed_flags) if name not in not_offered
+              for token in [name, *values]]
+    # the file's FIXED_FLAGS, a constant of it: the tests on it fold (none fixed: with_fixed_flags adds nothing)
+    folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
+    program = folded_program(script_module, folds, registries,
+                             (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()
     check_names(modules, program)
     check_kept_code(modules, program)
@@ -1282,12 +1365,13 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=())
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for study in STUDIES if study not in active
-                for flag in study.flags}
-    out += [f"FIXED_FLAGS = {tuple(fixed_flags)!r}",
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in
+                [*(flag for study in STUDIES if study not in active for flag in study.flags), *not_varied]}
+    out += [f"FIXED_FLAGS = {tuple(varied)!r}",
             "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
-            "# The studies left out of this file, at their values in the run: logged as the modular script logs them.",
+            "# The fields of the studies and flags left out of this file, at the run's values: logged as the modular "
+            "script does.",
             *packed_assignment("LEFT_OUT_FIELDS", left_out)]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
@@ -1594,8 +1678,9 @@ def export_main(script, argv, resolve_args, track_flags):
         config = resolve_args(run_argv)
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
         fixed = fixed_flags(run_argv, config, track_flags)
+        check_refused_off_base(config, run_argv, resolve_args, track_flags)
         text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
-                             run_defaults(run_argv, config, fixed))
+                             run_defaults(run_argv, config, fixed), track_flags)
         modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
         verify_export(script, text, modular_argv, file_argv)
         check_out_path(out, force)  # again: the check took a while

@@ -52,7 +52,7 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert not [s for s in sections if s.removeprefix("speedrun/").removesuffix(".py") in STUDY_MODULES]
     assert not [s for s in sections if s.startswith("speedrun/r18")]  # the base is folded to r14
     assert not [line for line in text.splitlines() if line.startswith("==> ")]  # no log-style module sections
-    assert fixed_flags_of(text) == ("--base", "r14")
+    assert fixed_flags_of(text) == ()  # the base is no flag of the file: it is the file's
     # tree-shaken: the log readers of logformat.py and the exporter are not in the file
     assert "def parse_float" not in text and "def export_main" not in text and "def asks_for_export" not in text
     # the file's log embeds no project module (it imports none): the search for them is folded away
@@ -68,7 +68,7 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     sections = inlined_sections(text)
     assert "speedrun/backout.py" in sections and "speedrun/laurel.py" in sections
     assert "speedrun/dlo.py" not in sections and "speedrun/rolling_skip.py" not in sections
-    assert fixed_flags_of(text) == ("--backout-layers", "4", "--laurel", "rw+lr+pa", "--base", "r14")
+    assert fixed_flags_of(text) == ("--backout-layers", "4", "--laurel", "rw+lr+pa")
     studies = next(n for n in ast.parse(text).body if isinstance(n, ast.Assign)
                    and ast.unparse(n.targets[0]) == "STUDIES")
     assert len(studies.value.elts) == 2
@@ -82,7 +82,7 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     sections = inlined_sections(text)
     assert project_imports(text) == [] and sections[-1] == "train_gpt_medium.py"
     assert "speedrun/r18/train.py" in sections and "speedrun/r18/model.py" in sections
-    assert fixed_flags_of(text) == ("--base", "r18", "--laurel", "rw")
+    assert fixed_flags_of(text) == ("--laurel", "rw")
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
     script_part = text[text.rindex("# train_gpt_medium.py"):]
@@ -700,3 +700,72 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
                     and f.name in ("make_parser", "resolve_study_args", "model_config_from_args", "preset_config",
                                    "check_r18_studies")]
         assert "check_r18_studies" not in text
+        # none fixed: the refusal of fixed flags and their hiding from --help fold away (FIXED_FLAGS is the file's)
+        assert "refused_flags" not in text and "action.help = SUPPRESS" not in text
+
+
+def run_file(path, *flags):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, str(path), *flags], capture_output=True, text=True, timeout=300,
+                          cwd=path.parent)
+
+
+@pytest.mark.parametrize("base, refused, offered, not_offered", [
+    # r14 runs --compile regional; --attention chooses r18's kernel (r14: FlexAttention/SDPA), refused before
+    ("r14", ["--attention", "fa3"], ["[--compile {auto,on,regional,off}]", "[--num-layers NUM_LAYERS]"],
+     ["--attention", "--base"]),
+    # r18 runs only #18's 16 layers and no regional compilation (its optimisers average after the backward)
+    ("r18", ["--compile", "regional"], ["[--compile {auto,on,off}]", "[--attention {auto,fa3,varlen,flex,sdpa}]"],
+     ["--num-layers", "regional", "--base"]),
+])
+def test_an_exported_file_offers_only_the_flags_and_choices_its_base_runs(tmp_path, base, refused, offered,
+                                                                         not_offered):
+    """The issue's residue: an r14 file listed --base {r14,r18} and --attention, an r18 one --compile regional and
+    --num-layers; each refused them only after parsing. Its --help now lists neither, and the parser refuses them."""
+    out = tmp_path / "exported.py"
+    out.write_text(export(tmp_path, T, "--base", base))
+    usage = " ".join(run_file(out, "--help").stdout.split("options:")[0].split())
+    assert all(flag in usage for flag in offered) and not [flag for flag in not_offered if flag in usage]
+    for flags in (["--base", base], refused):
+        result = run_file(out, *flags)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert f"{flags[0]}" in result.stderr and result.stdout == ""
+    # the fields of the flags it does not offer are logged at the run's values, as the modular run logs them
+    assert file_constant(out.read_text(), "LEFT_OUT_FIELDS")["base"] == base
+
+
+def test_a_declared_base_only_choice_that_the_base_runs_is_refused(tmp_path, monkeypatch, capsys):
+    """The export drops what speedrun/cli.py declares another base's; a declaration the modular script contradicts
+    (r18 runs --compile on) would make a file that lacks what its run can do."""
+    import speedrun.export as export_module
+    monkeypatch.setattr(export_module, "BASE_ONLY_CHOICES", {"--compile": {"regional": "r14", "on": "r14"}})
+    out = tmp_path / "x.py"
+    assert T.main(["--export-script", str(out), "--preset", "tiny", "--base", "r18"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile on is declared another base's" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
+    """Pruning cuts whole lines: an entry that shares one with `(`, `)` or another entry would take them along."""
+    from speedrun.export import prune_registry
+    source = 'TRACK_FLAGS = (\n    Flag("--a"),\n    Flag("--b"),\n)\n'
+    assert prune_registry(source, "TRACK_FLAGS", [True, False], "t.py").count("Flag(") == 1
+    for shared in ('TRACK_FLAGS = (Flag("--a"),\n    Flag("--b"))\n',
+                   'TRACK_FLAGS = (\n    Flag("--a"), Flag("--b"),\n)\n'):
+        with pytest.raises(UsageError, match="must stand on lines of its own"):
+            prune_registry(shared, "TRACK_FLAGS", [True, False], "t.py")
+
+
+def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
+    """The file refuses its study's flags and its fixed ones on its command line (one arm): its --help listed them
+    all (the backout group, every mode and transform), as if it ran them."""
+    out = tmp_path / "exported.py"
+    out.write_text(export(tmp_path, T, "--backout-layers", "4", "--variant", "b4"))
+    help_text = run_file(out, "--help").stdout
+    assert "--backout" not in help_text and "--variant" not in help_text and "--seed" in help_text
+    headings = [line for line in help_text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings == ["options:", "run:", "checkpoints:"]
+    result = run_file(out, "--backout-mode", "concat-head")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--backout-mode: this file runs one arm" in result.stderr
