@@ -224,10 +224,14 @@ def runs_r18(base):
     return base == "r18"
 
 
+# The export's own flags (speedrun/export.py reads them): here, as a run must not import the export (its log would
+# embed that module).
+EXPORT_ONLY_FLAGS = ("--export-script", "--from-log", "--force", "--export-check-dir")
+
+
 def asks_for_export(argv):
     """Whether argv holds --export-script or another of the export's own flags: the export reads them all (and
     refuses one without --export-script in a line; a run's config has no field for them)."""
-    from speedrun.export import EXPORT_ONLY_FLAGS
     return any(token.split("=")[0] in EXPORT_ONLY_FLAGS for token in argv)
 
 

@@ -43,14 +43,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedrun.cli import EXPORT_ONLY_FLAGS
 from speedrun.errors import UsageError
 from speedrun.studies import STUDIES
 from speedrun.study import is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
-EXPORT_FLAG = "--export-script"
-FROM_LOG_FLAG = "--from-log"
+# The export's own flags (speedrun/cli.py lists them), in the parser for --help alone: never in the file.
+EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG, CHECK_DIR_FLAG = EXPORT_ONLY_FLAGS
 STUDIES_MODULE = "speedrun.studies"  # the module of the STUDIES registry the export prunes
 # Flags that define the arm rather than the run: fixed in the file (with the study and track flags).
 ARM_FLAGS = ("--variant", "--num-layers")
@@ -75,10 +76,6 @@ OMITTED_RUN_FLAGS = ("--resume", "--init-from", "--checkpoint-every", "--profile
 NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
 # kept with the flag that needs it: a run that writes checkpoints every K steps can resume from them
 KEPT_WITH = {"--resume": "--checkpoint-every"}
-FORCE_FLAG = "--force"
-CHECK_DIR_FLAG = "--export-check-dir"
-# The export's own flags, in the parser for --help alone: never in the file.
-EXPORT_ONLY_FLAGS = (EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG, CHECK_DIR_FLAG)
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 

@@ -102,6 +102,7 @@ def test_export_trains_bit_for_bit_like_the_modular_script(paired_runs, name):
     assert ran.read_text() == written.read_text()
     assert exported_log.startswith(written.read_text().rstrip("\n") + "\n" + "=" * 100)
     assert "\n==> speedrun/" not in exported_log
+    assert "\n==> speedrun/export.py" not in modular_log  # a run imports nothing of the export
     a, b = parse_log(modular / "run.txt"), parse_log(exported / "run.txt")
     assert b.complete and (b.variant, b.seed, b.val_losses, b.final_step) == (a.variant, a.seed, a.val_losses,
                                                                               a.final_step)
