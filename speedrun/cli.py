@@ -99,6 +99,9 @@ def make_parser(description, presets, track_flags=(), studies=STUDIES):
                      help="with --export-script: the run a log of this checkout records, its flags from the log")
     run.add_argument("--force", action="store_true", default=SUPPRESS,
                      help="with --export-script: replace an existing OUT.py (a file of this checkout never)")
+    run.add_argument("--export-check-dir", metavar="DIR", default=SUPPRESS,
+                     help="with --export-script: keep the check's two runs (logs and final checkpoints, ~260 MB "
+                          "each) and the file as it ran in DIR, a new or empty folder outside the checkout")
     ck = p.add_argument_group("checkpoints")
     ck.add_argument("--checkpoint-every", type=int, default=0,
                     help="write <log-dir>/<run-name>.pt every K steps and at the end (0: off)")
@@ -239,8 +242,15 @@ def runs_r18(base):
     return base == "r18"
 
 
+# The export's own flags (speedrun/export.py reads them): here, as a run must not import the export (its log would
+# embed that module).
+EXPORT_ONLY_FLAGS = ("--export-script", "--from-log", "--force", "--export-check-dir")
+
+
 def asks_for_export(argv):
-    return any(token.split("=")[0] == "--export-script" for token in argv)
+    """Whether argv holds --export-script or another of the export's own flags: the export reads them all (and
+    refuses one without --export-script in a line; a run's config has no field for them)."""
+    return any(token.split("=")[0] in EXPORT_ONLY_FLAGS for token in argv)
 
 
 def run_main(resolve_args, run, argv=None, script=None, track_flags=()):

@@ -43,15 +43,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedrun.cli import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS
+from speedrun.cli import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.errors import UsageError
 from speedrun.studies import STUDIES
 from speedrun.study import is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
-EXPORT_FLAG = "--export-script"
-FROM_LOG_FLAG = "--from-log"
+# The export's own flags (speedrun/cli.py lists them), in the parser for --help alone: never in the file.
+EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG, CHECK_DIR_FLAG = EXPORT_ONLY_FLAGS
 STUDIES_MODULE = "speedrun.studies"  # the module of the STUDIES registry the export prunes
 # The script's tuple of its own flags (speedrun.study.Flag), pruned to those the file's command line can vary.
 TRACK_FLAGS_NAME = "TRACK_FLAGS"
@@ -81,9 +81,6 @@ OMITTED_RUN_FLAGS = ("--resume", "--init-from", "--checkpoint-every", "--profile
 NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it needs
 # kept with the flag that needs it: a run that writes checkpoints every K steps can resume from them
 KEPT_WITH = {"--resume": "--checkpoint-every"}
-FORCE_FLAG = "--force"
-# The export's own flags, in the parser for --help alone: never in the file.
-EXPORT_ONLY_FLAGS = (EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG)
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
@@ -1481,15 +1478,21 @@ def checked_line(script, modular_argv):
             f"same parameters, bit for bit")
 
 
-def verify_export(script, text, modular_argv, file_argv):
-    """Trains the modular script and the file `text` side by side (the check run's flags) from a temporary folder
-    outside the checkout; raises UsageError naming the first difference, or the one that failed."""
+def verify_export(script, text, modular_argv, file_argv, kept_in=None):
+    """Trains the modular script and the file `text` side by side (the check run's flags) from a folder outside the
+    checkout: a temporary one, or kept_in (--export-check-dir), where the file (exported.py) and both runs (modular/,
+    exported/: log, final checkpoint, stderr) stay, the check passed or not. Raises UsageError naming the first
+    difference, or the one that failed."""
+    import contextlib
     import os
     import subprocess
     import tempfile
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    with tempfile.TemporaryDirectory(prefix="export-check-") as name:
-        folder = Path(name)
+    if kept_in is not None:
+        Path(kept_in).mkdir(exist_ok=True)  # new or empty (check_kept_in)
+    with (tempfile.TemporaryDirectory(prefix="export-check-") if kept_in is None
+          else contextlib.nullcontext(kept_in)) as name:
+        folder = Path(name).resolve()
         exported = folder / "exported.py"
         exported.write_text(text)
         runs = {"the modular script": (Path(script).resolve(), modular_argv, folder / "modular", ROOT),
@@ -1520,9 +1523,9 @@ def verify_export(script, text, modular_argv, file_argv):
 # ----- the command line -----------------------------------------------------------------------------------------
 
 def split_export_flags(argv):
-    """(OUT path, LOG path or None, whether --force is given, the other flags) of a command line with
-    --export-script OUT [--from-log LOG] [--force]."""
-    rest, values, force = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None}, False
+    """(OUT path, LOG path or None, whether --force is given, DIR or None, the other flags) of a command line with
+    --export-script OUT [--from-log LOG] [--force] [--export-check-dir DIR]."""
+    rest, values, force = [], {EXPORT_FLAG: None, FROM_LOG_FLAG: None, CHECK_DIR_FLAG: None}, False
     tokens = iter(argv)
     for token in tokens:
         name, equals, value = token.partition("=")
@@ -1533,13 +1536,16 @@ def split_export_flags(argv):
         elif name in values:
             values[name] = value if equals else next(tokens, None)
             if not values[name] or values[name].startswith("--"):
-                raise UsageError(f"{name} needs a file name")
+                raise UsageError(f"{name} needs a {'folder' if name == CHECK_DIR_FLAG else 'file'} name")
         else:
             rest.append(token)
     out = values[EXPORT_FLAG]
-    if not out or not out.endswith(".py"):
+    if out is None:  # the script hands a command line here when it holds any of the export's own flags
+        given = next(token.partition("=")[0] for token in argv if token.partition("=")[0] in EXPORT_ONLY_FLAGS)
+        raise UsageError(f"{given}: only with {EXPORT_FLAG} OUT.py")
+    if not out.endswith(".py"):
         raise UsageError(f"{EXPORT_FLAG}: the file name must end in .py, got {out!r}")
-    return out, values[FROM_LOG_FLAG], force, rest
+    return out, values[FROM_LOG_FLAG], force, values[CHECK_DIR_FLAG], rest
 
 
 def tracked_files():
@@ -1568,6 +1574,20 @@ def check_out_path(out, force):
         raise UsageError(f"{EXPORT_FLAG} {out}: is a folder")
     if not path.parent.is_dir():  # before the check's minute of training, not after
         raise UsageError(f"{EXPORT_FLAG} {out}: no folder {path.parent}")
+
+
+def check_kept_in(folder):
+    """Raises UsageError where --export-check-dir DIR may not hold the check's runs: DIR must be a new or empty
+    folder (the runs of two checks are not mixed), outside the checkout (the file is checked from a folder without
+    the project; and each run's final checkpoint is ~260 MB), in an existing folder."""
+    path = Path(folder).resolve()
+    if path == ROOT or ROOT in path.parents:
+        raise UsageError(f"{CHECK_DIR_FLAG} {folder}: inside this checkout; the file is checked from a folder "
+                         f"without the project: choose one outside it")
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        raise UsageError(f"{CHECK_DIR_FLAG} {folder}: exists and is not an empty folder")
+    if not path.parent.is_dir():
+        raise UsageError(f"{CHECK_DIR_FLAG} {folder}: no folder {path.parent}")
 
 
 def write_atomically(out, text):
@@ -1671,8 +1691,10 @@ def export_main(script, argv, resolve_args, track_flags):
     """Writes the standalone file of the run that argv (with --export-script OUT) describes; 0, or 2 with one line
     on stderr."""
     try:
-        out, log, force, run_argv = split_export_flags(argv)
+        out, log, force, kept_in, run_argv = split_export_flags(argv)
         check_out_path(out, force)
+        if kept_in is not None:
+            check_kept_in(kept_in)
         if log is not None:
             run_argv = flags_from_log(log, script, track_flags, resolve_args, run_argv) + run_argv
         config = resolve_args(run_argv)
@@ -1682,7 +1704,7 @@ def export_main(script, argv, resolve_args, track_flags):
         text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
                              run_defaults(run_argv, config, fixed), track_flags)
         modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
-        verify_export(script, text, modular_argv, file_argv)
+        verify_export(script, text, modular_argv, file_argv, kept_in)
         check_out_path(out, force)  # again: the check took a while
         write_atomically(out, text)
     except UsageError as e:
@@ -1690,4 +1712,7 @@ def export_main(script, argv, resolve_args, track_flags):
         return 2
     print(f"wrote {out}: {text.count(chr(10))} lines, one file")
     print(checked_line(script, modular_argv))
+    if kept_in is not None:
+        print(f"kept the check's runs in {kept_in}: the file as it ran (exported.py), modular/ and exported/ (each "
+              f"run.txt, run.pt, stderr)")
     return 0

@@ -1,15 +1,23 @@
 """An exported single file (--export-script) trains bit for bit like the modular script it came from: the same
 flags and seed give the same logged losses and scalars and the same final parameters, from a folder without this
 project, at world sizes 1 and 2; its log holds its own source alone and `analysis` reads it like any run log."""
+import contextlib
+import importlib
+import io
 import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 
+import train_gpt_medium as T
 from analysis.logs import parse_log
 from conftest import MEDIUM_SCRIPT, SMALL_SCRIPT, launch_script
+from speedrun import export as export_module
+from speedrun.logformat import read_config
 
 COMMON = ["--num-iterations", "2", "--val-every", "1", "--seed", "5", "--save-final-checkpoint"]
 # name: (script, the arm's flags (fixed in the file), run flags of both runs, world size); "{baseline}" is the r14
@@ -30,9 +38,19 @@ CONFIGS = {
 LOGGED = re.compile(r"^step:(\d+)/\d+ (val_loss:\S+|scalars: .*)", re.MULTILINE)
 
 
+class Pair(NamedTuple):
+    modular: Path  # the modular script's run folder (run.txt, run.pt)
+    exported: Path  # the exported file's
+    ran: Path  # the file that ran, in the folder it ran from
+    written: Path  # the file the export wrote
+
+
 @pytest.fixture(scope="module")
 def paired_runs(shard_dir, tmp_path_factory):
-    """name -> (modular run folder, export run folder, the exported file): each pair run once for the module."""
+    """name -> Pair, each made once for the module. At one rank the pair is the export's own check, kept with
+    --export-check-dir: the run's arm, flags and seed, 2 tiny-preset steps validating each, on the demo shards
+    (verification_argv), the file run from the check's folder; nothing trains a second time. At two ranks (the
+    check trains at one) the test trains both under torchrun, the file from a folder of its own."""
     done = {}
     data = ["--preset", "tiny", "--train-files", str(shard_dir / "syn_train_*.bin"),
             "--val-files", str(shard_dir / "syn_val_*.bin")]
@@ -41,20 +59,28 @@ def paired_runs(shard_dir, tmp_path_factory):
         if name in done:
             return done[name]
         script, arm, run_flags, nproc = CONFIGS[name]
-        run_flags = [f.replace("{baseline}", str(run_pair("r14-baseline")[0] / "run.pt")) for f in run_flags]
+        run_flags = [f.replace("{baseline}", str(run_pair("r14-baseline").modular / "run.pt")) for f in run_flags]
         root = tmp_path_factory.mktemp(name)
-        modular, exported, elsewhere = root / "modular", root / "exported", root / "no-checkout"
-        elsewhere.mkdir()
-        out = elsewhere / "exported_run.py"
-        made = subprocess.run([sys.executable, str(script), "--export-script", str(out), *data, *arm, *run_flags],
-                              capture_output=True, text=True, cwd=script.parent, timeout=300)
-        assert made.returncode == 0, made.stderr[-2000:]
-        for folder, target, argv, cwd in ((modular, script, [*data, *arm, *run_flags], script.parent),
-                                          (exported, out, [*data, *run_flags], elsewhere)):
+        written, checked, ranks = root / "written" / "exported_run.py", root / "checked", root / "ranks"
+        written.parent.mkdir()
+        keep = ["--export-check-dir", str(checked)] if nproc == 1 else []
+        # in this process (the script's main, as `python SCRIPT` calls it): no interpreter and torch import per pair
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            code = importlib.import_module(script.stem).main(["--export-script", str(written), *keep, *data,
+                                                              "--seed", "5", *arm, *run_flags])
+        assert code == 0, err.getvalue()
+        if nproc == 1:
+            done[name] = Pair(checked / "modular", checked / "exported", checked / "exported.py", written)
+            return done[name]
+        ranks.mkdir()
+        ran = ranks / "exported.py"
+        ran.write_text(written.read_text())
+        for folder, target, argv, cwd in ((ranks / "modular", script, [*data, *arm, *run_flags], script.parent),
+                                          (ranks / "exported", ran, [*data, *run_flags], ranks)):
             res = launch_script([*argv, *COMMON, "--log-dir", str(folder), "--run-name", "run"], nproc=nproc,
                                 script=target, cwd=cwd)
             assert res.returncode == 0, f"{target}: {res.stderr[-3000:]}"
-        done[name] = (modular, exported, out)
+        done[name] = Pair(ranks / "modular", ranks / "exported", ran, written)
         return done[name]
     return run_pair
 
@@ -62,22 +88,31 @@ def paired_runs(shard_dir, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_export_trains_bit_for_bit_like_the_modular_script(paired_runs, name):
-    """Guards that the export is the same program: no fast test runs the file."""
-    modular, exported, out = paired_runs(name)
+    """Guards that the export is the same program: no fast test runs the file. Asserted here apart from the check's
+    own comparison (first_difference), on the runs it kept."""
+    modular, exported, ran, written = paired_runs(name)
     modular_log, exported_log = (modular / "run.txt").read_text(), (exported / "run.txt").read_text()
     logged = LOGGED.findall(modular_log)
     assert len(logged) >= 6 and LOGGED.findall(exported_log) == logged
     ours, theirs = (torch.load(f / "run.pt", weights_only=False)["model"] for f in (modular, exported))
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
-    # the log opens with the file's own source, no module sections; analysis reads it as the same arm
-    assert exported_log.startswith(out.read_text().rstrip("\n") + "\n" + "=" * 100)
+    # the file that ran is the one written; the log opens with its own source, no module sections; analysis reads
+    # it as the same arm
+    assert ran.read_text() == written.read_text()
+    assert exported_log.startswith(written.read_text().rstrip("\n") + "\n" + "=" * 100)
     assert "\n==> speedrun/" not in exported_log
+    assert "\n==> speedrun/export.py" not in modular_log  # a run imports nothing of the export
     a, b = parse_log(modular / "run.txt"), parse_log(exported / "run.txt")
     assert b.complete and (b.variant, b.seed, b.val_losses, b.final_step) == (a.variant, a.seed, a.val_losses,
                                                                               a.final_step)
-    # the file's copy is the one that ran; the folder it ran from holds nothing of this project
-    assert sorted(p.name for p in out.parent.iterdir()) == ["exported_run.py"]
+    # the folder the file ran from holds nothing of this project: the file and the two runs' logs and checkpoints
+    assert sorted(p.name for p in ran.parent.iterdir()) == ["exported", "exported.py", "modular"]
+    assert {p.name for run in (modular, exported) for p in run.iterdir()} <= {"run.txt", "run.pt", "stderr"}
+    # both trained from the checkpoint the run starts from (DLO: the file keeps --init-from, the check passes it on)
+    starts = {read_config((run / "run.txt").read_bytes())["init_from"] for run in (modular, exported)}
+    given = CONFIGS[name][2]
+    assert starts == ({str(paired_runs("r14-baseline").modular / "run.pt")} if "--init-from" in given else {None})
 
 
 @pytest.mark.slow
@@ -85,9 +120,8 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
     """Guards analysis record on real logs of both kinds (the fast record tests use made-up logs)."""
     import ast
 
-    import train_gpt_medium as T
     from analysis.record import package_record
-    modular, exported, out = paired_runs("r14-backout-2ranks")
+    modular, exported, _, out = paired_runs("r14-backout-2ranks")
     folder = package_record([parse_log(modular / "run.txt")], "medium", "M", "2026-11-27", tmp_path / "a")
     readme = (folder / "README.md").read_text()
     assert "made by the modular script" in readme
@@ -113,21 +147,50 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
 @pytest.mark.slow
 def test_an_export_that_trains_otherwise_than_the_modular_script_is_not_written(tmp_path, monkeypatch, capsys):
     """Guards the export's own check (verify_export): a file whose numbers differ is refused naming the first
-    difference, and no file is left."""
-    import train_gpt_medium as T
-    from speedrun import export as export_module
+    difference, and no file is left; --export-check-dir (an empty folder given) keeps the two runs it compared."""
     checked = export_module.verify_export
 
     def with_another_softcap(script, text, *argvs):
         assert "return 15 * logits" in text
         checked(script, text.replace("return 15 * logits", "return 16 * logits"), *argvs)
     monkeypatch.setattr(export_module, "verify_export", with_another_softcap)
-    out = tmp_path / "x.py"
-    assert T.main(["--export-script", str(out), "--preset", "tiny"]) == 2
+    out, kept = tmp_path / "x.py", tmp_path / "check"
+    kept.mkdir()
+    assert T.main(["--export-script", str(out), "--preset", "tiny", "--export-check-dir", str(kept)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not written: the file trains otherwise than the modular script" in err
     assert re.search(r"step \d+: val_loss \S+ \(modular script\) vs step \d+: val_loss \S+ \(exported file\)", err)
     assert not out.exists()
+    assert "return 16 * logits" in (kept / "exported.py").read_text()
+    assert err.rstrip("\n").endswith(export_module.first_difference(kept / "modular", kept / "exported"))
+
+
+@pytest.mark.parametrize("where, message", [
+    ("full", "exists and is not an empty folder"),
+    ("file", "exists and is not an empty folder"),
+    ("missing/check", "no folder"),
+    ("checkout", "inside this checkout"),
+])
+def test_a_check_folder_that_cannot_be_kept_is_refused_before_the_check_trains(tmp_path, monkeypatch, capsys, where,
+                                                                               message):
+    """--export-check-dir DIR: a new or empty folder outside the checkout, in an existing folder."""
+    checked = []
+    monkeypatch.setattr(export_module, "verify_export", lambda *args: checked.append(args))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "run.txt").write_text("another check's\n")
+    (tmp_path / "file").write_text("")
+    folder = export_module.ROOT / "export-check" if where == "checkout" else tmp_path / where
+    out = tmp_path / "x.py"
+    assert T.main(["--export-script", str(out), "--export-check-dir", str(folder), "--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --export-check-dir {folder}: {message}") and err.count("\n") == 1
+    assert checked == [] and not out.exists() and not (export_module.ROOT / "export-check").exists()
+
+
+@pytest.mark.parametrize("flags", [["--export-check-dir", "check"], ["--from-log", "run.txt"], ["--force"]])
+def test_a_flag_of_the_export_without_export_script_is_refused_in_one_line(capsys, flags):
+    assert T.main(["--preset", "tiny", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {flags[0]}: only with --export-script OUT.py\n"
 
 
 def project_copy(folder):

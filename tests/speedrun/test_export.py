@@ -211,9 +211,10 @@ def test_an_export_it_cannot_make_is_refused_in_one_line(tmp_path, capsys, flags
 
 
 def test_split_and_fixed_flags():
-    out, log, force, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw", "--log-dir",
-                                                "l"])
-    assert out == "a.py" and log is None and not force and rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
+    out, log, force, kept_in, rest = split_export_flags(["--seed", "1", "--export-script=a.py", "--laurel", "rw",
+                                                         "--log-dir", "l"])
+    assert out == "a.py" and log is None and not force and kept_in is None
+    assert rest == ["--seed", "1", "--laurel", "rw", "--log-dir", "l"]
     assert split_export_flags(["--force", "--export-script", "a.py"])[2]
     for twice in (["--export-script", "a.py", "--export-script=b.py"], ["--export-script", "a.py", "--force"] * 2):
         with pytest.raises(UsageError, match="is given twice"):
@@ -539,8 +540,10 @@ def test_help_lists_the_export_flags_and_the_file_has_none(tmp_path, capsys):
         T.main(["--help"])
     shown = capsys.readouterr().out
     assert "--export-script OUT.py" in shown and "--from-log LOG" in shown and "--force" in shown
+    assert "--export-check-dir DIR" in shown
     text = export(tmp_path, T)
-    assert not [flag for flag in ("--export-script", "--from-log", "--force") if f'add_argument("{flag}"' in text]
+    assert not [flag for flag in ("--export-script", "--from-log", "--force", "--export-check-dir")
+                if f'add_argument("{flag}"' in text]
     assert "import SUPPRESS" not in text
 
 

@@ -54,7 +54,7 @@ def test_every_pair_of_studies_that_compose_exports_bit_for_bit(tmp_path, monkey
     monkeypatch.setattr(export_module, "VERIFY_STEPS", 1)
     compared = []
 
-    def verify_in_this_process(script, text, modular_argv, file_argv):
+    def verify_in_this_process(script, text, modular_argv, file_argv, kept_in):
         exported = tmp_path / "exported.py"
         exported.write_text(text)
         logs = {"modular": tmp_path / "modular", "exported": tmp_path / "exported"}
