@@ -17,6 +17,7 @@ from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import exit_before_interpreter_teardown, setup_distributed
 from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
                              is_reporting_rank)
+from speedrun.flag_scopes import EXPORT_ONLY_FLAGS
 from speedrun.run_config import run_config_class
 from speedrun.studies import STUDIES
 from speedrun.variants import default_variant, given_study_flags
@@ -42,12 +43,6 @@ def tiny_preset(num_layers):
                 train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
 
 
-# What one base of the medium track alone runs: the other refuses it in one line (train_gpt_medium.py says why), and a
-# file exported for the other does not offer it (speedrun/export.py, having checked that the modular script refuses
-# it there: docs/export.md, rule 12). A flag: {flag: that base} (r18 has #18's depth alone).
-BASE_ONLY_FLAGS = {"--attention": "r18", "--num-layers": "r14"}
-# Choices of a shared flag, cut from its choices=[...]: {flag: {choice: that base}}.
-BASE_ONLY_CHOICES = {"--compile": {"regional": "r14"}}
 
 
 def make_parser(description, presets, track_flags=(), studies=STUDIES):
@@ -240,11 +235,6 @@ def runs_r18(base):
     """Whether --base names record #18's code (speedrun/r18). The one test of the base: an export folds every call
     of it to its run's base (speedrun/export.py, FOLDED_CALLS), so nothing of the other base reaches the file."""
     return base == "r18"
-
-
-# The export's own flags (speedrun/export.py reads them): here, as a run must not import the export (its log would
-# embed that module).
-EXPORT_ONLY_FLAGS = ("--export-script", "--from-log", "--force", "--export-check-dir")
 
 
 def asks_for_export(argv):

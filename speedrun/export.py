@@ -43,14 +43,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedrun.cli import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.errors import UsageError
+from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.studies import STUDIES
 from speedrun.study import is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
-# The export's own flags (speedrun/cli.py lists them), in the parser for --help alone: never in the file.
+# The export's own flags (speedrun/flag_scopes.py), in the parser for --help alone: never in the file.
 EXPORT_FLAG, FROM_LOG_FLAG, FORCE_FLAG, CHECK_DIR_FLAG = EXPORT_ONLY_FLAGS
 STUDIES_MODULE = "speedrun.studies"  # the module of the STUDIES registry the export prunes
 # The script's tuple of its own flags (speedrun.study.Flag), pruned to those the file's command line can vary.
@@ -117,7 +117,7 @@ def check_refused_off_base(config, run_argv, resolve_args, track_flags):
             resolve_args([*run_argv, flag, choice])
         except UsageError:
             continue
-        raise UsageError(f"{EXPORT_FLAG}: {flag} {choice} is declared another base's (speedrun/cli.py's "
+        raise UsageError(f"{EXPORT_FLAG}: {flag} {choice} is declared another base's (speedrun/flag_scopes.py's "
                          f"BASE_ONLY_FLAGS, BASE_ONLY_CHOICES), but --base {config.base} runs it: fix the declaration")
 
 
