@@ -3,17 +3,14 @@ default init, and real CPU runs (world sizes 1 and 2, resume, bad input)."""
 import json
 import math
 import re
-import signal
-import subprocess
-import sys
-import time
 import zlib
 
 import pytest
 import torch
 
 import train_gpt as S
-from conftest import ROOT, SMALL_SCRIPT, embedded_sources, launch_script, script_from_history
+from conftest import (SMALL_SCRIPT, embedded_sources, killed_run, launch_script, one_error_line,
+                      script_from_history)
 from speedrun.muon import newton_schulz5
 from study_training import assert_each_parameter_in_one_optimizer, tiny_model_and_optimizers
 
@@ -335,13 +332,7 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     assert full.returncode == 0, full.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(SMALL_SCRIPT), *common, "--log-dir", str(killed_dir),
-                             "--run-name", "r"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log, deadline = killed_dir / "r.txt", time.time() + 300
-    while time.time() < deadline and not (log.exists() and "step:3/6 train_time" in log.read_text()):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    killed_run(SMALL_SCRIPT, common, killed_dir, "step:3/6 train_time")
     assert torch.load(killed_dir / "r.pt", weights_only=False)["step"] in (2, 4)
 
     resumed = launch_script(common + ["--log-dir", str(killed_dir), "--run-name", "resumed",
@@ -350,12 +341,6 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     assert val_losses(killed_dir / "resumed.txt") == val_losses(tmp_path / "full" / "r.txt")
     scalars = [l for l in (killed_dir / "resumed.txt").read_text().splitlines() if " scalars: " in l]
     assert json.loads(scalars[-1].split(" scalars: ")[1])["backout.L8"] != 0.5  # the lambda trained
-
-
-def one_error_line(capsys):
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 @pytest.mark.parametrize("argv, needle", [
