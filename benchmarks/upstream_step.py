@@ -84,13 +84,18 @@ def _flex_standin(block_size):
     return flex_attention
 
 
-def _prepare_137(ns, step):
-    """#137: FlexAttention and its block masks -> the stand-in, counted from the long and the short window (half
-    the long one) its forward asks for; the window's pinned CUDA tensor -> its number of blocks; the Snoo outer
-    optimiser at the step's place in its k-step cycle."""
+def _replace_flex_attention(ns):
+    """FlexAttention (blocks of 128) and its block masks -> the stand-in, counted from the long and the short window
+    (half the long one) its forward asks for: #137's and small #21's attention alike."""
     ns["flex_attention"] = _flex_standin(128)
     ns["GPT"].create_blockmasks = lambda self, input_seq, window_blocks: (_marked_mask(window_blocks),
                                                                          _marked_mask(window_blocks // 2))
+
+
+def _prepare_137(ns, step):
+    """#137: its FlexAttention (_replace_flex_attention); the window's pinned CUDA tensor -> its number of blocks;
+    the Snoo outer optimiser at the step's place in its k-step cycle."""
+    _replace_flex_attention(ns)
     ns["get_window_size_blocks_helper"] = lambda window_size: window_size // 128
     ns["outer_optim"].current_step = step
 
@@ -176,35 +181,34 @@ class _Sender:
 
 
 def _prepare_small_21(ns, step):
-    """Small-track #21 (re-timed 2025-02-01): as #137 (FlexAttention, its block masks, the window's pinned
-    tensor), its loop's step count named."""
-    ns["flex_attention"] = _flex_standin(128)
-    ns["GPT"].create_blockmasks = lambda self, input_seq, window_blocks: (_marked_mask(window_blocks),
-                                                                         _marked_mask(window_blocks // 2))
+    """Small-track #21 (re-timed 2025-02-01): as #137 (its FlexAttention, the window's pinned tensor), its loop's
+    step count named."""
+    _replace_flex_attention(ns)
     ns["window_size_blocks"] = lambda window_size: window_size // 128
     ns["train_steps"] = ns["args"].num_iterations
 
 
+# Where the records' scripts are cut: each one's training step lies between the same two lines; #137 and small #21
+# (one lineage of upstream's script) end their head at the same compile line.
+STEP_BEGIN_LINE = "    # --------------- TRAINING SECTION -----------------\n"
+STEP_END_LINE = "    # logging\n"
+COMPILE_LINE = "model: nn.Module = torch.compile(model, dynamic=False)\n"
+
 RECORD_STEPS = (
     RecordStep("#137", "assert world_size == 8  # this code is designed for 8xH100",
-               head_end="model: nn.Module = torch.compile(model, dynamic=False)\n",
-               step_begin="    # --------------- TRAINING SECTION -----------------\n",
-               step_end="    # logging\n",
+               head_end=COMPILE_LINE, step_begin=STEP_BEGIN_LINE, step_end=STEP_END_LINE,
                forward_backward="model(inputs, targets, get_window_size_blocks(step)).backward()",
                prepare=_prepare_137, step_at=lambda ns, at: int(at * ns["args"].num_iterations),
                batch=lambda ns, step: _one_sequence(ns["args"].train_seq_len), ours=("r14", ())),
     RecordStep("#18", "get_kernel('varunneal/flash-attention-3')",
                head_end="########################################\n#            Warmup kernels",
-               step_begin="    # --------------- TRAINING SECTION -----------------\n",
-               step_end="    # logging\n",
+               step_begin=STEP_BEGIN_LINE, step_end=STEP_END_LINE,
                forward_backward="(model(inputs, targets, cum_seqlens, training_manager.get_forward_args()) "
                                 "/ grad_accum_steps).backward()",
                prepare=_prepare_18, step_at=lambda ns, at: int(at * ns["args"].num_iterations) | 1,
                batch=_batch_18, ours=("r18", ()), stubs=_stubs_18),
     RecordStep("small #21", "use_fp8=True, x_s=2.0, w_s=2.0**9, grad_s=2.0**19",
-               head_end="model: nn.Module = torch.compile(model, dynamic=False)\n",
-               step_begin="    # --------------- TRAINING SECTION -----------------\n",
-               step_end="    # logging\n",
+               head_end=COMPILE_LINE, step_begin=STEP_BEGIN_LINE, step_end=STEP_END_LINE,
                forward_backward="model(inputs, targets, window_size_blocks(window_size)).backward()",
                prepare=_prepare_small_21, step_at=lambda ns, at: int(at * ns["args"].num_iterations),
                batch=lambda ns, step: _one_sequence(ns["args"].seq_len), ours=("small", ()),

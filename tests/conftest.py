@@ -1,7 +1,10 @@
-"""Fixtures shared by the test files: synthetic token shards and running the training script."""
+"""Fixtures shared by the test files: synthetic token shards, running the training script, and reading its one
+line of bad input."""
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,28 @@ def launch_script(args, nproc=1, script=MEDIUM_SCRIPT, timeout=600, cwd=ROOT, **
     else:
         cmd = [sys.executable, str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs)
+
+
+def killed_run(script, args, log_dir, step_text, timeout=300):
+    """Starts the training script (one process, run name r, logging to log_dir) and SIGKILLs it once its log holds
+    step_text (or after timeout seconds); returns the log's path."""
+    proc = subprocess.Popen([sys.executable, str(script), *args, "--log-dir", str(log_dir), "--run-name", "r"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log, deadline = log_dir / "r.txt", time.time() + timeout
+    while time.time() < deadline and not (log.exists() and step_text in log.read_text()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return log
+
+
+def one_error_line(capsys):
+    """The one line that refused input printed: exactly one line on stderr, starting "error: ", and no traceback."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err + captured.out
+    return lines[0]
 
 
 def embedded_sources(script):

@@ -9,17 +9,9 @@ import pytest
 import torch
 
 import train_gpt_medium as T
-from conftest import synthetic_tokens, write_token_shard
+from conftest import one_error_line, synthetic_tokens, write_token_shard
 
 TINY = ["--preset", "tiny", "--val-every", "0"]
-
-
-def one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert "Traceback" not in captured.err + captured.out
-    return lines[0]
 
 
 def data_flags(folder, val=None, trains=None) -> list[str]:

@@ -2,16 +2,15 @@
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 import train_gpt_medium as T
-from conftest import MEDIUM_SCRIPT, ROOT, embedded_sources, launch_script, write_token_shard
+from conftest import (MEDIUM_SCRIPT, ROOT, embedded_sources, killed_run, launch_script, one_error_line,
+                      write_token_shard)
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{6}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
 TRAIN_LINE = re.compile(r"^step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
@@ -43,15 +42,7 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     assert full.returncode == 0, full.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(MEDIUM_SCRIPT), *common, "--log-dir", str(killed_dir),
-                             "--run-name", "r"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log, deadline = killed_dir / "r.txt", time.time() + 300
-    while time.time() < deadline:
-        if log.exists() and "step:4/8 train_time" in log.read_text():
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    log = killed_run(MEDIUM_SCRIPT, common, killed_dir, "step:4/8 train_time")
     assert not log.read_text().splitlines()[-1].startswith("peak memory")
     ckpt = torch.load(killed_dir / "r.pt", weights_only=False)
     assert ckpt["step"] in (3, 6)
@@ -63,13 +54,6 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     want = [re.sub(r" train_time.*", "", l) for l in val_lines(tmp_path / "full" / "r.txt")]
     assert got == want
     assert (killed_dir / "resumed.txt").read_text().splitlines()[-1].startswith("peak memory allocated:")
-
-
-def one_error_line(capsys):
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith("error: ")
-    return err[0]
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -3,18 +3,16 @@ default init, and real CPU runs (world sizes 1 and 2, resume, bad input)."""
 import json
 import math
 import re
-import signal
-import subprocess
-import sys
-import time
 import zlib
 
 import pytest
 import torch
 
 import train_gpt as S
-from conftest import ROOT, SMALL_SCRIPT, embedded_sources, launch_script, script_from_history
+from conftest import (SMALL_SCRIPT, embedded_sources, killed_run, launch_script, one_error_line,
+                      script_from_history)
 from speedrun.muon import newton_schulz5
+from study_training import assert_each_parameter_in_one_optimizer, tiny_model_and_optimizers
 
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{4}) train_time:(\d+)ms step_avg:(\d+\.\d{2})ms$")
 
@@ -203,21 +201,12 @@ def test_compiled_fp8_head_is_one_node_forward_and_backward_without_graph_break(
 
 # --- optimisers ------------------------------------------------------------------------------------------------
 
-def tiny_model_and_optimizers(*flags, seed=0):
-    args = tiny_args(*flags)
-    torch.manual_seed(seed)
-    model = S.GPT(S.model_config(args), max_seq_len=256)
-    return args, model, S.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-
-
 @pytest.mark.slow
 def test_optimizers_follow_the_spec():
     """Guards: train_gpt.py's optimisers: each parameter in Muon or Adam once, the spec's lrs, and the lr schedule."""
-    _, model, opt = tiny_model_and_optimizers()
+    _, model, opt = tiny_model_and_optimizers(S)
     assert opt.snoo is None
-    muon_ids = [id(p) for p in opt.muon.ordered]
-    adam_ids = [id(p) for g in opt.adam.param_groups for p in g["params"]]
-    assert sorted(muon_ids + adam_ids) == sorted(id(p) for p in model.parameters())
+    assert_each_parameter_in_one_optimizer(model, opt)
     assert {g["name"]: g["lr"] for g in opt.adam.param_groups} == {"head": 0.008, "embed": 0.6, "scalar": 0.04}
     assert all(p.ndim >= 2 and p.dtype == torch.float32 for p in opt.muon.ordered)
     assert opt.muon.param_groups[0]["weight_decay"] == 0 and opt.muon.smoothing == 0
@@ -260,7 +249,7 @@ def step0_loss(flags, trained_look=False):
     """The training loss of one tiny batch for the model at init (seed 0). trained_look: every parameter of the
     baseline architecture (zero-initialised projections and head included) set to random values that depend only
     on its name, so baseline and variant share them and the latents are not trivially collinear."""
-    _, model, _ = tiny_model_and_optimizers(*flags)
+    _, model, _ = tiny_model_and_optimizers(S, *flags)
     if trained_look:
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -343,13 +332,7 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     assert full.returncode == 0, full.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(SMALL_SCRIPT), *common, "--log-dir", str(killed_dir),
-                             "--run-name", "r"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log, deadline = killed_dir / "r.txt", time.time() + 300
-    while time.time() < deadline and not (log.exists() and "step:3/6 train_time" in log.read_text()):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    killed_run(SMALL_SCRIPT, common, killed_dir, "step:3/6 train_time")
     assert torch.load(killed_dir / "r.pt", weights_only=False)["step"] in (2, 4)
 
     resumed = launch_script(common + ["--log-dir", str(killed_dir), "--run-name", "resumed",
@@ -358,12 +341,6 @@ def test_killed_run_resumes_to_the_uninterrupted_trajectory(tmp_path):
     assert val_losses(killed_dir / "resumed.txt") == val_losses(tmp_path / "full" / "r.txt")
     scalars = [l for l in (killed_dir / "resumed.txt").read_text().splitlines() if " scalars: " in l]
     assert json.loads(scalars[-1].split(" scalars: ")[1])["backout.L8"] != 0.5  # the lambda trained
-
-
-def one_error_line(capsys):
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 @pytest.mark.parametrize("argv, needle", [

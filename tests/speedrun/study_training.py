@@ -1,8 +1,25 @@
 """A study's tiny model trained a few steps inside the test process (no subprocess, a fast test): what a study's
-test needs to see its parameters learn (docs/adding-a-study.md, section 5)."""
+test needs to see its parameters learn (docs/adding-a-study.md, section 5); and a track's tiny model with its
+optimisers, built as those steps build them."""
 import torch
 
 from speedrun.data import TokenStream, find_shards
+
+
+def tiny_model_and_optimizers(track, *flags, max_seq_len=256):
+    """(args, model, optimisers) of the track module (train_gpt or train_gpt_medium) at --preset tiny and the flags:
+    the model at seed 0, its optimisers as a CPU test runs them (one rank, no fused Adam, Newton-Schulz in fp32)."""
+    args = track.resolve_args(["--preset", "tiny", *flags])
+    torch.manual_seed(0)
+    model = track.GPT(track.model_config(args), max_seq_len=max_seq_len)
+    return args, model, track.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
+
+
+def assert_each_parameter_in_one_optimizer(model, opt):
+    """Every parameter of the model is in Muon or in one of Adam's groups, and in only one."""
+    muon_ids = [id(p) for p in opt.muon.ordered]
+    adam_ids = [id(p) for g in opt.adam.param_groups for p in g["params"]]
+    assert sorted(muon_ids + adam_ids) == sorted(id(p) for p in model.parameters())
 
 
 def trained_steps(track, argv, train_glob, steps):

@@ -59,6 +59,16 @@ def expanded_model(path, *flags):
     return model, args
 
 
+def backward_at_skip_rate(path, skip_rate, *flags):
+    """The expanded model after one training forward and backward at step 0 with its skip rate pinned: its labels
+    and gradients are set to read."""
+    model, args = expanded_model(path, *flags)
+    dlo_before_step(model, args, 0)
+    model.study["dlo"].skip_rate.fill_(skip_rate)
+    model(*token_batch(), WINDOW).backward()
+    return model
+
+
 def token_batch(seed=0, n=MAX_SEQ + 1):
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, 2000, (n,), generator=g)
@@ -197,10 +207,7 @@ def test_labels_select_the_least_similar_at_the_requested_rate():
 @pytest.mark.slow
 def test_training_forward_labels_follow_the_skip_rate(ckpt):
     """Guards: a training forward labels (1 - skip rate) of tokens active; the skip loss's gradient reaches routers."""
-    model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-init", "identity")
-    dlo_before_step(model, args, 0)
-    model.study["dlo"].skip_rate.fill_(0.25)
-    model(*token_batch(), WINDOW).backward()
+    model = backward_at_skip_rate(ckpt, 0.25, "--dlo-groups", "2", "--dlo-init", "identity")
     fractions = model.study["dlo"].label_active_fractions()
     assert math.isclose(fractions.mean().item(), round(0.75 * 8 * MAX_SEQ) / (8 * MAX_SEQ), rel_tol=1e-6)
     assert model.study["dlo"].router_w.grad.abs().sum() > 0  # the skip loss reaches the routers

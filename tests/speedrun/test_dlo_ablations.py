@@ -10,7 +10,8 @@ import train_gpt_medium as T
 from ablations.study import load_study
 from speedrun.checkpoint import load_checkpoint, load_model_weights
 from speedrun.dlo import dlo_after_step, dlo_before_step, dlo_expand_from_checkpoint, similarity_labels
-from test_dlo import MAX_SEQ, WINDOW, base_model, data_flags, expanded_model, token_batch, write_checkpoint
+from test_dlo import (MAX_SEQ, WINDOW, backward_at_skip_rate, base_model, data_flags, expanded_model, token_batch,
+                      write_checkpoint)
 
 DLO_ARMS = list(load_study("dlo", overrides={"base_checkpoint": "unused.pt"}).arms)
 
@@ -204,10 +205,7 @@ def test_uniform_allocation_skips_the_same_share_of_every_layer():
 @pytest.mark.slow
 def test_uniform_allocation_in_training(ckpt):
     """Guards: --dlo-skip-allocation uniform labels 75% of tokens active in every layer alike in a training forward."""
-    model, args = expanded_model(ckpt, "--dlo-groups", "2", "--dlo-skip-allocation", "uniform")
-    dlo_before_step(model, args, 0)
-    model.study["dlo"].skip_rate.fill_(0.25)
-    model(*token_batch(), WINDOW).backward()
+    model = backward_at_skip_rate(ckpt, 0.25, "--dlo-groups", "2", "--dlo-skip-allocation", "uniform")
     assert model.study["dlo"].label_active_fractions().tolist() == [0.75] * 8
 
 

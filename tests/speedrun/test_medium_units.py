@@ -13,6 +13,7 @@ from speedrun.muon import NS5_COEFFS, Muon, Snoo, fp32_from_bf16_parts, newton_s
 from speedrun.optimizers import lr_factor, muon_momentum
 from speedrun.training import kernel_warmup
 from conftest import synthetic_tokens, write_token_shard
+from study_training import assert_each_parameter_in_one_optimizer, tiny_model_and_optimizers
 
 
 # --- layer patterns and schedules ------------------------------------------------------------------------------
@@ -251,21 +252,11 @@ def test_snoo_fires_on_the_spec_steps_with_nesterov_sgd():
     assert fired == [0, 28, 56]
 
 
-def tiny_model_and_optimizers(seed=0, layers=None):
-    argv = ["--preset", "tiny"] + (["--num-layers", str(layers)] if layers else [])
-    args = T.resolve_args(argv)
-    torch.manual_seed(seed)
-    model = T.GPT(T.model_config(args), max_seq_len=256)
-    return args, model, T.Optimizers(model, 0, 1, fused_adam=False, ns_dtype=torch.float32)
-
-
 @pytest.mark.slow
 def test_every_parameter_has_exactly_one_optimizer():
     """Guards: the medium model's parameters are each in Muon or Adam exactly once, with the spec's Adam lrs."""
-    _, model, opt = tiny_model_and_optimizers()
-    muon_ids = [id(p) for p in opt.muon.ordered]
-    adam_ids = [id(p) for g in opt.adam.param_groups for p in g["params"]]
-    assert sorted(muon_ids + adam_ids) == sorted(id(p) for p in model.parameters())
+    _, model, opt = tiny_model_and_optimizers(T)
+    assert_each_parameter_in_one_optimizer(model, opt)
     names = {g["name"]: g["lr"] for g in opt.adam.param_groups}
     assert names == {"head": 1 / 320, "embed": 0.3, "scalar": 0.015}
     assert all(p.ndim >= 2 for p in opt.muon.ordered)
@@ -274,7 +265,7 @@ def test_every_parameter_has_exactly_one_optimizer():
 @pytest.mark.slow
 def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
     """Guards: the kernel warm-up after 30 real steps restores model, Adam, Muon and Snoo state bitwise."""
-    args, model, opt = tiny_model_and_optimizers()
+    args, model, opt = tiny_model_and_optimizers(T)
     args = replace(args, warmup_steps=3)
     proc = T.Dist()
     stream = TokenStream(find_shards(str(shard_dir / "syn_train_*.bin"), "x"), args.train_seq_len, "x")
@@ -308,7 +299,7 @@ def test_warmup_leaves_model_and_optimizer_state_bit_identical(shard_dir):
 def test_loss_at_init_is_uniform_over_the_vocabulary():
     """Guards: the medium model at init gives ln(50304), the zero-initialised head's uniform loss."""
     # zero-initialised lm head: every logit 0, loss = ln(vocab) over the padded head
-    _, model, _ = tiny_model_and_optimizers()
+    _, model, _ = tiny_model_and_optimizers(T)
     seq = random_documents(64, 0)
     loss = model(seq, seq.roll(-1), torch.tensor(2))
     assert loss.item() == pytest.approx(math.log(50304), rel=1e-5)
@@ -317,7 +308,7 @@ def test_loss_at_init_is_uniform_over_the_vocabulary():
 @pytest.mark.slow
 def test_named_scalars_cover_the_scalar_vector():
     """Guards: the medium model's named scalars cover skips, every block and value lambda, with their init values."""
-    _, model, _ = tiny_model_and_optimizers()
+    _, model, _ = tiny_model_and_optimizers(T)
     names = model.named_scalars()
     L = model.cfg.num_layers
     assert len([n for n in names if n.startswith("skip.")]) == len(model.pattern["unet_pairs"])
@@ -356,7 +347,7 @@ def test_snoo_on_bf16_muon_weights_follows_the_fp32_trajectory():
 @pytest.mark.slow
 def test_snoo_reads_the_full_precision_masters_of_bf16_muon_matrices():
     """Guards: after real bf16 training steps, Snoo reads Muon's fp32 masters, not the bf16 parameters."""
-    args, model, _ = tiny_model_and_optimizers()
+    args, model, _ = tiny_model_and_optimizers(T)
     model.cast_low_precision(torch.bfloat16)
     opt = T.Optimizers(model, 0, 1, fused_adam=False)
     seq = random_documents(64 * 8 + 1, 3)
