@@ -376,3 +376,12 @@ def pytest_runtest_call(item):
     if started:
         pytest.fail(started[0], pytrace=False)
     return result
+
+
+@pytest.fixture
+def one_rank_group():
+    """A real gloo process group of one rank: collectives run (as identities), so hooks and waits can be seen."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -6,7 +6,6 @@ without recompiling, keeps LAuReL-PA's k inputs; compiled Muon compiles once per
 token count through one graph."""
 import pytest
 import torch
-import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 import train_gpt_medium as T
@@ -21,13 +20,6 @@ from test_compile_matrix import COMPOSED_UNDER_INDUCTOR
 # regional compiles (no graph break, two graphs, nothing new in steady state, eager losses) are the compile
 # matrix's cell inductor:train_gpt_medium:backout+laurel.
 STUDY_COMBINATION = COMPOSED_UNDER_INDUCTOR["train_gpt_medium:backout+laurel"]
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def compiled(model, regional):

@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from conftest import FIXTURES, ROOT, launch_script
 from speedrun.distributed import GradientReducer
@@ -45,14 +44,6 @@ def test_world_size_2_trajectory_is_bitwise_the_previous_one(config):
     """Guards: a real 2-rank gloo run's 7-step trajectory is bitwise the one recorded before issue 12."""
     # bf16-mixed-muon: Muon groups of mixed sizes (broadcasts) and bf16 masters (Snoo gathers the low bits).
     assert_matches_a_reference(trajectory(config, 2), REFERENCE[config]["ws2"])
-
-
-@pytest.fixture
-def one_rank_group():
-    """A real gloo process group of one rank: collectives run (as identities), so hooks and waits can be seen."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_reductions_launch_during_the_last_backward_only_and_in_the_fixed_order(one_rank_group):
