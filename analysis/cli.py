@@ -307,7 +307,7 @@ def cmd_record_check(args):
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
                           confidence=args.confidence, record=record,
                           sequential=sequential_claim(candidates, target, args.alpha))
-    result["warnings"] = arm_warnings({"candidate": candidates})
+    result["warnings"] = arm_warnings({candidates[0].variant: candidates})
     result["not_counted"] = not_counted(read, unreadable)
     if args.json:
         _print_json(result)

@@ -3,6 +3,7 @@ of the differences and, for more than one arm, Holm and Benjamini-Hochberg corre
 from __future__ import annotations
 
 from .claims import NO_VARIANCE, comparison_untested, family_holm, family_note, family_of_runs, no_variance
+from .runs import pooled_trainings
 from .sequential import family_phrase, study_verdicts
 from .stats import benjamini_hochberg, fixed_rule_claims, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
@@ -47,7 +48,9 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
     for name in others:
         entry = {"variant": name, "baseline": baseline, "n": len(groups[name]), "n_baseline": len(groups[baseline]),
                  "no_variance": no_variance([r.final_val_loss for r in groups[name]],
-                                            [r.final_val_loss for r in groups[baseline]])}
+                                            [r.final_val_loss for r in groups[baseline]]),
+                 "pooled": next((f"{arm} {pooled}" for arm in (name, baseline)
+                                 if (pooled := pooled_trainings(groups[arm])) is not None), None)}
         for key, value_of, _, _ in METRICS:
             test = welch([value_of(r) for r in groups[name]], [value_of(r) for r in groups[baseline]],
                          confidence=confidence, alternative=alternative)
@@ -94,7 +97,8 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
     it tested only: the fixed-sample p is shown only as not valid after looking. Otherwise Holm over every arm of
     the study (`result["family_size"]` arms, also those not shown), or each arm at alpha when the arms are
     exploratory. An arm with a diverged run, or a baseline with one, makes no claim; nor does an arm whose runs and
-    baseline's all ended at one loss each (no variance)."""
+    baseline's all ended at one loss each (no variance), nor one whose runs, or the baseline's, pool several
+    trainings (runs.pooled_trainings)."""
     baseline = result["baseline"]
     diverged = {arm["variant"]: arm["n_diverged"] for arm in result["arms"]}
     untested = (comparison_untested(sequential_state, baseline, alpha, result["alternative"])
@@ -122,6 +126,8 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
             who = name if diverged.get(name) else baseline
             entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan or inf), a failed "
                              f"run of any claim")
+        elif c.get("pooled"):
+            entry["text"] = f"{name}: no claim: {c['pooled']}, stale runs beside current ones; fixed-sample p {pval(raw)}"
         elif sequential_state and (untested or name not in verdicts):
             why = untested or f"the sequential study did not test {name}"
             entry["text"] = (f"{name}: no claim: {why}; fixed-sample p {pval(raw)} (not valid after looking)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from speedrun.logformat import changed_source, code_section, split_sources
 
 from .claims import family_holm, family_note, family_of_runs
+from .runs import pooled_trainings
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
 from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
@@ -51,7 +52,10 @@ def readme_text(runs, names, track: str, name: str, date: str, target: float, va
     st = loss_time_stats(losses, times, target)
     mean_loss, std_loss, p_value = st["mean_val_loss"], st["std_val_loss"], st["p_value"]
     mean_time, std_time = st["mean_time_s"], st["std_time_s"]
-    claim_lines = _sequential_lines(sequential) + _family_line(runs, variant, p_value, sequential)
+    pooled = pooled_trainings(runs)
+    claim_lines = _sequential_lines(sequential) + (
+        f"\n- no claim: the arm {pooled}, stale runs beside current ones" if pooled else
+        _family_line(runs, variant, p_value, sequential))
     rows = [[f"`{log}`", run.seed, repr(run.final_val_loss), repr(run.train_time_s)] for log, run in zip(names, runs)]
     return f"""# {name}
 

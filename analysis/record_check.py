@@ -10,6 +10,7 @@ chance."""
 from __future__ import annotations
 
 from .claims import NO_VARIANCE, family_holm, family_note, family_of_runs, no_variance
+from .runs import pooled_trainings
 from .stats import bootstrap_pass_chance, fixed_rule_claims, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
@@ -50,7 +51,7 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
         faster = welch(times, [r.train_time_s for r in baseline], confidence=confidence, alternative="less")
         result.update({"baseline": {"n": len(baseline), "mean_time_s": base_mean, "std_time_s": base_std},
                        "time_diff_s": faster["diff"], "time_ci": faster["ci"], "time_p": faster["p"],
-                       "time_ok": faster["p"] is not None and faster["p"] < alpha})
+                       "time_ok": faster["p"] is not None and bool(fixed_rule_claims(faster["p"], alpha))})
     if record is not None and loss_time["mean_time_s"] is not None:
         result.update({"record": record.as_dict(), "record_diff_s": loss_time["mean_time_s"] - record.record_time_s,
                        "record_ok": loss_time["mean_time_s"] < record.record_time_s})
@@ -58,6 +59,9 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     result["no_variance"] = not loss_time["n_diverged"] and no_variance(losses)
     if sequential is not None:
         result["loss_ok"] = not loss_time["n_diverged"] and sequential["claim"] == "below target"
+    result["pooled"] = pooled_trainings(candidates)
+    if result["pooled"]:  # no sample of one training: no claim
+        result["loss_ok"] = False
     passed = result["loss_ok"] and result["time_ok"] is not False and result["record_ok"] is not False
     result["verdict"] = "pass" if passed else "fail"
     return result
@@ -72,6 +76,7 @@ def render_record_check(result: dict) -> str:
         f"  mean time {num(result['mean_time_s'], 2)} s (std {num(result['std_time_s'], 2)})",
         f"loss below {result['target']:g} at p < {result['alpha']:g}: {ok[result['loss_ok']]}"
         + (f" ({diverged} of {result['n']} runs diverged: a diverged run fails the claim)" if diverged else
+           f" (no claim: the arm {result['pooled']}, stale runs beside current ones)" if result.get("pooled") else
            f" ({NO_VARIANCE}: every run ended at one loss)" if result.get("no_variance") else
            f" (one-sided one-sample t-test p = {pval(result['p_value'])}"
            + (", not valid after looking)" if result["sequential"] else

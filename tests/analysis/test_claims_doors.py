@@ -365,3 +365,26 @@ def test_case6_runs_of_two_fixed_studies_mixed_are_refused_and_unmarked_runs_beh
     plain = write_arms(tmp_path / "plain", {"baseline": BASELINE, "picked": PICKED})
     status, text, _ = run_cli(capsys, "compare", plain)
     assert status == 0 and "picked: final loss 0.0020 lower than baseline (p 0.0039" in text and "Holm over" not in text
+
+
+def test_case5_an_arm_pooling_runs_of_two_trainings_makes_no_claim_at_any_door(capsys, tmp_path):
+    """An arm edited after some of its seeds were run (its flag 4 -> 3, the old seeds left in the folder): compare,
+    report and analysis.terminal said "a real difference", record-check PASSed, the record README gave the claim's
+    p, each beside a warning that the arm pools two trainings. The sample is of no one training: no claim."""
+    root = tmp_path / "s"
+    for arm, values in {"baseline": BASELINE, "edited": LUCKY}.items():
+        for seed, final in enumerate(values):
+            flags = {"backout_layers": [3 if seed == 0 else 4]} if arm == "edited" else {}
+            logs_for_tests.write(root / arm / f"seed{seed}.txt", logs_for_tests.our_log_text(
+                variant=arm, seed=seed, config=flags,
+                losses=lambda step, final=final: logs_for_tests.default_curve(step, 100, final)))
+    texts = doors(capsys, tmp_path, [root], "edited", target=2.9185)
+    why = "pools runs of 2 different trainings (backout_layers [3] in seed0.txt, [4] in seed1.txt)"
+    for door, (status, text) in texts.items():
+        assert "a real difference" not in text and "PASS" not in loss_part(text), (door, text)
+        assert why in text, (door, text)
+        if door in ("compare", "report", "terminal"):
+            assert f"edited: no claim: edited {why}" in text, (door, text)
+        if door in ("record-check", "record"):
+            assert f"no claim: the arm {why}" in text, (door, text)
+    assert texts["record-check"][0] == 1
