@@ -127,7 +127,8 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
             entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan or inf), a failed "
                              f"run of any claim")
         elif c.get("pooled"):
-            entry["text"] = f"{name}: no claim: {c['pooled']}, stale runs beside current ones; fixed-sample p {pval(raw)}"
+            entry["text"] = (f"{name}: no claim: {c['pooled']}, stale runs beside current ones; fixed-sample p "
+                             f"{pval(raw)}")
         elif sequential_state and (untested or name not in verdicts):
             why = untested or f"the sequential study did not test {name}"
             entry["text"] = (f"{name}: no claim: {why}; fixed-sample p {pval(raw)} (not valid after looking)")
