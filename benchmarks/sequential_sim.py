@@ -106,8 +106,11 @@ def fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: float = ALPH
 
 
 class _Run:
-    """The two figures of a run the claim functions read (a stand-in for analysis.logs.ParsedLog)."""
+    """The two figures of a run the claim functions read (a stand-in for analysis.logs.ParsedLog), every run one
+    training: this project's log (not upstream's) with no config entry that differs."""
     diverged = False
+    upstream = False
+    config: dict = {}
 
     def __init__(self, loss: float):
         self.final_val_loss, self.train_time_s = float(loss), 1.0
