@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .claims import NO_VARIANCE, comparison_untested, family_holm, family_note, family_of_runs, no_variance
 from .runs import pooled_trainings
-from .sequential import family_phrase, study_verdicts
+from .sequential import decision_shown, family_phrase, study_verdicts
 from .stats import benjamini_hochberg, fixed_rule_claims, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
 
@@ -138,7 +138,7 @@ def claims(result: dict, alpha: float, family: bool = True, sequential_state: di
                          p=v["family_p"])
             entry["text"] = (f"{name}: " + (f"{v['claim']} than {baseline}: a real difference at family-wise alpha "
                                             f"{sequential_state['design']['alpha']:g}" if v["claim"] else
-                                            f"no claim (sequential decision: {v['decision']})")
+                                            f"no claim (sequential decision: {decision_shown(v)})")
                              + f" after {v['n']} seeds; sequential p {pval(v['adjusted_p'])}, family p "
                                f"{pval(v['family_p'])}; fixed-sample p {pval(raw)} (not valid after looking)")
         elif raw is None and c.get("no_variance"):

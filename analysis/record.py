@@ -13,6 +13,7 @@ from speedrun.logformat import changed_source, code_section, split_sources
 
 from .claims import family_holm, family_note, family_of_runs
 from .runs import pooled_trainings
+from .sequential import decision_shown
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
 from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
@@ -97,7 +98,7 @@ def _sequential_lines(sequential: dict | None) -> str:
         return ""
     if sequential.get("untested"):
         return f" (fixed-sample: not valid after looking)\n- sequential study ({sequential['family']}): {sequential['untested']}"
-    verdict = sequential["claim"] or f"no claim ({sequential['decision']})"
+    verdict = sequential["claim"] or f"no claim ({decision_shown(sequential)})"
     return (" (fixed-sample: not valid after looking)\n- sequential study (" + sequential["family"] + f"): {verdict} "
             f"after {sequential['n']} seeds, sequential p = {pval(sequential['adjusted_p'])}, family p = "
             f"{pval(sequential['family_p'])}: the claim's p-value")

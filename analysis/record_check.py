@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .claims import NO_VARIANCE, family_holm, family_note, family_of_runs, no_variance
 from .runs import pooled_trainings
+from .sequential import decision_shown
 from .stats import bootstrap_pass_chance, fixed_rule_claims, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
@@ -87,7 +88,7 @@ def render_record_check(result: dict) -> str:
         lines.append(f"sequential study ({sequential['family']}): {sequential['untested']}")
     elif sequential is not None:
         lines.append(f"sequential verdict ({sequential['family']}): "
-                     f"{sequential['claim'] or 'no claim (' + sequential['decision'] + ')'} after "
+                     f"{sequential['claim'] or 'no claim (' + decision_shown(sequential) + ')'} after "
                      f"{sequential['n']} seeds, sequential p {pval(sequential['adjusted_p'])}, family p "
                      f"{pval(sequential['family_p'])}")
     record = result["record"]

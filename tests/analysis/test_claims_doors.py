@@ -388,3 +388,18 @@ def test_case5_an_arm_pooling_runs_of_two_trainings_makes_no_claim_at_any_door(c
         if door in ("record-check", "record"):
             assert f"no claim: the arm {why}" in text, (door, text)
     assert texts["record-check"][0] == 1
+
+
+def test_case7_a_sequential_look_at_runs_without_variance_says_so_at_every_door(capsys, tmp_path):
+    """Audit of case 7: take_look records "cannot test: no variance" as the look's reason, but the doors printed only
+    "no claim (futile)", a decision about power that never was computed."""
+    root = write_arms(tmp_path / "s", {"baseline": [2.9200] * 4, "flat": [2.9200] * 4})
+    state = record(root, "flat", "futile", p=1.0, adjusted=1.0, n=4)
+    state["looks"]["flat"][0]["why"] = "cannot test: no variance"
+    (root / "sequential.json").write_text(json.dumps(state))
+    texts = doors(capsys, tmp_path, [root], "flat")
+    for door in ("compare", "report", "terminal"):
+        assert "flat: no claim (sequential decision: futile: cannot test: no variance)" in texts[door][1], door
+    assert "flat: no claim (futile: cannot test: no variance) after 4 seeds" in texts["summarize"][1]
+    for door, (status, text) in texts.items():
+        assert status in (0, 1) and "a real difference" not in text, (door, text)
