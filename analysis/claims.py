@@ -185,6 +185,14 @@ def record_claim(state: dict | None, arm: str, target: float, alpha: float | Non
     return {"family": family, **study_verdicts(state)[arm]}
 
 
+def target_untested(state: dict, target: float) -> str | None:
+    """Why the verdicts of the sequential study `state` say nothing about `target` (a record-claim study of another
+    target; record_claim's line), or None: what summarize and report print instead of those verdicts."""
+    if state["design"]["claim"] != "below-target":
+        return None
+    return record_claim(state, state["design"]["arms"][0], target).get("untested")
+
+
 def comparison_untested(state: dict, baseline: str, alpha: float, alternative: str) -> str | None:
     """Why the sequential study `state` never tested the comparison asked (another baseline, alpha or alternative,
     or a record-claim study), or None when it did."""

@@ -19,7 +19,7 @@ from .compare import claims, compare_arms, render_compare
 from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .claims import find_study_record, record_claim
+from .claims import find_study_record, record_claim, target_untested
 from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, sequential_max_seeds, study_verdicts,
                          verdict_text)
 from .record_check import record_check, render_record_check
@@ -186,6 +186,7 @@ def cmd_summarize(args):
     if state is not None:  # the groups' p is fixed-sample: the study's claims are the sequential verdicts
         result["p_value_note"] = AFTER_LOOKING
         result["sequential"] = {"family": family_phrase(state["design"]), "verdicts": study_verdicts(state)}
+        result["sequential"]["untested"] = target_untested(state, target)
     if args.json:
         _print_json(result)
         return 0
@@ -209,7 +210,9 @@ def cmd_summarize(args):
                  *(["p Holm"] if result["study_family"] and state is None else []),
                  "mean time s", "std time s", "reached", "mean time to target s"], group_rows)
           if group_rows else "no complete runs")
-    if state is not None:
+    if state is not None and result["sequential"].get("untested"):
+        print(f"sequential study ({result['sequential']['family']}): {result['sequential']['untested']}")
+    elif state is not None:
         print(f"sequential verdicts ({result['sequential']['family']}):")
         for arm, verdict in result["sequential"]["verdicts"].items():
             print(f"  {verdict_text(arm, verdict)}")

@@ -10,7 +10,7 @@ from . import plots
 from .atomic import write_text_atomically
 from .compare import claims, compare_arms, render_compare
 from .logs import Duplicate, group_runs
-from .claims import find_study_record
+from .claims import find_study_record, target_untested
 from .sequential import AFTER_LOOKING, render_markdown
 from .studies import render_resource_table, selection_order, skip_layers
 from .summary import summarize
@@ -128,7 +128,9 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
                      f"name one with --baseline.")
     lines.append("")
     if state is not None:
-        lines += ["## Sequential looks", "", render_markdown(state), ""]
+        untested = target_untested(state, target)
+        lines += ["## Sequential looks", "", *([f"**Target {target:g}: {untested}.**", ""] if untested else []),
+                  render_markdown(state), ""]
 
     if groups:
         lines += ["## Parameters, memory, step time, effective FLOPs", "",

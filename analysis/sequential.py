@@ -464,7 +464,8 @@ def family_phrase(design: dict) -> str:
     if not design.get("family", True):
         return (f"arms exploratory (study key family = false): each tested at alpha {design['alpha']:g}, claims NOT "
                 f"family-controlled")
-    return (f"family of {size} arm(s) against {design['baseline'] or 'the target'}, family-wise alpha "
+    against = design["baseline"] or f"the target {design['target']:g}"  # which target: a claim holds for it alone
+    return (f"family of {size} arm(s) against {against}, family-wise alpha "
             f"{design['alpha']:g} (Holm over the arms' sequential p-values)")
 
 
