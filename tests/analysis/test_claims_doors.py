@@ -79,14 +79,18 @@ def test_case1_a_record_claim_for_a_target_the_study_never_tested(capsys, tmp_pa
             assert status == 2 and "nothing to compare" in text
             continue
         assert "loss below 2.92 at p < 0.01: PASS" not in text and "below target after" not in loss_part(text)
-        if door in ("record-check", "record", "summarize", "report"):  # summarize said "claim: below target after 3
-            # seeds" under --target 2.92, the report gave the verdict table alone (audit)
+        if door in ("record-check", "record", "summarize", "report", "terminal"):  # summarize said "claim: below
+            # target after 3 seeds" under --target 2.92, the report gave the verdict table alone, the terminal
+            # nothing (audit)
             assert "no claim: the sequential study tested mean < 2.925, not mean < 2.92" in text, (door, text)
         if door == "summarize":
             assert "below target after" not in text and "against the target 2.925" in text, text
     status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--resamples", "50",
                               "--max-runs", "3")
     assert "below target after 5 seeds" in text and "loss below 2.925 at p < 0.01: PASS" in text
+    from analysis.terminal import main as terminal
+    assert terminal([str(root), "--target", "2.925"]) == 0
+    assert "claim: below target after 5 seeds" in capsys.readouterr().out  # at the tested target: the verdict
     status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--alpha", "0.001",
                               "--resamples", "50", "--max-runs", "3")  # decided at 0.01: no PASS at 0.001
     assert status == 1 and "PASS" not in loss_part(text)
