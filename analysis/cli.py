@@ -15,11 +15,11 @@ from pathlib import Path
 from speedrun.errors import OneLineErrorParser, UsageError
 
 from .atomic import write_text_atomically
-from .compare import claims, compare_arms, render_compare
+from .compare import compare_arms, render_compare
 from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .claims import find_study_record, record_claim, target_untested
+from .claims import arm_claims, find_study_record, record_claim, target_untested
 from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, sequential_max_seeds, study_verdicts,
                          verdict_text)
 from .record_check import record_check, render_record_check
@@ -242,7 +242,7 @@ def cmd_compare(args):
     state = find_study_record(runs)
     result = compare_arms(groups, baseline, args.confidence, args.alternative, shown=set(shown),
                           sequential=state is not None)
-    result["claims"] = claims(result, 1 - args.confidence, not args.exploratory, state)
+    result["claims"] = arm_claims(result, 1 - args.confidence, not args.exploratory, state)
     result["warnings"] += arm_warnings(groups)
     result["not_counted"] = not_counted(runs, unreadable)
     if args.json:
