@@ -17,7 +17,7 @@ from speedrun.logformat import study_value
 from . import sequential_study
 from .errors import StudyError
 from .progress import Reporter
-from .runstate import log_config, log_is_complete, read_lock_info, read_progress, run_paths, run_state
+from .runstate import log_config, log_is_complete, not_a_run, read_lock_info, read_progress, run_paths, run_state
 from .runner import Options, detect_gpus, launch_command, run_study
 from .staleness import ConfigCheck
 from .slurm import SlurmOptions, batch_script, nodes_for, write_batch_script
@@ -218,6 +218,18 @@ def _options(args, study: Study, nnodes: int = 1) -> Options:
 def cmd_run(args) -> int:
     study = _load(args)
     sequential = args.until_decided or study.until_decided
+    # one runner per sequential study, taken before its record or runs are read: a second runner reading what the
+    # first is writing was refused for the wrong reason (runs of "another design": move them aside)
+    study_lock = (sequential_study.hold_study_lock(args.runs_dir / study.name)
+                  if sequential and not args.dry_run else None)
+    try:
+        return _run_study_command(args, study, sequential)
+    finally:
+        if study_lock is not None:
+            os.close(study_lock)  # closing the fd lets go of the lock (a dead runner's goes with it)
+
+
+def _run_study_command(args, study: Study, sequential: bool) -> int:
     if sequential:
         if args.arms:
             raise StudyError("--until-decided tests every arm of the study: leave out --arms")
@@ -254,26 +266,15 @@ def cmd_run(args) -> int:
             resume = paths.checkpoint if options.resume and paths.checkpoint.exists() else None
             print(f"{state:<8} {' '.join(launch_command(study, run, options, resume))}")
         return 0
-    study_lock = None
-    try:
-        if sequential:  # one runner per sequential study; the record is read again under the lock
-            study_lock = sequential_study.hold_study_lock(args.runs_dir / study.name)
-            sequential_state = sequential_study.load_state(args.runs_dir / study.name / sequential_study.STATE_FILE,
-                                                           design)
-            stale_looks = sequential_study.stale_looks(sequential_state, study, args.runs_dir, check)
-        options.config_check = _config_check(study, runs, module, args)
-        if sequential:
-            sequential_study.check_stale_looks(stale_looks, args.redo_stale)
-        reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
-        reporter.line("begin", f"{study.path} - {study.description}")
-        if sequential:
-            code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state,
-                                                      stale_looks)
-        else:
-            code = run_study(study, runs, _fixed_study_mark(options, study), reporter)
-    finally:
-        if study_lock is not None:
-            os.close(study_lock)  # closing the fd lets go of the lock (a dead runner's goes with it)
+    options.config_check = _config_check(study, runs, module, args)
+    if sequential:
+        sequential_study.check_stale_looks(stale_looks, args.redo_stale)
+    reporter = Reporter(study.name, args.runs_dir / study.name / "runner.log")
+    reporter.line("begin", f"{study.path} - {study.description}")
+    if sequential:
+        code = sequential_study.run_until_decided(study, options, reporter, design, sequential_state, stale_looks)
+    else:
+        code = run_study(study, runs, _fixed_study_mark(options, study), reporter)
     if args.report and code < 128:
         # every log of every arm, not only those of --arms or of the study's seeds now: a stale run is no result of
         # the study now, whichever seed it is
@@ -362,6 +363,8 @@ def study_status(study: Study, runs_dir: Path, check: ConfigCheck | None = None)
             if state == "running":
                 progress = read_progress(paths.log)
                 item.update(step=progress.step, total=progress.total, host=read_lock_info(paths).get("host"))
+            elif state in ("failed", "todo"):
+                item["not_a_run"] = not_a_run(paths.log)
             entry[state].append(item)
             entry["kept_aside"] += len(paths.kept_aside())
         arms[arm] = entry
@@ -414,6 +417,8 @@ def _seed_text(item: dict) -> str:
     text = f"seed{item['seed']}"
     if item.get("step") is not None:
         text += f" (step {item['step']}/{item['total']}" + (f" on {item['host']}" if item.get("host") else "") + ")"
+    if item.get("not_a_run"):
+        text += f" ({item['not_a_run']})"
     return text
 
 

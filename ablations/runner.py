@@ -27,7 +27,7 @@ from speedrun.logformat import STUDY_VARIABLE
 
 from .progress import Reporter, StepClock, duration
 from .runstate import (LogFollower, RunLock, RunPaths, checkpoint_config, checkpoint_damage, end_processes, is_running,
-                       keep_aside, launch_environment, log_config, log_is_complete, new_run_token, run_paths,
+                       keep_aside, launch_environment, log_config, log_is_complete, new_run_token, not_a_run, run_paths,
                        set_aside)
 from .staleness import ConfigCheck
 from .study import Run, Study, describe_run, runner_flags
@@ -249,9 +249,11 @@ class StudyRunner:
             notes.append(f"log made with {self._difference(run, recorded)} set aside as "
                          f"{set_aside(paths, paths.log, 'stale').name}")
         else:
+            contradiction = not_a_run(paths.log)
             kept = keep_aside(paths)
             if kept is not None:
-                notes.append(f"unfinished log kept aside as {kept.name}")
+                notes.append(f"log kept aside as {kept.name}, {contradiction}" if contradiction else
+                             f"unfinished log kept aside as {kept.name}")
         resume_from = paths.checkpoint if self.options.resume and paths.checkpoint.exists() else None
         damage = checkpoint_damage(resume_from) if resume_from is not None else None
         if damage is not None:  # never trained from; kept for a look

@@ -73,6 +73,16 @@ def log_is_complete(path: Path) -> bool:
     return log_problem(path) is None
 
 
+def not_a_run(path: Path) -> str | None:
+    """Why a log that reads as finished is no run (its lines contradict each other: no config line, two, or steps
+    counting to another number than its config plans; analysis/runs.py contradiction), or None. The runner reruns
+    such a run like an unfinished one, and says why."""
+    from analysis.logs import log_problem  # noqa: PLC0415 (the analysis package sits next to this one)
+
+    problem = log_problem(path) if path.exists() else None
+    return problem if problem is not None and problem.startswith("not a run") else None
+
+
 def set_aside(paths: RunPaths, path: Path, reason: str) -> Path:
     """Renames one file of a run out of the way (never deletes it) as <run>.<reason>-<time><suffix>; returns the
     new name. Analysis never reads logs named so (analysis/logs.py)."""

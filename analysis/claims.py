@@ -24,8 +24,10 @@ from pathlib import Path
 from speedrun.errors import UsageError
 from speedrun.logformat import STUDY_KEY, parse_study
 
-from .sequential import RECORD_FILE, design_digest, family_phrase, read_record, study_verdicts
-from .stats import holm
+from .runs import pooled_trainings
+from .sequential import RECORD_FILE, decision_shown, design_digest, family_phrase, read_record, study_verdicts
+from .stats import fixed_rule_claims, holm
+from .textfmt import pval
 
 
 def _record_paths(run) -> list[Path]:
@@ -185,6 +187,14 @@ def record_claim(state: dict | None, arm: str, target: float, alpha: float | Non
     return {"family": family, **study_verdicts(state)[arm]}
 
 
+def target_untested(state: dict, target: float) -> str | None:
+    """Why the verdicts of the sequential study `state` say nothing about `target` (a record-claim study of another
+    target; record_claim's line), or None: what summarize and report print instead of those verdicts."""
+    if state["design"]["claim"] != "below-target":
+        return None
+    return record_claim(state, state["design"]["arms"][0], target).get("untested")
+
+
 def comparison_untested(state: dict, baseline: str, alpha: float, alternative: str) -> str | None:
     """Why the sequential study `state` never tested the comparison asked (another baseline, alpha or alternative,
     or a record-claim study), or None when it did."""
@@ -206,3 +216,92 @@ def no_variance(*samples) -> bool:
     """Whether a test of these samples has no noise to measure: every sample of two runs or more holds one value."""
     finite = [[value for value in sample if value is not None and math.isfinite(value)] for sample in samples]
     return all(len(set(values)) <= 1 for values in finite) and any(len(values) >= 2 for values in finite)
+
+
+def arm_claims(result: dict, alpha: float, family: bool = True, sequential_state: dict | None = None) -> dict:
+    """One verdict per arm of a comparison (compare.compare_arms's result) on its final loss: {"family": what the claims are controlled as, "arms": [{variant,
+    claim ("lower", "higher" or None), p (the p-value the claim rests on), text}]}. A study that ran sequentially
+    (its sequential.json, claims.find_study_record) gives the sequential verdicts and p-values, for the comparison
+    it tested only: the fixed-sample p is shown only as not valid after looking. Otherwise Holm over every arm of
+    the study (`result["family_size"]` arms, also those not shown), or each arm at alpha when the arms are
+    exploratory. An arm with a diverged run, or a baseline with one, makes no claim; nor does an arm whose runs and
+    baseline's all ended at one loss each (no variance), nor one whose runs, or the baseline's, pool several
+    trainings (runs.pooled_trainings)."""
+    baseline = result["baseline"]
+    diverged = {arm["variant"]: arm["n_diverged"] for arm in result["arms"]}
+    untested = (comparison_untested(sequential_state, baseline, alpha, result["alternative"])
+                if sequential_state else None)
+    verdicts = study_verdicts(sequential_state) if sequential_state and untested is None else {}
+    comparisons = result["comparisons"]
+    size = result.get("family_size", len(comparisons))
+    shown = f" ({len(comparisons)} shown)" if size != len(comparisons) else ""
+    if sequential_state:
+        phrase = "sequential: " + family_phrase(sequential_state["design"])
+    elif family and size > 1 and result.get("study_family"):
+        phrase = (f"{result['study_family']}, against {baseline}, family-wise alpha {alpha:g} (Holm-adjusted p; the "
+                  f"unadjusted p beside it)")
+    elif family and size > 1:
+        phrase = (f"family of {size} arms against {baseline}{shown}, family-wise alpha {alpha:g} (Holm-adjusted "
+                  f"p; the unadjusted p beside it)")
+    else:
+        phrase = (f"{len(comparisons)} arm(s) against {baseline} at alpha {alpha:g}"
+                  + ("; exploratory: NOT family-controlled" if not family and len(comparisons) > 1 else ""))
+    arms = []
+    for c in comparisons:
+        name, diff, raw = c["variant"], c["loss_diff"], c["loss_p"]
+        entry = {"variant": name, "claim": None, "p": None}
+        if diverged.get(name) or diverged.get(baseline):
+            who = name if diverged.get(name) else baseline
+            entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan or inf), a failed "
+                             f"run of any claim")
+        elif c.get("pooled"):
+            entry["text"] = (f"{name}: no claim: {c['pooled']}, stale runs beside current ones; fixed-sample p "
+                             f"{pval(raw)}")
+        elif sequential_state and (untested or name not in verdicts):
+            why = untested or f"the sequential study did not test {name}"
+            entry["text"] = (f"{name}: no claim: {why}; fixed-sample p {pval(raw)} (not valid after looking)")
+        elif name in verdicts:
+            v = verdicts[name]
+            entry.update(claim=("lower" if v["claim"] == "better" else "higher") if v["claim"] else None,
+                         p=v["family_p"])
+            entry["text"] = (f"{name}: " + (f"{v['claim']} than {baseline}: a real difference at family-wise alpha "
+                                            f"{sequential_state['design']['alpha']:g}" if v["claim"] else
+                                            f"no claim (sequential decision: {decision_shown(v)})")
+                             + f" after {v['n']} seeds; sequential p {pval(v['adjusted_p'])}, family p "
+                               f"{pval(v['family_p'])}; fixed-sample p {pval(raw)} (not valid after looking)")
+        elif raw is None and c.get("no_variance"):
+            entry["text"] = (f"{name}: {NO_VARIANCE} (the runs of {name} and of {baseline} each ended at one loss): "
+                             f"no claim")
+        elif raw is None:
+            entry["text"] = f"{name}: too few complete runs for a test (two per arm at least)"
+        else:
+            holm_applies = family and size > 1
+            p = c["loss_p_holm"] if holm_applies else raw
+            shown = fixed_rule_claims(p, alpha)
+            entry.update(claim=("lower" if diff < 0 else "higher") if shown else None, p=p)
+            adjusted = f"Holm p {pval(p)}, unadjusted p {pval(raw)}" if holm_applies else f"p {pval(raw)}"
+            entry["text"] = (f"{name}: final loss {abs(diff):.4f} {'lower' if diff < 0 else 'higher'} than "
+                             f"{baseline} ({adjusted}); " + (f"a real difference at the {alpha:g} level" if shown
+                                                              else f"not distinguishable from seed noise at the "
+                                                                   f"{alpha:g} level"))
+        arms.append(entry)
+    return {"family": phrase, "arms": arms, "sequential": bool(sequential_state)}
+
+
+def record_loss_claim(candidates, p_value, n_diverged: int, alpha: float, sequential: dict | None) -> dict:
+    """The record claim "mean final loss below the target" on one arm's runs: {loss_ok, p_family, study_family,
+    no_variance, pooled}. `p_value`: the one-sided one-sample t-test's (stats.loss_time_stats); `sequential`: the
+    verdict of the sequential study the runs belong to (record_claim), which is then the claim. A diverged run fails
+    it; runs that name a fixed-sample study of several arms are Holm-adjusted over all of them (this arm may be the
+    best, picked after the fact); runs pooling trainings, or without variance, make none."""
+    family = family_of_runs(candidates, {run.variant for run in candidates})
+    p_claim = family_holm([p_value], family[0])[0] if family and p_value is not None else p_value
+    pooled = pooled_trainings(candidates)
+    if sequential is not None:
+        holds = sequential["claim"] == "below target"
+    else:
+        holds = p_claim is not None and bool(fixed_rule_claims(p_claim, alpha))
+    return {"loss_ok": not n_diverged and not pooled and holds, "p_family": p_claim if family else None,
+            "study_family": family_note(*family) if family else None,
+            "no_variance": not n_diverged and no_variance([run.final_val_loss for run in candidates]),
+            "pooled": pooled}

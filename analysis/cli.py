@@ -15,11 +15,11 @@ from pathlib import Path
 from speedrun.errors import OneLineErrorParser, UsageError
 
 from .atomic import write_text_atomically
-from .compare import claims, compare_arms, render_compare
+from .compare import compare_arms, render_compare
 from .logs import MixedTracks, Unreadable, arm_warnings, group_runs, load_runs
 from . import power
 from .record import RecordError, package_record
-from .claims import find_study_record, record_claim
+from .claims import arm_claims, find_study_record, record_claim, target_untested
 from .sequential import (AFTER_LOOKING, DEFAULT_MAX_FACTOR, family_phrase, sequential_max_seeds, study_verdicts,
                          verdict_text)
 from .record_check import record_check, render_record_check
@@ -186,6 +186,7 @@ def cmd_summarize(args):
     if state is not None:  # the groups' p is fixed-sample: the study's claims are the sequential verdicts
         result["p_value_note"] = AFTER_LOOKING
         result["sequential"] = {"family": family_phrase(state["design"]), "verdicts": study_verdicts(state)}
+        result["sequential"]["untested"] = target_untested(state, target)
     if args.json:
         _print_json(result)
         return 0
@@ -209,7 +210,9 @@ def cmd_summarize(args):
                  *(["p Holm"] if result["study_family"] and state is None else []),
                  "mean time s", "std time s", "reached", "mean time to target s"], group_rows)
           if group_rows else "no complete runs")
-    if state is not None:
+    if state is not None and result["sequential"].get("untested"):
+        print(f"sequential study ({result['sequential']['family']}): {result['sequential']['untested']}")
+    elif state is not None:
         print(f"sequential verdicts ({result['sequential']['family']}):")
         for arm, verdict in result["sequential"]["verdicts"].items():
             print(f"  {verdict_text(arm, verdict)}")
@@ -239,7 +242,7 @@ def cmd_compare(args):
     state = find_study_record(runs)
     result = compare_arms(groups, baseline, args.confidence, args.alternative, shown=set(shown),
                           sequential=state is not None)
-    result["claims"] = claims(result, 1 - args.confidence, not args.exploratory, state)
+    result["claims"] = arm_claims(result, 1 - args.confidence, not args.exploratory, state)
     result["warnings"] += arm_warnings(groups)
     result["not_counted"] = not_counted(runs, unreadable)
     if args.json:
@@ -307,7 +310,7 @@ def cmd_record_check(args):
                           resamples=args.resamples, seed=args.seed, power=args.power, max_runs=args.max_runs,
                           confidence=args.confidence, record=record,
                           sequential=sequential_claim(candidates, target, args.alpha))
-    result["warnings"] = arm_warnings({"candidate": candidates})
+    result["warnings"] = arm_warnings({candidates[0].variant: candidates})
     result["not_counted"] = not_counted(read, unreadable)
     if args.json:
         _print_json(result)

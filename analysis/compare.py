@@ -2,9 +2,9 @@
 of the differences and, for more than one arm, Holm and Benjamini-Hochberg corrections."""
 from __future__ import annotations
 
-from .claims import NO_VARIANCE, comparison_untested, family_holm, family_note, family_of_runs, no_variance
-from .sequential import family_phrase, study_verdicts
-from .stats import benjamini_hochberg, fixed_rule_claims, holm, loss_time_stats, mean_std, welch
+from .claims import family_holm, family_note, family_of_runs, no_variance
+from .runs import pooled_trainings
+from .stats import benjamini_hochberg, holm, loss_time_stats, mean_std, welch
 from .textfmt import interval, num, pval, table
 
 # (key in the comparison, what a run contributes, readable name, digits)
@@ -47,7 +47,9 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
     for name in others:
         entry = {"variant": name, "baseline": baseline, "n": len(groups[name]), "n_baseline": len(groups[baseline]),
                  "no_variance": no_variance([r.final_val_loss for r in groups[name]],
-                                            [r.final_val_loss for r in groups[baseline]])}
+                                            [r.final_val_loss for r in groups[baseline]]),
+                 "pooled": next((f"{arm} {pooled}" for arm in (name, baseline)
+                                 if (pooled := pooled_trainings(groups[arm])) is not None), None)}
         for key, value_of, _, _ in METRICS:
             test = welch([value_of(r) for r in groups[name]], [value_of(r) for r in groups[baseline]],
                          confidence=confidence, alternative=alternative)
@@ -85,72 +87,6 @@ def compare_arms(groups: dict, baseline: str, confidence: float = 0.99, alternat
             "arms": [arm_record(name, groups[name]) for name in [baseline] + others],
             "comparisons": comparisons, "family_size": family_size, "warnings": warnings,
             "study_family": family_note(family_size, len(comparisons)) if missing else None}
-
-
-def claims(result: dict, alpha: float, family: bool = True, sequential_state: dict | None = None) -> dict:
-    """One verdict per arm on its final loss: {"family": what the claims are controlled as, "arms": [{variant,
-    claim ("lower", "higher" or None), p (the p-value the claim rests on), text}]}. A study that ran sequentially
-    (its sequential.json, claims.find_study_record) gives the sequential verdicts and p-values, for the comparison
-    it tested only: the fixed-sample p is shown only as not valid after looking. Otherwise Holm over every arm of
-    the study (`result["family_size"]` arms, also those not shown), or each arm at alpha when the arms are
-    exploratory. An arm with a diverged run, or a baseline with one, makes no claim; nor does an arm whose runs and
-    baseline's all ended at one loss each (no variance)."""
-    baseline = result["baseline"]
-    diverged = {arm["variant"]: arm["n_diverged"] for arm in result["arms"]}
-    untested = (comparison_untested(sequential_state, baseline, alpha, result["alternative"])
-                if sequential_state else None)
-    verdicts = study_verdicts(sequential_state) if sequential_state and untested is None else {}
-    comparisons = result["comparisons"]
-    size = result.get("family_size", len(comparisons))
-    shown = f" ({len(comparisons)} shown)" if size != len(comparisons) else ""
-    if sequential_state:
-        phrase = "sequential: " + family_phrase(sequential_state["design"])
-    elif family and size > 1 and result.get("study_family"):
-        phrase = (f"{result['study_family']}, against {baseline}, family-wise alpha {alpha:g} (Holm-adjusted p; the "
-                  f"unadjusted p beside it)")
-    elif family and size > 1:
-        phrase = (f"family of {size} arms against {baseline}{shown}, family-wise alpha {alpha:g} (Holm-adjusted "
-                  f"p; the unadjusted p beside it)")
-    else:
-        phrase = (f"{len(comparisons)} arm(s) against {baseline} at alpha {alpha:g}"
-                  + ("; exploratory: NOT family-controlled" if not family and len(comparisons) > 1 else ""))
-    arms = []
-    for c in comparisons:
-        name, diff, raw = c["variant"], c["loss_diff"], c["loss_p"]
-        entry = {"variant": name, "claim": None, "p": None}
-        if diverged.get(name) or diverged.get(baseline):
-            who = name if diverged.get(name) else baseline
-            entry["text"] = (f"{name}: no claim: {diverged[who]} run(s) of {who} diverged (final loss nan or inf), a failed "
-                             f"run of any claim")
-        elif sequential_state and (untested or name not in verdicts):
-            why = untested or f"the sequential study did not test {name}"
-            entry["text"] = (f"{name}: no claim: {why}; fixed-sample p {pval(raw)} (not valid after looking)")
-        elif name in verdicts:
-            v = verdicts[name]
-            entry.update(claim=("lower" if v["claim"] == "better" else "higher") if v["claim"] else None,
-                         p=v["family_p"])
-            entry["text"] = (f"{name}: " + (f"{v['claim']} than {baseline}: a real difference at family-wise alpha "
-                                            f"{sequential_state['design']['alpha']:g}" if v["claim"] else
-                                            f"no claim (sequential decision: {v['decision']})")
-                             + f" after {v['n']} seeds; sequential p {pval(v['adjusted_p'])}, family p "
-                               f"{pval(v['family_p'])}; fixed-sample p {pval(raw)} (not valid after looking)")
-        elif raw is None and c.get("no_variance"):
-            entry["text"] = (f"{name}: {NO_VARIANCE} (the runs of {name} and of {baseline} each ended at one loss): "
-                             f"no claim")
-        elif raw is None:
-            entry["text"] = f"{name}: too few complete runs for a test (two per arm at least)"
-        else:
-            holm_applies = family and size > 1
-            p = c["loss_p_holm"] if holm_applies else raw
-            shown = fixed_rule_claims(p, alpha)
-            entry.update(claim=("lower" if diff < 0 else "higher") if shown else None, p=p)
-            adjusted = f"Holm p {pval(p)}, unadjusted p {pval(raw)}" if holm_applies else f"p {pval(raw)}"
-            entry["text"] = (f"{name}: final loss {abs(diff):.4f} {'lower' if diff < 0 else 'higher'} than "
-                             f"{baseline} ({adjusted}); " + (f"a real difference at the {alpha:g} level" if shown
-                                                              else f"not distinguishable from seed noise at the "
-                                                                   f"{alpha:g} level"))
-        arms.append(entry)
-    return {"family": phrase, "arms": arms, "sequential": bool(sequential_state)}
 
 
 def render_compare(result: dict, markdown: bool = False, arm_table: bool = True) -> str:

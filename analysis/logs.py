@@ -5,7 +5,6 @@ finished, and how logs are found, grouped and counted once. Only whole lines tha
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import multiprocessing
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 from speedrun.logformat import (CONFIG_PREFIX, ENV_LINE, LLMC_LINE, SOURCE_HEADER, STEP_LINE, VAL_OR_SCALARS_LINE,  # noqa: F401
                                 code_section, parse_json_object, parse_peak_line, split_sections, step_from_match)
 
-from .runs import config_line_count, contradiction, run_identity, training_config
+from .runs import config_line_count, contradiction, pooled_trainings, run_identity
 
 from .textfmt import one_line
 from .tracks import track_of_run
@@ -427,24 +426,11 @@ def attention_warnings(groups: dict) -> list[str]:
 
 
 def training_warnings(groups: dict) -> list[str]:
-    """One warning per arm whose runs trained differently beyond their seed (analysis/runs.py: training_config), e.g.
-    logs of an arm edited since some of its runs were made: stale runs pooled with current ones."""
-    warnings = []
-    for name, runs in groups.items():
-        trainings: dict = {}
-        for run in runs:
-            if not run.upstream:
-                config = {k: v for k, v in training_config(run.config).items() if k != "seed"}
-                trainings.setdefault(json.dumps(config, sort_keys=True), []).append(run)
-        if len(trainings) < 2:
-            continue
-        first, second = (json.loads(key) for key in list(trainings)[:2])
-        key = next(k for k in sorted(set(first) | set(second)) if first.get(k) != second.get(k))
-        warnings.append(f"arm '{name}' pools runs of {len(trainings)} different trainings ({key} "
-                        f"{first.get(key)!r} in {trainings[list(trainings)[0]][0].path.name}, {second.get(key)!r} in "
-                        f"{trainings[list(trainings)[1]][0].path.name}): runs made before an edit of the arm are "
-                        f"stale; leave them out (the study runner's --redo-stale redoes them)")
-    return warnings
+    """One warning per arm whose runs trained differently beyond their seed (analysis/runs.py: pooled_trainings),
+    e.g. logs of an arm edited since some of its runs were made: stale runs pooled with current ones."""
+    return [f"arm '{name}' {pooled}: runs made before an edit of the arm are stale; leave them out (the study "
+            f"runner's --redo-stale redoes them)" for name, runs in groups.items()
+            if (pooled := pooled_trainings(runs)) is not None]
 
 
 def arm_warnings(groups: dict) -> list[str]:

@@ -12,6 +12,8 @@ from pathlib import Path
 from speedrun.logformat import changed_source, code_section, split_sources
 
 from .claims import family_holm, family_note, family_of_runs
+from .runs import pooled_trainings
+from .sequential import decision_shown
 from .stats import loss_time_stats
 from .textfmt import num, pval, table
 from .tracks import RECORD_FOLDERS, TARGETS, track_of_run
@@ -51,7 +53,10 @@ def readme_text(runs, names, track: str, name: str, date: str, target: float, va
     st = loss_time_stats(losses, times, target)
     mean_loss, std_loss, p_value = st["mean_val_loss"], st["std_val_loss"], st["p_value"]
     mean_time, std_time = st["mean_time_s"], st["std_time_s"]
-    claim_lines = _sequential_lines(sequential) + _family_line(runs, variant, p_value, sequential)
+    pooled = pooled_trainings(runs)
+    claim_lines = _sequential_lines(sequential) + (
+        f"\n- no claim: the arm {pooled}, stale runs beside current ones" if pooled else
+        _family_line(runs, variant, p_value, sequential))
     rows = [[f"`{log}`", run.seed, repr(run.final_val_loss), repr(run.train_time_s)] for log, run in zip(names, runs)]
     return f"""# {name}
 
@@ -93,7 +98,7 @@ def _sequential_lines(sequential: dict | None) -> str:
         return ""
     if sequential.get("untested"):
         return f" (fixed-sample: not valid after looking)\n- sequential study ({sequential['family']}): {sequential['untested']}"
-    verdict = sequential["claim"] or f"no claim ({sequential['decision']})"
+    verdict = sequential["claim"] or f"no claim ({decision_shown(sequential)})"
     return (" (fixed-sample: not valid after looking)\n- sequential study (" + sequential["family"] + f"): {verdict} "
             f"after {sequential['n']} seeds, sequential p = {pval(sequential['adjusted_p'])}, family p = "
             f"{pval(sequential['family_p'])}: the claim's p-value")

@@ -9,7 +9,8 @@ the bootstrap chance that a fresh batch of n runs passes the loss test, and the 
 chance."""
 from __future__ import annotations
 
-from .claims import NO_VARIANCE, family_holm, family_note, family_of_runs, no_variance
+from .claims import NO_VARIANCE, record_loss_claim
+from .sequential import decision_shown
 from .stats import bootstrap_pass_chance, fixed_rule_claims, loss_time_stats, mean_std, runs_needed, welch
 from .textfmt import interval, num, pval
 
@@ -23,19 +24,11 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
     losses = [r.final_val_loss for r in candidates]
     times = [r.train_time_s for r in candidates]
     loss_time = loss_time_stats(losses, times, target)
-    # runs that name a fixed-sample study of several arms: this arm may be the best of them, picked after the fact,
-    # so its claim is Holm-adjusted over every arm of the study (claims.family_holm)
-    study_family = family_of_runs(candidates, {run.variant for run in candidates})
-    p_claim = loss_time["p_value"]
-    if study_family and p_claim is not None:
-        p_claim = family_holm([p_claim], study_family[0])[0]
     batch = batch or len(candidates)
     result = {
         "n": len(candidates), "target": target, "alpha": alpha, "confidence": confidence,
         **loss_time,
-        "loss_ok": not loss_time["n_diverged"] and p_claim is not None and fixed_rule_claims(p_claim, alpha),
-        "p_family": p_claim if study_family else None,
-        "study_family": family_note(*study_family) if study_family else None,
+        **record_loss_claim(candidates, loss_time["p_value"], loss_time["n_diverged"], alpha, sequential),
         "record": None, "record_diff_s": None, "record_ok": None,
         "baseline": None, "time_diff_s": None, "time_ci": None, "time_p": None, "time_ok": None,
         "bootstrap": {
@@ -50,14 +43,11 @@ def record_check(candidates, target: float, baseline=None, alpha: float = 0.01, 
         faster = welch(times, [r.train_time_s for r in baseline], confidence=confidence, alternative="less")
         result.update({"baseline": {"n": len(baseline), "mean_time_s": base_mean, "std_time_s": base_std},
                        "time_diff_s": faster["diff"], "time_ci": faster["ci"], "time_p": faster["p"],
-                       "time_ok": faster["p"] is not None and faster["p"] < alpha})
+                       "time_ok": faster["p"] is not None and bool(fixed_rule_claims(faster["p"], alpha))})
     if record is not None and loss_time["mean_time_s"] is not None:
         result.update({"record": record.as_dict(), "record_diff_s": loss_time["mean_time_s"] - record.record_time_s,
                        "record_ok": loss_time["mean_time_s"] < record.record_time_s})
     result["sequential"] = sequential
-    result["no_variance"] = not loss_time["n_diverged"] and no_variance(losses)
-    if sequential is not None:
-        result["loss_ok"] = not loss_time["n_diverged"] and sequential["claim"] == "below target"
     passed = result["loss_ok"] and result["time_ok"] is not False and result["record_ok"] is not False
     result["verdict"] = "pass" if passed else "fail"
     return result
@@ -72,6 +62,7 @@ def render_record_check(result: dict) -> str:
         f"  mean time {num(result['mean_time_s'], 2)} s (std {num(result['std_time_s'], 2)})",
         f"loss below {result['target']:g} at p < {result['alpha']:g}: {ok[result['loss_ok']]}"
         + (f" ({diverged} of {result['n']} runs diverged: a diverged run fails the claim)" if diverged else
+           f" (no claim: the arm {result['pooled']}, stale runs beside current ones)" if result.get("pooled") else
            f" ({NO_VARIANCE}: every run ended at one loss)" if result.get("no_variance") else
            f" (one-sided one-sample t-test p = {pval(result['p_value'])}"
            + (", not valid after looking)" if result["sequential"] else
@@ -82,7 +73,7 @@ def render_record_check(result: dict) -> str:
         lines.append(f"sequential study ({sequential['family']}): {sequential['untested']}")
     elif sequential is not None:
         lines.append(f"sequential verdict ({sequential['family']}): "
-                     f"{sequential['claim'] or 'no claim (' + sequential['decision'] + ')'} after "
+                     f"{sequential['claim'] or 'no claim (' + decision_shown(sequential) + ')'} after "
                      f"{sequential['n']} seeds, sequential p {pval(sequential['adjusted_p'])}, family p "
                      f"{pval(sequential['family_p'])}")
     record = result["record"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from . import plots
 from .atomic import write_text_atomically
-from .compare import claims, compare_arms, render_compare
+from .compare import compare_arms, render_compare
 from .logs import Duplicate, group_runs
-from .claims import find_study_record
+from .claims import arm_claims, find_study_record, target_untested
 from .sequential import AFTER_LOOKING, render_markdown
 from .studies import render_resource_table, selection_order, skip_layers
 from .summary import summarize
@@ -119,7 +119,7 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
         # the arms left out still count in the family: naming arms after the fact never shrinks it
         compared = compare_arms(group_runs(runs + left_out), baseline, sequential=state is not None,
                                 shown=set(groups))
-        compared["claims"] = claims(compared, 1 - compared["confidence"], family, state)
+        compared["claims"] = arm_claims(compared, 1 - compared["confidence"], family, state)
         lines.append(render_compare(compared, markdown=True, arm_table=False))
     elif baseline in groups:
         lines.append(f"Only the baseline arm `{baseline}` has complete runs.")
@@ -128,7 +128,9 @@ def build_report(study_dir: Path, runs, unreadable, target: float, baseline: str
                      f"name one with --baseline.")
     lines.append("")
     if state is not None:
-        lines += ["## Sequential looks", "", render_markdown(state), ""]
+        untested = target_untested(state, target)
+        lines += ["## Sequential looks", "", *([f"**Target {target:g}: {untested}.**", ""] if untested else []),
+                  render_markdown(state), ""]
 
     if groups:
         lines += ["## Parameters, memory, step time, effective FLOPs", "",

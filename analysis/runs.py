@@ -86,3 +86,21 @@ def contradiction(run, config_lines: int, embeds_modules: bool) -> str | None:
         return (f"not a run: its step lines count to {run.total_steps} steps, its config line plans {planned}: the "
                 f"log contradicts itself")
     return None
+
+
+def pooled_trainings(runs) -> str | None:
+    """How one arm's runs pool more than one training (their training configs differ beyond the seed: runs made
+    before an edit of the arm, stale, beside the current ones), as a phrase naming the first key that differs and a
+    log of each side; None when they are one training. Such runs are no sample of one arm: no claim rests on them."""
+    trainings: dict[str, list] = {}
+    for run in runs:
+        if not run.upstream:
+            config = {k: v for k, v in training_config(run.config).items() if k != "seed"}
+            trainings.setdefault(json.dumps(config, sort_keys=True), []).append(run)
+    if len(trainings) < 2:
+        return None
+    (first_key, first_runs), (second_key, second_runs) = list(trainings.items())[:2]
+    first, second = json.loads(first_key), json.loads(second_key)
+    key = next(k for k in sorted(set(first) | set(second)) if first.get(k) != second.get(k))
+    return (f"pools runs of {len(trainings)} different trainings ({key} {first.get(key)!r} in "
+            f"{first_runs[0].path.name}, {second.get(key)!r} in {second_runs[0].path.name})")

@@ -405,7 +405,7 @@ def describe_look(arm: str, look: dict, design: dict) -> str:
     return (f"look {look['look']} {arm}: n {look['n']}{versus} (t {look['fraction']:.2f}), "
             f"{'diff' if two_arms else 'mean'} {look['estimate']:+.5f} repeated CI {interval}, z {look['z']:+.2f} "
             f"bound {look['boundary']:.2f} (nominal p {look['nominal_p']:.2g}), p {look['p']:.3g} -> "
-            f"{look['decision']}{adjusted}")
+            f"{decision_shown(look)}{adjusted}")
 
 
 def _number(value) -> str:
@@ -435,7 +435,8 @@ def study_verdicts(state: dict) -> dict:
                 else "below target"
         verdicts[arm] = {"decision": decision, "n": look["n"] if look else 0, "p": look["p"] if look else None,
                          "adjusted_p": adjusted[arm], "family_p": family_p[arm],
-                         "claim": decision if claimed else None}
+                         "claim": decision if claimed else None,
+                         "why": look.get("why") if look and not claimed else None}
     return verdicts
 
 
@@ -443,9 +444,15 @@ def study_verdicts(state: dict) -> dict:
 AFTER_LOOKING = "fixed-sample, not valid after the sequential looks"
 
 
+def decision_shown(verdict: dict) -> str:
+    """A verdict's decision as every door prints it, with the look's reason when it gave one (e.g. "futile: cannot
+    test: no variance")."""
+    return f"{verdict['decision']}: {verdict['why']}" if verdict.get("why") else verdict["decision"]
+
+
 def verdict_text(arm: str, verdict: dict) -> str:
     """One arm's sequential verdict in a few words: its claim (or why none), runs, sequential and family p."""
-    text = f"{arm}: {verdict['claim'] or 'no claim (' + verdict['decision'] + ')'} after {verdict['n']} seeds"
+    text = f"{arm}: {verdict['claim'] or 'no claim (' + decision_shown(verdict) + ')'} after {verdict['n']} seeds"
     if verdict["adjusted_p"] is not None:
         text += f", sequential p {verdict['adjusted_p']:.3g}, family p {verdict['family_p']:.3g}"
     return text
@@ -457,7 +464,8 @@ def family_phrase(design: dict) -> str:
     if not design.get("family", True):
         return (f"arms exploratory (study key family = false): each tested at alpha {design['alpha']:g}, claims NOT "
                 f"family-controlled")
-    return (f"family of {size} arm(s) against {design['baseline'] or 'the target'}, family-wise alpha "
+    against = design["baseline"] or f"the target {design['target']:g}"  # which target: a claim holds for it alone
+    return (f"family of {size} arm(s) against {against}, family-wise alpha "
             f"{design['alpha']:g} (Holm over the arms' sequential p-values)")
 
 
@@ -476,7 +484,7 @@ def render_markdown(state: dict) -> str:
              f"decided; a look's p is its fixed-sample p, not valid after looking.", "",
              "| arm | verdict | n | sequential p | family p (Holm) |", "| --- | --- | --- | --- | --- |"]
     for arm, verdict in study_verdicts(state).items():
-        lines.append(f"| {arm} | {verdict['claim'] or 'no claim: ' + verdict['decision']} | {verdict['n']} | "
+        lines.append(f"| {arm} | {verdict['claim'] or 'no claim: ' + decision_shown(verdict)} | {verdict['n']} | "
                      f"{_p(verdict['adjusted_p'])} | {_p(verdict['family_p'])} |")
     lines += ["", "| arm | look | n | t | estimate | repeated CI | z | bound | p (fixed-sample) | decision | "
                   "adjusted p |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

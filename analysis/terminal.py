@@ -14,10 +14,10 @@ from pathlib import Path
 from speedrun.errors import OneLineErrorParser, UsageError
 
 from .cli import STALE_HELP, comma_list, positive_float, split_stale
-from .compare import claims, compare_arms
+from .compare import compare_arms
 from .logs import MixedTracks, group_runs, load_runs
-from .claims import find_study_record
-from .sequential import AFTER_LOOKING
+from .claims import arm_claims, find_study_record, target_untested
+from .sequential import AFTER_LOOKING, family_phrase, study_verdicts, verdict_text
 from .summary import summarize
 from .textfmt import interval, num, pval, table
 
@@ -64,9 +64,14 @@ def terminal_summary(study_dir: Path, runs, target: float, baseline: str = "base
     if baseline not in groups:
         lines.append(f"no complete runs of a baseline arm '{baseline}': no comparison")
     if compared:
-        verdicts = claims(compared, 1 - CONFIDENCE, family, state)
+        verdicts = arm_claims(compared, 1 - CONFIDENCE, family, state)
         lines.append(f"claims: {verdicts['family']}")
         lines += [arm["text"] for arm in verdicts["arms"]]
+    if state is not None and state["design"]["claim"] == "below-target":  # record claims: no baseline to compare
+        untested = target_untested(state, target)
+        lines.append(f"claims: sequential: {family_phrase(state['design'])}")
+        lines += [untested] if untested else [verdict_text(name, verdict) for name, verdict
+                                              in study_verdicts(state).items() if name in groups]
     lines += [f"not counted: {entry.path}: {entry.problem}" for entry in left_out]
     if report.is_file():
         lines.append(f"report: {report}")

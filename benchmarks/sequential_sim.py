@@ -42,9 +42,9 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis import power  # noqa: E402
-from analysis.claims import find_study_record, record_claim  # noqa: E402
+from analysis.claims import arm_claims, find_study_record, record_claim  # noqa: E402
 from analysis.cli import at_least_two, positive_int  # noqa: E402
-from analysis.compare import claims, compare_arms  # noqa: E402
+from analysis.compare import compare_arms  # noqa: E402
 from analysis.record_check import record_check  # noqa: E402
 from analysis.sequential import (DEFAULT_MAX_FACTOR, Design, _null_p_values, calibrated_thresholds,  # noqa: E402
                                  decide, decided, look_counts, look_p_values, sequential_max_seeds, study_verdicts,
@@ -97,7 +97,7 @@ def fixed_study(effects, seeds: int, studies: int, rng, alpha: float = ALPHA) ->
 def fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: float = ALPHA):
     """(claimed, sign of the difference) per study and arm of fixed-sample studies: draws (studies x arms x seeds),
     baseline (studies x seeds). The vectorised path; tests/benchmarks/test_claims_simulation.py shows it decides as
-    compare.claims does."""
+    claims.arm_claims does."""
     studies, arms, seeds = draws.shape
     p, sign = look_p_values(draws.reshape(studies * arms, seeds), np.repeat(baseline, arms, axis=0),
                             ((seeds, seeds),), 2)
@@ -106,15 +106,18 @@ def fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: float = ALPH
 
 
 class _Run:
-    """The two figures of a run the claim functions read (a stand-in for analysis.logs.ParsedLog)."""
+    """The two figures of a run the claim functions read (a stand-in for analysis.logs.ParsedLog), every run one
+    training: this project's log (not upstream's) with no config entry that differs."""
     diverged = False
+    upstream = False
+    config: dict = {}
 
     def __init__(self, loss: float):
         self.final_val_loss, self.train_time_s = float(loss), 1.0
 
 
 def product_fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: float = ALPHA, shown=None):
-    """The same decisions through the product's own functions, study by study: compare_arms and claims, as the
+    """The same decisions through the product's own functions, study by study: compare_arms and arm_claims, as the
     `compare` command runs them (`shown`: the arms a person named with --arms; "best": the arm with the lowest mean
     loss, picked after seeing the results)."""
     studies, arms, _ = draws.shape
@@ -128,7 +131,7 @@ def product_fixed_decisions(draws: np.ndarray, baseline: np.ndarray, alpha: floa
         else:
             named = shown
         result = compare_arms(groups, "baseline", 1 - alpha, shown=named)
-        verdicts = {arm["variant"]: arm for arm in claims(result, alpha)["arms"]}
+        verdicts = {arm["variant"]: arm for arm in arm_claims(result, alpha)["arms"]}
         for a, name in enumerate(names):
             if name in verdicts:
                 claimed[study, a] = verdicts[name]["claim"] is not None
@@ -324,7 +327,7 @@ def _study_record_or_refusal(runs):
 
 def copied_compare_claims(arms: list[list[float]], baseline: list[float], marked: bool) -> bool:
     """Whether `compare` (and report and analysis.terminal, which print the same claims) claims anything over the
-    copied runs of a sequential study: find_study_record, then compare_arms and claims as cmd_compare runs them."""
+    copied runs of a sequential study: find_study_record, then compare_arms and arm_claims as cmd_compare runs them."""
     mark = MARK if marked else None
     groups = {"baseline": [_CopiedRun(v, "baseline", k, COPY, mark) for k, v in enumerate(baseline)]}
     groups.update({f"arm{a}": [_CopiedRun(v, f"arm{a}", k, COPY, mark) for k, v in enumerate(losses)]
@@ -333,7 +336,7 @@ def copied_compare_claims(arms: list[list[float]], baseline: list[float], marked
     if state == "refused":
         return False
     result = compare_arms(groups, "baseline", 1 - ALPHA, sequential=state is not None)
-    return any(arm["claim"] is not None for arm in claims(result, ALPHA, True, state)["arms"])
+    return any(arm["claim"] is not None for arm in arm_claims(result, ALPHA, True, state)["arms"])
 
 
 def copied_record_claim(losses: list[float], marked: bool) -> bool:
@@ -380,7 +383,7 @@ def copied_rows(studies: int, rng, arm_counts=(5, 15), record_maxima=(5, 9, 26),
 
 def best_arm_copied_claims(draws: np.ndarray, baseline: np.ndarray, marked: bool) -> tuple[bool, bool]:
     """(compare claims, record-check passes) over the copy of one fixed-sample study (`draws`: arms x seeds) holding
-    only its baseline and the arm of lowest mean loss: find_study_record, compare_arms + claims as cmd_compare runs
+    only its baseline and the arm of lowest mean loss: find_study_record, compare_arms + arm_claims as cmd_compare runs
     them (report and analysis.terminal print the same claims), record_check at the target 0 as cmd_record_check
     (record's README, the same p). `marked`: the logs name every arm of the study, as the runner writes them."""
     names = [f"arm{a}" for a in range(len(draws))]
@@ -390,14 +393,14 @@ def best_arm_copied_claims(draws: np.ndarray, baseline: np.ndarray, marked: bool
             best: [_CopiedRun(v, best, k, COPY, mark) for k, v in enumerate(draws[names.index(best)])]}
     state = _study_record_or_refusal([run for group in runs.values() for run in group])
     result = compare_arms(runs, "baseline", 1 - ALPHA, sequential=state is not None)
-    compared = any(arm["claim"] is not None for arm in claims(result, ALPHA, True, state)["arms"])
+    compared = any(arm["claim"] is not None for arm in arm_claims(result, ALPHA, True, state)["arms"])
     return compared, bool(record_check(runs[best], 0.0, alpha=ALPHA, resamples=2, max_runs=2)["loss_ok"])
 
 
 def best_arm_copied_rows(studies: int, rng, arm_counts=(5, 15), old_share: int = 10) -> list[str]:
     """Section 6: null fixed-sample studies (the fixed design's seeds), of which only the baseline and the arm with
     the lowest mean loss are copied, the study folder gone, and read through each door's functions: compare (and
-    report, analysis.terminal: compare_arms + claims) on the two arms, record-check (and record: record_check) on
+    report, analysis.terminal: compare_arms + arm_claims) on the two arms, record-check (and record: record_check) on
     the best arm at its target. Runs whose logs name the study's arms (the runner writes them since issue 40) and,
     on 1 / `old_share` of the studies, logs without the line (made before it, or by hand)."""
     old = max(2, studies // old_share)

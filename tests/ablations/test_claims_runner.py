@@ -169,3 +169,58 @@ def test_a_study_started_afresh_under_another_design_refuses_the_runs_of_the_fir
     assert not record.exists() and " start " not in again.stdout
     same = ablations(["run", study, "--until-decided", "--max-seeds", "3"], tmp_path, runner_env(), timeout=300)
     assert same.returncode == 0, same.stdout + same.stderr
+
+
+def test_a_second_runner_is_refused_for_the_runner_not_for_its_runs(tmp_path, monkeypatch, capsys):
+    """Audit of case 8: a second runner with another --max-seeds read the first one's new runs (made under the
+    first's design) before taking the lock, and was refused with "move the runs aside to start afresh", advice that
+    loses the first runner's work. The lock now comes before the record and the runs are read."""
+    import os
+
+    import analysis_logs
+    from ablations.cli import main
+    from ablations.sequential_study import hold_study_lock
+    from speedrun.logformat import study_value
+
+    monkeypatch.chdir(tmp_path)
+    study = write_study(tmp_path, "s", {"baseline": {}, "backout": {"backout-layers": 4}}, flags=FLAGS,
+                        extra="until_decided = true")
+    first_design = study_value("s", design_digest="0123456789abcdef")  # the first runner's, as its runs carry it
+    analysis_logs.write(tmp_path / "runs" / "s" / "baseline" / "seed0.txt", analysis_logs.our_log_text(
+        variant="baseline", seed=0, env={"study": first_design}))
+    held = hold_study_lock(tmp_path / "runs" / "s")
+    try:
+        code = main(["run", str(study), "--max-seeds", "4", "--launcher", "python", "--gpus", "0"])
+    finally:
+        os.close(held)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "another runner runs the sequential study" in err and "move the runs aside" not in err
+
+
+def study_with_a_log_without_config_line(tmp_path):
+    import analysis_logs
+
+    study = write_study(tmp_path, "s", {"baseline": {}}, seeds=[0], flags=FLAGS)
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    (tmp_path / "runs" / "s" / "runner.log").write_text("")
+    text = analysis_logs.our_log_text(variant="baseline", seed=0)
+    analysis_logs.write(tmp_path / "runs" / "s" / "baseline" / "seed0.txt",
+                        "".join(line for line in text.splitlines(True) if not line.startswith("config: ")))
+    return study
+
+
+def test_status_names_a_log_that_contradicts_itself_with_its_reason(tmp_path, status_of):
+    """Audit of case 8: such a log (here: no config line) was "to do" in status, its reason named nowhere."""
+    code, out = status_of(study_with_a_log_without_config_line(tmp_path))
+    assert code == 0 and "to do: seed0 (not a run: no config line, yet it sits in a study folder" in out, out
+
+
+@pytest.mark.slow
+def test_run_names_a_log_that_contradicts_itself_with_its_reason(tmp_path):
+    """Audit of case 8: `run` set such a log aside as an "unfinished log" and reran the seed without saying why; the
+    note is written only where the runner launches a run (a process), so no in-process test sees it."""
+    study = study_with_a_log_without_config_line(tmp_path)
+    result = ablations(["run", study, "--launcher", "python", "--gpus", "0"], tmp_path, runner_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ".txt, not a run: no config line" in result.stdout and "unfinished log kept aside" not in result.stdout

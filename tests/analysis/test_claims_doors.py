@@ -79,11 +79,18 @@ def test_case1_a_record_claim_for_a_target_the_study_never_tested(capsys, tmp_pa
             assert status == 2 and "nothing to compare" in text
             continue
         assert "loss below 2.92 at p < 0.01: PASS" not in text and "below target after" not in loss_part(text)
-        if door in ("record-check", "record"):
+        if door in ("record-check", "record", "summarize", "report", "terminal"):  # summarize said "claim: below
+            # target after 3 seeds" under --target 2.92, the report gave the verdict table alone, the terminal
+            # nothing (audit)
             assert "no claim: the sequential study tested mean < 2.925, not mean < 2.92" in text, (door, text)
+        if door == "summarize":
+            assert "below target after" not in text and "against the target 2.925" in text, text
     status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--resamples", "50",
                               "--max-runs", "3")
     assert "below target after 5 seeds" in text and "loss below 2.925 at p < 0.01: PASS" in text
+    from analysis.terminal import main as terminal
+    assert terminal([str(root), "--target", "2.925"]) == 0
+    assert "claim: below target after 5 seeds" in capsys.readouterr().out  # at the tested target: the verdict
     status, text, _ = run_cli(capsys, "record-check", root / "claim", "--target", "2.925", "--alpha", "0.001",
                               "--resamples", "50", "--max-runs", "3")  # decided at 0.01: no PASS at 0.001
     assert status == 1 and "PASS" not in loss_part(text)
@@ -365,3 +372,41 @@ def test_case6_runs_of_two_fixed_studies_mixed_are_refused_and_unmarked_runs_beh
     plain = write_arms(tmp_path / "plain", {"baseline": BASELINE, "picked": PICKED})
     status, text, _ = run_cli(capsys, "compare", plain)
     assert status == 0 and "picked: final loss 0.0020 lower than baseline (p 0.0039" in text and "Holm over" not in text
+
+
+def test_case5_an_arm_pooling_runs_of_two_trainings_makes_no_claim_at_any_door(capsys, tmp_path):
+    """An arm edited after some of its seeds were run (its flag 4 -> 3, the old seeds left in the folder): compare,
+    report and analysis.terminal said "a real difference", record-check PASSed, the record README gave the claim's
+    p, each beside a warning that the arm pools two trainings. The sample is of no one training: no claim."""
+    root = tmp_path / "s"
+    for arm, values in {"baseline": BASELINE, "edited": LUCKY}.items():
+        for seed, final in enumerate(values):
+            flags = {"backout_layers": [3 if seed == 0 else 4]} if arm == "edited" else {}
+            logs_for_tests.write(root / arm / f"seed{seed}.txt", logs_for_tests.our_log_text(
+                variant=arm, seed=seed, config=flags,
+                losses=lambda step, final=final: logs_for_tests.default_curve(step, 100, final)))
+    texts = doors(capsys, tmp_path, [root], "edited", target=2.9185)
+    why = "pools runs of 2 different trainings (backout_layers [3] in seed0.txt, [4] in seed1.txt)"
+    for door, (status, text) in texts.items():
+        assert "a real difference" not in text and "PASS" not in loss_part(text), (door, text)
+        assert why in text, (door, text)
+        if door in ("compare", "report", "terminal"):
+            assert f"edited: no claim: edited {why}" in text, (door, text)
+        if door in ("record-check", "record"):
+            assert f"no claim: the arm {why}" in text, (door, text)
+    assert texts["record-check"][0] == 1
+
+
+def test_case7_a_sequential_look_at_runs_without_variance_says_so_at_every_door(capsys, tmp_path):
+    """Audit of case 7: take_look records "cannot test: no variance" as the look's reason, but the doors printed only
+    "no claim (futile)", a decision about power that never was computed."""
+    root = write_arms(tmp_path / "s", {"baseline": [2.9200] * 4, "flat": [2.9200] * 4})
+    state = record(root, "flat", "futile", p=1.0, adjusted=1.0, n=4)
+    state["looks"]["flat"][0]["why"] = "cannot test: no variance"
+    (root / "sequential.json").write_text(json.dumps(state))
+    texts = doors(capsys, tmp_path, [root], "flat")
+    for door in ("compare", "report", "terminal"):
+        assert "flat: no claim (sequential decision: futile: cannot test: no variance)" in texts[door][1], door
+    assert "flat: no claim (futile: cannot test: no variance) after 4 seeds" in texts["summarize"][1]
+    for door, (status, text) in texts.items():
+        assert status in (0, 1) and "a real difference" not in text, (door, text)

@@ -103,7 +103,7 @@ def test_the_vectorised_sequential_path_decides_as_the_runner_does(sides, arms):
 
 @pytest.mark.slow
 def test_the_vectorised_fixed_path_decides_as_compare_does():
-    """Guards: on 1,000 random studies the fast fixed-sample path claims exactly what compare_arms + claims claim."""
+    """Guards: on 1,000 random studies the fast fixed-sample path claims exactly what compare_arms + arm_claims claim."""
     draws, baseline = _mixed_draws(1000, 4, 5, seed=7)
     draws, baseline = draws * 0.3, baseline * 0.3  # closer calls: claims near alpha
     fast = sim.fixed_decisions(draws, baseline)
