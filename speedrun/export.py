@@ -84,25 +84,25 @@ KEPT_WITH = {"--resume": "--checkpoint-every"}
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
 
 
-def flags_not_offered(config):
-    """The flags a file of this run does not offer: --base (the file is one base's) and those BASE_ONLY_FLAGS gives
-    another base (r14's file has no --attention, r18's no --num-layers). A track flag goes from the file's
-    TRACK_FLAGS, its field folded to the run's value and logged from LEFT_OUT_FIELDS; a shared one's add_argument
-    becomes a set_defaults (omit_arguments)."""
+def other_bases_only(config, declared):
+    """Of a declaration {name: the base that alone runs it}, the names a base other than the run's alone runs, in
+    order; none on a track with one base (its config has no base)."""
     base = getattr(config, "base", None)
-    if base is None:  # a track with one base
-        return ()
-    return (BASE_FLAG, *(flag for flag, only in BASE_ONLY_FLAGS.items() if only != base))
+    return tuple(name for name, only in declared.items() if base is not None and only != base)
+
+
+def flags_not_offered(config):
+    """The flags a file of this run does not offer: --base (the file is one base's, so it is declared no base's
+    here) and those BASE_ONLY_FLAGS gives another base (r14's file has no --attention, r18's no --num-layers). A
+    track flag goes from the file's TRACK_FLAGS, its field folded to the run's value and logged from
+    LEFT_OUT_FIELDS; a shared one's add_argument becomes a set_defaults (omit_arguments)."""
+    return other_bases_only(config, {BASE_FLAG: None, **BASE_ONLY_FLAGS})
 
 
 def choices_not_run(config):
     """(flag, its choices) of BASE_ONLY_CHOICES that a base other than the run's alone runs: the file's parser does not
     offer them (cut_choices)."""
-    base = getattr(config, "base", None)
-    if base is None:
-        return ()
-    cuts = ((flag, tuple(c for c, only in choices.items() if only != base)) for flag, choices in
-            BASE_ONLY_CHOICES.items())
+    cuts = ((flag, other_bases_only(config, choices)) for flag, choices in BASE_ONLY_CHOICES.items())
     return tuple((flag, cut) for flag, cut in cuts if cut)
 
 
@@ -147,6 +147,12 @@ def folded_call_key(module, function):
     return f"{module}.{function}(*)"
 
 
+def left_out_flags(active, not_varied):
+    """The flags whose fields the file leaves out of its config (their tests folded, their values logged from
+    LEFT_OUT_FIELDS): those of the studies that are off (not in `active`) and the track flags it does not offer."""
+    return [*(flag for study in STUDIES if study not in active for flag in study.flags), *not_varied]
+
+
 def folded_tests(config, omitted=(), active=(), not_varied=()):
     """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
     these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
@@ -162,9 +168,8 @@ def folded_tests(config, omitted=(), active=(), not_varied=()):
         folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
         # the study contract's hooks (speedrun/study.py's StudyHost, every base's) are then constants in each module
         folds.update(constant_methods(ast.parse(module_path("speedrun.study").read_text()), folds)[0])
-    left_out = [flag for study in STUDIES if study not in active for flag in study.flags] + list(not_varied)
-    folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in left_out
-                  for name in CONFIG_NAMES})
+    folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest))
+                  for flag in left_out_flags(active, not_varied) for name in CONFIG_NAMES})
     return folds
 
 
@@ -1362,8 +1367,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in
-                [*(flag for study in STUDIES if study not in active for flag in study.flags), *not_varied]}
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in left_out_flags(active, not_varied)}
     out += [f"FIXED_FLAGS = {tuple(varied)!r}",
             "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
