@@ -201,6 +201,25 @@ def test_a_field_of_a_study_that_is_on_bound_or_read_as_parsed_outside_its_resol
         check("y = 1\n")
 
 
+def test_a_field_of_a_study_that_is_on_folds_only_where_every_probe_config_holds_its_value():
+    from types import SimpleNamespace
+
+    from speedrun.export import PARSED_READERS, STUDY_FIELD, study_field_folds
+    from speedrun.studies import STUDIES
+    backout, dlo = (next(s for s in STUDIES if s.name == name) for name in ("backout", "dlo"))
+    run = {flag.dest: flag.unset for flag in backout.flags} | dict(backout_layers=(11,), backout_mode="sum",
+                                                                  backout_concat_dim=128)
+    # a default that followed the width: the tiny preset's differs
+    tiny = dict(run, backout_concat_dim=64)
+    folds = study_field_folds([backout], [SimpleNamespace(**run), SimpleNamespace(**tiny)], "train_gpt_medium")
+    assert folds[STUDY_FIELD + "backout_mode"] == "sum" and folds[STUDY_FIELD + "backout_layers"] == (11,)
+    assert STUDY_FIELD + "backout_concat_dim" not in folds
+    assert folds[PARSED_READERS] == (("speedrun.backout", "resolve_backout_args"),)
+    # DLO's model fields are computed (model_config=): the model config's values are not the run's
+    dlo_run = SimpleNamespace(**{flag.dest: 2 for flag in dlo.flags})
+    assert study_field_folds([dlo], [dlo_run], "train_gpt_medium") == {}
+
+
 def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
     text = export(tmp_path, T, "--backout-layers", "11", "--preset", "full")
     assert "class Backout(" in text and "def mixed_head_input" in text
