@@ -248,8 +248,9 @@ def folded_value(node, folds, test=True):
     """The value of an expression made of folds (a field of a study that is on by any receiver: STUDY_FIELD),
     constants, `not`, `and`/`or`, one comparison, a conditional expression, a comprehension over an empty sequence,
     len/any/all/bool of a decided value, startswith/endswith of a decided string, and calls of methods that compute
-    a constant (`self.name()` in folds, constant_methods) with arguments that only read names; UNKNOWN when any part that decides it is not. `and`/`or` are decided left to right, past a part left unknown
-    only where that part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
+    a constant (`self.name()` in folds, constant_methods) with arguments that only read names; UNKNOWN when any
+    part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where that
+    part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
     `and`/`or` is decided as a bool (`x or "sum"` is true, its value unknown)."""
     text = ast.unparse(node)
     if text in folds:
