@@ -47,7 +47,7 @@ from pathlib import Path
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.studies import STUDIES
-from speedrun.study import is_set
+from speedrun.study import ModelPart, is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
@@ -208,6 +208,47 @@ def study_field_folds(active, probes, script_module):
     return dict(folds, **{PARSED_READERS: tuple(sorted(readers))}) if folds else {}
 
 
+# A function that asks the study parts a hook by its name, the argument that names it (its position), and what it
+# answers when every part answers None (speedrun/study.py's one_part_hook).
+PART_HOOK_CALLS = {("speedrun.study", "one_part_hook"): 1}
+
+
+def part_hook_folds(active, folds, script_module):
+    """With studies on: the folds of the calls of PART_HOOK_CALLS whose hook every switched-on study's part (its class
+    on the run's base) answers with None, its method folded (study_field_folds) to `return None`, as ModelPart's
+    defaults do; then of StudyHost's methods that compute a constant from them (`self.parts_mlp_router()`: None),
+    as with no study on. Backout defines no mlp_router or residuals, and its mlp_extra is None but in concat-mlp."""
+    on_r18 = folds.get(R18_BASE, False)
+    classes = [study.r18_part if on_r18 else study.model_part for study in active]
+    if not classes or None in classes:
+        return {}
+    hooks = {name for name, value in vars(ModelPart).items() if callable(value) and not name.startswith("_")}
+    none_hooks = {hook for hook in hooks if all(answers_none(cls, hook, folds, script_module) for cls in classes)}
+    found = {}
+    for (module, function), position in PART_HOOK_CALLS.items():
+        tree = ast.parse(module_path(module).read_text())
+        found.update({ast.unparse(call): None for call in ast.walk(tree) if isinstance(call, ast.Call)
+                      and isinstance(call.func, ast.Name) and call.func.id == function and len(call.args) > position
+                      and isinstance(call.args[position], ast.Constant) and call.args[position].value in none_hooks})
+        found.update(constant_methods(tree, dict(folds, **found))[0])
+    return found
+
+
+def answers_none(part_class, hook, folds, script_module):
+    """Whether a part class's method `hook` (its own or the first base class's that defines it) returns None
+    whatever it is passed, its module folded as the file's is."""
+    owner = next((c for c in part_class.__mro__ if hook in vars(c)), None)
+    if owner is None or owner.__module__ in ("__main__", script_module) or not is_project(owner.__module__):
+        return False
+    module = owner.__module__
+    readers = tuple(function for name, function in folds.get(PARSED_READERS, ()) if name == module)
+    source = module_path(module).read_text()
+    module_folds = dict(folds, **module_call_folds(module, ast.parse(source), folds))
+    text, _ = fold_constants(source, module_folds, readers)
+    values, owners = constant_methods(ast.parse(text), module_folds)
+    return owners.get(hook) == owner.__name__ and f"self.{hook}()" in values and values[f"self.{hook}()"] is None
+
+
 def probe_configs(config, run_argv, modular_argv, fixed, resolve_args):
     """The configs study_field_folds compares a field's value across: the run's, the check's (the tiny preset) and,
     where the file's command line offers --num-layers, the run at one layer more and one less (those that resolve)."""
@@ -261,6 +302,10 @@ def folded_value(node, folds, test=True):
         return node.value
     if isinstance(node, ast.IfExp):
         taken = folded_value(node.test, folds)
+        if taken is UNKNOWN and only_reads(node.test):  # either branch gives one value: `x if self.parts else x`
+            values = [folded_value(branch, folds, test=False) for branch in (node.body, node.orelse)]
+            same = UNKNOWN not in values and type(values[0]) is type(values[1]) and values[0] == values[1]
+            return values[0] if same else UNKNOWN
         return UNKNOWN if taken is UNKNOWN else folded_value(node.body if taken else node.orelse, folds, test)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
         iterated = folded_value(node.generators[0].iter, folds)  # the one part evaluated before any item
@@ -1465,6 +1510,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
     study_folds = study_field_folds(active, probes or [config], script_module)
     folds.update(study_folds)
+    folds.update(part_hook_folds(active, folds, script_module))
     program = folded_program(script_module, folds, registries,
                              (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()

@@ -156,6 +156,8 @@ def test_the_file_has_no_docstrings_and_single_blank_lines(tmp_path):
     ("if f().mode == 'sum':\n    a()\n", None),  # a call would still run: not folded
     # not in the study's resolve, which reads its flags as parsed (unset: None)
     ("def resolve(args):\n    if args.mode == 'sum':\n        a()\n", None),
+    ("if (None if self.parts else None):\n    a()\nb()\n", "b()\n"),  # either branch: one value
+    ("if (None if self.parts else 0):\n    a()\n", None),
 ])
 def test_tests_the_export_knows_are_folded(source, expected):
     from speedrun.export import PARSED_READERS, STUDY_FIELD, fold_ifs
@@ -225,8 +227,11 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
     assert "class Backout(" in text and "def mixed_head_input" in text
     # concat-head, concat-mlp, the transforms' similarity record and new-embed: other arms' code
     for marker in ("self.down_w", "torch.zeros(rows, D * (1 + k))", "def backout_mlp_hidden", "SIMILARITY_TOKENS",
-                   "self.new_embed = ", 'cfg.backout_mode == "concat-mlp"', 'if cfg.backout_transform != "none"'):
+                   "self.new_embed = ", 'cfg.backout_mode == "concat-mlp"', 'if cfg.backout_transform != "none"',
+                   # the model's branches for the hooks no part of the file answers: MLP routers, widened MLPs
+                   "def parts_mlp_router", "def layer_before_mlp", "def parts_mlp_extra", "def mlp_extra"):
         assert marker not in text, marker
+    assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
 
 
 def test_what_folding_leaves_unused_goes_with_its_comments():
