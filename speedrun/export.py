@@ -240,13 +240,20 @@ def answers_none(part_class, hook, folds, script_module):
     owner = next((c for c in part_class.__mro__ if hook in vars(c)), None)
     if owner is None or owner.__module__ in ("__main__", script_module) or not is_project(owner.__module__):
         return False
-    module = owner.__module__
+    values, owners = folded_constant_methods(owner.__module__, tuple(sorted(folds.items())))
+    return owners.get(hook) == owner.__name__ and f"self.{hook}()" in values and values[f"self.{hook}()"] is None
+
+
+@functools.lru_cache(maxsize=64)
+def folded_constant_methods(module, folds):
+    """constant_methods of a project module folded with `folds` (its items, sorted) as the file's modules are
+    (cached: every hook of a part asks its module)."""
+    folds = dict(folds)
     readers = tuple(function for name, function in folds.get(PARSED_READERS, ()) if name == module)
     source = module_path(module).read_text()
     module_folds = dict(folds, **module_call_folds(module, ast.parse(source), folds))
     text, _ = fold_constants(source, module_folds, readers)
-    values, owners = constant_methods(ast.parse(text), module_folds)
-    return owners.get(hook) == owner.__name__ and f"self.{hook}()" in values and values[f"self.{hook}()"] is None
+    return constant_methods(ast.parse(text), module_folds)
 
 
 def probe_configs(config, run_argv, modular_argv, fixed, resolve_args):
