@@ -208,8 +208,8 @@ def study_field_folds(active, probes, script_module):
     return dict(folds, **{PARSED_READERS: tuple(sorted(readers))}) if folds else {}
 
 
-# A function that asks the study parts a hook by its name, the argument that names it (its position), and what it
-# answers when every part answers None (speedrun/study.py's one_part_hook).
+# A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
+# None when every part does (speedrun/study.py's one_part_hook).
 PART_HOOK_CALLS = {("speedrun.study", "one_part_hook"): 1}
 
 
