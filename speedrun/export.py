@@ -7,8 +7,9 @@ torch) are merged at the top. It holds only what the run executes:
   over an empty registry keep the branch that runs, and the statements a kept `return` leaves unreachable go. They
   decide on the calls of the functions FOLDED_CALLS declares, found by what their name resolves to (the base:
   speedrun.cli.runs_r18; the export flag itself), the fields of the studies that are off (so --base r18's hand
-  wiring reaches none of their modules) and the run flags the file's command line leaves out (OMITTED_RUN_FLAGS:
-  their add_argument becomes a set_defaults, their code is folded away);
+  wiring reaches none of their modules), those of the studies that are on (study_field_folds: their flags are
+  fixed in the file, so the code of their other settings goes) and the run flags the file's command line leaves
+  out (OMITTED_RUN_FLAGS: their add_argument becomes a set_defaults, their code is folded away);
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
   emptied, it is read as `()` (empty_registries_read), and so is a parameter every kept call passes `()` or leaves
   at a default of `()`: it goes from its function and the calls, and a function whose body is then `pass` goes with
@@ -46,7 +47,7 @@ from pathlib import Path
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.studies import STUDIES
-from speedrun.study import is_set
+from speedrun.study import ModelPart, is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
@@ -82,27 +83,33 @@ NEEDS_FLAG = {"--init-schedule": "--init-from"}  # left out with the flag it nee
 # kept with the flag that needs it: a run that writes checkpoints every K steps can resume from them
 KEPT_WITH = {"--resume": "--checkpoint-every"}
 CONFIG_NAMES = ("config", "args", "studies")  # the names the run config has where the code tests its fields
+# The fold of a field of a study that is on, read as `X.FIELD` by any receiver that only reads names (the run config,
+# the model config `cfg`, `self.cfg`): STUDY_FIELD + FIELD (study_field_folds).
+STUDY_FIELD = "."
+# The fold holding the (module, function) of each switched-on study's resolve: it reads the study's flags as parsed,
+# before their defaults are filled in, so the fields are not folded there.
+PARSED_READERS = "(parsed flags)"
+
+
+def other_bases_only(config, declared):
+    """Of a declaration {name: the base that alone runs it}, the names a base other than the run's alone runs, in
+    order; none on a track with one base (its config has no base)."""
+    base = getattr(config, "base", None)
+    return tuple(name for name, only in declared.items() if base is not None and only != base)
 
 
 def flags_not_offered(config):
-    """The flags a file of this run does not offer: --base (the file is one base's) and those BASE_ONLY_FLAGS gives
-    another base (r14's file has no --attention, r18's no --num-layers). A track flag goes from the file's
-    TRACK_FLAGS, its field folded to the run's value and logged from LEFT_OUT_FIELDS; a shared one's add_argument
-    becomes a set_defaults (omit_arguments)."""
-    base = getattr(config, "base", None)
-    if base is None:  # a track with one base
-        return ()
-    return (BASE_FLAG, *(flag for flag, only in BASE_ONLY_FLAGS.items() if only != base))
+    """The flags a file of this run does not offer: --base (the file is one base's, so it is declared no base's
+    here) and those BASE_ONLY_FLAGS gives another base (r14's file has no --attention, r18's no --num-layers). A
+    track flag goes from the file's TRACK_FLAGS, its field folded to the run's value and logged from
+    LEFT_OUT_FIELDS; a shared one's add_argument becomes a set_defaults (omit_arguments)."""
+    return other_bases_only(config, {BASE_FLAG: None, **BASE_ONLY_FLAGS})
 
 
 def choices_not_run(config):
     """(flag, its choices) of BASE_ONLY_CHOICES that a base other than the run's alone runs: the file's parser does not
     offer them (cut_choices)."""
-    base = getattr(config, "base", None)
-    if base is None:
-        return ()
-    cuts = ((flag, tuple(c for c, only in choices.items() if only != base)) for flag, choices in
-            BASE_ONLY_CHOICES.items())
+    cuts = ((flag, other_bases_only(config, choices)) for flag, choices in BASE_ONLY_CHOICES.items())
     return tuple((flag, cut) for flag, cut in cuts if cut)
 
 
@@ -147,6 +154,12 @@ def folded_call_key(module, function):
     return f"{module}.{function}(*)"
 
 
+def left_out_flags(active, not_varied):
+    """The flags whose fields the file leaves out of its config (their tests folded, their values logged from
+    LEFT_OUT_FIELDS): those of the studies that are off (not in `active`) and the track flags it does not offer."""
+    return [*(flag for study in STUDIES if study not in active for flag in study.flags), *not_varied]
+
+
 def folded_tests(config, omitted=(), active=(), not_varied=()):
     """ast.unparse(expression) -> its value in this export: `if` statements and conditional expressions whose test
     these decide keep only the branch taken. The fields of the studies that are off (not in `active`) fold to their
@@ -162,10 +175,98 @@ def folded_tests(config, omitted=(), active=(), not_varied=()):
         folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
         # the study contract's hooks (speedrun/study.py's StudyHost, every base's) are then constants in each module
         folds.update(constant_methods(ast.parse(module_path("speedrun.study").read_text()), folds)[0])
-    left_out = [flag for study in STUDIES if study not in active for flag in study.flags] + list(not_varied)
-    folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest)) for flag in left_out
-                  for name in CONFIG_NAMES})
+    folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest))
+                  for flag in left_out_flags(active, not_varied) for name in CONFIG_NAMES})
     return folds
+
+
+def is_literal(value):
+    """Whether a value is a scalar (is_scalar) or a tuple of scalars: one the tests on a field can be decided with."""
+    return is_scalar(value) or isinstance(value, tuple) and all(is_scalar(item) for item in value)
+
+
+def study_field_folds(active, probes, script_module):
+    """The folds of the fields of the studies that are on (their flags are fixed in the file): a field read as
+    `X.FIELD` (STUDY_FIELD) is its value wherever a test reads it, as an off study's is. Only a study whose model
+    fields are its flags (Study.model_config None: the model config then holds the run's value under the field's
+    name), and of it each field that holds one value in every probe config (the run's, and the arm resolved at the
+    check's tiny preset and at other depths: a default derived from the model's size or depth stays a read). Its
+    resolve function reads the flags as parsed, before their defaults are filled in: it is not folded with them
+    (PARSED_READERS, checked by check_study_fields)."""
+    folds, readers = {}, set()
+    for study in active:
+        if study.model_config is not None:
+            continue
+        for flag in study.flags:
+            values = [hashable(getattr(probe, flag.dest)) for probe in probes]
+            if is_literal(values[0]) and all(type(v) is type(values[0]) and v == values[0] for v in values):
+                folds[STUDY_FIELD + flag.dest] = values[0]
+        resolve = study.resolve
+        if resolve.__name__ != "<lambda>":  # the default resolves nothing
+            readers.add((script_module if resolve.__module__ == "__main__" else resolve.__module__,
+                         resolve.__name__))
+    return dict(folds, **{PARSED_READERS: tuple(sorted(readers))}) if folds else {}
+
+
+# A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
+# None when every part does (speedrun/study.py's one_part_hook).
+PART_HOOK_CALLS = {("speedrun.study", "one_part_hook"): 1}
+
+
+def part_hook_folds(active, folds, script_module):
+    """With studies on: the folds of the calls of PART_HOOK_CALLS whose hook every switched-on study's part (its class
+    on the run's base) answers with None, its method folded (study_field_folds) to `return None`, as ModelPart's
+    defaults do; then of StudyHost's methods that compute a constant from them (`self.parts_mlp_router()`: None),
+    as with no study on. Backout defines no mlp_router or residuals, and its mlp_extra is None but in concat-mlp."""
+    on_r18 = folds.get(R18_BASE, False)
+    classes = [study.r18_part if on_r18 else study.model_part for study in active]
+    if not classes or None in classes:
+        return {}
+    hooks = {name for name, value in vars(ModelPart).items() if callable(value) and not name.startswith("_")}
+    none_hooks = {hook for hook in hooks if all(answers_none(cls, hook, folds, script_module) for cls in classes)}
+    found = {}
+    for (module, function), position in PART_HOOK_CALLS.items():
+        tree = ast.parse(module_path(module).read_text())
+        found.update({ast.unparse(call): None for call in ast.walk(tree) if isinstance(call, ast.Call)
+                      and isinstance(call.func, ast.Name) and call.func.id == function and len(call.args) > position
+                      and isinstance(call.args[position], ast.Constant) and call.args[position].value in none_hooks})
+        found.update(constant_methods(tree, dict(folds, **found))[0])
+    return found
+
+
+def answers_none(part_class, hook, folds, script_module):
+    """Whether a part class's method `hook` (its own or the first base class's that defines it) returns None
+    whatever it is passed, its module folded as the file's is."""
+    owner = next((c for c in part_class.__mro__ if hook in vars(c)), None)
+    if owner is None or owner.__module__ in ("__main__", script_module) or not is_project(owner.__module__):
+        return False
+    values, owners = folded_constant_methods(owner.__module__, tuple(sorted(folds.items())))
+    return owners.get(hook) == owner.__name__ and f"self.{hook}()" in values and values[f"self.{hook}()"] is None
+
+
+@functools.lru_cache(maxsize=64)
+def folded_constant_methods(module, folds):
+    """constant_methods of a project module folded with `folds` (its items, sorted) as the file's modules are
+    (cached: every hook of a part asks its module)."""
+    folds = dict(folds)
+    readers = tuple(function for name, function in folds.get(PARSED_READERS, ()) if name == module)
+    source = module_path(module).read_text()
+    module_folds = dict(folds, **module_call_folds(module, ast.parse(source), folds))
+    text, _ = fold_constants(source, module_folds, readers)
+    return constant_methods(ast.parse(text), module_folds)
+
+
+def probe_configs(config, run_argv, modular_argv, fixed, resolve_args):
+    """The configs study_field_folds compares a field's value across: the run's, the check's (the tiny preset) and,
+    where the file's command line offers --num-layers, the run at one layer more and one less (those that resolve)."""
+    probes = [config, resolve_args(modular_argv)]
+    if "--num-layers" not in {name for name, _ in flag_groups(fixed)} | set(flags_not_offered(config)):
+        for depth in (config.num_layers + 1, config.num_layers - 1):
+            try:
+                probes.append(resolve_args([*run_argv, "--num-layers", str(depth)]))
+            except UsageError:
+                continue
+    return probes
 
 
 UNKNOWN = object()
@@ -187,22 +288,31 @@ def reads_config(node):
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
 PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool}
+# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`).
+PURE_STR_METHODS = ("startswith", "endswith")
 
 
 def folded_value(node, folds, test=True):
-    """The value of an expression made of folds, constants, `not`, `and`/`or`, one comparison, a conditional
-    expression, a comprehension over an empty sequence, len/any/all/bool of a decided value, and calls of methods
-    that compute a constant (`self.name()` in folds, constant_methods) with arguments that only read names;
-    UNKNOWN when any part that decides it is not. `and`/`or` are decided left to right, past a part left unknown
-    only where that part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
+    """The value of an expression made of folds (a field of a study that is on by any receiver: STUDY_FIELD),
+    constants, `not`, `and`/`or`, one comparison, a conditional expression, a comprehension over an empty sequence,
+    len/any/all/bool of a decided value, startswith/endswith of a decided string, and calls of methods that compute
+    a constant (`self.name()` in folds, constant_methods) with arguments that only read names; UNKNOWN when any
+    part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where that
+    part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
     `and`/`or` is decided as a bool (`x or "sum"` is true, its value unknown)."""
     text = ast.unparse(node)
     if text in folds:
         return folds[text]
+    if isinstance(node, ast.Attribute) and STUDY_FIELD + node.attr in folds and reads_config(node.value):
+        return folds[STUDY_FIELD + node.attr]  # a field of a study that is on, in the run or the model config
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.IfExp):
         taken = folded_value(node.test, folds)
+        if taken is UNKNOWN and only_reads(node.test):  # either branch gives one value: `x if self.parts else x`
+            values = [folded_value(branch, folds, test=False) for branch in (node.body, node.orelse)]
+            same = UNKNOWN not in values and type(values[0]) is type(values[1]) and values[0] == values[1]
+            return values[0] if same else UNKNOWN
         return UNKNOWN if taken is UNKNOWN else folded_value(node.body if taken else node.orelse, folds, test)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
         iterated = folded_value(node.generators[0].iter, folds)  # the one part evaluated before any item
@@ -215,6 +325,14 @@ def folded_value(node, folds, test=True):
             return folds[f"{called}(*)"]
         if f"{called}()" in folds and all(only_reads(a) for a in node.args + [k.value for k in node.keywords]):
             return folds[f"{called}()"]
+        if isinstance(node.func, ast.Attribute) and node.func.attr in PURE_STR_METHODS and not node.keywords \
+                and all(isinstance(a, ast.Constant) for a in node.args):
+            receiver = folded_value(node.func.value, folds, test=False)
+            try:
+                return getattr(receiver, node.func.attr)(*(a.value for a in node.args)) \
+                    if isinstance(receiver, str) else UNKNOWN
+            except TypeError:  # the program would raise here; left as it is
+                return UNKNOWN
         if called in PURE_BUILTINS and len(node.args) == 1 and not node.keywords:
             argument = folded_value(node.args[0], folds, test=called == "bool")  # decided: no effect
             return UNKNOWN if argument is UNKNOWN else PURE_BUILTINS[called](argument)
@@ -268,24 +386,47 @@ def decided(node, folds):
     return False
 
 
-def fold_ifs(text, folds, where):
+def without_study_fields(folds):
+    """The folds less those of the fields of the studies that are on: what the functions that read those flags as
+    parsed (PARSED_READERS) are folded with."""
+    return {key: value for key, value in folds.items() if not key.startswith(STUDY_FIELD)}
+
+
+def parsed_readers_nodes(tree, readers):
+    """The ids of the nodes inside the module's top-level functions named in `readers`."""
+    return {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in readers for n in ast.walk(f)}
+
+
+def fold_ifs(text, folds, readers=()):
     """The source with each `if` statement, conditional expression and `for` loop whose test (or sequence) the
-    folds decide replaced by the branch that runs (outermost first)."""
+    folds decide replaced by the branch that runs (outermost first); inside the functions `readers` without the
+    folds of the fields of the studies that are on (they read the flags as parsed)."""
+    parsed_folds = without_study_fields(folds)
     while True:
         tree = ast.parse(text)
-        node = next((n for n in ast.walk(tree) if decided(n, folds)), None)
+        inside = parsed_readers_nodes(tree, readers)
+        node = next((n for n in ast.walk(tree) if decided(n, parsed_folds if id(n) in inside else folds)), None)
         if node is None:
             return text
-        taken = not isinstance(node, ast.For) and bool(folded_value(node.test, folds))
+        folds_here = parsed_folds if id(node) in inside else folds
+        taken = not isinstance(node, ast.For) and bool(folded_value(node.test, folds_here))
         if isinstance(node, ast.IfExp):
             text = replace_span(text, node, node.body if taken else node.orelse)
             continue
         lines = text.split("\n")
         branch = node.body if taken else node.orelse
-        if branch and lines[branch[0].lineno - 1].lstrip().startswith("elif"):
-            raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: cannot fold an elif chain")
+        chained = branch and lines[branch[0].lineno - 1][node.col_offset:].startswith("elif")
+        if lines[node.lineno - 1][node.col_offset:].startswith("elif"):  # a link of a chain whose `if` stays
+            # the chain goes on with the rest of it, the branch taken as its `else`, or without this link
+            kept = lines[branch[0].lineno - 1:node.end_lineno] if chained else \
+                [" " * node.col_offset + "else:", *lines[branch[0].lineno - 1:branch[-1].end_lineno]] if branch else []
+            text = "\n".join(replace_lines(lines, node.lineno, node.end_lineno, kept))
+            continue
         kept = []
-        if branch:
+        if chained:  # the rest of an elif chain, at the column of the `if` it replaces: its `elif` becomes that `if`
+            kept = lines[branch[0].lineno - 1:node.end_lineno]
+            kept[0] = kept[0][:node.col_offset] + kept[0][node.col_offset + 2:]
+        elif branch:
             kept = dedent_lines(lines[branch[0].lineno - 1:branch[-1].end_lineno],
                                 branch[0].col_offset - node.col_offset)
         elif only_statement(tree, node):
@@ -407,15 +548,19 @@ def assigned_locals(statement):
     return []
 
 
-def propagate_locals(text, folds):
+def propagate_locals(text, folds, readers=()):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
     self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`),
     assigned that value as a literal and read as it in the statements after it in its block (where it is not called
     nor its attribute or item read): the tests on it then fold, and the assignment is left unread
-    (drop_dead_constants). A local assigned a literal in the source is left as it is."""
+    (drop_dead_constants). A local assigned a literal in the source is left as it is. In the functions `readers`,
+    the fields of the studies that are on are not folded (fold_ifs)."""
     tree = ast.parse(text)
     edits = []
+    inside = parsed_readers_nodes(tree, readers)
+    parsed_folds = without_study_fields(folds)
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        function_folds = parsed_folds if id(function) in inside else folds
         stores = [n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
         stores += [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
                    for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None]
@@ -425,7 +570,7 @@ def propagate_locals(text, folds):
                 for name, value_node in assigned_locals(statement):
                     if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
                         continue
-                    value = folded_value(value_node, folds, test=False)
+                    value = folded_value(value_node, function_folds, test=False)
                     if value is UNKNOWN or not is_scalar(value):
                         continue
                     edits.append((value_node, repr(value)))
@@ -487,9 +632,10 @@ def empty_registries_read(text, folds):
     return text
 
 
-def fold_constants(text, folds, where):
+def fold_constants(text, folds, readers=()):
     """(the source, {method name: class}): empty_registries_read, fold_ifs and propagate_locals, with the module's
-    constant methods, until nothing changes."""
+    constant methods, until nothing changes (readers: the module's functions that read the flags of the studies
+    that are on as parsed)."""
     folded_methods = {}
     while True:
         tree = ast.parse(text)
@@ -497,7 +643,8 @@ def fold_constants(text, folds, where):
         called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         folded_methods.update({name: owner for name, owner in owners.items() if f"self.{name}" in called})
         module_folds = dict(folds, **methods)
-        folded = propagate_locals(fold_ifs(empty_registries_read(text, folds), module_folds, where), module_folds)
+        folded = propagate_locals(fold_ifs(empty_registries_read(text, folds), module_folds, readers),
+                                  module_folds, readers)
         if folded == text:
             return text, folded_methods
         text = folded
@@ -933,8 +1080,9 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
     folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
+    readers = tuple(function for module, function in folds.get(PARSED_READERS, ()) if module == name)
     text, folded_methods = fold_constants(without_calls_decided(omit_arguments(source, omitted), *decided), folds,
-                                          where)
+                                          readers)
     text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), folds.get(R18_BASE, False))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
@@ -1255,6 +1403,41 @@ def check_off_study_fields(modules, program, active):
                                      f"outside a test the export folds (if ...: / ... if ... else ...)")
 
 
+def check_study_fields(modules, program, study_folds):
+    """Raises UsageError where the kept code could read a folded field of a study that is on (study_field_folds)
+    otherwise than as the run's value (docs/export.md, rule 13): an attribute of that name assigned, or a member of a
+    kept class; a resolve function that is no top-level function of its module (its reads of the parsed flags would
+    be folded), or that calls one of its module's that reads a folded field (as parsed, there)."""
+    fields = {key[len(STUDY_FIELD):] for key in study_folds if key.startswith(STUDY_FIELD)}
+    readers = study_folds.get(PARSED_READERS, ())
+    for module in modules:
+        where = module.path.relative_to(ROOT).as_posix()
+        kept = program.kept_statements(module)
+        for node in (n for statement in kept for n in ast.walk(statement.node)):
+            members = [member_name(item) or (item.target.id if isinstance(item, ast.AnnAssign)
+                                             and isinstance(item.target, ast.Name) else None)
+                       for item in (node.body if isinstance(node, ast.ClassDef) else [])]
+            named = {node.attr} if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load) else set()
+            clash = sorted((named | set(members)) & fields)
+            if clash:
+                raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno} binds `{clash[0]}`, a field of a study that "
+                                 f"is on, which the export folds to the run's value: rename it (docs/export.md, "
+                                 f"rule 13)")
+        functions = {s.node.name: s.node for s in kept if isinstance(s.node, ast.FunctionDef)}
+        for name in (function for owner, function in readers if owner == module.name):
+            reader = functions.get(name)
+            if reader is None:
+                raise UsageError(f"{EXPORT_FLAG}: {where}: the study's resolve ({name}) must be a top-level "
+                                 f"function of its module (docs/export.md, rule 13)")
+            for call in (n for n in ast.walk(reader) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+                callee = functions.get(call.func.id)
+                if callee is not None and callee is not reader and any(
+                        isinstance(n, ast.Attribute) and n.attr in fields for n in ast.walk(callee)):
+                    raise UsageError(f"{EXPORT_FLAG}: {where}: {name} passes the parsed flags to {callee.name}, "
+                                     f"which reads a field the export folds: read it in {name} (docs/export.md, "
+                                     f"rule 13)")
+
+
 def section_header(module, study_line):
     """One comment line naming the source file (and, for a study's module, how the study enters)."""
     relative = module.path.relative_to(ROOT).as_posix()
@@ -1315,10 +1498,11 @@ def packed_assignment(name, values, width=118):
     return lines
 
 
-def export_source(script, config, fixed_flags, command, omitted=(), defaults=(), track_flags=()):
+def export_source(script, config, fixed_flags, command, omitted=(), defaults=(), track_flags=(), probes=()):
     """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
     defaults, its command line without the omitted run flags (omitted_run_flags), the flags it does not offer
-    (flags_not_offered) and the choices its base does not run (choices_not_run)."""
+    (flags_not_offered) and the choices its base does not run (choices_not_run); the fields of its studies folded
+    where they hold one value in every config of `probes` (probe_configs; none: the run's config alone)."""
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
@@ -1331,12 +1515,16 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
               for token in [name, *values]]
     # the file's FIXED_FLAGS, a constant of it: the tests on it fold (none fixed: with_fixed_flags adds nothing)
     folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
+    study_folds = study_field_folds(active, probes or [config], script_module)
+    folds.update(study_folds)
+    folds.update(part_hook_folds(active, folds, script_module))
     program = folded_program(script_module, folds, registries,
                              (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()
     check_names(modules, program)
     check_kept_code(modules, program)
     check_off_study_fields(modules, program, active)
+    check_study_fields(modules, program, study_folds)
     studies = study_lines(active, fixed_flags)
     script_docstring = program.script.docstring or ""
     out = ['"""' + script_docstring.split("\n\n")[0].rstrip(),
@@ -1362,8 +1550,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in
-                [*(flag for study in STUDIES if study not in active for flag in study.flags), *not_varied]}
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in left_out_flags(active, not_varied)}
     out += [f"FIXED_FLAGS = {tuple(varied)!r}",
             "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
@@ -1701,9 +1888,10 @@ def export_main(script, argv, resolve_args, track_flags):
         command = " ".join(["python", Path(script).name, EXPORT_FLAG, Path(out).name, *run_argv])
         fixed = fixed_flags(run_argv, config, track_flags)
         check_refused_off_base(config, run_argv, resolve_args, track_flags)
-        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
-                             run_defaults(run_argv, config, fixed), track_flags)
         modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
+        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
+                             run_defaults(run_argv, config, fixed), track_flags,
+                             probe_configs(config, run_argv, modular_argv, fixed, resolve_args))
         verify_export(script, text, modular_argv, file_argv, kept_in)
         check_out_path(out, force)  # again: the check took a while
         write_atomically(out, text)

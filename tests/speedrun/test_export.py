@@ -147,11 +147,23 @@ def test_the_file_has_no_docstrings_and_single_blank_lines(tmp_path):
     ("if config.backout_layers == ('none',):\n    a()\nb()\n", "b()\n"),
     ("def f():\n    for s in STUDIES:\n        a(s)\n", "def f():\n    pass\n"),
     ("if config.seed:\n    a()\n", None),  # a field the file's command line sets
+    # an elif chain: the branch taken, as the chain's `if`, its `else` or without the link not taken
+    ("if config.resume:\n    a()\nelif x:\n    b()\nelse:\n    c()\n", "if x:\n    b()\nelse:\n    c()\n"),
+    ("if x:\n    a()\nelif not config.resume:\n    b()\nelse:\n    c()\n", "if x:\n    a()\nelse:\n    b()\n"),
+    ("if x:\n    a()\nelif config.resume:\n    b()\nelif y:\n    c()\n", "if x:\n    a()\nelif y:\n    c()\n"),
+    # a field of a study that is on, by any receiver that only reads names (the model config too)
+    ("if self.cfg.mode == 'sum':\n    a()\nelif cfg.mode.endswith('-mlp'):\n    b()\n", "a()\n"),
+    ("if f().mode == 'sum':\n    a()\n", None),  # a call would still run: not folded
+    # not in the study's resolve, which reads its flags as parsed (unset: None)
+    ("def resolve(args):\n    if args.mode == 'sum':\n        a()\n", None),
+    ("if (None if self.parts else None):\n    a()\nb()\n", "b()\n"),  # either branch: one value
+    ("if (None if self.parts else 0):\n    a()\n", None),
 ])
 def test_tests_the_export_knows_are_folded(source, expected):
-    from speedrun.export import fold_ifs
-    folds = {"config.resume": None, "studies.dlo_groups": 0, "config.backout_layers": None, "STUDIES": ()}
-    assert fold_ifs(source, folds, "x.py") == (source if expected is None else expected)
+    from speedrun.export import PARSED_READERS, STUDY_FIELD, fold_ifs
+    folds = {"config.resume": None, "studies.dlo_groups": 0, "config.backout_layers": None, "STUDIES": (),
+             STUDY_FIELD + "mode": "sum", PARSED_READERS: (("x", "resolve"),)}
+    assert fold_ifs(source, folds, readers=("resolve",)) == (source if expected is None else expected)
 
 
 def test_a_field_of_a_study_that_is_off_read_outside_a_folded_test_is_refused():
@@ -170,11 +182,63 @@ def test_a_field_of_a_study_that_is_off_read_outside_a_folded_test_is_refused():
         check_off_study_fields([module], program("y = config.laurel"), active=[])
 
 
+def test_a_field_of_a_study_that_is_on_bound_or_read_as_parsed_outside_its_resolve_is_refused():
+    from types import SimpleNamespace
+
+    from speedrun.export import PARSED_READERS, ROOT, STUDY_FIELD, check_study_fields
+    module = SimpleNamespace(name="speedrun.x", path=ROOT / "speedrun" / "x.py")
+    folds = {STUDY_FIELD + "backout_mode": "sum", PARSED_READERS: (("speedrun.x", "resolve"),)}
+
+    def check(source):
+        statements = [SimpleNamespace(node=n) for n in ast.parse(source).body]
+        check_study_fields([module], SimpleNamespace(kept_statements=lambda m: statements), folds)
+    check("def resolve(args):\n    return args.backout_mode or 'sum'\ny = cfg.backout_mode\n")
+    with pytest.raises(UsageError, match="x.py:2 binds `backout_mode`.*rule 13"):
+        check("def resolve(args):\n    x.backout_mode = 1\n")
+    with pytest.raises(UsageError, match="x.py:1 binds `backout_mode`"):
+        check("class C:\n    backout_mode = 'sum'\ndef resolve(args):\n    pass\n")
+    with pytest.raises(UsageError, match="resolve passes the parsed flags to mode_of"):
+        check("def mode_of(args):\n    return args.backout_mode\ndef resolve(args):\n    return mode_of(args)\n")
+    with pytest.raises(UsageError, match=r"the study's resolve \(resolve\) must be a top-level function"):
+        check("y = 1\n")
+
+
+def test_a_field_of_a_study_that_is_on_folds_only_where_every_probe_config_holds_its_value():
+    from types import SimpleNamespace
+
+    from speedrun.export import PARSED_READERS, STUDY_FIELD, study_field_folds
+    from speedrun.studies import STUDIES
+    backout, dlo = (next(s for s in STUDIES if s.name == name) for name in ("backout", "dlo"))
+    run = {flag.dest: flag.unset for flag in backout.flags} | dict(backout_layers=(11,), backout_mode="sum",
+                                                                  backout_concat_dim=128)
+    # a default that followed the width: the tiny preset's differs
+    tiny = dict(run, backout_concat_dim=64)
+    folds = study_field_folds([backout], [SimpleNamespace(**run), SimpleNamespace(**tiny)], "train_gpt_medium")
+    assert folds[STUDY_FIELD + "backout_mode"] == "sum" and folds[STUDY_FIELD + "backout_layers"] == (11,)
+    assert STUDY_FIELD + "backout_concat_dim" not in folds
+    assert folds[PARSED_READERS] == (("speedrun.backout", "resolve_backout_args"),)
+    # DLO's model fields are computed (model_config=): the model config's values are not the run's
+    dlo_run = SimpleNamespace(**{flag.dest: 2 for flag in dlo.flags})
+    assert study_field_folds([dlo], [dlo_run], "train_gpt_medium") == {}
+
+
+def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
+    text = export(tmp_path, T, "--backout-layers", "11", "--preset", "full")
+    assert "class Backout(" in text and "def mixed_head_input" in text
+    # concat-head, concat-mlp, the transforms' similarity record and new-embed: other arms' code
+    for marker in ("self.down_w", "torch.zeros(rows, D * (1 + k))", "def backout_mlp_hidden", "SIMILARITY_TOKENS",
+                   "self.new_embed = ", 'cfg.backout_mode == "concat-mlp"', 'if cfg.backout_transform != "none"',
+                   # the model's branches for the hooks no part of the file answers: MLP routers, widened MLPs
+                   "def parts_mlp_router", "def layer_before_mlp", "def parts_mlp_extra", "def mlp_extra"):
+        assert marker not in text, marker
+    assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
+
+
 def test_what_folding_leaves_unused_goes_with_its_comments():
     from speedrun.export import drop_dead_constants, fold_ifs
     source = ("def f(config):\n    # loads it\n    state = load(config.resume) if config.resume else None\n"
               "    # the study's own\n    if config.resume:\n        use(state)\n    kept = None\n    return kept\n")
-    folded = fold_ifs(source, {"config.resume": None}, "x.py")
+    folded = fold_ifs(source, {"config.resume": None})
     assert folded == "def f(config):\n    # loads it\n    state = None\n    kept = None\n    return kept\n"
     assert drop_dead_constants(folded) == "def f(config):\n    kept = None\n    return kept\n"
     assert drop_dead_constants("def g():\n    a = 1\n    b = 2\n") == "def g():\n    pass\n"
@@ -352,12 +416,12 @@ HOOKS = '''class Model:
 
 def test_a_method_that_computes_a_constant_folds_where_it_is_called_and_through_locals():
     from speedrun.export import drop_dead_constants, fold_constants
-    text, folded = fold_constants(HOOKS, {"self.parts": ()}, "x.py")
+    text, folded = fold_constants(HOOKS, {"self.parts": ()})
     text = drop_dead_constants(text)
     assert text[text.index("    def forward"):] == ('    def forward(self, x):\n        mode = self.mode or "sum"\n'
                                             '        x = self.block(x, extra=None, mode=mode)\n        return x\n')
     assert folded == {"router": "Model", "routes": "Model"}
-    assert fold_constants(HOOKS, {}, "x.py") == (HOOKS, {})  # parts not known: nothing folds
+    assert fold_constants(HOOKS, {}) == (HOOKS, {})  # parts not known: nothing folds
 
 
 @pytest.mark.parametrize("source, value", [
@@ -626,9 +690,9 @@ def test_both_locals_of_a_decided_tuple_assignment_fold_and_go():
     source = ("def forward(self, x):\n    residuals, router = self.a(), self.b()\n"
               "    x = f(x, augment=None if residuals is None else residuals(1))\n"
               "    if router is not None:\n        router.finish(x)\n    return x\n")
-    text, _ = fold_constants(source, {"self.a()": None, "self.b()": None}, "x.py")
+    text, _ = fold_constants(source, {"self.a()": None, "self.b()": None})
     assert drop_dead_constants(text) == "def forward(self, x):\n    x = f(x, augment=None)\n    return x\n"
-    kept, _ = fold_constants(source.replace("self.b()", "g()"), {"self.a()": None}, "x.py")
+    kept, _ = fold_constants(source.replace("self.b()", "g()"), {"self.a()": None})
     assert "residuals, router = None, g()" in drop_dead_constants(kept)  # one item unknown: the statement stays
 
 
