@@ -277,11 +277,11 @@ def arm_claims(result: dict, alpha: float, family: bool = True, sequential_state
         else:
             holm_applies = family and size > 1
             p = c["loss_p_holm"] if holm_applies else raw
-            shown = fixed_rule_claims(p, alpha)
-            entry.update(claim=("lower" if diff < 0 else "higher") if shown else None, p=p)
+            claimed = fixed_rule_claims(p, alpha)
+            entry.update(claim=("lower" if diff < 0 else "higher") if claimed else None, p=p)
             adjusted = f"Holm p {pval(p)}, unadjusted p {pval(raw)}" if holm_applies else f"p {pval(raw)}"
             entry["text"] = (f"{name}: final loss {abs(diff):.4f} {'lower' if diff < 0 else 'higher'} than "
-                             f"{baseline} ({adjusted}); " + (f"a real difference at the {alpha:g} level" if shown
+                             f"{baseline} ({adjusted}); " + (f"a real difference at the {alpha:g} level" if claimed
                                                               else f"not distinguishable from seed noise at the "
                                                                    f"{alpha:g} level"))
         arms.append(entry)
