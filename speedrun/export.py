@@ -1031,7 +1031,6 @@ class Module:
     statements: list  # Statement, imports excluded
     plain_imports: dict  # bound name -> import line (stdlib, numpy, torch)
     project_imports: dict  # bound name -> (module, name), at any depth (lazy imports included)
-    import_order: list  # project modules in the order this one imports them
     constant_methods: dict = field(default_factory=dict)  # method name -> its class, its calls folded (fold_constants)
 
     def definers(self, name):
@@ -1092,7 +1091,7 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     lines = text.split("\n")
     body = list(tree.body)
     previous_end = 0
-    module = Module(name, path, docstring, [], {}, {}, [], folded_methods)
+    module = Module(name, path, docstring, [], {}, {}, folded_methods)
     for node in ast.walk(tree):  # project imports at any depth: lazy ones resolve names too
         if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
             for alias in node.names:
@@ -1100,8 +1099,6 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
                 if alias.asname and alias.asname != alias.name and node in tree.body:
                     raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import {alias.name} as "
                                      f"{alias.asname}` at module level cannot be inlined (import it unrenamed)")
-            if node.module not in module.import_order:
-                module.import_order.append(node.module)
         elif isinstance(node, ast.Import) and any(is_project(a.name) for a in node.names):
             if any(a.name != "speedrun" for a in node.names):
                 raise UsageError(f"{EXPORT_FLAG}: {where}:{node.lineno}: `import` of a project module: only "
@@ -1256,22 +1253,35 @@ class Program:
                 if set(s.methods) - self.kept_methods[id(s)] else s for s in kept]
 
     def order(self):
-        """The kept modules, each after those it imports (packages' __init__ first), the script last."""
+        """The kept modules, each after those it imports (packages' __init__ first), the script last, in the order
+        of the modular sources' own imports (source_import_order), not of what folding left: every file of one
+        track and base lists its modules in one order, so two arms' files differ where their code does."""
         done, visiting = [], set()
 
         def visit(name):
-            if name in done or name in visiting or name not in self.modules:
+            if name in done or name in visiting or not module_path(name).is_file():
                 return
             visiting.add(name)
-            for dependency in self.modules[name].import_order:
+            for dependency in source_import_order(name):
                 visit(dependency)
-            if self.kept[name]:
-                done.append(name)
+            done.append(name)
         for name in sorted(self.modules):
             if module_path(name).name == "__init__.py":
                 visit(name)
         visit(self.script.name)
-        return [self.modules[name] for name in done]
+        return [self.modules[name] for name in done if name in self.modules and self.kept[name]]
+
+
+@functools.cache
+def source_import_order(name):
+    """The project modules `name`'s source imports, those at module level first, then the lazy ones (inside a
+    function), each in the order of the source."""
+    tree = ast.parse(module_path(name).read_text())
+    top = [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+           and is_project(node.module)]
+    lazy = [node.module for node in sorted((node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)),
+                                           key=lambda node: node.lineno) if node.module and is_project(node.module)]
+    return tuple(dict.fromkeys(top + lazy))
 
 
 CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")

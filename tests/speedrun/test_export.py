@@ -77,6 +77,17 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     assert "R18Backout" not in text and "backout_on_r18" not in text and "class Backout(" in text
 
 
+@pytest.mark.parametrize("script_module, flags", [(T, ["--backout-layers", "4"]), (S, ["--backout-layers", "4"]),
+                                                   (T, ["--base", "r18", "--laurel", "rw"])])
+def test_two_arms_files_list_their_common_modules_in_one_order(tmp_path, script_module, flags):
+    """The modules of an arm's file keep the order they have in its baseline's (the modular sources' imports), so
+    that `diff baseline.py arm.py` shows the arm's code, not modules moved by what the study imports."""
+    base = inlined_sections(export(tmp_path, script_module, *[f for f in flags if f == "--base" or f == "r18"]))
+    arm = inlined_sections(export(tmp_path, script_module, *flags))
+    assert len(set(arm) - set(base)) >= 1
+    assert [s for s in arm if s in base] == base
+
+
 def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     text = export(tmp_path, T, "--base", "r18", "--laurel", "rw")
     sections = inlined_sections(text)
