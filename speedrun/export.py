@@ -185,14 +185,15 @@ def is_literal(value):
     return is_scalar(value) or isinstance(value, tuple) and all(is_scalar(item) for item in value)
 
 
-def study_field_folds(active, probes, script_module):
+def study_field_folds(active, probes, script_module, fixed=()):
     """The folds of the fields of the studies that are on (their flags are fixed in the file): a field read as
     `X.FIELD` (STUDY_FIELD) is its value wherever a test reads it, as an off study's is. Only a study whose model
     fields are its flags (Study.model_config None: the model config then holds the run's value under the field's
     name), and of it each field that holds one value in every probe config (the run's, and the arm resolved at the
     check's tiny preset and at other depths: a default derived from the model's size or depth stays a read). Its
     resolve function reads the flags as parsed, before their defaults are filled in: it is not folded with them
-    (PARSED_READERS, checked by check_study_fields)."""
+    (PARSED_READERS, checked by check_study_fields), unless the file fixes its resolution (`fixed`,
+    fixed_resolutions): then the file has none."""
     folds, readers = {}, set()
     for study in active:
         if study.model_config is not None:
@@ -202,10 +203,107 @@ def study_field_folds(active, probes, script_module):
             if is_literal(values[0]) and all(type(v) is type(values[0]) and v == values[0] for v in values):
                 folds[STUDY_FIELD + flag.dest] = values[0]
         resolve = study.resolve
-        if resolve.__name__ != "<lambda>":  # the default resolves nothing
+        if resolve.__name__ != "<lambda>" and study not in fixed:  # the default resolves nothing
             readers.add((script_module if resolve.__module__ == "__main__" else resolve.__module__,
                          resolve.__name__))
     return dict(folds, **{PARSED_READERS: tuple(sorted(readers))}) if folds else {}
+
+
+# The fold key of the switched-on studies' declarations the file rewrites (fixed_resolutions): ((module, name,
+# keyword, its new source), ...).
+FIXED_DECLARATIONS = "(fixed declarations)"
+
+
+def fixed_resolutions(config, active, fixed, resolve_args, offers_depth):
+    """{study: (resolved values, {preset: ((first, last), ...)}, variant name piece or None)} of the studies that are
+    on whose resolution the file holds as the run's values (speedrun/study.py's fixed_resolution): the arm (`fixed`
+    flags alone; rule 14: a study's resolution reads its own flags, the preset and the depth) resolved at every
+    preset and, where the file offers --num-layers, every depth up to cli.MAX_LAYERS, gives each field of the study
+    one value wherever it resolves (and its variant_name one piece); the presets and depths where it resolves are
+    the file's, and it refuses the others. A study whose resolution is the default (nothing derived), whose value
+    follows the preset or the depth, or whose run (`config`) resolved otherwise keeps its resolve."""
+    from speedrun.cli import MAX_LAYERS
+    candidates = [study for study in active if study.resolve.__name__ != "<lambda>"]
+    if not candidates:
+        return {}
+    presets = sys.modules[resolve_args.__module__].PRESETS
+    probes = {}
+    for preset in presets:
+        for depth in (range(1, MAX_LAYERS + 1) if offers_depth else [None]):
+            argv = [*fixed, "--preset", preset] + ([] if depth is None else ["--num-layers", str(depth)])
+            try:
+                probes[preset, depth] = resolve_args(argv)
+            except UsageError:
+                continue
+    found = {}
+    for study in candidates:
+        values = {(tuple(hashable(getattr(c, flag.dest)) for flag in study.flags),
+                   study.variant_name(c) if study.variant_name else None) for c in probes.values()}
+        ran = (tuple(hashable(getattr(config, flag.dest)) for flag in study.flags),
+               study.variant_name(config) if study.variant_name else None)
+        if values != {ran} or not all(is_literal_source(value) for value in
+                                      [*(getattr(config, flag.dest) for flag in study.flags), ran[1]]):
+            continue
+        depths = {}
+        for (preset, depth), probe in probes.items():
+            runs = depths.setdefault(preset, [])
+            if runs and runs[-1][1] == probe.num_layers - 1:
+                runs[-1][1] = probe.num_layers
+            else:
+                runs.append([probe.num_layers, probe.num_layers])
+        found[study] = ({flag.dest: getattr(config, flag.dest) for flag in study.flags},
+                        {preset: tuple(map(tuple, runs)) for preset, runs in depths.items()},
+                        study.variant_name(config) if study.variant_name else None)
+    return found
+
+
+def is_literal_source(value):
+    """Whether repr(value) is a literal that reads back as the value (what the file can spell)."""
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError):
+        return False
+
+
+def declaration_rewrites(resolutions):
+    """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (the import of its
+    registry name in speedrun/studies.py), its Study(...) call's resolve= becomes fixed_resolution(values, depths)
+    and its variant_name= a lambda of the piece."""
+    registry = ast.parse(module_path(STUDIES_MODULE).read_text())
+    declared_in = {alias.asname or alias.name: (node.module, alias.name) for node in registry.body
+                   if isinstance(node, ast.ImportFrom) for alias in node.names}
+    rewrites = []
+    for study, (values, depths, piece) in resolutions.items():
+        module, name = next((module, name) for module, name in declared_in.values()
+                            if getattr(importlib.import_module(module), name) is study)
+        indent = " " * 8  # the call's arguments under the declaration's keywords (at 4)
+        resolution = packed_dict(indent, values, indent + " ") + [f"{indent}{depths!r})"]
+        rewrites.append((module, name, "resolve", "\n".join(["fixed_resolution(", *resolution[:-2],
+                                                               resolution[-2] + ","] + resolution[-1:])))
+        if piece is not None:
+            rewrites.append((module, name, "variant_name", f"lambda config: {piece!r}"))
+    return {FIXED_DECLARATIONS: tuple(rewrites)} if rewrites else {}
+
+
+def rewritten_declarations(source, rewrites, where):
+    """The source with the keyword arguments of FIXED_DECLARATIONS rewritten (each `NAME = Study(...)` at module
+    level; a missing one is refused), and the import of fixed_resolution it then calls."""
+    tree = ast.parse(source)
+    edits = []
+    for name, keyword, new in rewrites:
+        call = next((node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                     and [ast.unparse(t) for t in node.targets] == [name]), None)
+        found = [k for k in (call.keywords if call is not None else []) if k.arg == keyword]
+        if not found:
+            raise UsageError(f"{EXPORT_FLAG}: {where}: {name} is no `{name} = Study(..., {keyword}=...)` at module "
+                             f"level, which the export rewrites to the run's resolved values (docs/export.md, rule 14)")
+        edits.append((found[0].value, new))
+    text = replace_spans(source, edits)
+    first = next(node for node in ast.parse(text).body if isinstance(node, ast.Assign) and
+                 [ast.unparse(t) for t in node.targets] == [rewrites[0][0]])
+    lines = text.split("\n")
+    lines.insert(first.lineno - 1, "from speedrun.study import fixed_resolution")
+    return "\n".join(lines)
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -256,11 +354,16 @@ def folded_constant_methods(module, folds):
     return constant_methods(ast.parse(text), module_folds)
 
 
+def offers_depth(fixed, config):
+    """Whether the file's command line offers --num-layers (not fixed, and its base runs it)."""
+    return "--num-layers" not in {name for name, _ in flag_groups(fixed)} | set(flags_not_offered(config))
+
+
 def probe_configs(config, run_argv, modular_argv, fixed, resolve_args):
     """The configs study_field_folds compares a field's value across: the run's, the check's (the tiny preset) and,
     where the file's command line offers --num-layers, the run at one layer more and one less (those that resolve)."""
     probes = [config, resolve_args(modular_argv)]
-    if "--num-layers" not in {name for name, _ in flag_groups(fixed)} | set(flags_not_offered(config)):
+    if offers_depth(fixed, config):
         for depth in (config.num_layers + 1, config.num_layers - 1):
             try:
                 probes.append(resolve_args([*run_argv, "--num-layers", str(depth)]))
@@ -1078,6 +1181,9 @@ def module_call_folds(name, tree, folds):
 def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     path = module_path(name)
     where = path.relative_to(ROOT).as_posix()
+    rewrites = [rewrite[1:] for rewrite in dict(folds).get(FIXED_DECLARATIONS, ()) if rewrite[0] == name]
+    if rewrites:
+        source = rewritten_declarations(source, rewrites, where)
     folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
     readers = tuple(function for module, function in folds.get(PARSED_READERS, ()) if module == name)
     text, folded_methods = fold_constants(without_calls_decided(omit_arguments(source, omitted), *decided), folds,
@@ -1493,26 +1599,34 @@ def run_defaults(run_argv, config, fixed):
     return given if "--preset" in given else ["--preset", config.preset, *given]
 
 
-def packed_assignment(name, values, width=118):
-    """`name = {...}` of a dict of literals as lines of at most `width` characters, its items packed (an item is
-    never split)."""
+def packed_dict(opening, values, indent="    ", width=118):
+    """`opening` then `{...}` of a dict of literals as lines of at most `width` characters, its items packed (an item
+    is never split), a continued line starting with `indent`."""
     items = [f"{key!r}: {value!r}" for key, value in values.items()]
-    lines = [f"{name} = {{"]
+    lines = [f"{opening}{{"]
     for i, item in enumerate(items):
         piece = item + ("," if i < len(items) - 1 else "")
         if lines[-1].endswith("{") or len(lines[-1]) + 1 + len(piece) <= width:
             lines[-1] += ("" if lines[-1].endswith("{") else " ") + piece
         else:
-            lines.append("    " + piece)
+            lines.append(indent + piece)
     lines[-1] += "}"
     return lines
 
 
-def export_source(script, config, fixed_flags, command, omitted=(), defaults=(), track_flags=(), probes=()):
+def packed_assignment(name, values, width=118):
+    """`name = {...}` (packed_dict)."""
+    return packed_dict(f"{name} = ", values, width=width)
+
+
+def export_source(script, config, fixed_flags, command, omitted=(), defaults=(), track_flags=(), probes=(),
+                  resolutions=None):
     """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
     defaults, its command line without the omitted run flags (omitted_run_flags), the flags it does not offer
     (flags_not_offered) and the choices its base does not run (choices_not_run); the fields of its studies folded
-    where they hold one value in every config of `probes` (probe_configs; none: the run's config alone)."""
+    where they hold one value in every config of `probes` (probe_configs; none: the run's config alone), and the
+    resolution of those in `resolutions` (fixed_resolutions) held as the run's values."""
+    resolutions = resolutions or {}
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
     script_module = Path(script).resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
@@ -1525,7 +1639,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
               for token in [name, *values]]
     # the file's FIXED_FLAGS, a constant of it: the tests on it fold (none fixed: with_fixed_flags adds nothing)
     folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
-    study_folds = study_field_folds(active, probes or [config], script_module)
+    study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
+    folds.update(declaration_rewrites(resolutions))
     folds.update(study_folds)
     folds.update(part_hook_folds(active, folds, script_module))
     program = folded_program(script_module, folds, registries,
@@ -1901,7 +2016,9 @@ def export_main(script, argv, resolve_args, track_flags):
         modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
         text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
                              run_defaults(run_argv, config, fixed), track_flags,
-                             probe_configs(config, run_argv, modular_argv, fixed, resolve_args))
+                             probe_configs(config, run_argv, modular_argv, fixed, resolve_args),
+                             fixed_resolutions(config, [study for study in STUDIES if study.active(config)], fixed,
+                                               resolve_args, offers_depth(fixed, config)))
         verify_export(script, text, modular_argv, file_argv, kept_in)
         check_out_path(out, force)  # again: the check took a while
         write_atomically(out, text)

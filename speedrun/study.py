@@ -115,6 +115,21 @@ class Study:
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
 
 
+def fixed_resolution(values, depths):
+    """The resolve of a study in a file exported for one of its arms (speedrun/export.py writes the call into the
+    study's declaration there): the values the modular script's resolution gave the arm's flags, at the presets and
+    layer counts where it gives them ({preset: ((first, last), ...)}); at any other, refused in one line, as the
+    modular script refuses it there (or resolves another arm)."""
+    def resolve(config, pattern):
+        runs = depths.get(config.preset, ())
+        if not any(first <= config.num_layers <= last for first, last in runs):
+            at = ", ".join(f"{first}..{last}" if last > first else f"{first}" for first, last in runs) or "none"
+            raise UsageError(f"this file's arm does not run with --num-layers {config.num_layers} at --preset "
+                             f"{config.preset} (it runs at {at}); export the modular script for that run")
+        return values
+    return resolve
+
+
 def reserve_scalars(inits, layout, name, init):
     """Reserves the slice `name` of a scalar vector built from `inits` (a list of flat tensors, concatenated once
     the model is built); layout maps names to (start, end)."""

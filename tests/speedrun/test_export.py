@@ -1,6 +1,7 @@
 """--export-script (speedrun/export.py): what the standalone file holds and what it refuses, without running it
 (tests/scripts/test_export_runs.py trains with it)."""
 import ast
+import json
 
 import pytest
 
@@ -243,6 +244,56 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
                    "def parts_mlp_router", "def layer_before_mlp", "def parts_mlp_extra", "def mlp_extra"):
         assert marker not in text, marker
     assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
+
+
+def file_as_module(path):
+    """An exported file imported as a module (importing it runs nothing)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"exported_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script_module, flags, refused_depth, other_depth", [
+    (T, ["--backout-layers", "11"], 12, 14),  # 11 is the last of 12 layers: sum mode refuses it
+    (S, ["--backout-layers", "8"], 9, 10),
+    (T, ["--laurel", "lr", "--laurel-layers", "3"], 3, 8),
+])
+def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_depths_where_it_does(
+        tmp_path, script_module, flags, refused_depth, other_depth):
+    """Rule 14: the file holds the arm's resolution as values (no flag checks, defaults or naming of its own), and
+    at another depth it resolves as the modular script does, or refuses as it does."""
+    out = tmp_path / "arm.py"
+    assert script_module.main(["--export-script", str(out), "--force", *flags]) == 0
+    text = out.read_text()
+    assert "resolve=fixed_resolution(" in text
+    for resolution in ("def resolve_backout_args", "def backout_variant_name", "BACKOUT_NAME_PIECES",
+                       "def resolve_laurel_args", "def laurel_variant_name"):
+        assert resolution not in text, resolution
+    exported = file_as_module(out)
+    at = ["--preset", "tiny", "--run-name", "r", "--num-layers"]
+    with pytest.raises(UsageError):
+        script_module.resolve_args([*flags, *at, str(refused_depth)])
+    with pytest.raises(Exception, match=f"does not run with --num-layers {refused_depth} at --preset tiny"):
+        exported.resolve_args(exported.with_fixed_flags([*at, str(refused_depth)]))
+    as_file = exported.resolve_args(exported.with_fixed_flags([*at, str(other_depth)])).as_dict()
+    modular = script_module.resolve_args([*flags, *at, str(other_depth)]).as_dict()
+    logged = [json.loads(json.dumps({k: v for k, v in config.items() if k not in ("train_files", "val_files")}))
+              for config in ({**file_constant(text, "LEFT_OUT_FIELDS"), **as_file}, modular)]  # data: by the file
+    assert logged[0] == logged[1]
+    assert as_file["variant"].startswith(f"layers{other_depth}_")
+
+
+def test_a_study_declaration_the_export_cannot_rewrite_is_refused_naming_the_rule():
+    from speedrun.export import rewritten_declarations
+    source = "STUDY = Study(**OPTIONS)\n"  # no resolve= keyword to rewrite
+    with pytest.raises(UsageError, match="rule 14"):
+        rewritten_declarations(source, [("STUDY", "resolve", "fixed_resolution({}, {})")], "speedrun/x.py")
+    rewritten = rewritten_declarations("X = 1\nSTUDY = Study(name='s', resolve=resolve_it)\n",
+                                       [("STUDY", "resolve", "fixed_resolution({}, {})")], "speedrun/x.py")
+    assert rewritten.splitlines() == ["X = 1", "from speedrun.study import fixed_resolution",
+                                      "STUDY = Study(name='s', resolve=fixed_resolution({}, {}))"]
 
 
 def test_what_folding_leaves_unused_goes_with_its_comments():
