@@ -141,8 +141,9 @@ def resolve_study_args(config, layer_pattern, studies=STUDIES):
     """The config with the study flags checked against the track's model (its width and its layer pattern at
     --num-layers) and their defaults filled in. The exclusions a study declares are checked before those of a study
     that rebuilds the model (which refuses every study it does not name), so a declared one names its reason."""
-    for study in sorted(studies, key=lambda study: study.rebuilds_model):
-        study.check_exclusions(config, studies)
+    if not FIXED_FLAGS:  # an exported file's studies are its one arm, fixed: its export checked their exclusions
+        for study in sorted(studies, key=lambda study: study.rebuilds_model):
+            study.check_exclusions(config, studies)
     pattern = layer_pattern(config.num_layers)
     for study in studies:
         config = replace(config, **study.resolve(config, pattern))

@@ -291,8 +291,8 @@ def rewritten_declarations(source, rewrites, where):
     tree = ast.parse(source)
     edits = []
     for name, keyword, new in rewrites:
-        call = next((node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                     and [ast.unparse(t) for t in node.targets] == [name]), None)
+        call = next((node.value for node in tree.body if isinstance(node, ast.Assign)
+                     and isinstance(node.value, ast.Call) and [ast.unparse(t) for t in node.targets] == [name]), None)
         found = [k for k in (call.keywords if call is not None else []) if k.arg == keyword]
         if not found:
             raise UsageError(f"{EXPORT_FLAG}: {where}: {name} is no `{name} = Study(..., {keyword}=...)` at module "
@@ -2017,8 +2017,8 @@ def export_main(script, argv, resolve_args, track_flags):
         text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
                              run_defaults(run_argv, config, fixed), track_flags,
                              probe_configs(config, run_argv, modular_argv, fixed, resolve_args),
-                             fixed_resolutions(config, [study for study in STUDIES if study.active(config)], fixed,
-                                               resolve_args, offers_depth(fixed, config)))
+                             fixed_resolutions(config, [study for study in STUDIES if study.active(config)],
+                                               fixed, resolve_args, offers_depth(fixed, config)))
         verify_export(script, text, modular_argv, file_argv, kept_in)
         check_out_path(out, force)  # again: the check took a while
         write_atomically(out, text)
