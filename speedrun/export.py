@@ -1390,6 +1390,66 @@ def source_import_order(name):
     return tuple(dict.fromkeys(top + lazy))
 
 
+# Where a module goes in the file, in upstream's reading order: the model (a module named nowhere here), the
+# optimisers, the data, the training loop, then the run's infrastructure (CPU/gloo, checks, logs, the command line,
+# checkpoints), the script last; a module the code above needs as it is defined moves up to just before it
+# (file_order).
+FILE_PARTS = (("optimisers", ("speedrun.muon", "speedrun.optimizers", "speedrun.r18.optim")),
+              ("data", ("data.shard_format", "speedrun.schedule", "speedrun.data", "speedrun.r18.data",
+                        "speedrun.r18.schedule")),
+              ("training loop", ("speedrun.training", "speedrun.r18.train")),
+              ("infrastructure", ("speedrun.compile_cache", "speedrun.errors", "speedrun.distributed",
+                                  "speedrun.run_config", "speedrun.variants", "speedrun.logformat",
+                                  "speedrun.checkpoint", "speedrun.cli", "speedrun.runlog", "speedrun.profiling")))
+
+
+def file_part(module_name):
+    """The rank of a module's part of the file (FILE_PARTS; 0: the model)."""
+    return next((rank for rank, (_, names) in enumerate(FILE_PARTS, 1) if module_name in names), 0)
+
+
+def evaluated_when_defined(node):
+    """The parts of a top-level statement Python evaluates as the file runs, its annotations aside (the file is
+    `from __future__ import annotations`): a function's decorators and defaults; a class's bases, keywords,
+    decorators and body, its methods as functions; any other statement whole."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [*node.decorator_list, *node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    if isinstance(node, ast.ClassDef):
+        return [*node.decorator_list, *node.bases, *node.keywords,
+                *(part for item in node.body for part in evaluated_when_defined(item))]
+    if isinstance(node, ast.AnnAssign):
+        return [node.value] if node.value is not None else []
+    return [node]
+
+
+def file_order(program, modules):
+    """The modules (package __init__s aside) in the file's order: by their part (FILE_PARTS), the script last, each
+    after every module whose definitions its own need as they are defined (evaluated_when_defined), and otherwise in
+    `modules`' order (Program.order). A module that code of an earlier part needs so moves up to just before it."""
+    needs = {}
+    for module in modules:
+        names = names_in([part for s in program.kept_statements(module) for part in evaluated_when_defined(s.node)])
+        found = (program.resolve(module, name) for name in names)
+        needs[module.name] = {target.name for target, _ in filter(None, found) if target is not module}
+    below = {m.name: len(FILE_PARTS) + 1 if m is program.script else file_part(m.name) for m in modules}
+    changed = True
+    while changed:  # a module needed as others are defined is placed with the earliest of them
+        changed = False
+        for name, needed in needs.items():
+            for other in needed & set(below):
+                if below[other] > below[name]:
+                    below[other], changed = below[name], True
+    placed, left = [], list(modules)
+    while left:
+        ready = [m for m in left if needs[m.name] <= {p.name for p in placed} | {m.name}]
+        if not ready:  # needs in a circle: the modules' own order, as the modular program imports them
+            return placed + left
+        chosen = min(ready, key=lambda m: (below[m.name], left.index(m)))
+        placed.append(chosen)
+        left.remove(chosen)
+    return placed
+
+
 CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
@@ -1656,7 +1716,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
            "",
            "Exported as one file (the project modules the run executes, inlined in import order under a comment",
            "naming each source file) by", f"    {command}",
-           'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""']
+           'Runs as `python THIS.py` or `torchrun --standalone --nproc_per_node=N THIS.py`."""',
+           "from __future__ import annotations  # the sections below need no types before theirs: see file_order"]
     emitted_imports = set()
     # Package __init__ side effects first: speedrun's sets the CUDA allocator's config before torch is imported.
     for module in [m for m in modules if m.path.name == "__init__.py"]:
@@ -1666,7 +1727,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         body = [s.text for s in statements]
         if body:
             out += ["", f"# {module.path.relative_to(ROOT).as_posix()}"] + import_block(imports) + body
-    rest = [m for m in modules if m.path.name != "__init__.py"]
+    rest = file_order(program, [m for m in modules if m.path.name != "__init__.py"])
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))

@@ -50,6 +50,14 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert project_imports(text) == []
     sections = inlined_sections(text)
     assert "speedrun/model.py" in sections and sections[-1] == "train_gpt_medium.py"
+    # upstream's reading order: model, optimisers, data, training loop; the run's infrastructure below them
+    order = [sections.index(f"speedrun/{name}.py") for name in ("model", "muon", "data", "training", "cli")]
+    assert order == sorted(order) and sections.index("speedrun/distributed.py") > order[-2]
+    # a module the code above needs as it is defined moves up (UsageError is the base class of ShardError)
+    assert sections.index("speedrun/errors.py") < sections.index("data/shard_format.py") < order[2]
+    # which needs the file's annotations left unevaluated (Dist is defined below the functions it annotates)
+    future = ast.parse(text).body[1]
+    assert isinstance(future, ast.ImportFrom) and future.module == "__future__"
     assert not [s for s in sections if s.removeprefix("speedrun/").removesuffix(".py") in STUDY_MODULES]
     assert not [s for s in sections if s.startswith("speedrun/r18")]  # the base is folded to r14
     assert not [line for line in text.splitlines() if line.startswith("==> ")]  # no log-style module sections
