@@ -226,7 +226,9 @@ def fixed_resolutions(config, active, fixed, resolve_args, offers_depth):
     candidates = [study for study in active if study.resolve.__name__ != "<lambda>"]
     if not candidates:
         return {}
-    presets = sys.modules[resolve_args.__module__].PRESETS
+    presets = getattr(sys.modules.get(resolve_args.__module__), "PRESETS", None)  # the track script's
+    if not presets:
+        return {}
     probes = {}
     for preset in presets:
         for depth in (range(1, MAX_LAYERS + 1) if offers_depth else [None]):
