@@ -254,11 +254,14 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
     assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
 
 
-def file_as_module(path):
-    """An exported file imported as a module (importing it runs nothing)."""
+def file_as_module(path, monkeypatch):
+    """An exported file imported as a module (importing it runs nothing), registered as Python registers a script
+    it runs (its dataclasses read their string annotations through sys.modules)."""
     import importlib.util
+    import sys
     spec = importlib.util.spec_from_file_location(f"exported_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
     return module
 
@@ -269,7 +272,7 @@ def file_as_module(path):
     (T, ["--laurel", "lr", "--laurel-layers", "3"], 3, 8),
 ])
 def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_depths_where_it_does(
-        tmp_path, script_module, flags, refused_depth, other_depth):
+        tmp_path, monkeypatch, script_module, flags, refused_depth, other_depth):
     """Rule 14: the file holds the arm's resolution as values (no flag checks, defaults or naming of its own), and
     at another depth it resolves as the modular script does, or refuses as it does."""
     out = tmp_path / "arm.py"
@@ -279,7 +282,7 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     for resolution in ("def resolve_backout_args", "def backout_variant_name", "BACKOUT_NAME_PIECES",
                        "def resolve_laurel_args", "def laurel_variant_name"):
         assert resolution not in text, resolution
-    exported = file_as_module(out)
+    exported = file_as_module(out, monkeypatch)
     at = ["--preset", "tiny", "--run-name", "r", "--num-layers"]
     with pytest.raises(UsageError):
         script_module.resolve_args([*flags, *at, str(refused_depth)])
