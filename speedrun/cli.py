@@ -18,13 +18,11 @@ from speedrun.distributed import exit_before_interpreter_teardown, setup_distrib
 from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
                              is_reporting_rank)
 from speedrun.flag_scopes import EXPORT_ONLY_FLAGS
-from speedrun.run_config import run_config_class
+from speedrun.run_config import MAX_LAYERS, run_config_class
 from speedrun.studies import STUDIES
 from speedrun.variants import default_variant, given_study_flags
 
 
-# Far beyond any model of either track (16 and 12 layers), yet refused before a model of 10^5 layers is allocated.
-MAX_LAYERS = 256
 MAX_SEED = 2**32 - 1  # torch's and numpy's generators take seeds of 64 and 32 bits
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
+from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
 from speedrun.study import ModelPart, is_set
 
@@ -218,11 +219,10 @@ def fixed_resolutions(config, active, fixed, resolve_args, offers_depth):
     """{study: (resolved values, {preset: ((first, last), ...)}, variant name piece or None)} of the studies that are
     on whose resolution the file holds as the run's values (speedrun/study.py's fixed_resolution): the arm (`fixed`
     flags alone; rule 14: a study's resolution reads its own flags, the preset and the depth) resolved at every
-    preset and, where the file offers --num-layers, every depth up to cli.MAX_LAYERS, gives each field of the study
+    preset and, where the file offers --num-layers, every depth up to MAX_LAYERS, gives each field of the study
     one value wherever it resolves (and its variant_name one piece); the presets and depths where it resolves are
     the file's, and it refuses the others. A study whose resolution is the default (nothing derived), whose value
     follows the preset or the depth, or whose run (`config`) resolved otherwise keeps its resolve."""
-    from speedrun.cli import MAX_LAYERS
     candidates = [study for study in active if study.resolve.__name__ != "<lambda>"]
     if not candidates:
         return {}

@@ -8,6 +8,10 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 from functools import cache
 
 
+# Far beyond any model of either track (16 and 12 layers), yet refused before a model of 10^5 layers is allocated.
+MAX_LAYERS = 256
+
+
 def resume_field(must_match):
     """A config field; must_match: a resumed run refuses a checkpoint written with another value of it (it would
     continue another schedule, model or study arm, or write validation lines that measure something else)."""
