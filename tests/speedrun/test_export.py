@@ -234,6 +234,89 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
     assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
 
 
+def parts_loops(text):
+    """The methods of the file's StudyHost that loop over its parts (a `for` or a comprehension over self.parts)."""
+    host = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == "StudyHost")
+    return {m.name for m in host.body if isinstance(m, ast.FunctionDef) for n in ast.walk(m)
+            if isinstance(n, (ast.For, ast.comprehension)) and ast.unparse(n.iter) == "self.parts"}
+
+
+@pytest.mark.parametrize("script, flags, loops", [
+    # backout answers head_input and named_scalars alone: the loops for the other hooks and routes_mlp go
+    (T, ["--backout-layers", "4"], {"parts_head_input", "parts_named_scalars"}),
+    (S, ["--backout-layers", "8"], {"parts_head_input", "parts_named_scalars"}),
+    # #18's backout also replaces the base's head input (a flag it sets): that loop stays
+    (T, ["--base", "r18", "--backout-layers", "11"], {"parts_head_input", "parts_named_scalars",
+                                                      "replaces_base_head_input"}),
+    # the rolling skip overrides block_input: its loop stays, block_output's goes
+    (T, ["--rolling-skip"], {"parts_block_input", "parts_named_scalars"}),
+])
+def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, flags, loops):
+    """The backout record file kept StudyHost's loops over its one part for every hook (block_input, block_output,
+    before_step, after_step, routes_mlp) and ModelPart's default methods, which change nothing."""
+    text = export(tmp_path, script, *flags)
+    assert parts_loops(text) == loops
+    assert ("def block_input" in text) == ("parts_block_input" in loops)
+    assert "def block_output" not in text and "def before_step" not in text and "def after_step" not in text
+    # no part routes the MLPs: the model's compile branch for a router goes with routes_mlp
+    assert "routes_mlp" not in text and "capture_dynamic_output_shape_ops" not in text
+
+
+HOST = '''
+class Host:
+    def passed_on(self, i, x):
+        for part in self.parts:
+            x = part.block_input(self, i, x)
+        return x
+
+    def other_target(self, i, x):
+        for part in self.parts:
+            y = part.block_input(self, i, x)
+        return y
+
+    def steps(self):
+        for part in model.parts:
+            part.before_step(self)
+
+    def scalars(self):
+        out = {}
+        for part in self.parts:
+            out.update(part.named_scalars(self))
+        return out
+
+    def flags(self):
+        return any(part.routes_mlp for part in self.parts), any(part.built_last for part in self.parts)
+
+    def overridden(self, x):
+        for part in self.parts:
+            x = part.head_input(self, x)
+        return x
+'''
+
+
+def test_a_loop_over_the_parts_that_asks_only_passive_members_is_read_as_over_none():
+    from speedrun.export import PASSIVE_MEMBERS, fold_constants, neutral_defaults, passive_loops_read
+    forms = neutral_defaults()
+    assert forms["block_input"] == ("argument", 2) and forms["before_step"] == ("returns", "None")
+    assert forms["named_scalars"] == ("returns", "{}") and forms["routes_mlp"] == ("flag", "False")
+    passive = {name: form for name, form in forms.items() if name != "head_input"}  # a part overrides head_input
+    text = passive_loops_read(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
+    assert text.count("in ()") == 4  # passed_on, steps, scalars, routes_mlp's any; built_last is not declared
+    assert "y = part.block_input(self, i, x)" in text and "for part in self.parts:\n            y" in text
+    assert "built_last for part in self.parts" in text and "x = part.head_input" in text
+    folded, _ = fold_constants(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
+    assert "def passed_on(self, i, x):\n        return x\n" in folded and "out = {}\n        return out" in folded
+    assert "any(())" in folded
+    assert passive_loops_read(HOST, {}) == HOST  # none passive: nothing changes
+
+
+def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch):
+    from speedrun import export as export_module
+    monkeypatch.setattr(export_module, "NEUTRAL_DEFAULTS", ("block_input", "base_config"))
+    with pytest.raises(UsageError, match=r"NEUTRAL_DEFAULTS names base_config, but ModelPart.base_config is neither"):
+        export_module.neutral_defaults()
+
+
 def test_what_folding_leaves_unused_goes_with_its_comments():
     from speedrun.export import drop_dead_constants, fold_ifs
     source = ("def f(config):\n    # loads it\n    state = load(config.resume) if config.resume else None\n"
