@@ -47,7 +47,7 @@ from pathlib import Path
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.studies import STUDIES
-from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, is_set
+from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, StudyHost, is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
@@ -237,8 +237,12 @@ def part_hook_folds(active, folds, script_module):
     return found
 
 
-# How the model (StudyHost's methods, a base's forward) and the training loop read the model's list of study parts.
-PARTS_LISTS = ("self.parts", "model.parts")
+# The names the model (a StudyHost) is read by: in its own methods and in the training loop.
+HOST_RECEIVERS = ("self", "model")
+PARTS_LISTS = tuple(f"{receiver}.parts" for receiver in HOST_RECEIVERS)  # the model's list of study parts
+# The fold holding (method, k) of each StudyHost method whose body, folded as in the file, returns its k-th parameter
+# after self (k None: its body is `pass`): host_method_folds.
+PASSED_THROUGH = "(StudyHost methods that pass an argument through or do nothing)"
 # The fold holding (member, its default's form) of each ModelPart member of NEUTRAL_DEFAULTS that no switched-on
 # part overrides (passive_members).
 PASSIVE_MEMBERS = "(part members no switched-on part overrides)"
@@ -352,6 +356,63 @@ def passive_loops_read(text, folds):
                 if asked is not None and asked[1][1] in ("False", "None"):
                     edits.append((loop[0].iter, "()"))
     return replace_spans(text, edits) if edits else text
+
+
+def host_method_folds(folds):
+    """{PASSED_THROUGH: (method, k)...} of StudyHost's methods that, folded as in the file (no part: every loop over
+    the parts gone; or one that asks only passive members), return their k-th parameter after self (parts_block_input
+    -> x) or do nothing (k None: parts_before_step); host_calls_read folds their calls."""
+    text, _ = fold_constants(module_path(StudyHost.__module__).read_text(), folds)
+    (host,) = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
+    found = []
+    for method in host.body:
+        if not isinstance(method, ast.FunctionDef) or method.decorator_list or method.args.vararg \
+                or method.args.kwarg or method.args.kwonlyargs or method.args.posonlyargs or not method.args.args:
+            continue
+        body = method.body[1:] if ast.get_docstring(method, clean=False) is not None else method.body
+        parameters = [a.arg for a in method.args.args[1:]]
+        if [type(statement) for statement in body] == [ast.Pass]:
+            found.append((method.name, None))
+        elif len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Name) \
+                and body[0].value.id in parameters:
+            found.append((method.name, parameters.index(body[0].value.id)))
+    return {PASSED_THROUGH: tuple(found)}
+
+
+def host_calls_read(text, folds):
+    """The source with each call `self.method(...)` or `model.method(...)` (HOST_RECEIVERS) of a method of
+    PASSED_THROUGH, its other arguments only reading names, read as the argument it returns, and each such call of
+    one that does nothing made as a statement gone; then `x = x` left by the first goes too."""
+    passed = dict(folds.get(PASSED_THROUGH, ()))
+    if not passed:
+        return text
+    tree = ast.parse(text)
+    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    edits, gone = [], []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in passed
+                and isinstance(call.func.value, ast.Name) and call.func.value.id in HOST_RECEIVERS
+                and not call.keywords and not any(isinstance(a, ast.Starred) for a in call.args)):
+            continue
+        position = passed[call.func.attr]
+        if position is None and id(call) in statements and all(only_reads(a) for a in call.args):
+            gone.append(statements[id(call)])
+        elif position is not None and len(call.args) > position \
+                and all(only_reads(a) for i, a in enumerate(call.args) if i != position):
+            returned = ast.get_source_segment(text, call.args[position])
+            edits.append((call, returned if isinstance(call.args[position], (ast.Name, ast.Attribute, ast.Call))
+                          else f"({returned})"))
+    if edits:
+        return replace_spans(text, edits)
+    gone += [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Name)
+             and n.targets[0].id == n.value.id]
+    lines = text.split("\n")
+    for statement in sorted(gone, key=lambda n: n.lineno, reverse=True):
+        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
+        lines = replace_lines(lines, statement.lineno if kept else first_line_with_comments(lines, statement),
+                              statement.end_lineno, kept)
+    return "\n".join(lines)
 
 
 def answers_none(part_class, hook, folds, script_module):
@@ -766,12 +827,21 @@ def fold_constants(text, folds, readers=()):
         called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         folded_methods.update({name: owner for name, owner in owners.items() if f"self.{name}" in called})
         module_folds = dict(folds, **methods)
-        folded = propagate_locals(fold_ifs(empty_registries_read(passive_loops_read(text, folds), folds),
+        folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
+                               if name in methods_of(tree, StudyHost.__name__)})  # the class its calls fold for
+        folded = propagate_locals(fold_ifs(empty_registries_read(passive_loops_read(host_calls_read(text, folds),
+                                                                                    folds), folds),
                                           module_folds, readers),
                                   module_folds, readers)
         if folded == text:
             return text, folded_methods
         text = folded
+
+
+def methods_of(tree, class_name):
+    """The names of the methods of the module's classes named class_name."""
+    return {m.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == class_name
+            for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def add_argument_calls(tree, names):
@@ -1643,6 +1713,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
     folds.update(part_hook_folds(active, folds, script_module))
+    folds.update(host_method_folds(folds))
     program = folded_program(script_module, folds, registries,
                              (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()

@@ -260,6 +260,8 @@ def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, 
     assert "def block_output" not in text and "def before_step" not in text and "def after_step" not in text
     # no part routes the MLPs: the model's compile branch for a router goes with routes_mlp
     assert "routes_mlp" not in text and "capture_dynamic_output_shape_ops" not in text
+    # the hooks then pass their input through or do nothing: called nowhere
+    assert "parts_block_output" not in text and "parts_before_step" not in text and "parts_after_step" not in text
 
 
 HOST = '''
@@ -308,6 +310,24 @@ def test_a_loop_over_the_parts_that_asks_only_passive_members_is_read_as_over_no
     assert "def passed_on(self, i, x):\n        return x\n" in folded and "out = {}\n        return out" in folded
     assert "any(())" in folded
     assert passive_loops_read(HOST, {}) == HOST  # none passive: nothing changes
+
+
+PASSING = '''
+def forward(self, model, i, x):
+    x = self.through(i, x)
+    y = self.through(i, x + 1)
+    model.nothing(i, x)
+    z = model.nothing(i, x)
+    kept = self.through(f(i), x)
+    return self.through(i, norm(x)), other.through(i, x), kept, y, z
+'''
+
+
+def test_calls_of_a_host_method_that_passes_an_argument_through_or_does_nothing_fold():
+    from speedrun.export import PASSED_THROUGH, fold_constants
+    text, _ = fold_constants(PASSING, {PASSED_THROUGH: (("through", 1), ("nothing", None))})
+    assert text == ("\ndef forward(self, model, i, x):\n    y = (x + 1)\n    z = model.nothing(i, x)\n"
+                    "    kept = self.through(f(i), x)\n    return norm(x), other.through(i, x), kept, y, z\n")
 
 
 def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch):
@@ -852,6 +872,10 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
         assert "check_r18_studies" not in text
         # none fixed: the refusal of fixed flags and their hiding from --help fold away (FIXED_FLAGS is the file's)
         assert "refused_flags" not in text and "action.help = SUPPRESS" not in text
+        # the model's hooks that return their input or do nothing: their calls fold to the input or go
+        for hook in ("parts_block_input", "parts_block_output", "parts_head_input", "parts_before_step",
+                     "parts_after_step"):
+            assert hook not in text, hook
 
 
 def run_file(path, *flags):
