@@ -436,7 +436,7 @@ def test_the_flags_of_a_logged_config_resolve_to_that_config(script_module, arm)
     assert script_module.resolve_args(argv + extra + ["--run-name", "r"]) == config
 
 
-def exported_program(tmp_path, monkeypatch, library, script):
+def exported_program(tmp_path, monkeypatch, library, script, folds=None):
     """The kept source of a program of two files, speedrun/lib.py and script.py, in a project rooted at tmp_path."""
     from speedrun import export as export_module
     monkeypatch.setattr(export_module, "ROOT", tmp_path)
@@ -444,7 +444,7 @@ def exported_program(tmp_path, monkeypatch, library, script):
     (tmp_path / "speedrun" / "__init__.py").write_text("")
     (tmp_path / "speedrun" / "lib.py").write_text(library)
     (tmp_path / "script.py").write_text(script)
-    program = export_module.folded_program("script", {}, {})
+    program = export_module.folded_program("script", folds or {}, {})
     return "\n".join(s.text for m in program.order() for s in program.kept_statements(m))
 
 
@@ -561,6 +561,18 @@ def test_an_override_of_a_folded_method_is_refused_when_the_file_would_drop_it(t
               "if __name__ == '__main__':\n    print(Mine().used())\n")
     with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
         exported_program(tmp_path, monkeypatch, library, script)
+
+
+def test_an_override_of_a_host_method_folded_to_its_argument_is_refused(tmp_path, monkeypatch):
+    """StudyHost.parts_block_input folds to `x` where it is called: a model class defining its own would be
+    dropped with the calls, and the file would train without it."""
+    from speedrun.export import PASSED_THROUGH
+    library = "class StudyHost:\n    def through(self, i, x):\n        return x\n"
+    script = ("from speedrun.lib import StudyHost\n\n\nclass Mine(StudyHost):\n    def through(self, i, x):\n"
+              "        return x + 1\n\n    def used(self):\n        return self.through(0, 2)\n\n\n"
+              "if __name__ == '__main__':\n    print(Mine().used())\n")
+    with pytest.raises(UsageError, match="StudyHost.through was folded to its value, but script.py's Mine defines"):
+        exported_program(tmp_path, monkeypatch, library, script, {PASSED_THROUGH: (("through", 1),)})
 
 
 def test_a_left_out_run_flag_folds_to_the_parsers_default_not_a_number_of_the_exporters():
