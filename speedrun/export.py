@@ -241,7 +241,7 @@ def part_hook_folds(active, folds, script_module):
 HOST_RECEIVERS = ("self", "model")
 PARTS_LISTS = tuple(f"{receiver}.parts" for receiver in HOST_RECEIVERS)  # the model's list of study parts
 # The fold holding (method, k) of each StudyHost method whose body, folded as in the file, returns its k-th parameter
-# after self (k None: its body is `pass`): host_method_folds.
+# after self (k None: its body is `pass`; "{}": it returns an empty dict): host_method_folds.
 PASSED_THROUGH = "(StudyHost methods that pass an argument through or do nothing)"
 # The fold holding (member, its default's form) of each ModelPart member of NEUTRAL_DEFAULTS that no switched-on
 # part overrides (passive_members).
@@ -361,7 +361,8 @@ def passive_loops_read(text, folds):
 def host_method_folds(folds):
     """{PASSED_THROUGH: (method, k)...} of StudyHost's methods that, folded as in the file (no part: every loop over
     the parts gone; or one that asks only passive members), return their k-th parameter after self (parts_block_input
-    -> x) or do nothing (k None: parts_before_step); host_calls_read folds their calls."""
+    -> x), do nothing (k None: parts_before_step) or return an empty dict (k "{}": parts_named_scalars with no
+    part); host_calls_read folds their calls."""
     text, _ = fold_constants(module_path(StudyHost.__module__).read_text(), folds)
     (host,) = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
     found = []
@@ -371,8 +372,12 @@ def host_method_folds(folds):
             continue
         body = method.body[1:] if ast.get_docstring(method, clean=False) is not None else method.body
         parameters = [a.arg for a in method.args.args[1:]]
+        returned = ast.unparse(body[-1].value) if body and isinstance(body[-1], ast.Return) and body[-1].value \
+            else None
         if [type(statement) for statement in body] == [ast.Pass]:
             found.append((method.name, None))
+        elif returned is not None and ast.unparse(body) in ("return {}", f"{returned} = {{}}\nreturn {returned}"):
+            found.append((method.name, "{}"))  # an empty dict, as is or through one local
         elif len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Name) \
                 and body[0].value.id in parameters:
             found.append((method.name, parameters.index(body[0].value.id)))
@@ -382,12 +387,18 @@ def host_method_folds(folds):
 def host_calls_read(text, folds):
     """The source with each call `self.method(...)` or `model.method(...)` (HOST_RECEIVERS) of a method of
     PASSED_THROUGH, its other arguments only reading names, read as the argument it returns, and each such call of
-    one that does nothing made as a statement gone; then `x = x` left by the first goes too."""
+    one that does nothing made as a statement gone, as is `out.update(call)` of one that returns an empty dict; then
+    `x = x` left by the first goes too."""
     passed = dict(folds.get(PASSED_THROUGH, ()))
     if not passed:
         return text
     tree = ast.parse(text)
     statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    # a dict updated with the call's value: `out.update(self.parts_named_scalars())`
+    statements.update({id(n.value.args[0]): n for n in ast.walk(tree) if isinstance(n, ast.Expr)
+                       and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                       and n.value.func.attr == "update" and only_reads(n.value.func.value)
+                       and len(n.value.args) == 1 and not n.value.keywords})
     edits, gone = [], []
     for call in ast.walk(tree):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in passed
@@ -395,9 +406,12 @@ def host_calls_read(text, folds):
                 and not call.keywords and not any(isinstance(a, ast.Starred) for a in call.args)):
             continue
         position = passed[call.func.attr]
-        if position is None and id(call) in statements and all(only_reads(a) for a in call.args):
-            gone.append(statements[id(call)])
-        elif position is not None and len(call.args) > position \
+        statement = statements.get(id(call))
+        updated = statement is not None and statement.value is not call  # the call is update()'s argument
+        if position in (None, "{}") and statement is not None and updated == (position == "{}") \
+                and all(only_reads(a) for a in call.args):
+            gone.append(statement)
+        elif isinstance(position, int) and len(call.args) > position \
                 and all(only_reads(a) for i, a in enumerate(call.args) if i != position):
             returned = ast.get_source_segment(text, call.args[position])
             edits.append((call, returned if isinstance(call.args[position], (ast.Name, ast.Attribute, ast.Call))

@@ -318,6 +318,8 @@ def forward(self, model, i, x):
     y = self.through(i, x + 1)
     model.nothing(i, x)
     z = model.nothing(i, x)
+    out.update(self.empty())
+    out.update(self.nothing(i, x))
     kept = self.through(f(i), x)
     return self.through(i, norm(x)), other.through(i, x), kept, y, z
 '''
@@ -325,8 +327,9 @@ def forward(self, model, i, x):
 
 def test_calls_of_a_host_method_that_passes_an_argument_through_or_does_nothing_fold():
     from speedrun.export import PASSED_THROUGH, fold_constants
-    text, _ = fold_constants(PASSING, {PASSED_THROUGH: (("through", 1), ("nothing", None))})
+    text, _ = fold_constants(PASSING, {PASSED_THROUGH: (("through", 1), ("nothing", None), ("empty", "{}"))})
     assert text == ("\ndef forward(self, model, i, x):\n    y = (x + 1)\n    z = model.nothing(i, x)\n"
+                    "    out.update(self.nothing(i, x))\n"
                     "    kept = self.through(f(i), x)\n    return norm(x), other.through(i, x), kept, y, z\n")
 
 
@@ -886,7 +889,7 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
         assert "refused_flags" not in text and "action.help = SUPPRESS" not in text
         # the model's hooks that return their input or do nothing: their calls fold to the input or go
         for hook in ("parts_block_input", "parts_block_output", "parts_head_input", "parts_before_step",
-                     "parts_after_step"):
+                     "parts_after_step", "parts_named_scalars"):
             assert hook not in text, hook
 
 
