@@ -248,30 +248,37 @@ PASSED_THROUGH = "(StudyHost methods that pass an argument through or do nothing
 PASSIVE_MEMBERS = "(part members no switched-on part overrides)"
 
 
-def default_form(node):
-    """The form of a ModelPart member's default that leaves the model as without the part (neutral_defaults), or
-    None: ("argument", k) for a method that returns its k-th parameter after self, ("returns", literal) for one that
-    returns {}, False or None (or does nothing: None), ("flag", "False") for a class attribute set to False."""
+def neutral_form(node):
+    """How a method or a class attribute changes nothing, or None: ("argument", k) for a method that returns its k-th
+    parameter after self, ("returns", literal) for one that returns {}, False or None, as is or through one local
+    (`out = {}` then `return out`), or does nothing ("None"), ("flag", "False") for a class attribute set to False.
+    ModelPart's defaults (neutral_defaults) and StudyHost's methods folded as in the file (host_method_folds)."""
     if isinstance(node, ast.Assign):
         return ("flag", "False") if isinstance(node.value, ast.Constant) and node.value.value is False else None
-    if not isinstance(node, ast.FunctionDef) or node.decorator_list or not node.args.args:
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list or not node.args.args or node.args.vararg \
+            or node.args.kwarg or node.args.kwonlyargs or node.args.posonlyargs:
         return None
     body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
     parameters = [a.arg for a in node.args.args[1:]]
-    if len(body) != 1:
-        return None
-    if isinstance(body[0], ast.Pass):
+    if [type(statement) for statement in body] == [ast.Pass]:
         return ("returns", "None")
-    value = body[0].value if isinstance(body[0], ast.Return) else UNKNOWN
-    if isinstance(value, ast.Name) and value.id in parameters:
+    if not body or len(body) > 2 or not isinstance(body[-1], ast.Return):
+        return None
+    value = body[-1].value
+    if len(body) == 2:  # a local assigned, then returned
+        local = assigned_locals(body[0])
+        if not (len(local) == 1 and isinstance(value, ast.Name) and local[0][0] == value.id):
+            return None
+        value = local[0][1]
+    elif isinstance(value, ast.Name) and value.id in parameters:
         return ("argument", parameters.index(value.id))
-    if value is None or isinstance(value, (ast.Constant, ast.Dict)) and ast.unparse(value) in ("None", "False", "{}"):
+    if value is None or ast.unparse(value) in ("None", "False", "{}"):
         return ("returns", "None" if value is None else ast.unparse(value))
     return None
 
 
 def neutral_defaults():
-    """{member: its default's form (default_form)} of each member of ModelPart that speedrun/study.py's
+    """{member: its default's form (neutral_form)} of each member of ModelPart that speedrun/study.py's
     NEUTRAL_DEFAULTS names, read from ModelPart's source; raises UsageError for one of another form."""
     path = module_path(ModelPart.__module__)
     tree = ast.parse(path.read_text())
@@ -279,7 +286,7 @@ def neutral_defaults():
     members = {item.name: item for item in part.body if isinstance(item, ast.FunctionDef)}
     members.update({item.targets[0].id: item for item in part.body if isinstance(item, ast.Assign)
                     and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name)})
-    forms = {name: default_form(members.get(name)) for name in NEUTRAL_DEFAULTS}
+    forms = {name: neutral_form(members.get(name)) for name in NEUTRAL_DEFAULTS}
     for name, form in forms.items():
         if form is None:
             raise UsageError(f"{EXPORT_FLAG}: {path.relative_to(ROOT).as_posix()}: NEUTRAL_DEFAULTS names {name}, but "
@@ -367,20 +374,11 @@ def host_method_folds(folds):
     (host,) = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
     found = []
     for method in host.body:
-        if not isinstance(method, ast.FunctionDef) or method.decorator_list or method.args.vararg \
-                or method.args.kwarg or method.args.kwonlyargs or method.args.posonlyargs or not method.args.args:
-            continue
-        body = method.body[1:] if ast.get_docstring(method, clean=False) is not None else method.body
-        parameters = [a.arg for a in method.args.args[1:]]
-        returned = ast.unparse(body[-1].value) if body and isinstance(body[-1], ast.Return) and body[-1].value \
-            else None
-        if [type(statement) for statement in body] == [ast.Pass]:
-            found.append((method.name, None))
-        elif returned is not None and ast.unparse(body) in ("return {}", f"{returned} = {{}}\nreturn {returned}"):
-            found.append((method.name, "{}"))  # an empty dict, as is or through one local
-        elif len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Name) \
-                and body[0].value.id in parameters:
-            found.append((method.name, parameters.index(body[0].value.id)))
+        form = neutral_form(method) if isinstance(method, ast.FunctionDef) else None
+        if form is not None and form[0] == "argument":
+            found.append((method.name, form[1]))
+        elif form in (("returns", "None"), ("returns", "{}")):  # does nothing, or returns an empty dict
+            found.append((method.name, None if form[1] == "None" else "{}"))
     return {PASSED_THROUGH: tuple(found)}
 
 
