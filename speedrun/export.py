@@ -48,7 +48,7 @@ from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
-from speedrun.study import ModelPart, is_set
+from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, StudyHost, is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
@@ -173,7 +173,7 @@ def folded_tests(config, omitted=(), active=(), not_varied=()):
             dest = flag[2:].replace("-", "_")
             folds.update({f"{name}.{dest}": hashable(getattr(config, dest)) for name in CONFIG_NAMES})
     if not active:  # the registry is empty, and so is every model's list of study parts
-        folds.update({"STUDIES": (), "self.parts": (), "model.parts": ()})
+        folds.update({"STUDIES": (), **{parts: () for parts in PARTS_LISTS}})
         # the study contract's hooks (speedrun/study.py's StudyHost, every base's) are then constants in each module
         folds.update(constant_methods(ast.parse(module_path("speedrun.study").read_text()), folds)[0])
     folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest))
@@ -326,12 +326,205 @@ def part_hook_folds(active, folds, script_module):
     none_hooks = {hook for hook in hooks if all(answers_none(cls, hook, folds, script_module) for cls in classes)}
     found = {}
     for (module, function), position in PART_HOOK_CALLS.items():
-        tree = ast.parse(module_path(module).read_text())
+        source = module_path(module).read_text()
+        tree = ast.parse(source)
         found.update({ast.unparse(call): None for call in ast.walk(tree) if isinstance(call, ast.Call)
                       and isinstance(call.func, ast.Name) and call.func.id == function and len(call.args) > position
                       and isinstance(call.args[position], ast.Constant) and call.args[position].value in none_hooks})
-        found.update(constant_methods(tree, dict(folds, **found))[0])
+        # folded as in the file: a loop that asks only passive members is over no part (`self.routes_mlp()`: False)
+        hooks_folded = dict(folds, **found)
+        found.update(constant_methods(ast.parse(fold_constants(source, hooks_folded)[0]), hooks_folded)[0])
     return found
+
+
+# The names the model (a StudyHost) is read by: in its own methods and in the training loop.
+HOST_RECEIVERS = ("self", "model")
+PARTS_LISTS = tuple(f"{receiver}.parts" for receiver in HOST_RECEIVERS)  # the model's list of study parts
+# The fold holding (method, k) of each StudyHost method whose body, folded as in the file, returns its k-th parameter
+# after self (k None: its body is `pass`; "{}": it returns an empty dict): host_method_folds.
+PASSED_THROUGH = "(StudyHost methods that pass an argument through or do nothing)"
+# The fold holding (member, its default's form) of each ModelPart member of NEUTRAL_DEFAULTS that no switched-on
+# part overrides (passive_members).
+PASSIVE_MEMBERS = "(part members no switched-on part overrides)"
+
+
+def neutral_form(node):
+    """How a method or a class attribute changes nothing, or None: ("argument", k) for a method that returns its k-th
+    parameter after self, ("returns", literal) for one that returns {}, False or None, as is or through one local
+    (`out = {}` then `return out`), or does nothing ("None"), ("flag", "False") for a class attribute set to False.
+    ModelPart's defaults (neutral_defaults) and StudyHost's methods folded as in the file (host_method_folds)."""
+    if isinstance(node, ast.Assign):
+        return ("flag", "False") if isinstance(node.value, ast.Constant) and node.value.value is False else None
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list or not node.args.args or node.args.vararg \
+            or node.args.kwarg or node.args.kwonlyargs or node.args.posonlyargs:
+        return None
+    body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
+    parameters = [a.arg for a in node.args.args[1:]]
+    if [type(statement) for statement in body] == [ast.Pass]:
+        return ("returns", "None")
+    if not body or len(body) > 2 or not isinstance(body[-1], ast.Return):
+        return None
+    value = body[-1].value
+    if len(body) == 2:  # a local assigned, then returned
+        local = assigned_locals(body[0])
+        if not (len(local) == 1 and isinstance(value, ast.Name) and local[0][0] == value.id):
+            return None
+        value = local[0][1]
+    elif isinstance(value, ast.Name) and value.id in parameters:
+        return ("argument", parameters.index(value.id))
+    if value is None or ast.unparse(value) in ("None", "False", "{}"):
+        return ("returns", "None" if value is None else ast.unparse(value))
+    return None
+
+
+def neutral_defaults():
+    """{member: its default's form (neutral_form)} of each member of ModelPart that speedrun/study.py's
+    NEUTRAL_DEFAULTS names, read from ModelPart's source; raises UsageError for one of another form."""
+    path = module_path(ModelPart.__module__)
+    tree = ast.parse(path.read_text())
+    (part,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == ModelPart.__name__]
+    members = {item.name: item for item in part.body if isinstance(item, ast.FunctionDef)}
+    members.update({item.targets[0].id: item for item in part.body if isinstance(item, ast.Assign)
+                    and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name)})
+    forms = {name: neutral_form(members.get(name)) for name in NEUTRAL_DEFAULTS}
+    for name, form in forms.items():
+        if form is None:
+            raise UsageError(f"{EXPORT_FLAG}: {path.relative_to(ROOT).as_posix()}: NEUTRAL_DEFAULTS names {name}, but "
+                             f"{ModelPart.__name__}.{name} is neither a method that returns a parameter, {{}}, False "
+                             f"or None (or does nothing) nor a class attribute set to False")
+    return forms
+
+
+def passive_members(active, on_r18):
+    """(member, its default's form) of each member NEUTRAL_DEFAULTS names that no switched-on study's part class (on
+    the run's base; its own or an inherited member) overrides: every part answers it as ModelPart does, so a loop
+    that asks the parts only such members runs as over no part (passive_loops_read). All of them with no study on."""
+    classes = [study.r18_part if on_r18 else study.model_part for study in active]
+    return tuple((name, form) for name, form in neutral_defaults().items()
+                 if all(getattr(cls, name) is getattr(ModelPart, name) for cls in classes if cls is not None))
+
+
+def passive_member_asked(node, part, passive):
+    """(the member's name, its default's form) when `node` reads `part.MEMBER` or calls `part.MEMBER(...)` with
+    arguments that only read names, MEMBER passive; else None."""
+    call = node if isinstance(node, ast.Call) else None
+    if call is not None:
+        if call.keywords or not all(only_reads(a) for a in call.args):
+            return None
+        node = call.func
+    if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == part
+            and node.attr in passive):
+        return None
+    form = passive[node.attr]
+    return (node.attr, form) if (form[0] == "flag") == (call is None) else None
+
+
+def leaves_as_is(statement, part, passive):
+    """Whether a loop's one statement leaves everything as it is when each part answers as ModelPart's default:
+    `x = part.hook(..., x, ...)` (x at the parameter the default returns), `part.hook(...)` (it returns None) or
+    `out.update(part.hook(...))` (it returns {})."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+            and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call):
+        asked = passive_member_asked(statement.value, part, passive)
+        args = statement.value.args
+        return asked is not None and asked[1][0] == "argument" and len(args) > asked[1][1] \
+            and isinstance(args[asked[1][1]], ast.Name) and args[asked[1][1]].id == statement.targets[0].id
+    if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
+        return False
+    call = statement.value
+    if passive_member_asked(call, part, passive) is not None:
+        return passive_member_asked(call, part, passive)[1] == ("returns", "None")
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "update" and only_reads(call.func.value) \
+            and len(call.args) == 1 and not call.keywords:  # a dict updated with {}
+        asked = passive_member_asked(call.args[0], part, passive)
+        return asked is not None and asked[1] == ("returns", "{}")
+    return False
+
+
+def passive_loops_read(text, folds):
+    """The source with the parts list (PARTS_LISTS) written `()` in each loop over it that asks the parts only
+    members every part answers as ModelPart's default does (PASSIVE_MEMBERS), in a form that default leaves as it
+    is: a `for` whose one statement leaves_as_is, or `any(part.MEMBER... for part in parts)` of a default False or
+    None. The loop then folds as with no part (fold_ifs, empty_registries_read), as in a file with no study on."""
+    passive = dict(folds.get(PASSIVE_MEMBERS, ()))
+    if not passive:
+        return text
+    edits = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.For) and ast.unparse(node.iter) in PARTS_LISTS and isinstance(node.target, ast.Name) \
+                and len(node.body) == 1 and not node.orelse and leaves_as_is(node.body[0], node.target.id, passive):
+            edits.append((node.iter, "()"))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "any" and len(node.args) == 1 \
+                and not node.keywords and isinstance(node.args[0], ast.GeneratorExp):
+            loop = node.args[0].generators
+            if len(loop) == 1 and not loop[0].ifs and ast.unparse(loop[0].iter) in PARTS_LISTS \
+                    and isinstance(loop[0].target, ast.Name):
+                asked = passive_member_asked(node.args[0].elt, loop[0].target.id, passive)
+                if asked is not None and asked[1][1] in ("False", "None"):
+                    edits.append((loop[0].iter, "()"))
+    return replace_spans(text, edits) if edits else text
+
+
+def host_method_folds(folds):
+    """{PASSED_THROUGH: (method, k)...} of StudyHost's methods that, folded as in the file (no part: every loop over
+    the parts gone; or one that asks only passive members), return their k-th parameter after self (parts_block_input
+    -> x), do nothing (k None: parts_before_step) or return an empty dict (k "{}": parts_named_scalars with no
+    part); host_calls_read folds their calls."""
+    text, _ = fold_constants(module_path(StudyHost.__module__).read_text(), folds)
+    (host,) = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
+    found = []
+    for method in host.body:
+        form = neutral_form(method) if isinstance(method, ast.FunctionDef) else None
+        if form is not None and form[0] == "argument":
+            found.append((method.name, form[1]))
+        elif form in (("returns", "None"), ("returns", "{}")):  # does nothing, or returns an empty dict
+            found.append((method.name, None if form[1] == "None" else "{}"))
+    return {PASSED_THROUGH: tuple(found)}
+
+
+def host_calls_read(text, folds):
+    """The source with each call `self.method(...)` or `model.method(...)` (HOST_RECEIVERS) of a method of
+    PASSED_THROUGH, its other arguments only reading names, read as the argument it returns, and each such call of
+    one that does nothing made as a statement gone, as is `out.update(call)` of one that returns an empty dict; then
+    `x = x` left by the first goes too."""
+    passed = dict(folds.get(PASSED_THROUGH, ()))
+    if not passed:
+        return text
+    tree = ast.parse(text)
+    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    # a dict updated with the call's value: `out.update(self.parts_named_scalars())`
+    statements.update({id(n.value.args[0]): n for n in ast.walk(tree) if isinstance(n, ast.Expr)
+                       and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                       and n.value.func.attr == "update" and only_reads(n.value.func.value)
+                       and len(n.value.args) == 1 and not n.value.keywords})
+    edits, gone = [], []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in passed
+                and isinstance(call.func.value, ast.Name) and call.func.value.id in HOST_RECEIVERS
+                and not call.keywords and not any(isinstance(a, ast.Starred) for a in call.args)):
+            continue
+        position = passed[call.func.attr]
+        statement = statements.get(id(call))
+        updated = statement is not None and statement.value is not call  # the call is update()'s argument
+        if position in (None, "{}") and statement is not None and updated == (position == "{}") \
+                and all(only_reads(a) for a in call.args):
+            gone.append(statement)
+        elif isinstance(position, int) and len(call.args) > position \
+                and all(only_reads(a) for i, a in enumerate(call.args) if i != position):
+            returned = ast.get_source_segment(text, call.args[position])
+            edits.append((call, returned if isinstance(call.args[position], (ast.Name, ast.Attribute, ast.Call))
+                          else f"({returned})"))
+    if edits:
+        return replace_spans(text, edits)
+    gone += [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Name)
+             and n.targets[0].id == n.value.id]
+    lines = text.split("\n")
+    for statement in sorted(gone, key=lambda n: n.lineno, reverse=True):
+        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
+        lines = replace_lines(lines, statement.lineno if kept else first_line_with_comments(lines, statement),
+                              statement.end_lineno, kept)
+    return "\n".join(lines)
 
 
 def answers_none(part_class, hook, folds, script_module):
@@ -733,6 +926,9 @@ def empty_registries_read(text, folds):
             if isinstance(call, ast.Call) and call.args == [node] and not call.keywords \
                     and isinstance(call.func, ast.Name) and call.func.id in EMPTY_CONSTRUCTORS:
                 return replace_spans(text, [(call, EMPTY_CONSTRUCTORS[call.func.id])])
+            if isinstance(call, ast.Call) and call.args == [node] and isinstance(node, ast.GeneratorExp):
+                # a call's one generator argument spans the call's parentheses: `any(())`, not `any()`
+                return replace_spans(text, [(node, f"({EMPTY_OF[type(node)]})")])
             return replace_spans(text, [(node, EMPTY_OF[type(node)])])
     return text
 
@@ -748,11 +944,21 @@ def fold_constants(text, folds, readers=()):
         called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         folded_methods.update({name: owner for name, owner in owners.items() if f"self.{name}" in called})
         module_folds = dict(folds, **methods)
-        folded = propagate_locals(fold_ifs(empty_registries_read(text, folds), module_folds, readers),
+        folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
+                               if name in methods_of(tree, StudyHost.__name__)})  # the class its calls fold for
+        folded = propagate_locals(fold_ifs(empty_registries_read(passive_loops_read(host_calls_read(text, folds),
+                                                                                    folds), folds),
+                                          module_folds, readers),
                                   module_folds, readers)
         if folded == text:
             return text, folded_methods
         text = folded
+
+
+def methods_of(tree, class_name):
+    """The names of the methods of the module's classes named class_name."""
+    return {m.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == class_name
+            for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def add_argument_calls(tree, names):
@@ -1704,7 +1910,9 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions))
     folds.update(study_folds)
+    folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
     folds.update(part_hook_folds(active, folds, script_module))
+    folds.update(host_method_folds(folds))
     program = folded_program(script_module, folds, registries,
                              (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()

@@ -326,3 +326,12 @@ class ModelPart(nn.Module):
 
     def init_from(self, model, state, config):
         return False
+
+
+# The members of ModelPart whose default leaves the model as it would be without the part: a hook that returns the
+# input it is given (block_input's x) or {}, False or None, or does nothing, and a flag that is False. StudyHost asks
+# each of them in a loop over its parts that such a default leaves as it is. An export (speedrun/export.py,
+# passive_members) reads a loop over the parts as over none where it asks only such members that no switched-on
+# part overrides, and refuses a member named here whose default is not of that form.
+NEUTRAL_DEFAULTS = ("block_input", "block_output", "head_input", "named_scalars", "before_step", "after_step",
+                    "init_from", "routes_mlp", "replaces_base_head_input")

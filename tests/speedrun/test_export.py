@@ -307,6 +307,112 @@ def test_a_study_declaration_the_export_cannot_rewrite_is_refused_naming_the_rul
                                       "STUDY = Study(name='s', resolve=fixed_resolution({}, {}))"]
 
 
+def parts_loops(text):
+    """The methods of the file's StudyHost that loop over its parts (a `for` or a comprehension over self.parts)."""
+    host = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == "StudyHost")
+    return {m.name for m in host.body if isinstance(m, ast.FunctionDef) for n in ast.walk(m)
+            if isinstance(n, (ast.For, ast.comprehension)) and ast.unparse(n.iter) == "self.parts"}
+
+
+@pytest.mark.parametrize("script, flags, loops", [
+    # backout answers head_input and named_scalars alone: the loops for the other hooks and routes_mlp go
+    (T, ["--backout-layers", "4"], {"parts_head_input", "parts_named_scalars"}),
+    (S, ["--backout-layers", "8"], {"parts_head_input", "parts_named_scalars"}),
+    # #18's backout also replaces the base's head input (a flag it sets): that loop stays
+    (T, ["--base", "r18", "--backout-layers", "11"], {"parts_head_input", "parts_named_scalars",
+                                                      "replaces_base_head_input"}),
+    # the rolling skip overrides block_input: its loop stays, block_output's goes
+    (T, ["--rolling-skip"], {"parts_block_input", "parts_named_scalars"}),
+])
+def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, flags, loops):
+    """The backout record file kept StudyHost's loops over its one part for every hook (block_input, block_output,
+    before_step, after_step, routes_mlp) and ModelPart's default methods, which change nothing."""
+    text = export(tmp_path, script, *flags)
+    assert parts_loops(text) == loops
+    assert ("def block_input" in text) == ("parts_block_input" in loops)
+    assert "def block_output" not in text and "def before_step" not in text and "def after_step" not in text
+    # no part routes the MLPs: the model's compile branch for a router goes with routes_mlp
+    assert "routes_mlp" not in text and "capture_dynamic_output_shape_ops" not in text
+    # the hooks then pass their input through or do nothing: called nowhere
+    assert "parts_block_output" not in text and "parts_before_step" not in text and "parts_after_step" not in text
+
+
+HOST = '''
+class Host:
+    def passed_on(self, i, x):
+        for part in self.parts:
+            x = part.block_input(self, i, x)
+        return x
+
+    def other_target(self, i, x):
+        for part in self.parts:
+            y = part.block_input(self, i, x)
+        return y
+
+    def steps(self):
+        for part in model.parts:
+            part.before_step(self)
+
+    def scalars(self):
+        out = {}
+        for part in self.parts:
+            out.update(part.named_scalars(self))
+        return out
+
+    def flags(self):
+        return any(part.routes_mlp for part in self.parts), any(part.built_last for part in self.parts)
+
+    def overridden(self, x):
+        for part in self.parts:
+            x = part.head_input(self, x)
+        return x
+'''
+
+
+def test_a_loop_over_the_parts_that_asks_only_passive_members_is_read_as_over_none():
+    from speedrun.export import PASSIVE_MEMBERS, fold_constants, neutral_defaults, passive_loops_read
+    forms = neutral_defaults()
+    assert forms["block_input"] == ("argument", 2) and forms["before_step"] == ("returns", "None")
+    assert forms["named_scalars"] == ("returns", "{}") and forms["routes_mlp"] == ("flag", "False")
+    passive = {name: form for name, form in forms.items() if name != "head_input"}  # a part overrides head_input
+    text = passive_loops_read(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
+    assert text.count("in ()") == 4  # passed_on, steps, scalars, routes_mlp's any; built_last is not declared
+    assert "y = part.block_input(self, i, x)" in text and "for part in self.parts:\n            y" in text
+    assert "built_last for part in self.parts" in text and "x = part.head_input" in text
+    folded, _ = fold_constants(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
+    assert "def passed_on(self, i, x):\n        return x\n" in folded and "out = {}\n        return out" in folded
+    assert "any(())" in folded
+    assert passive_loops_read(HOST, {}) == HOST  # none passive: nothing changes
+
+
+PASSING = '''
+def forward(self, model, i, x):
+    x = self.through(i, x)
+    y = self.through(i, x + 1)
+    model.nothing(i, x)
+    z = model.nothing(i, x)
+    out.update(self.empty())
+    out.update(self.nothing(i, x))
+    kept = self.through(f(i), x)
+    return self.through(i, norm(x)), other.through(i, x), kept, y, z
+'''
+
+
+def test_calls_of_a_host_method_that_passes_an_argument_through_or_does_nothing_fold():
+    from speedrun.export import PASSED_THROUGH, fold_constants
+    text, _ = fold_constants(PASSING, {PASSED_THROUGH: (("through", 1), ("nothing", None), ("empty", "{}"))})
+    assert text == ("\ndef forward(self, model, i, x):\n    y = (x + 1)\n    z = model.nothing(i, x)\n"
+                    "    out.update(self.nothing(i, x))\n"
+                    "    kept = self.through(f(i), x)\n    return norm(x), other.through(i, x), kept, y, z\n")
+
+
+def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch):
+    from speedrun import export as export_module
+    monkeypatch.setattr(export_module, "NEUTRAL_DEFAULTS", ("block_input", "base_config"))
+    with pytest.raises(UsageError, match=r"NEUTRAL_DEFAULTS names base_config, but ModelPart.base_config is neither"):
+        export_module.neutral_defaults()
+
+
 def test_what_folding_leaves_unused_goes_with_its_comments():
     from speedrun.export import drop_dead_constants, fold_ifs
     source = ("def f(config):\n    # loads it\n    state = load(config.resume) if config.resume else None\n"
@@ -406,7 +512,7 @@ def test_the_flags_of_a_logged_config_resolve_to_that_config(script_module, arm)
     assert script_module.resolve_args(argv + extra + ["--run-name", "r"]) == config
 
 
-def exported_program(tmp_path, monkeypatch, library, script):
+def exported_program(tmp_path, monkeypatch, library, script, folds=None):
     """The kept source of a program of two files, speedrun/lib.py and script.py, in a project rooted at tmp_path."""
     from speedrun import export as export_module
     monkeypatch.setattr(export_module, "ROOT", tmp_path)
@@ -414,7 +520,7 @@ def exported_program(tmp_path, monkeypatch, library, script):
     (tmp_path / "speedrun" / "__init__.py").write_text("")
     (tmp_path / "speedrun" / "lib.py").write_text(library)
     (tmp_path / "script.py").write_text(script)
-    program = export_module.folded_program("script", {}, {})
+    program = export_module.folded_program("script", folds or {}, {})
     return "\n".join(s.text for m in program.order() for s in program.kept_statements(m))
 
 
@@ -531,6 +637,18 @@ def test_an_override_of_a_folded_method_is_refused_when_the_file_would_drop_it(t
               "if __name__ == '__main__':\n    print(Mine().used())\n")
     with pytest.raises(UsageError, match="Base.hook was folded to its value, but script.py's Mine defines hook"):
         exported_program(tmp_path, monkeypatch, library, script)
+
+
+def test_an_override_of_a_host_method_folded_to_its_argument_is_refused(tmp_path, monkeypatch):
+    """StudyHost.parts_block_input folds to `x` where it is called: a model class defining its own would be
+    dropped with the calls, and the file would train without it."""
+    from speedrun.export import PASSED_THROUGH
+    library = "class StudyHost:\n    def through(self, i, x):\n        return x\n"
+    script = ("from speedrun.lib import StudyHost\n\n\nclass Mine(StudyHost):\n    def through(self, i, x):\n"
+              "        return x + 1\n\n    def used(self):\n        return self.through(0, 2)\n\n\n"
+              "if __name__ == '__main__':\n    print(Mine().used())\n")
+    with pytest.raises(UsageError, match="StudyHost.through was folded to its value, but script.py's Mine defines"):
+        exported_program(tmp_path, monkeypatch, library, script, {PASSED_THROUGH: (("through", 1),)})
 
 
 def test_a_left_out_run_flag_folds_to_the_parsers_default_not_a_number_of_the_exporters():
@@ -842,6 +960,10 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
         assert "check_r18_studies" not in text
         # none fixed: the refusal of fixed flags and their hiding from --help fold away (FIXED_FLAGS is the file's)
         assert "refused_flags" not in text and "action.help = SUPPRESS" not in text
+        # the model's hooks that return their input or do nothing: their calls fold to the input or go
+        for hook in ("parts_block_input", "parts_block_output", "parts_head_input", "parts_before_step",
+                     "parts_after_step", "parts_named_scalars"):
+            assert hook not in text, hook
 
 
 def run_file(path, *flags):
