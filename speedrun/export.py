@@ -237,6 +237,14 @@ def fixed_resolutions(config, active, fixed, resolve_args, offers_depth):
                 probes[preset, depth] = resolve_args(argv)
             except UsageError:
                 continue
+    depths = {}  # {preset: [[first, last], ...]}: where the arm resolves
+    for (preset, _), probe in probes.items():
+        runs = depths.setdefault(preset, [])
+        if runs and runs[-1][1] == probe.num_layers - 1:
+            runs[-1][1] = probe.num_layers
+        else:
+            runs.append([probe.num_layers, probe.num_layers])
+    depths = {preset: tuple(map(tuple, runs)) for preset, runs in depths.items()}
     found = {}
     for study in candidates:
         values = {(tuple(hashable(getattr(c, flag.dest)) for flag in study.flags),
@@ -246,16 +254,7 @@ def fixed_resolutions(config, active, fixed, resolve_args, offers_depth):
         if values != {ran} or not all(is_literal_source(value) for value in
                                       [*(getattr(config, flag.dest) for flag in study.flags), ran[1]]):
             continue
-        depths = {}
-        for (preset, depth), probe in probes.items():
-            runs = depths.setdefault(preset, [])
-            if runs and runs[-1][1] == probe.num_layers - 1:
-                runs[-1][1] = probe.num_layers
-            else:
-                runs.append([probe.num_layers, probe.num_layers])
-        found[study] = ({flag.dest: getattr(config, flag.dest) for flag in study.flags},
-                        {preset: tuple(map(tuple, runs)) for preset, runs in depths.items()},
-                        study.variant_name(config) if study.variant_name else None)
+        found[study] = ({flag.dest: getattr(config, flag.dest) for flag in study.flags}, depths, ran[1])
     return found
 
 
