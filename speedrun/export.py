@@ -270,13 +270,9 @@ def declaration_rewrites(resolutions):
     """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (the import of its
     registry name in speedrun/studies.py), its Study(...) call's resolve= becomes fixed_resolution(values, depths)
     and its variant_name= a lambda of the piece."""
-    registry = ast.parse(module_path(STUDIES_MODULE).read_text())
-    declared_in = {alias.asname or alias.name: (node.module, alias.name) for node in registry.body
-                   if isinstance(node, ast.ImportFrom) for alias in node.names}
     rewrites = []
     for study, (values, depths, piece) in resolutions.items():
-        module, name = next((module, name) for module, name in declared_in.values()
-                            if getattr(importlib.import_module(module), name) is study)
+        module, name = declared_where(study)
         indent = " " * 8  # the call's arguments under the declaration's keywords (at 4)
         resolution = packed_dict(indent, values, indent + " ") + [f"{indent}{depths!r})"]
         rewrites.append((module, name, "resolve", "\n".join(["fixed_resolution(", *resolution[:-2],
@@ -292,8 +288,7 @@ def rewritten_declarations(source, rewrites, where):
     tree = ast.parse(source)
     edits = []
     for name, keyword, new in rewrites:
-        call = next((node.value for node in tree.body if isinstance(node, ast.Assign)
-                     and isinstance(node.value, ast.Call) and [ast.unparse(t) for t in node.targets] == [name]), None)
+        call = study_declaration(tree, name)
         found = [k for k in (call.keywords if call is not None else []) if k.arg == keyword]
         if not found:
             raise UsageError(f"{EXPORT_FLAG}: {where}: {name} is no `{name} = Study(..., {keyword}=...)` at module "
@@ -305,6 +300,64 @@ def rewritten_declarations(source, rewrites, where):
     lines = text.split("\n")
     lines.insert(first.lineno - 1, "from speedrun.study import fixed_resolution")
     return "\n".join(lines)
+
+
+# The fold key of the switched-on studies' declarations whose texts for --help the file never shows: ((module, name
+# of its `NAME = Study(...)`), ...). Its command line refuses every flag of theirs, so argparse drops their help and
+# their groups, and the group's description is read only where nothing is fixed (cli.make_parser).
+QUIET_DECLARATIONS = "(help texts the file never shows)"
+WIDTH = 118  # the project's line length
+
+
+def declared_where(study):
+    """(module, name) of a registered study's `NAME = Study(...)`: where speedrun/studies.py imports it from."""
+    registry = ast.parse(module_path(STUDIES_MODULE).read_text())
+    return next((node.module, alias.name) for node in registry.body if isinstance(node, ast.ImportFrom)
+                for alias in node.names if getattr(importlib.import_module(node.module), alias.name) is study)
+
+
+def study_declaration(tree, name):
+    """The Study(...) call of `name = Study(...)` at module level, or None."""
+    return next((node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                 and [ast.unparse(t) for t in node.targets] == [name]), None)
+
+
+def declared_flags(tree, call):
+    """The Flag(...) calls of a Study(...) call's flags: its `flags=` tuple, or the module-level one it names."""
+    flags = next((k.value for k in call.keywords if k.arg == "flags"), None)
+    if isinstance(flags, ast.Name):
+        flags = next((node.value for node in tree.body if isinstance(node, ast.Assign)
+                      and [ast.unparse(t) for t in node.targets] == [flags.id]), None)
+    return [] if flags is None else [n for n in ast.walk(flags) if isinstance(n, ast.Call)
+                                     and ast.unparse(n.func) == "Flag"]
+
+
+def quiet_declarations(source, names):
+    """The source with the help texts of the studies `names` emptied: each of their Flag(...)s' help becomes ""
+    (the call then on one line where it fits and holds no comment), and each Study's `description=` goes."""
+    tree = ast.parse(source)
+    edits = []
+    for call in (study_declaration(tree, name) for name in names):
+        if call is None:
+            continue
+        items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+        edits += cut_items(items, {i for i, item in enumerate(items) if getattr(item, "arg", None) == "description"})
+        for flag in declared_flags(tree, call):
+            help_node = next((k.value for k in flag.keywords if k.arg == "help"),
+                             flag.args[1] if len(flag.args) > 1 else None)
+            if isinstance(help_node, ast.Constant) and help_node.value != "":
+                edits.append((help_node, '""'))
+    text = replace_spans(source, edits) if edits else source
+    tree, lines, edits = ast.parse(text), text.split("\n"), []
+    for call in (study_declaration(tree, name) for name in names):
+        for flag in declared_flags(tree, call) if call is not None else ():
+            written = ast.get_source_segment(text, flag)
+            joined = " ".join(part.strip() for part in written.split("\n")).replace("( ", "(")
+            rest = len(lines[flag.end_lineno - 1].encode()) - flag.end_col_offset
+            if "\n" in written and "#" not in written and flag.col_offset + len(joined.encode()) + rest <= WIDTH \
+                    and ast.dump(ast.parse(joined)) == ast.dump(ast.parse(written)):
+                edits.append((flag, joined))
+    return replace_spans(text, edits) if edits else text
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -1391,6 +1444,9 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     rewrites = [rewrite[1:] for rewrite in dict(folds).get(FIXED_DECLARATIONS, ()) if rewrite[0] == name]
     if rewrites:
         source = rewritten_declarations(source, rewrites, where)
+    quiet = [declared for module, declared in dict(folds).get(QUIET_DECLARATIONS, ()) if module == name]
+    if quiet:
+        source = quiet_declarations(source, quiet)
     folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
     readers = tuple(function for module, function in folds.get(PARSED_READERS, ()) if module == name)
     text, folded_methods = fold_constants(without_calls_decided(omit_arguments(source, omitted), *decided), folds,
@@ -1908,6 +1964,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions))
+    folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
     folds.update(part_hook_folds(active, folds, script_module))

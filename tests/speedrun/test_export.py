@@ -10,6 +10,7 @@ import train_gpt_medium as T
 from speedrun.cli import with_fixed_flags
 from speedrun.errors import UsageError
 from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
+from speedrun.studies import STUDIES
 
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
@@ -294,6 +295,38 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
               for config in ({**file_constant(text, "LEFT_OUT_FIELDS"), **as_file}, modular)]  # data: by the file
     assert logged[0] == logged[1]
     assert as_file["variant"].startswith(f"layers{other_depth}_")
+    # rule 15: the file refuses every flag of the study, so their help and the study's description are not in it
+    on = [study for study in STUDIES if study.active(script_module.resolve_args(flags))]
+    assert on and all(flag.help not in text for study in on for flag in study.flags)
+    assert all(study.description not in text for study in on if study.description)
+
+
+def test_the_help_texts_of_a_study_the_file_refuses_are_emptied_and_its_flags_joined_where_they_fit():
+    from speedrun.export import quiet_declarations
+    source = "\n".join([
+        'FLAGS = (',
+        '    Flag("--a", "one "',
+        '                "two", resume=True,',
+        '         kind=int),',
+        '    Flag("--b", help="kept on its lines: a comment", resume=True,  # why',
+        '         kind=int),',
+        '    Flag("--c", "x" * 3, resume=False),',
+        ')',
+        'OTHER = (Flag("--d", "another study\'s", resume=True),)',
+        'S = Study(name="s", description="about s",',
+        '          flags=FLAGS)',
+        ''])
+    assert quiet_declarations(source, ["S"]).split("\n") == [
+        'FLAGS = (',
+        '    Flag("--a", "", resume=True, kind=int),',
+        '    Flag("--b", help="", resume=True,  # why',
+        '         kind=int),',
+        '    Flag("--c", "x" * 3, resume=False),',  # no text: an expression is left as it is
+        ')',
+        'OTHER = (Flag("--d", "another study\'s", resume=True),)',
+        'S = Study(name="s",',
+        '          flags=FLAGS)',
+        '']
 
 
 def test_a_study_declaration_the_export_cannot_rewrite_is_refused_naming_the_rule():
