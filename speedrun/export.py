@@ -266,25 +266,39 @@ def is_literal_source(value):
         return False
 
 
-def declaration_rewrites(resolutions):
-    """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (the import of its
-    registry name in speedrun/studies.py), its Study(...) call's resolve= becomes fixed_resolution(values, depths)
-    and its variant_name= a lambda of the piece."""
+def every_study_fixed(active, resolutions):
+    """Rule 16: whether the file's run has studies on and fixed_resolutions holds every one's resolution, each
+    naming its variant piece and taking its model fields from its flags (no model_config=): the file's command line
+    then offers no study, and the studies' declarations give the model their values."""
+    return bool(active) and all(study in resolutions and resolutions[study][2] is not None
+                                and study.model_config is None for study in active)
+
+
+def declaration_rewrites(resolutions, fixed_arm):
+    """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (declared_where), its
+    Study(...) call's resolve= becomes fixed_resolution(values, depths) and its variant_name= a lambda of the piece
+    (rule 14); with every study fixed (rule 16, `fixed_arm`), resolve= becomes a model_config= of the values and
+    variant_name= goes (the file's command line offers no study: FIXED_STUDIES checks the depth, names the run)."""
     rewrites = []
     for study, (values, depths, piece) in resolutions.items():
         module, name = declared_where(study)
         indent = " " * 8  # the call's arguments under the declaration's keywords (at 4)
+        if fixed_arm:  # a keyword of its own line (rewritten_declarations), at 4
+            given = "\n".join(packed_dict("    model_config=lambda model_cfg, config: ", values, indent, WIDTH - 2))[4:]
+            rewrites += [(module, name, "resolve", given), (module, name, "variant_name", None)]
+            continue
         resolution = packed_dict(indent, values, indent + " ") + [f"{indent}{depths!r})"]
-        rewrites.append((module, name, "resolve", "\n".join(["fixed_resolution(", *resolution[:-2],
+        rewrites.append((module, name, "resolve", "\n".join(["resolve=fixed_resolution(", *resolution[:-2],
                                                                resolution[-2] + ","] + resolution[-1:])))
         if piece is not None:
-            rewrites.append((module, name, "variant_name", f"lambda config: {piece!r}"))
+            rewrites.append((module, name, "variant_name", f"variant_name=lambda config: {piece!r}"))
     return {FIXED_DECLARATIONS: tuple(rewrites)} if rewrites else {}
 
 
 def rewritten_declarations(source, rewrites, where):
     """The source with the keyword arguments of FIXED_DECLARATIONS rewritten (each `NAME = Study(...)` at module
-    level; a missing one is refused), and the import of fixed_resolution it then calls."""
+    level; a missing one is refused): each replaced by its new source, or cut where that is None; and the import of
+    fixed_resolution where a new one calls it."""
     tree = ast.parse(source)
     edits = []
     for name, keyword, new in rewrites:
@@ -293,8 +307,22 @@ def rewritten_declarations(source, rewrites, where):
         if not found:
             raise UsageError(f"{EXPORT_FLAG}: {where}: {name} is no `{name} = Study(..., {keyword}=...)` at module "
                              f"level, which the export rewrites to the run's resolved values (docs/export.md, rule 14)")
-        edits.append((found[0].value, new))
+        items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+        at = items.index(found[0])
+        if new is not None and "\n" in new and at and items[at - 1].end_lineno == found[0].lineno:
+            # lines of their own, at the column of the call's keywords that start theirs (else 4)
+            column = min((k.col_offset for i, k in enumerate(items)
+                          if (items[i - 1].end_lineno if i else call.lineno) < k.lineno), default=4)
+            edits.append((span((items[at - 1].end_lineno, items[at - 1].end_col_offset),
+                               (found[0].end_lineno, found[0].end_col_offset)), f",\n{' ' * column}{new}"))
+            continue
+        if new is not None:
+            edits.append((found[0], new))
+            continue
+        edits += cut_items(items, {at})
     text = replace_spans(source, edits)
+    if not any(new and "fixed_resolution(" in new for _, _, new in rewrites):
+        return text
     first = next(node for node in ast.parse(text).body if isinstance(node, ast.Assign) and
                  [ast.unparse(t) for t in node.targets] == [rewrites[0][0]])
     lines = text.split("\n")
@@ -1911,7 +1939,7 @@ def flag_groups(argv):
 # Run flags that are no part of the file's defaults: where the log goes, and a stop before the schedule's end.
 NOT_DEFAULTS = ("--log-dir", "--run-name", "--stop-after")
 # The constants the export writes at the top of the file, in place of the modular code's empty ones.
-FILE_CONSTANTS = ("FIXED_FLAGS", "RUN_DEFAULTS", "LEFT_OUT_FIELDS")
+FILE_CONSTANTS = ("FIXED_STUDIES", "FIXED_FLAGS", "RUN_DEFAULTS", "LEFT_OUT_FIELDS")
 
 
 def run_defaults(run_argv, config, fixed):
@@ -1958,12 +1986,19 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if not_varied:
         registries[script_module] = {TRACK_FLAGS_NAME: [flag not in not_varied for flag in track_flags]}
     shared = [name for name in not_offered if name not in {flag.name for flag in track_flags}]
-    varied = [token for name, values in flag_groups(fixed_flags) if name not in not_offered
+    fixed_arm = every_study_fixed(active, resolutions)
+    # rule 16: the studies' flags leave the command line (their fields are logged from LEFT_OUT_FIELDS)
+    unparsed = {flag.name for study in active for flag in study.flags} if fixed_arm else set()
+    varied = [token for name, values in flag_groups(fixed_flags) if name not in {*not_offered, *unparsed}
               for token in [name, *values]]
-    # the file's FIXED_FLAGS, a constant of it: the tests on it fold (none fixed: with_fixed_flags adds nothing)
-    folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
+    fixed_studies = tuple((piece, depths) for study, (_, depths, piece) in resolutions.items()) if fixed_arm else ()
+    # the file's FIXED_FLAGS and FIXED_STUDIES, constants of it: the tests on them fold (none fixed: with_fixed_flags
+    # adds nothing, no depth is checked), and with no study on or all fixed, the command line offers none
+    folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied),
+                 FIXED_STUDIES=tuple((piece, tuple(depths.items())) for piece, depths in fixed_studies),
+                 **({"OFFERED_STUDIES": ()} if fixed_arm or not active else {}))
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
-    folds.update(declaration_rewrites(resolutions))
+    folds.update(declaration_rewrites(resolutions, fixed_arm))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
@@ -2003,11 +2038,17 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
     left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in left_out_flags(active, not_varied)}
-    out += [f"FIXED_FLAGS = {tuple(varied)!r}",
-            "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
+    left_out.update({flag.dest: as_logged(getattr(config, flag.dest)) for study in active for flag in study.flags
+                     if flag.name in unparsed})
+    out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
+    if fixed_studies:
+        out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",
+                "# run's name, and the presets and layer counts where it runs as this file holds it.",
+                f"FIXED_STUDIES = {fixed_studies!r}"]
+    out += ["# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
-            "# The fields of the studies and flags left out of this file, at the run's values: logged as the modular "
-            "script does.",
+            "# The fields its config does not hold (of the studies off or fixed, of the flags left out), at the run's",
+            "# values: logged as the modular script logs them.",
             *packed_assignment("LEFT_OUT_FIELDS", left_out)]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
