@@ -585,14 +585,15 @@ def reads_config(node):
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
 PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool}
-# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`).
-PURE_STR_METHODS = ("startswith", "endswith")
+# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`,
+# `mode.partition("-")`).
+PURE_STR_METHODS = ("startswith", "endswith", "partition")
 
 
 def folded_value(node, folds, test=True):
     """The value of an expression made of folds (a field of a study that is on by any receiver: STUDY_FIELD),
     constants, `not`, `and`/`or`, one comparison, a conditional expression, a comprehension over an empty sequence,
-    len/any/all/bool of a decided value, startswith/endswith of a decided string, and calls of methods that compute
+    len/any/all/bool of a decided value, PURE_STR_METHODS of a decided string, and calls of methods that compute
     a constant (`self.name()` in folds, constant_methods) with arguments that only read names; UNKNOWN when any
     part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where that
     part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
@@ -845,13 +846,31 @@ def assigned_locals(statement):
     return []
 
 
+def unpacked_locals(statement):
+    """The names of `a, b, c = value` (names only) where value is not a tuple display (assigned_locals pairs those);
+    [] for any other statement."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return []
+    target = statement.targets[0]
+    if isinstance(target, ast.Tuple) and not isinstance(statement.value, ast.Tuple) \
+            and all(isinstance(t, ast.Name) for t in target.elts):
+        return [t.id for t in target.elts]
+    return []
+
+
+def is_str_method_receiver(node, call_funcs):
+    """Whether `node` is the receiver of a PURE_STR_METHODS call (`t` of `t.partition("-")`)."""
+    return any(f.attr in PURE_STR_METHODS and f.value is node for f in call_funcs if isinstance(f, ast.Attribute))
+
+
 def propagate_locals(text, folds, readers=()):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
-    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`),
-    assigned that value as a literal and read as it in the statements after it in its block (where it is not called
-    nor its attribute or item read): the tests on it then fold, and the assignment is left unread
-    (drop_dead_constants). A local assigned a literal in the source is left as it is. In the functions `readers`,
-    the fields of the studies that are on are not folded (fold_ifs)."""
+    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`,
+    or each name of `a, b, c = mode.partition("-")` decided as a tuple of as many scalars), assigned that value as a
+    literal and read as it in the statements after it in its block (where it is not called nor its attribute or
+    item read, but for a decided string as the receiver of a PURE_STR_METHODS call): the tests on it then fold, and
+    the assignment is left unread (drop_dead_constants). A local assigned a literal in the source is left as it
+    is. In the functions `readers`, the fields of the studies that are on are not folded (fold_ifs)."""
     tree = ast.parse(text)
     edits = []
     inside = parsed_readers_nodes(tree, readers)
@@ -864,19 +883,30 @@ def propagate_locals(text, folds, readers=()):
         stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
         for block in own_blocks(function):
             for i, statement in enumerate(block):
+                decided_names = []  # (name, its value)
                 for name, value_node in assigned_locals(statement):
                     if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
                         continue
                     value = folded_value(value_node, function_folds, test=False)
-                    if value is UNKNOWN or not is_scalar(value):
-                        continue
-                    edits.append((value_node, repr(value)))
-                    held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
-                            if isinstance(n, (ast.Attribute, ast.Subscript))}
-                    held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
-                    edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
-                              if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                              and id(n) not in held]
+                    if value is not UNKNOWN and is_scalar(value):
+                        edits.append((value_node, repr(value)))
+                        decided_names.append((name, value))
+                names = unpacked_locals(statement)
+                if names and all(stores.count(name) == 1 for name in names):
+                    values = folded_value(statement.value, function_folds, test=False)
+                    if isinstance(values, tuple) and len(values) == len(names) and all(map(is_scalar, values)):
+                        edits.append((statement.value, repr(values)))
+                        decided_names += list(zip(names, values))
+                if not decided_names:
+                    continue
+                later = [n for s in block[i + 1:] for n in ast.walk(s)]
+                call_funcs = [n.func for n in later if isinstance(n, ast.Call)]
+                for name, value in decided_names:
+                    held = {id(n.value) for n in later if isinstance(n, (ast.Attribute, ast.Subscript))
+                            and not (isinstance(value, str) and is_str_method_receiver(n.value, call_funcs))}
+                    held |= {id(f) for f in call_funcs}
+                    edits += [(n, repr(value)) for n in later if isinstance(n, ast.Name) and n.id == name
+                              and isinstance(n.ctx, ast.Load) and id(n) not in held]
     return replace_spans(text, edits)
 
 
@@ -1034,8 +1064,19 @@ def first_line_with_comments(lines, node):
 
 
 def drop_dead_constants(text):
-    """The source without the assignments of a constant to a local name its function never reads (what folding
-    leaves of `state = load(...) if config.flag else None`), with the comments right above them."""
+    """The source without the assignments to local names their function never reads of values that only read
+    names, attributes and constants (what folding leaves of `state = load(...) if config.flag else None`, or of
+    `D, k = cfg.model_dim, 1`), with the comments right above them; again until none is left (a dropped one can
+    leave the one it read unread)."""
+    while True:
+        dropped = dead_constants_dropped(text)
+        if dropped == text:
+            return text
+        text = dropped
+
+
+def dead_constants_dropped(text):
+    """drop_dead_constants, one pass."""
     tree = ast.parse(text)
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
@@ -1044,8 +1085,7 @@ def drop_dead_constants(text):
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
             dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
-                    and all(name not in read and isinstance(value, ast.Constant)
-                            for name, value in assigned_locals(s))]
+                    and all(name not in read and only_reads(value) for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \

@@ -1031,3 +1031,28 @@ def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
     result = run_file(out, "--backout-mode", "concat-head")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--backout-mode: this file runs one arm" in result.stderr
+
+
+# ----- stop 45 (h-residue45): residue the backout record kept --------------------------------------------------------
+
+def test_an_unread_local_of_names_and_attributes_goes_until_none_is_left():
+    """`D, k = cfg.model_dim, 1` is no constant yet reads nothing the run needs; a dropped `a = t` leaves `t` unread."""
+    from speedrun.export import drop_dead_constants
+    source = ("def f(cfg, x):\n    D, k = cfg.model_dim, 1\n    t = cfg.mode\n    a = t\n"
+              "    kept, gone = cfg.width, None\n    y = g(x)\n    return kept + x\n")
+    assert drop_dead_constants(source) == ("def f(cfg, x):\n    kept, gone = cfg.width, None\n    y = g(x)\n"
+                                           "    return kept + x\n")  # a call stays: it may act; one item read: too
+
+
+def test_a_decided_string_partitioned_into_names_folds_their_tests():
+    """`t = cfg.mode` decided, `a, _, b = t.partition("-")`: each name is read as its part, so `if b:` folds and the
+    partition line and `t` are left unread."""
+    from speedrun.export import drop_dead_constants, fold_constants
+    source = ('def f(cfg, x):\n    t = cfg.mode\n    act, _, linear = t.partition("-")\n    x = ACT.get(act, I)(x)\n'
+              '    if linear:\n        x = lin(x)\n    return x, t.upper()\n')
+    text, _ = fold_constants(source, {".mode": "relu"})
+    assert drop_dead_constants(text) == ("def f(cfg, x):\n    t = 'relu'\n    x = ACT.get('relu', I)(x)\n"
+                                         "    return x, t.upper()\n")  # another method of t: t stays read
+    assert "lin(x)" in fold_constants(source, {".mode": "relu-linear"})[0]
+    unknown = fold_constants(source, {})[0]
+    assert unknown == source  # undecided: nothing moves
