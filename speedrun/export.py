@@ -1196,16 +1196,18 @@ def parameter_items(function):
 
 
 def without_calls_decided(text, fixed_parameters, no_ops):
-    """The source with each parameter of `fixed_parameters` ((function, parameter, its position): every call of the
-    program passes it an empty tuple, or none over a default of one; decided_calls) read as `()` in its function
-    and gone from its signature and its calls, and each call statement of a function of `no_ops` (its body does
-    nothing) gone."""
+    """The source with each parameter of `fixed_parameters` ((function, parameter, its position, the literal every
+    call of the program passes it: `()`, or one scalar the folds decide; decided_calls) read as that literal in its
+    function and gone from its signature and its calls, and each call statement of a function of `no_ops` (its
+    body does nothing) gone."""
     if not fixed_parameters and not no_ops:
         return text
     tree = ast.parse(text)
     fixed = {}
-    for function, parameter, position in fixed_parameters:
+    literals = {}
+    for function, parameter, position, literal in fixed_parameters:
         fixed.setdefault(function, {})[parameter] = position
+        literals[function, parameter] = literal
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in fixed:
@@ -1220,7 +1222,10 @@ def without_calls_decided(text, fixed_parameters, no_ops):
         if isinstance(node, ast.FunctionDef) and node.name in fixed:
             names = fixed[node.name]
             edits += cut_items(parameter_items(node), set(names.values()))
-            edits += [(n, "()") for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+            receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            # `(1).bit_length()`: a number read as a receiver keeps its parentheses
+            edits += [(n, f"({literals[node.name, n.id]})" if id(n) in receivers else literals[node.name, n.id])
+                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
     text = replace_spans(text, edits) if edits else text
     lines = text.split("\n")
     tree = ast.parse(text)
@@ -1237,7 +1242,9 @@ def decided_calls(program):
     """(fixed_parameters, no_ops) of the kept program for without_calls_decided: of each top-level function its
     name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), the
     parameters every call passes `()` or leaves at a default of `()` (the registry pruned to no study, passed on:
-    `studies=STUDIES`), and the functions whose body is `pass` alone, called as statements with arguments that only
+    `studies=STUDIES`) or passes one scalar that folded_value decides with the program's folds (`cfg.backout_mode`
+    of a study that is on; in the functions that read the flags as parsed, PARSED_READERS, without the folds of the
+    studies' fields) where not every call spells it as a literal, and the functions whose body is `pass` alone, called as statements with arguments that only
     read names (check_r18_studies with no study on)."""
     nodes = [s.node for m in program.modules.values() for s in program.kept_statements(m)]
     functions = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef) and not n.decorator_list}
@@ -1251,6 +1258,11 @@ def decided_calls(program):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions:
             calls.setdefault(n.func.id, []).append(n)
     statements = {id(n.value) for n in every if isinstance(n, ast.Expr)}
+    readers = {(module, function) for module, function in program.folds.get(PARSED_READERS, ())}
+    inside_readers = {id(n) for m in program.modules.values() for s in program.kept_statements(m)
+                      if isinstance(s.node, ast.FunctionDef) and (m.name, s.node.name) in readers
+                      for n in ast.walk(s.node)}
+    parsed_folds = without_study_fields(program.folds)
     fixed, no_ops = [], []
     for name, function in functions.items():
         called = calls.get(name, [])
@@ -1271,12 +1283,23 @@ def decided_calls(program):
         for position, (arg, default) in enumerate(zip(args, defaults)):
             if arg.arg in stored | inner or position < len(function.args.posonlyargs):
                 continue
-            passed = []
+            passed = []  # (the argument, the folds it is read with)
             for call in called:
                 keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
-                passed.append(call.args[position] if position < len(call.args) else keyword or default)
-            if passed and all(isinstance(v, ast.Tuple) and not v.elts for v in passed):
-                fixed.append((name, arg.arg, position))
+                passed.append((call.args[position] if position < len(call.args) else keyword or default,
+                               parsed_folds if id(call) in inside_readers else program.folds))
+            if not passed or any(v is None for v, _ in passed):
+                continue
+            if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
+                fixed.append((name, arg.arg, position, "()"))
+                continue
+            # passed by every call, and folded in one at least: a literal the source passes is left as it is
+            if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
+                continue
+            values = [folded_value(v, folds, test=False) for v, folds in passed]
+            if all(v is not UNKNOWN and is_scalar(v) and type(v) is type(values[0]) and v == values[0]
+                   for v in values):
+                fixed.append((name, arg.arg, position, repr(values[0])))
     return tuple(sorted(fixed)), tuple(sorted(no_ops))
 
 

@@ -1056,3 +1056,45 @@ def test_a_decided_string_partitioned_into_names_folds_their_tests():
     assert "lin(x)" in fold_constants(source, {".mode": "relu-linear"})[0]
     unknown = fold_constants(source, {})[0]
     assert unknown == source  # undecided: nothing moves
+
+
+
+MIXES = '''def mix(mode, x, y, scale=2):
+    if mode == "sub":
+        return x - y
+    return (x + y) * scale
+
+
+def label(x, what):
+    return f"{what}{x}"
+
+
+def pick(on, x):
+    return x if on else -x
+
+
+def width(n):
+    return n.bit_length()
+'''
+
+
+def test_a_parameter_every_call_passes_one_decided_scalar_is_read_as_it(tmp_path, monkeypatch):
+    """`mix(cfg.mode, ...)` at every call, cfg.mode decided: `mode` is read as its value, so the branch the run
+    never takes goes, and it leaves the signature and the calls. A literal the source passes (`label(x, "L")`), a
+    default some call leaves as it is (`scale`) and a value that differs between calls (`pick`) stay."""
+    script = ("from speedrun.lib import mix, label, pick, width\n\n\ndef run(cfg, x):\n"
+              "    return mix(cfg.mode, x, x), mix(cfg.mode, x, 1, scale=cfg.mode == 'add'), label(x, 'L'), "
+              "pick(cfg.a, x), pick(cfg.b, x), width(cfg.n)\n\n\nif __name__ == '__main__':\n    run(None, 1)\n")
+    folds = {".mode": "add", ".a": True, ".b": False, ".n": 5}
+    text = exported_program(tmp_path, monkeypatch, MIXES, script, folds)
+    assert "def mix(x, y, scale=2):\n    return (x + y) * scale\n" in text
+    assert "return mix(x, x), mix(x, 1, scale=cfg.mode == 'add'), label(x, 'L'), pick(cfg.a, x), pick(cfg.b, x)" \
+        in text
+    assert "def label(x, what):" in text and "def pick(on, x):" in text
+    assert "def width():\n    return (5).bit_length()" in text  # `5.bit_length()` would not parse
+    # a function that reads the flags as parsed (PARSED_READERS) is not folded with the studies' fields
+    from speedrun.export import PARSED_READERS
+    (tmp_path / "parsed").mkdir()
+    text = exported_program(tmp_path / "parsed", monkeypatch, MIXES, script,
+                            {**folds, PARSED_READERS: (("script", "run"),)})
+    assert "def mix(mode, x, y, scale=2):" in text and "mix(cfg.mode, x, x)" in text
