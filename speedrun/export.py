@@ -13,7 +13,8 @@ torch) are merged at the top. It holds only what the run executes:
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
   emptied, it is read as `()` (empty_registries_read), and so is a parameter every kept call passes `()` or leaves
   at a default of `()`: it goes from its function and the calls, and a function whose body is then `pass` goes with
-  its call statements (decided_calls);
+  its call statements (decided_calls); so does a parameter of a function or of a method called as `self.name(...)`
+  that every call passes one scalar the folds decide (`mode`, passed `cfg.backout_mode`), read as its literal;
 - a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
@@ -33,6 +34,7 @@ be equal, or the export is refused naming the first difference (or the program t
 """
 
 import ast
+import collections
 import builtins
 import functools
 import importlib
@@ -1199,7 +1201,7 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     """The source with each parameter of `fixed_parameters` ((function, parameter, its position, the literal every
     call of the program passes it: `()`, or one scalar the folds decide; decided_calls) read as that literal in its
     function and gone from its signature and its calls, and each call statement of a function of `no_ops` (its
-    body does nothing) gone."""
+    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`."""
     if not fixed_parameters and not no_ops:
         return text
     tree = ast.parse(text)
@@ -1210,21 +1212,28 @@ def without_calls_decided(text, fixed_parameters, no_ops):
         literals[function, parameter] = literal
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
     for call in ast.walk(tree):
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in fixed:
-            names = fixed[call.func.id]
+        called = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if called in fixed and isinstance(call.func, (ast.Name, ast.Attribute)):
+            names = fixed[called]
+            skipped = 1 if isinstance(call.func, ast.Attribute) else 0  # a method's call does not pass self
             items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
-            removed = {items.index(call.args[position]) for position in names.values() if position < len(call.args)}
+            removed = {items.index(call.args[position - skipped]) for position in names.values()
+                       if position - skipped < len(call.args)}
             removed |= {items.index(k) for k in call.keywords if k.arg in names}
             edits += cut_items(items, removed)
     text = replace_spans(text, edits) if edits else text
     edits = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in fixed:
-            names = fixed[node.name]
+    tree = ast.parse(text)
+    definitions = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
+    definitions += [(f"self.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body
+                    if isinstance(m, ast.FunctionDef)]
+    for key, node in definitions:
+        if key in fixed:
+            names = fixed[key]
             edits += cut_items(parameter_items(node), set(names.values()))
             receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
             # `(1).bit_length()`: a number read as a receiver keeps its parentheses
-            edits += [(n, f"({literals[node.name, n.id]})" if id(n) in receivers else literals[node.name, n.id])
+            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers else literals[key, n.id])
                       for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
     text = replace_spans(text, edits) if edits else text
     lines = text.split("\n")
@@ -1238,14 +1247,47 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     return "\n".join(lines)
 
 
+def decided_parameters(function, called, skipped, folds_of):
+    """[(parameter, its position, its literal)] of the parameters of `function` that every call of `called`
+    passes `()` or leaves at a default of `()`, or passes one scalar that folded_value decides (with the folds
+    `folds_of(call)`) where not every call spells it as a literal; `skipped`: the leading parameters the calls do
+    not pass (a method's self)."""
+    args = function.args.args
+    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+    stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
+             for a in n.posonlyargs + n.args + n.kwonlyargs}
+    found = []
+    for position, (arg, default) in enumerate(zip(args, defaults)):
+        if arg.arg in stored | inner or position < skipped:
+            continue
+        passed = []  # (the argument, the folds it is read with)
+        for call in called:
+            keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
+            passed.append((call.args[position - skipped] if position - skipped < len(call.args)
+                           else keyword or default, folds_of(call)))
+        if not passed or any(v is None for v, _ in passed):
+            continue
+        if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
+            found.append((arg.arg, position, "()"))
+            continue
+        # passed by every call, and folded in one at least: a literal the source passes is left as it is
+        if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
+            continue
+        values = [folded_value(v, folds, test=False) for v, folds in passed]
+        if all(v is not UNKNOWN and is_scalar(v) and type(v) is type(values[0]) and v == values[0] for v in values):
+            found.append((arg.arg, position, repr(values[0])))
+    return found
+
+
 def decided_calls(program):
     """(fixed_parameters, no_ops) of the kept program for without_calls_decided: of each top-level function its
-    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), the
-    parameters every call passes `()` or leaves at a default of `()` (the registry pruned to no study, passed on:
-    `studies=STUDIES`) or passes one scalar that folded_value decides with the program's folds (`cfg.backout_mode`
-    of a study that is on; in the functions that read the flags as parsed, PARSED_READERS, without the folds of the
-    studies' fields) where not every call spells it as a literal, and the functions whose body is `pass` alone, called as statements with arguments that only
-    read names (check_r18_studies with no study on)."""
+    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), and
+    of each method that one class of the program's modules defines and that is reached only by `self.name(...)`
+    calls (no other attribute or string names it; no library base class has it), the decided_parameters (in the
+    functions that read the flags as parsed, PARSED_READERS, read without the folds of the studies' fields); and
+    the functions whose body is `pass` alone, called as statements with arguments that only read names
+    (check_r18_studies with no study on)."""
     nodes = [s.node for m in program.modules.values() for s in program.kept_statements(m)]
     functions = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     every = [n for node in nodes for n in ast.walk(node)]
@@ -1263,6 +1305,10 @@ def decided_calls(program):
                       if isinstance(s.node, ast.FunctionDef) and (m.name, s.node.name) in readers
                       for n in ast.walk(s.node)}
     parsed_folds = without_study_fields(program.folds)
+
+    def folds_of(call):
+        return parsed_folds if id(call) in inside_readers else program.folds
+
     fixed, no_ops = [], []
     for name, function in functions.items():
         called = calls.get(name, [])
@@ -1275,31 +1321,37 @@ def decided_calls(program):
                 and all(only_reads(a) for c in called for a in c.args + [k.value for k in c.keywords]):
             no_ops.append(name)
             continue
-        args = function.args.args
-        defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
-        stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
-                 for a in n.posonlyargs + n.args + n.kwonlyargs}
-        for position, (arg, default) in enumerate(zip(args, defaults)):
-            if arg.arg in stored | inner or position < len(function.args.posonlyargs):
-                continue
-            passed = []  # (the argument, the folds it is read with)
-            for call in called:
-                keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
-                passed.append((call.args[position] if position < len(call.args) else keyword or default,
-                               parsed_folds if id(call) in inside_readers else program.folds))
-            if not passed or any(v is None for v, _ in passed):
-                continue
-            if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
-                fixed.append((name, arg.arg, position, "()"))
-                continue
-            # passed by every call, and folded in one at least: a literal the source passes is left as it is
-            if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
-                continue
-            values = [folded_value(v, folds, test=False) for v, folds in passed]
-            if all(v is not UNKNOWN and is_scalar(v) and type(v) is type(values[0]) and v == values[0]
-                   for v in values):
-                fixed.append((name, arg.arg, position, repr(values[0])))
+        fixed += [(name, *found) for found in decided_parameters(function, called, 0, folds_of)]
+    # methods: over every statement of the modules, kept or not (a class left out keeps its calls, cut alike)
+    classes = [(m, s) for m in program.modules.values() for s in m.statements if isinstance(s.node, ast.ClassDef)]
+    anywhere = [n for _, s in classes for n in ast.walk(s.node)]
+    anywhere += [n for m in program.modules.values() for s in m.statements if not isinstance(s.node, ast.ClassDef)
+                 for n in ast.walk(s.node)]
+    methods = {}
+    for module, statement in classes:
+        library = program.library_methods(module, statement)
+        for method in statement.node.body:
+            if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                methods.setdefault(method.name, []).append(None if library is None or method.name in library
+                                                           else method)
+    named = collections.Counter(n.attr for n in anywhere if isinstance(n, ast.Attribute))
+    named.update(n.value for n in anywhere if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    named.update(n.id for n in anywhere if isinstance(n, ast.Name))
+    self_calls = {}
+    for n in anywhere:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and n.func.value.id == "self":
+            self_calls.setdefault(n.func.attr, []).append(n)
+    for name, (method, *others) in methods.items():
+        called = self_calls.get(name, [])
+        if others or method is None or method.name.startswith("__") or method.decorator_list \
+                or not isinstance(method, ast.FunctionDef) or not method.args.args \
+                or method.args.args[0].arg != "self" or method.args.vararg or method.args.kwarg \
+                or method.args.posonlyargs or named[name] != len(called) \
+                or any(isinstance(a, ast.Starred) for c in called for a in c.args) \
+                or any(k.arg is None for c in called for k in c.keywords):
+            continue
+        fixed += [(f"self.{name}", *found) for found in decided_parameters(method, called, 1, folds_of)]
     return tuple(sorted(fixed)), tuple(sorted(no_ops))
 
 

@@ -1098,3 +1098,28 @@ def test_a_parameter_every_call_passes_one_decided_scalar_is_read_as_it(tmp_path
     text = exported_program(tmp_path / "parsed", monkeypatch, MIXES, script,
                             {**folds, PARSED_READERS: (("script", "run"),)})
     assert "def mix(mode, x, y, scale=2):" in text and "mix(cfg.mode, x, x)" in text
+
+
+PARTS = '''class Part:
+    def __init__(self, cfg):
+        self.reserve(cfg.mode, 3)
+        self.named(cfg.mode)
+        getattr(self, "named")(cfg.mode)
+
+    def reserve(self, mode, n):
+        self.mode = mode
+        if mode == "sum":
+            self.n = n
+
+    def named(self, mode):
+        self.label = mode
+'''
+
+
+def test_a_method_every_self_call_passes_one_decided_scalar_reads_it(tmp_path, monkeypatch):
+    """A method of one class reached only by `self.reserve(cfg.mode, ...)` calls reads the decided mode as its
+    literal and loses it from its signature and calls; one a string also names (getattr) keeps it."""
+    script = "from speedrun.lib import Part\n\n\nif __name__ == '__main__':\n    Part(None)\n"
+    text = exported_program(tmp_path, monkeypatch, PARTS, script, {".mode": "sum"})
+    assert "self.reserve(3)" in text and "def reserve(self, n):\n        self.mode = 'sum'\n        self.n = n" in text
+    assert "def named(self, mode):" in text and "self.named(cfg.mode)" in text
