@@ -13,7 +13,8 @@ torch) are merged at the top. It holds only what the run executes:
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
   emptied, it is read as `()` (empty_registries_read), and so is a parameter every kept call passes `()` or leaves
   at a default of `()`: it goes from its function and the calls, and a function whose body is then `pass` goes with
-  its call statements (decided_calls);
+  its call statements (decided_calls); so does a parameter of a function or of a method called as `self.name(...)`
+  that every call passes one scalar the folds decide (`mode`, passed `cfg.backout_mode`), read as its literal;
 - a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
@@ -33,6 +34,7 @@ be equal, or the export is refused naming the first difference (or the program t
 """
 
 import ast
+import collections
 import builtins
 import functools
 import importlib
@@ -666,14 +668,15 @@ def reads_config(node):
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
 PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool}
-# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`).
-PURE_STR_METHODS = ("startswith", "endswith")
+# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`,
+# `mode.partition("-")`).
+PURE_STR_METHODS = ("startswith", "endswith", "partition")
 
 
 def folded_value(node, folds, test=True):
     """The value of an expression made of folds (a field of a study that is on by any receiver: STUDY_FIELD),
     constants, `not`, `and`/`or`, one comparison, a conditional expression, a comprehension over an empty sequence,
-    len/any/all/bool of a decided value, startswith/endswith of a decided string, and calls of methods that compute
+    len/any/all/bool of a decided value, PURE_STR_METHODS of a decided string, and calls of methods that compute
     a constant (`self.name()` in folds, constant_methods) with arguments that only read names; UNKNOWN when any
     part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where that
     part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
@@ -926,13 +929,31 @@ def assigned_locals(statement):
     return []
 
 
+def unpacked_locals(statement):
+    """The names of `a, b, c = value` (names only) where value is not a tuple display (assigned_locals pairs those);
+    [] for any other statement."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return []
+    target = statement.targets[0]
+    if isinstance(target, ast.Tuple) and not isinstance(statement.value, ast.Tuple) \
+            and all(isinstance(t, ast.Name) for t in target.elts):
+        return [t.id for t in target.elts]
+    return []
+
+
+def is_str_method_receiver(node, call_funcs):
+    """Whether `node` is the receiver of a PURE_STR_METHODS call (`t` of `t.partition("-")`)."""
+    return any(f.attr in PURE_STR_METHODS and f.value is node for f in call_funcs if isinstance(f, ast.Attribute))
+
+
 def propagate_locals(text, folds, readers=()):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
-    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`),
-    assigned that value as a literal and read as it in the statements after it in its block (where it is not called
-    nor its attribute or item read): the tests on it then fold, and the assignment is left unread
-    (drop_dead_constants). A local assigned a literal in the source is left as it is. In the functions `readers`,
-    the fields of the studies that are on are not folded (fold_ifs)."""
+    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`,
+    or each name of `a, b, c = mode.partition("-")` decided as a tuple of as many scalars), assigned that value as a
+    literal and read as it in the statements after it in its block (where it is not called nor its attribute or
+    item read, but for a decided string as the receiver of a PURE_STR_METHODS call): the tests on it then fold, and
+    the assignment is left unread (drop_dead_constants). A local assigned a literal in the source is left as it
+    is. In the functions `readers`, the fields of the studies that are on are not folded (fold_ifs)."""
     tree = ast.parse(text)
     edits = []
     inside = parsed_readers_nodes(tree, readers)
@@ -945,19 +966,30 @@ def propagate_locals(text, folds, readers=()):
         stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
         for block in own_blocks(function):
             for i, statement in enumerate(block):
+                decided_names = []  # (name, its value)
                 for name, value_node in assigned_locals(statement):
                     if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
                         continue
                     value = folded_value(value_node, function_folds, test=False)
-                    if value is UNKNOWN or not is_scalar(value):
-                        continue
-                    edits.append((value_node, repr(value)))
-                    held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
-                            if isinstance(n, (ast.Attribute, ast.Subscript))}
-                    held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
-                    edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
-                              if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                              and id(n) not in held]
+                    if value is not UNKNOWN and is_scalar(value):
+                        edits.append((value_node, repr(value)))
+                        decided_names.append((name, value))
+                names = unpacked_locals(statement)
+                if names and all(stores.count(name) == 1 for name in names):
+                    values = folded_value(statement.value, function_folds, test=False)
+                    if isinstance(values, tuple) and len(values) == len(names) and all(map(is_scalar, values)):
+                        edits.append((statement.value, repr(values)))
+                        decided_names += list(zip(names, values))
+                if not decided_names:
+                    continue
+                later = [n for s in block[i + 1:] for n in ast.walk(s)]
+                call_funcs = [n.func for n in later if isinstance(n, ast.Call)]
+                for name, value in decided_names:
+                    held = {id(n.value) for n in later if isinstance(n, (ast.Attribute, ast.Subscript))
+                            and not (isinstance(value, str) and is_str_method_receiver(n.value, call_funcs))}
+                    held |= {id(f) for f in call_funcs}
+                    edits += [(n, repr(value)) for n in later if isinstance(n, ast.Name) and n.id == name
+                              and isinstance(n.ctx, ast.Load) and id(n) not in held]
     return replace_spans(text, edits)
 
 
@@ -1115,8 +1147,19 @@ def first_line_with_comments(lines, node):
 
 
 def drop_dead_constants(text):
-    """The source without the assignments of a constant to a local name its function never reads (what folding
-    leaves of `state = load(...) if config.flag else None`), with the comments right above them."""
+    """The source without the assignments to local names their function never reads of values that only read
+    names, attributes and constants (what folding leaves of `state = load(...) if config.flag else None`, or of
+    `D, k = cfg.model_dim, 1`), with the comments right above them; again until none is left (a dropped one can
+    leave the one it read unread)."""
+    while True:
+        dropped = dead_constants_dropped(text)
+        if dropped == text:
+            return text
+        text = dropped
+
+
+def dead_constants_dropped(text):
+    """drop_dead_constants, one pass."""
     tree = ast.parse(text)
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
@@ -1125,8 +1168,7 @@ def drop_dead_constants(text):
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
             dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
-                    and all(name not in read and isinstance(value, ast.Constant)
-                            for name, value in assigned_locals(s))]
+                    and all(name not in read and only_reads(value) for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
@@ -1237,31 +1279,43 @@ def parameter_items(function):
 
 
 def without_calls_decided(text, fixed_parameters, no_ops):
-    """The source with each parameter of `fixed_parameters` ((function, parameter, its position): every call of the
-    program passes it an empty tuple, or none over a default of one; decided_calls) read as `()` in its function
-    and gone from its signature and its calls, and each call statement of a function of `no_ops` (its body does
-    nothing) gone."""
+    """The source with each parameter of `fixed_parameters` ((function, parameter, its position, the literal every
+    call of the program passes it: `()`, or one scalar the folds decide; decided_calls) read as that literal in its
+    function and gone from its signature and its calls, and each call statement of a function of `no_ops` (its
+    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`."""
     if not fixed_parameters and not no_ops:
         return text
     tree = ast.parse(text)
     fixed = {}
-    for function, parameter, position in fixed_parameters:
+    literals = {}
+    for function, parameter, position, literal in fixed_parameters:
         fixed.setdefault(function, {})[parameter] = position
+        literals[function, parameter] = literal
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
     for call in ast.walk(tree):
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in fixed:
-            names = fixed[call.func.id]
+        called = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if called in fixed and isinstance(call.func, (ast.Name, ast.Attribute)):
+            names = fixed[called]
+            skipped = 1 if isinstance(call.func, ast.Attribute) else 0  # a method's call does not pass self
             items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
-            removed = {items.index(call.args[position]) for position in names.values() if position < len(call.args)}
+            removed = {items.index(call.args[position - skipped]) for position in names.values()
+                       if position - skipped < len(call.args)}
             removed |= {items.index(k) for k in call.keywords if k.arg in names}
             edits += cut_items(items, removed)
     text = replace_spans(text, edits) if edits else text
     edits = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in fixed:
-            names = fixed[node.name]
+    tree = ast.parse(text)
+    definitions = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
+    definitions += [(f"self.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body
+                    if isinstance(m, ast.FunctionDef)]
+    for key, node in definitions:
+        if key in fixed:
+            names = fixed[key]
             edits += cut_items(parameter_items(node), set(names.values()))
-            edits += [(n, "()") for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+            receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            # `(1).bit_length()`: a number read as a receiver keeps its parentheses
+            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers else literals[key, n.id])
+                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
     text = replace_spans(text, edits) if edits else text
     lines = text.split("\n")
     tree = ast.parse(text)
@@ -1274,12 +1328,47 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     return "\n".join(lines)
 
 
+def decided_parameters(function, called, skipped, folds_of):
+    """[(parameter, its position, its literal)] of the parameters of `function` that every call of `called`
+    passes `()` or leaves at a default of `()`, or passes one scalar that folded_value decides (with the folds
+    `folds_of(call)`) where not every call spells it as a literal; `skipped`: the leading parameters the calls do
+    not pass (a method's self)."""
+    args = function.args.args
+    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+    stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
+             for a in n.posonlyargs + n.args + n.kwonlyargs}
+    found = []
+    for position, (arg, default) in enumerate(zip(args, defaults)):
+        if arg.arg in stored | inner or position < skipped:
+            continue
+        passed = []  # (the argument, the folds it is read with)
+        for call in called:
+            keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
+            passed.append((call.args[position - skipped] if position - skipped < len(call.args)
+                           else keyword or default, folds_of(call)))
+        if not passed or any(v is None for v, _ in passed):
+            continue
+        if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
+            found.append((arg.arg, position, "()"))
+            continue
+        # passed by every call, and folded in one at least: a literal the source passes is left as it is
+        if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
+            continue
+        values = [folded_value(v, folds, test=False) for v, folds in passed]
+        if all(v is not UNKNOWN and is_scalar(v) and type(v) is type(values[0]) and v == values[0] for v in values):
+            found.append((arg.arg, position, repr(values[0])))
+    return found
+
+
 def decided_calls(program):
     """(fixed_parameters, no_ops) of the kept program for without_calls_decided: of each top-level function its
-    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), the
-    parameters every call passes `()` or leaves at a default of `()` (the registry pruned to no study, passed on:
-    `studies=STUDIES`), and the functions whose body is `pass` alone, called as statements with arguments that only
-    read names (check_r18_studies with no study on)."""
+    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), and
+    of each method that one class of the program's modules defines and that is reached only by `self.name(...)`
+    calls (no other attribute or string names it; no library base class has it), the decided_parameters (in the
+    functions that read the flags as parsed, PARSED_READERS, read without the folds of the studies' fields); and
+    the functions whose body is `pass` alone, called as statements with arguments that only read names
+    (check_r18_studies with no study on)."""
     nodes = [s.node for m in program.modules.values() for s in program.kept_statements(m)]
     functions = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     every = [n for node in nodes for n in ast.walk(node)]
@@ -1292,6 +1381,15 @@ def decided_calls(program):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions:
             calls.setdefault(n.func.id, []).append(n)
     statements = {id(n.value) for n in every if isinstance(n, ast.Expr)}
+    readers = {(module, function) for module, function in program.folds.get(PARSED_READERS, ())}
+    inside_readers = {id(n) for m in program.modules.values() for s in program.kept_statements(m)
+                      if isinstance(s.node, ast.FunctionDef) and (m.name, s.node.name) in readers
+                      for n in ast.walk(s.node)}
+    parsed_folds = without_study_fields(program.folds)
+
+    def folds_of(call):
+        return parsed_folds if id(call) in inside_readers else program.folds
+
     fixed, no_ops = [], []
     for name, function in functions.items():
         called = calls.get(name, [])
@@ -1304,20 +1402,37 @@ def decided_calls(program):
                 and all(only_reads(a) for c in called for a in c.args + [k.value for k in c.keywords]):
             no_ops.append(name)
             continue
-        args = function.args.args
-        defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
-        stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
-                 for a in n.posonlyargs + n.args + n.kwonlyargs}
-        for position, (arg, default) in enumerate(zip(args, defaults)):
-            if arg.arg in stored | inner or position < len(function.args.posonlyargs):
-                continue
-            passed = []
-            for call in called:
-                keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
-                passed.append(call.args[position] if position < len(call.args) else keyword or default)
-            if passed and all(isinstance(v, ast.Tuple) and not v.elts for v in passed):
-                fixed.append((name, arg.arg, position))
+        fixed += [(name, *found) for found in decided_parameters(function, called, 0, folds_of)]
+    # methods: over every statement of the modules, kept or not (a class left out keeps its calls, cut alike)
+    classes = [(m, s) for m in program.modules.values() for s in m.statements if isinstance(s.node, ast.ClassDef)]
+    anywhere = [n for _, s in classes for n in ast.walk(s.node)]
+    anywhere += [n for m in program.modules.values() for s in m.statements if not isinstance(s.node, ast.ClassDef)
+                 for n in ast.walk(s.node)]
+    methods = {}
+    for module, statement in classes:
+        library = program.library_methods(module, statement)
+        for method in statement.node.body:
+            if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                methods.setdefault(method.name, []).append(None if library is None or method.name in library
+                                                           else method)
+    named = collections.Counter(n.attr for n in anywhere if isinstance(n, ast.Attribute))
+    named.update(n.value for n in anywhere if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    named.update(n.id for n in anywhere if isinstance(n, ast.Name))
+    self_calls = {}
+    for n in anywhere:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and n.func.value.id == "self":
+            self_calls.setdefault(n.func.attr, []).append(n)
+    for name, (method, *others) in methods.items():
+        called = self_calls.get(name, [])
+        if others or method is None or method.name.startswith("__") or method.decorator_list \
+                or not isinstance(method, ast.FunctionDef) or not method.args.args \
+                or method.args.args[0].arg != "self" or method.args.vararg or method.args.kwarg \
+                or method.args.posonlyargs or named[name] != len(called) \
+                or any(isinstance(a, ast.Starred) for c in called for a in c.args) \
+                or any(k.arg is None for c in called for k in c.keywords):
+            continue
+        fixed += [(f"self.{name}", *found) for found in decided_parameters(method, called, 1, folds_of)]
     return tuple(sorted(fixed)), tuple(sorted(no_ops))
 
 

@@ -1068,3 +1068,95 @@ def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
     assert "unrecognized arguments: --backout-mode concat-head" in result.stderr  # no flag of the file (rule 16)
     result = run_file(out, "--variant", "b5")
     assert result.returncode == 2 and "--variant: this file runs one arm" in result.stderr
+
+
+# ----- stop 45 (h-residue45): residue the backout record kept --------------------------------------------------------
+
+def test_an_unread_local_of_names_and_attributes_goes_until_none_is_left():
+    """`D, k = cfg.model_dim, 1` is no constant yet reads nothing the run needs; a dropped `a = t` leaves `t` unread."""
+    from speedrun.export import drop_dead_constants
+    source = ("def f(cfg, x):\n    D, k = cfg.model_dim, 1\n    t = cfg.mode\n    a = t\n"
+              "    kept, gone = cfg.width, None\n    y = g(x)\n    return kept + x\n")
+    assert drop_dead_constants(source) == ("def f(cfg, x):\n    kept, gone = cfg.width, None\n    y = g(x)\n"
+                                           "    return kept + x\n")  # a call stays: it may act; one item read: too
+
+
+def test_a_decided_string_partitioned_into_names_folds_their_tests():
+    """`t = cfg.mode` decided, `a, _, b = t.partition("-")`: each name is read as its part, so `if b:` folds and the
+    partition line and `t` are left unread."""
+    from speedrun.export import drop_dead_constants, fold_constants
+    source = ('def f(cfg, x):\n    t = cfg.mode\n    act, _, linear = t.partition("-")\n    x = ACT.get(act, I)(x)\n'
+              '    if linear:\n        x = lin(x)\n    return x, t.upper()\n')
+    text, _ = fold_constants(source, {".mode": "relu"})
+    assert drop_dead_constants(text) == ("def f(cfg, x):\n    t = 'relu'\n    x = ACT.get('relu', I)(x)\n"
+                                         "    return x, t.upper()\n")  # another method of t: t stays read
+    assert "lin(x)" in fold_constants(source, {".mode": "relu-linear"})[0]
+    unknown = fold_constants(source, {})[0]
+    assert unknown == source  # undecided: nothing moves
+
+
+
+MIXES = '''def mix(mode, x, y, scale=2):
+    if mode == "sub":
+        return x - y
+    return (x + y) * scale
+
+
+def label(x, what):
+    return f"{what}{x}"
+
+
+def pick(on, x):
+    return x if on else -x
+
+
+def width(n):
+    return n.bit_length()
+'''
+
+
+def test_a_parameter_every_call_passes_one_decided_scalar_is_read_as_it(tmp_path, monkeypatch):
+    """`mix(cfg.mode, ...)` at every call, cfg.mode decided: `mode` is read as its value, so the branch the run
+    never takes goes, and it leaves the signature and the calls. A literal the source passes (`label(x, "L")`), a
+    default some call leaves as it is (`scale`) and a value that differs between calls (`pick`) stay."""
+    script = ("from speedrun.lib import mix, label, pick, width\n\n\ndef run(cfg, x):\n"
+              "    return mix(cfg.mode, x, x), mix(cfg.mode, x, 1, scale=cfg.mode == 'add'), label(x, 'L'), "
+              "pick(cfg.a, x), pick(cfg.b, x), width(cfg.n)\n\n\nif __name__ == '__main__':\n    run(None, 1)\n")
+    folds = {".mode": "add", ".a": True, ".b": False, ".n": 5}
+    text = exported_program(tmp_path, monkeypatch, MIXES, script, folds)
+    assert "def mix(x, y, scale=2):\n    return (x + y) * scale\n" in text
+    assert "return mix(x, x), mix(x, 1, scale=cfg.mode == 'add'), label(x, 'L'), pick(cfg.a, x), pick(cfg.b, x)" \
+        in text
+    assert "def label(x, what):" in text and "def pick(on, x):" in text
+    assert "def width():\n    return (5).bit_length()" in text  # `5.bit_length()` would not parse
+    # a function that reads the flags as parsed (PARSED_READERS) is not folded with the studies' fields
+    from speedrun.export import PARSED_READERS
+    (tmp_path / "parsed").mkdir()
+    text = exported_program(tmp_path / "parsed", monkeypatch, MIXES, script,
+                            {**folds, PARSED_READERS: (("script", "run"),)})
+    assert "def mix(mode, x, y, scale=2):" in text and "mix(cfg.mode, x, x)" in text
+
+
+PARTS = '''class Part:
+    def __init__(self, cfg):
+        self.reserve(cfg.mode, 3)
+        self.named(cfg.mode)
+        getattr(self, "named")(cfg.mode)
+
+    def reserve(self, mode, n):
+        self.mode = mode
+        if mode == "sum":
+            self.n = n
+
+    def named(self, mode):
+        self.label = mode
+'''
+
+
+def test_a_method_every_self_call_passes_one_decided_scalar_reads_it(tmp_path, monkeypatch):
+    """A method of one class reached only by `self.reserve(cfg.mode, ...)` calls reads the decided mode as its
+    literal and loses it from its signature and calls; one a string also names (getattr) keeps it."""
+    script = "from speedrun.lib import Part\n\n\nif __name__ == '__main__':\n    Part(None)\n"
+    text = exported_program(tmp_path, monkeypatch, PARTS, script, {".mode": "sum"})
+    assert "self.reserve(3)" in text and "def reserve(self, n):\n        self.mode = 'sum'\n        self.n = n" in text
+    assert "def named(self, mode):" in text and "self.named(cfg.mode)" in text
