@@ -285,9 +285,16 @@ def declaration_rewrites(resolutions, fixed_arm):
     for study, (values, depths, piece) in resolutions.items():
         module, name = declared_where(study)
         indent = " " * 8  # the call's arguments under the declaration's keywords (at 4)
-        if fixed_arm:  # a keyword of its own line (rewritten_declarations), at 4
+        if fixed_arm:  # keywords of their own lines (rewritten_declarations), at 4
             given = "\n".join(packed_dict("    model_config=lambda model_cfg, config: ", values, indent, WIDTH - 2))[4:]
             rewrites += [(module, name, "resolve", given), (module, name, "variant_name", None)]
+            # its flags are none of the file's: the model fields they give, as literals
+            fields = [f"({field!r}, {kind.__name__}, {default!r})" for field, kind, default in study.model_fields]
+            if all(kind.__module__ == "builtins" and is_literal_source(default)
+                   for _, kind, default in study.model_fields):
+                closing = ",)" if len(fields) == 1 else ")"  # a tuple of one
+                rewrites.append((module, name, "flags", "\n".join(packed_items("    flags=(), model_fields=(", fields,
+                                                                               closing, indent, WIDTH - 2))[4:]))
             continue
         resolution = packed_dict(indent, values, indent + " ") + [f"{indent}{depths!r})"]
         rewrites.append((module, name, "resolve", "\n".join(["resolve=fixed_resolution(", *resolution[:-2],
@@ -301,7 +308,7 @@ def rewritten_declarations(source, rewrites, where):
     """The source with the keyword arguments of FIXED_DECLARATIONS rewritten (each `NAME = Study(...)` at module
     level; a missing one is refused): each replaced by its new source, or cut where that is None; and the import of
     fixed_resolution where a new one calls it."""
-    tree = ast.parse(source)
+    tree, lines = ast.parse(source), source.split("\n")
     edits = []
     for name, keyword, new in rewrites:
         call = study_declaration(tree, name)
@@ -318,8 +325,10 @@ def rewritten_declarations(source, rewrites, where):
             edits.append((span((items[at - 1].end_lineno, items[at - 1].end_col_offset),
                                (found[0].end_lineno, found[0].end_col_offset)), f",\n{' ' * column}{new}"))
             continue
-        if new is not None:
-            edits.append((found[0], new))
+        if new is not None:  # the comment lines right above a keyword that starts its line were about it: they go
+            first = first_line_with_comments(lines, found[0]) if not at or \
+                items[at - 1].end_lineno < found[0].lineno else found[0].lineno
+            edits.append((span((first, found[0].col_offset), (found[0].end_lineno, found[0].end_col_offset)), new))
             continue
         edits += cut_items(items, {at})
     text = replace_spans(source, edits)
@@ -2065,19 +2074,23 @@ def run_defaults(run_argv, config, fixed):
     return given if "--preset" in given else ["--preset", config.preset, *given]
 
 
-def packed_dict(opening, values, indent="    ", width=118):
-    """`opening` then `{...}` of a dict of literals as lines of at most `width` characters, its items packed (an item
-    is never split), a continued line starting with `indent`."""
-    items = [f"{key!r}: {value!r}" for key, value in values.items()]
-    lines = [f"{opening}{{"]
+def packed_items(opening, items, closing, indent="    ", width=118):
+    """`opening`, the items (source texts) joined by commas as lines of at most `width` characters, packed (an item
+    is never split; the first on the opening line), a continued line starting with `indent`, then `closing`."""
+    lines = [opening]
     for i, item in enumerate(items):
         piece = item + ("," if i < len(items) - 1 else "")
-        if lines[-1].endswith("{") or len(lines[-1]) + 1 + len(piece) <= width:
-            lines[-1] += ("" if lines[-1].endswith("{") else " ") + piece
+        if not i or len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += (" " if i else "") + piece
         else:
             lines.append(indent + piece)
-    lines[-1] += "}"
+    lines[-1] += closing
     return lines
+
+
+def packed_dict(opening, values, indent="    ", width=118):
+    """`opening` then `{...}` of a dict of literals (packed_items)."""
+    return packed_items(f"{opening}{{", [f"{key!r}: {value!r}" for key, value in values.items()], "}", indent, width)
 
 
 def packed_assignment(name, values, width=118):
@@ -2162,8 +2175,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
                 f"FIXED_STUDIES = {fixed_studies!r}"]
     out += ["# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
-            "# The fields its config does not hold (of the studies off or fixed, of the flags left out), at the run's",
-            "# values: logged as the modular script logs them.",
+            "# The fields its config does not hold (studies off or fixed, flags left out) at the run's values, logged.",
             *packed_assignment("LEFT_OUT_FIELDS", left_out)]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]

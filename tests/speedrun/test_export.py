@@ -291,6 +291,9 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     # rule 15: the file refuses every flag of the study, so their help and the study's description are not in it
     on = [study for study in STUDIES if study.active(script_module.resolve_args(flags))]
     assert on and all(flag.help not in text for study in on for flag in study.flags)
+    # rule 16: nor their declarations; the model fields they give are literals of the study's declaration
+    assert not [flag.name for study in on for flag in study.flags if f'Flag("{flag.name}"' in text]
+    assert "flags=(), model_fields=((" in text
     assert all(study.description not in text for study in on if study.description)
 
 
@@ -331,11 +334,13 @@ def test_a_study_declaration_the_export_cannot_rewrite_is_refused_naming_the_rul
                                        [("STUDY", "resolve", "resolve=fixed_resolution({}, {})")], "speedrun/x.py")
     assert rewritten.splitlines() == ["X = 1", "from speedrun.study import fixed_resolution",
                                       "STUDY = Study(name='s', resolve=fixed_resolution({}, {}))"]
-    # rule 16: a keyword replaced by another (on lines of its own where it spans several), one cut
-    source = "STUDY = Study(\n    name='s',\n    flags=F, resolve=resolve_it, variant_name=name_it,\n)\n"
-    rewritten = rewritten_declarations(source, [("STUDY", "resolve", "model_config=lambda m, c: {\n        'a': 1}"),
+    # rule 16: keywords replaced by others (on lines of their own where they span several; the comment right above
+    # one that starts its line goes with it), one cut
+    source = "STUDY = Study(\n    name='s',\n    # about F\n    flags=F, resolve=resolve_it, variant_name=name_it,\n)\n"
+    rewritten = rewritten_declarations(source, [("STUDY", "flags", "flags=(), model_fields=(('a', int, None),)"),
+                                                ("STUDY", "resolve", "model_config=lambda m, c: {\n        'a': 1}"),
                                                 ("STUDY", "variant_name", None)], "speedrun/x.py")
-    assert rewritten.splitlines() == ["STUDY = Study(", "    name='s',", "    flags=F,",
+    assert rewritten.splitlines() == ["STUDY = Study(", "    name='s',", "    flags=(), model_fields=(('a', int, None),),",
                                       "    model_config=lambda m, c: {", "        'a': 1},", ")"]
 
 
