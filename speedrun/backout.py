@@ -165,9 +165,9 @@ class Backout(BackoutLambdas, ModelPart):
 
     def named_scalars(self, model):
         cfg = self.cfg
-        labels = [source_label(source) for source in cfg.backout_layers]
         out = self.lambda_scalars(model, cfg.backout_layers) if cfg.backout_mode in ("sum", "subtract") else {}
         if cfg.backout_transform != "none":
+            labels = [source_label(source) for source in cfg.backout_layers]
             for label, (cos, rel_l2) in zip(labels, self.similarity.tolist()):
                 out[f"backout.{label}.cos"], out[f"backout.{label}.rel_l2"] = cos, rel_l2
         return out

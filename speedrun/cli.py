@@ -19,7 +19,8 @@ from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAno
                              is_reporting_rank)
 from speedrun.flag_scopes import EXPORT_ONLY_FLAGS
 from speedrun.run_config import MAX_LAYERS, run_config_class
-from speedrun.studies import STUDIES
+from speedrun.studies import OFFERED_STUDIES
+from speedrun.study import FIXED_STUDIES, check_fixed_depth
 from speedrun.variants import default_variant, given_study_flags
 
 
@@ -43,7 +44,7 @@ def tiny_preset(num_layers):
 
 
 
-def make_parser(description, presets, track_flags=(), studies=STUDIES):
+def make_parser(description, presets, track_flags=(), studies=OFFERED_STUDIES):
     """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
     group per study (speedrun.studies), each flag's help as the study wrote it."""
     p = OneLineErrorParser(description=description, formatter_class=HelpWithDefaults)
@@ -123,9 +124,11 @@ def resolve_track_args(parser, argv, presets, script_path, layer_pattern, track_
     variant named; raises UsageError on a combination that cannot work."""
     parsed = vars(parser.parse_args(argv))
     given = given_study_flags(parsed)
-    config_class = run_config_class(tuple(track_flags) + tuple(f for study in STUDIES for f in study.flags))
+    config_class = run_config_class(tuple(track_flags) + tuple(f for study in OFFERED_STUDIES for f in study.flags))
     config = config_class(**resolve_shared_args(parsed, presets, script_path))
     config = resolve_study_args(config, layer_pattern)
+    for _, depths in FIXED_STUDIES:  # an exported file's studies, resolved at its export
+        check_fixed_depth(config, depths)
     if config.variant is None:
         # Naive scaling and regional compilation are no study flags, but each is an arm of its own (a loss and a
         # speed comparison with the baseline).
@@ -135,7 +138,7 @@ def resolve_track_args(parser, argv, presets, script_path, layer_pattern, track_
     return config
 
 
-def resolve_study_args(config, layer_pattern, studies=STUDIES):
+def resolve_study_args(config, layer_pattern, studies=OFFERED_STUDIES):
     """The config with the study flags checked against the track's model (its width and its layer pattern at
     --num-layers) and their defaults filled in. The exclusions a study declares are checked before those of a study
     that rebuilds the model (which refuses every study it does not name), so a declared one names its reason."""
@@ -213,7 +216,7 @@ RUN_DEFAULTS = ()
 def refused_flags():
     """The flags an exported file refuses on its command line: its fixed ones and every study flag (the file is one
     arm's)."""
-    return {token for token in FIXED_FLAGS if token.startswith("--")} | {flag.name for study in STUDIES
+    return {token for token in FIXED_FLAGS if token.startswith("--")} | {flag.name for study in OFFERED_STUDIES
                                                                           for flag in study.flags}
 
 

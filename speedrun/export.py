@@ -13,7 +13,8 @@ torch) are merged at the top. It holds only what the run executes:
 - the study registry keeps only the studies the run switches on, so the other study modules are never inlined;
   emptied, it is read as `()` (empty_registries_read), and so is a parameter every kept call passes `()` or leaves
   at a default of `()`: it goes from its function and the calls, and a function whose body is then `pass` goes with
-  its call statements (decided_calls);
+  its call statements (decided_calls); so does a parameter of a function or of a method called as `self.name(...)`
+  that every call passes one scalar the folds decide (`mode`, passed `cfg.backout_mode`), read as its literal;
 - a method whose body computes a constant from folded values (StudyHost.parts_mlp_router: None with no study on) is
   folded where `self.name(...)` calls it, and a local assigned such a value once is read as it, so the tests on it
   fold too (fold_constants); so is `self.NAME` of an upper-case class constant every kept class sets alike
@@ -33,6 +34,7 @@ be equal, or the export is refused naming the first difference (or the program t
 """
 
 import ast
+import collections
 import builtins
 import functools
 import importlib
@@ -266,26 +268,47 @@ def is_literal_source(value):
         return False
 
 
-def declaration_rewrites(resolutions):
-    """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (the import of its
-    registry name in speedrun/studies.py), its Study(...) call's resolve= becomes fixed_resolution(values, depths)
-    and its variant_name= a lambda of the piece."""
+def every_study_fixed(active, resolutions):
+    """Rule 16: whether the file's run has studies on and fixed_resolutions holds every one's resolution, each
+    naming its variant piece and taking its model fields from its flags (no model_config=): the file's command line
+    then offers no study, and the studies' declarations give the model their values."""
+    return bool(active) and all(study in resolutions and resolutions[study][2] is not None
+                                and study.model_config is None for study in active)
+
+
+def declaration_rewrites(resolutions, fixed_arm):
+    """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (declared_where), its
+    Study(...) call's resolve= becomes fixed_resolution(values, depths) and its variant_name= a lambda of the piece
+    (rule 14); with every study fixed (rule 16, `fixed_arm`), resolve= becomes a model_config= of the values and
+    variant_name= goes (the file's command line offers no study: FIXED_STUDIES checks the depth, names the run)."""
     rewrites = []
     for study, (values, depths, piece) in resolutions.items():
         module, name = declared_where(study)
         indent = " " * 8  # the call's arguments under the declaration's keywords (at 4)
+        if fixed_arm:  # keywords of their own lines (rewritten_declarations), at 4
+            given = "\n".join(packed_dict("    model_config=lambda model_cfg, config: ", values, indent, WIDTH - 2))[4:]
+            rewrites += [(module, name, "resolve", given), (module, name, "variant_name", None)]
+            # its flags are none of the file's: the model fields they give, as literals
+            fields = [f"({field!r}, {kind.__name__}, {default!r})" for field, kind, default in study.model_fields]
+            if all(kind.__module__ == "builtins" and is_literal_source(default)
+                   for _, kind, default in study.model_fields):
+                closing = ",)" if len(fields) == 1 else ")"  # a tuple of one
+                rewrites.append((module, name, "flags", "\n".join(packed_items("    flags=(), model_fields=(", fields,
+                                                                               closing, indent, WIDTH - 2))[4:]))
+            continue
         resolution = packed_dict(indent, values, indent + " ") + [f"{indent}{depths!r})"]
-        rewrites.append((module, name, "resolve", "\n".join(["fixed_resolution(", *resolution[:-2],
+        rewrites.append((module, name, "resolve", "\n".join(["resolve=fixed_resolution(", *resolution[:-2],
                                                                resolution[-2] + ","] + resolution[-1:])))
         if piece is not None:
-            rewrites.append((module, name, "variant_name", f"lambda config: {piece!r}"))
+            rewrites.append((module, name, "variant_name", f"variant_name=lambda config: {piece!r}"))
     return {FIXED_DECLARATIONS: tuple(rewrites)} if rewrites else {}
 
 
 def rewritten_declarations(source, rewrites, where):
     """The source with the keyword arguments of FIXED_DECLARATIONS rewritten (each `NAME = Study(...)` at module
-    level; a missing one is refused), and the import of fixed_resolution it then calls."""
-    tree = ast.parse(source)
+    level; a missing one is refused): each replaced by its new source, or cut where that is None; and the import of
+    fixed_resolution where a new one calls it."""
+    tree, lines = ast.parse(source), source.split("\n")
     edits = []
     for name, keyword, new in rewrites:
         call = study_declaration(tree, name)
@@ -293,8 +316,24 @@ def rewritten_declarations(source, rewrites, where):
         if not found:
             raise UsageError(f"{EXPORT_FLAG}: {where}: {name} is no `{name} = Study(..., {keyword}=...)` at module "
                              f"level, which the export rewrites to the run's resolved values (docs/export.md, rule 14)")
-        edits.append((found[0].value, new))
+        items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+        at = items.index(found[0])
+        if new is not None and "\n" in new and at and items[at - 1].end_lineno == found[0].lineno:
+            # lines of their own, at the column of the call's keywords that start theirs (else 4)
+            column = min((k.col_offset for i, k in enumerate(items)
+                          if (items[i - 1].end_lineno if i else call.lineno) < k.lineno), default=4)
+            edits.append((span((items[at - 1].end_lineno, items[at - 1].end_col_offset),
+                               (found[0].end_lineno, found[0].end_col_offset)), f",\n{' ' * column}{new}"))
+            continue
+        if new is not None:  # the comment lines right above a keyword that starts its line were about it: they go
+            first = first_line_with_comments(lines, found[0]) if not at or \
+                items[at - 1].end_lineno < found[0].lineno else found[0].lineno
+            edits.append((span((first, found[0].col_offset), (found[0].end_lineno, found[0].end_col_offset)), new))
+            continue
+        edits += cut_items(items, {at})
     text = replace_spans(source, edits)
+    if not any(new and "fixed_resolution(" in new for _, _, new in rewrites):
+        return text
     first = next(node for node in ast.parse(text).body if isinstance(node, ast.Assign) and
                  [ast.unparse(t) for t in node.targets] == [rewrites[0][0]])
     lines = text.split("\n")
@@ -638,14 +677,15 @@ def reads_config(node):
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
 PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool}
-# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`).
-PURE_STR_METHODS = ("startswith", "endswith")
+# Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`,
+# `mode.partition("-")`).
+PURE_STR_METHODS = ("startswith", "endswith", "partition")
 
 
 def folded_value(node, folds, test=True):
     """The value of an expression made of folds (a field of a study that is on by any receiver: STUDY_FIELD),
     constants, `not`, `and`/`or`, one comparison, a conditional expression, a comprehension over an empty sequence,
-    len/any/all/bool of a decided value, startswith/endswith of a decided string, and calls of methods that compute
+    len/any/all/bool of a decided value, PURE_STR_METHODS of a decided string, and calls of methods that compute
     a constant (`self.name()` in folds, constant_methods) with arguments that only read names; UNKNOWN when any
     part that decides it is not. `and`/`or` are decided left to right, past a part left unknown only where that
     part just reads names; test: only the truth of the value counts (an `if`'s test), so such an
@@ -898,13 +938,31 @@ def assigned_locals(statement):
     return []
 
 
+def unpacked_locals(statement):
+    """The names of `a, b, c = value` (names only) where value is not a tuple display (assigned_locals pairs those);
+    [] for any other statement."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return []
+    target = statement.targets[0]
+    if isinstance(target, ast.Tuple) and not isinstance(statement.value, ast.Tuple) \
+            and all(isinstance(t, ast.Name) for t in target.elts):
+        return [t.id for t in target.elts]
+    return []
+
+
+def is_str_method_receiver(node, call_funcs):
+    """Whether `node` is the receiver of a PURE_STR_METHODS call (`t` of `t.partition("-")`)."""
+    return any(f.attr in PURE_STR_METHODS and f.value is node for f in call_funcs if isinstance(f, ast.Attribute))
+
+
 def propagate_locals(text, folds, readers=()):
     """The source with each local that is assigned once, by an expression the folds decide as a scalar (`router =
-    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`),
-    assigned that value as a literal and read as it in the statements after it in its block (where it is not called
-    nor its attribute or item read): the tests on it then fold, and the assignment is left unread
-    (drop_dead_constants). A local assigned a literal in the source is left as it is. In the functions `readers`,
-    the fields of the studies that are on are not folded (fold_ifs)."""
+    self.parts_mlp_router()`, or one item of `residuals, router = self.parts_residuals(), self.parts_mlp_router()`,
+    or each name of `a, b, c = mode.partition("-")` decided as a tuple of as many scalars), assigned that value as a
+    literal and read as it in the statements after it in its block (where it is not called nor its attribute or
+    item read, but for a decided string as the receiver of a PURE_STR_METHODS call): the tests on it then fold, and
+    the assignment is left unread (drop_dead_constants). A local assigned a literal in the source is left as it
+    is. In the functions `readers`, the fields of the studies that are on are not folded (fold_ifs)."""
     tree = ast.parse(text)
     edits = []
     inside = parsed_readers_nodes(tree, readers)
@@ -917,19 +975,30 @@ def propagate_locals(text, folds, readers=()):
         stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
         for block in own_blocks(function):
             for i, statement in enumerate(block):
+                decided_names = []  # (name, its value)
                 for name, value_node in assigned_locals(statement):
                     if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
                         continue
                     value = folded_value(value_node, function_folds, test=False)
-                    if value is UNKNOWN or not is_scalar(value):
-                        continue
-                    edits.append((value_node, repr(value)))
-                    held = {id(n.value) for later in block[i + 1:] for n in ast.walk(later)
-                            if isinstance(n, (ast.Attribute, ast.Subscript))}
-                    held |= {id(n.func) for later in block[i + 1:] for n in ast.walk(later) if isinstance(n, ast.Call)}
-                    edits += [(n, repr(value)) for later in block[i + 1:] for n in ast.walk(later)
-                              if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                              and id(n) not in held]
+                    if value is not UNKNOWN and is_scalar(value):
+                        edits.append((value_node, repr(value)))
+                        decided_names.append((name, value))
+                names = unpacked_locals(statement)
+                if names and all(stores.count(name) == 1 for name in names):
+                    values = folded_value(statement.value, function_folds, test=False)
+                    if isinstance(values, tuple) and len(values) == len(names) and all(map(is_scalar, values)):
+                        edits.append((statement.value, repr(values)))
+                        decided_names += list(zip(names, values))
+                if not decided_names:
+                    continue
+                later = [n for s in block[i + 1:] for n in ast.walk(s)]
+                call_funcs = [n.func for n in later if isinstance(n, ast.Call)]
+                for name, value in decided_names:
+                    held = {id(n.value) for n in later if isinstance(n, (ast.Attribute, ast.Subscript))
+                            and not (isinstance(value, str) and is_str_method_receiver(n.value, call_funcs))}
+                    held |= {id(f) for f in call_funcs}
+                    edits += [(n, repr(value)) for n in later if isinstance(n, ast.Name) and n.id == name
+                              and isinstance(n.ctx, ast.Load) and id(n) not in held]
     return replace_spans(text, edits)
 
 
@@ -1087,8 +1156,19 @@ def first_line_with_comments(lines, node):
 
 
 def drop_dead_constants(text):
-    """The source without the assignments of a constant to a local name its function never reads (what folding
-    leaves of `state = load(...) if config.flag else None`), with the comments right above them."""
+    """The source without the assignments to local names their function never reads of values that only read
+    names, attributes and constants (what folding leaves of `state = load(...) if config.flag else None`, or of
+    `D, k = cfg.model_dim, 1`), with the comments right above them; again until none is left (a dropped one can
+    leave the one it read unread)."""
+    while True:
+        dropped = dead_constants_dropped(text)
+        if dropped == text:
+            return text
+        text = dropped
+
+
+def dead_constants_dropped(text):
+    """drop_dead_constants, one pass."""
     tree = ast.parse(text)
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
@@ -1097,8 +1177,7 @@ def drop_dead_constants(text):
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
             dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
-                    and all(name not in read and isinstance(value, ast.Constant)
-                            for name, value in assigned_locals(s))]
+                    and all(name not in read and only_reads(value) for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
@@ -1209,31 +1288,43 @@ def parameter_items(function):
 
 
 def without_calls_decided(text, fixed_parameters, no_ops):
-    """The source with each parameter of `fixed_parameters` ((function, parameter, its position): every call of the
-    program passes it an empty tuple, or none over a default of one; decided_calls) read as `()` in its function
-    and gone from its signature and its calls, and each call statement of a function of `no_ops` (its body does
-    nothing) gone."""
+    """The source with each parameter of `fixed_parameters` ((function, parameter, its position, the literal every
+    call of the program passes it: `()`, or one scalar the folds decide; decided_calls) read as that literal in its
+    function and gone from its signature and its calls, and each call statement of a function of `no_ops` (its
+    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`."""
     if not fixed_parameters and not no_ops:
         return text
     tree = ast.parse(text)
     fixed = {}
-    for function, parameter, position in fixed_parameters:
+    literals = {}
+    for function, parameter, position, literal in fixed_parameters:
         fixed.setdefault(function, {})[parameter] = position
+        literals[function, parameter] = literal
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
     for call in ast.walk(tree):
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in fixed:
-            names = fixed[call.func.id]
+        called = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if called in fixed and isinstance(call.func, (ast.Name, ast.Attribute)):
+            names = fixed[called]
+            skipped = 1 if isinstance(call.func, ast.Attribute) else 0  # a method's call does not pass self
             items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
-            removed = {items.index(call.args[position]) for position in names.values() if position < len(call.args)}
+            removed = {items.index(call.args[position - skipped]) for position in names.values()
+                       if position - skipped < len(call.args)}
             removed |= {items.index(k) for k in call.keywords if k.arg in names}
             edits += cut_items(items, removed)
     text = replace_spans(text, edits) if edits else text
     edits = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in fixed:
-            names = fixed[node.name]
+    tree = ast.parse(text)
+    definitions = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
+    definitions += [(f"self.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body
+                    if isinstance(m, ast.FunctionDef)]
+    for key, node in definitions:
+        if key in fixed:
+            names = fixed[key]
             edits += cut_items(parameter_items(node), set(names.values()))
-            edits += [(n, "()") for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+            receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            # `(1).bit_length()`: a number read as a receiver keeps its parentheses
+            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers else literals[key, n.id])
+                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
     text = replace_spans(text, edits) if edits else text
     lines = text.split("\n")
     tree = ast.parse(text)
@@ -1246,12 +1337,47 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     return "\n".join(lines)
 
 
+def decided_parameters(function, called, skipped, folds_of):
+    """[(parameter, its position, its literal)] of the parameters of `function` that every call of `called`
+    passes `()` or leaves at a default of `()`, or passes one scalar that folded_value decides (with the folds
+    `folds_of(call)`) where not every call spells it as a literal; `skipped`: the leading parameters the calls do
+    not pass (a method's self)."""
+    args = function.args.args
+    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+    stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
+             for a in n.posonlyargs + n.args + n.kwonlyargs}
+    found = []
+    for position, (arg, default) in enumerate(zip(args, defaults)):
+        if arg.arg in stored | inner or position < skipped:
+            continue
+        passed = []  # (the argument, the folds it is read with)
+        for call in called:
+            keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
+            passed.append((call.args[position - skipped] if position - skipped < len(call.args)
+                           else keyword or default, folds_of(call)))
+        if not passed or any(v is None for v, _ in passed):
+            continue
+        if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
+            found.append((arg.arg, position, "()"))
+            continue
+        # passed by every call, and folded in one at least: a literal the source passes is left as it is
+        if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
+            continue
+        values = [folded_value(v, folds, test=False) for v, folds in passed]
+        if all(v is not UNKNOWN and is_scalar(v) and type(v) is type(values[0]) and v == values[0] for v in values):
+            found.append((arg.arg, position, repr(values[0])))
+    return found
+
+
 def decided_calls(program):
     """(fixed_parameters, no_ops) of the kept program for without_calls_decided: of each top-level function its
-    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), the
-    parameters every call passes `()` or leaves at a default of `()` (the registry pruned to no study, passed on:
-    `studies=STUDIES`), and the functions whose body is `pass` alone, called as statements with arguments that only
-    read names (check_r18_studies with no study on)."""
+    name reaches only by calls (never as a value, a local or a parameter, nor assigned; no `*`/`**` argument), and
+    of each method that one class of the program's modules defines and that is reached only by `self.name(...)`
+    calls (no other attribute or string names it; no library base class has it), the decided_parameters (in the
+    functions that read the flags as parsed, PARSED_READERS, read without the folds of the studies' fields); and
+    the functions whose body is `pass` alone, called as statements with arguments that only read names
+    (check_r18_studies with no study on)."""
     nodes = [s.node for m in program.modules.values() for s in program.kept_statements(m)]
     functions = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     every = [n for node in nodes for n in ast.walk(node)]
@@ -1264,6 +1390,15 @@ def decided_calls(program):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions:
             calls.setdefault(n.func.id, []).append(n)
     statements = {id(n.value) for n in every if isinstance(n, ast.Expr)}
+    readers = {(module, function) for module, function in program.folds.get(PARSED_READERS, ())}
+    inside_readers = {id(n) for m in program.modules.values() for s in program.kept_statements(m)
+                      if isinstance(s.node, ast.FunctionDef) and (m.name, s.node.name) in readers
+                      for n in ast.walk(s.node)}
+    parsed_folds = without_study_fields(program.folds)
+
+    def folds_of(call):
+        return parsed_folds if id(call) in inside_readers else program.folds
+
     fixed, no_ops = [], []
     for name, function in functions.items():
         called = calls.get(name, [])
@@ -1276,20 +1411,37 @@ def decided_calls(program):
                 and all(only_reads(a) for c in called for a in c.args + [k.value for k in c.keywords]):
             no_ops.append(name)
             continue
-        args = function.args.args
-        defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
-        stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
-                 for a in n.posonlyargs + n.args + n.kwonlyargs}
-        for position, (arg, default) in enumerate(zip(args, defaults)):
-            if arg.arg in stored | inner or position < len(function.args.posonlyargs):
-                continue
-            passed = []
-            for call in called:
-                keyword = next((k.value for k in call.keywords if k.arg == arg.arg), None)
-                passed.append(call.args[position] if position < len(call.args) else keyword or default)
-            if passed and all(isinstance(v, ast.Tuple) and not v.elts for v in passed):
-                fixed.append((name, arg.arg, position))
+        fixed += [(name, *found) for found in decided_parameters(function, called, 0, folds_of)]
+    # methods: over every statement of the modules, kept or not (a class left out keeps its calls, cut alike)
+    classes = [(m, s) for m in program.modules.values() for s in m.statements if isinstance(s.node, ast.ClassDef)]
+    anywhere = [n for _, s in classes for n in ast.walk(s.node)]
+    anywhere += [n for m in program.modules.values() for s in m.statements if not isinstance(s.node, ast.ClassDef)
+                 for n in ast.walk(s.node)]
+    methods = {}
+    for module, statement in classes:
+        library = program.library_methods(module, statement)
+        for method in statement.node.body:
+            if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                methods.setdefault(method.name, []).append(None if library is None or method.name in library
+                                                           else method)
+    named = collections.Counter(n.attr for n in anywhere if isinstance(n, ast.Attribute))
+    named.update(n.value for n in anywhere if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    named.update(n.id for n in anywhere if isinstance(n, ast.Name))
+    self_calls = {}
+    for n in anywhere:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and n.func.value.id == "self":
+            self_calls.setdefault(n.func.attr, []).append(n)
+    for name, (method, *others) in methods.items():
+        called = self_calls.get(name, [])
+        if others or method is None or method.name.startswith("__") or method.decorator_list \
+                or not isinstance(method, ast.FunctionDef) or not method.args.args \
+                or method.args.args[0].arg != "self" or method.args.vararg or method.args.kwarg \
+                or method.args.posonlyargs or named[name] != len(called) \
+                or any(isinstance(a, ast.Starred) for c in called for a in c.args) \
+                or any(k.arg is None for c in called for k in c.keywords):
+            continue
+        fixed += [(f"self.{name}", *found) for found in decided_parameters(method, called, 1, folds_of)]
     return tuple(sorted(fixed)), tuple(sorted(no_ops))
 
 
@@ -1911,7 +2063,7 @@ def flag_groups(argv):
 # Run flags that are no part of the file's defaults: where the log goes, and a stop before the schedule's end.
 NOT_DEFAULTS = ("--log-dir", "--run-name", "--stop-after")
 # The constants the export writes at the top of the file, in place of the modular code's empty ones.
-FILE_CONSTANTS = ("FIXED_FLAGS", "RUN_DEFAULTS", "LEFT_OUT_FIELDS")
+FILE_CONSTANTS = ("FIXED_STUDIES", "FIXED_FLAGS", "RUN_DEFAULTS", "LEFT_OUT_FIELDS")
 
 
 def run_defaults(run_argv, config, fixed):
@@ -1922,19 +2074,23 @@ def run_defaults(run_argv, config, fixed):
     return given if "--preset" in given else ["--preset", config.preset, *given]
 
 
-def packed_dict(opening, values, indent="    ", width=118):
-    """`opening` then `{...}` of a dict of literals as lines of at most `width` characters, its items packed (an item
-    is never split), a continued line starting with `indent`."""
-    items = [f"{key!r}: {value!r}" for key, value in values.items()]
-    lines = [f"{opening}{{"]
+def packed_items(opening, items, closing, indent="    ", width=118):
+    """`opening`, the items (source texts) joined by commas as lines of at most `width` characters, packed (an item
+    is never split; the first on the opening line), a continued line starting with `indent`, then `closing`."""
+    lines = [opening]
     for i, item in enumerate(items):
         piece = item + ("," if i < len(items) - 1 else "")
-        if lines[-1].endswith("{") or len(lines[-1]) + 1 + len(piece) <= width:
-            lines[-1] += ("" if lines[-1].endswith("{") else " ") + piece
+        if not i or len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += (" " if i else "") + piece
         else:
             lines.append(indent + piece)
-    lines[-1] += "}"
+    lines[-1] += closing
     return lines
+
+
+def packed_dict(opening, values, indent="    ", width=118):
+    """`opening` then `{...}` of a dict of literals (packed_items)."""
+    return packed_items(f"{opening}{{", [f"{key!r}: {value!r}" for key, value in values.items()], "}", indent, width)
 
 
 def packed_assignment(name, values, width=118):
@@ -1958,12 +2114,19 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if not_varied:
         registries[script_module] = {TRACK_FLAGS_NAME: [flag not in not_varied for flag in track_flags]}
     shared = [name for name in not_offered if name not in {flag.name for flag in track_flags}]
-    varied = [token for name, values in flag_groups(fixed_flags) if name not in not_offered
+    fixed_arm = every_study_fixed(active, resolutions)
+    # rule 16: the studies' flags leave the command line (their fields are logged from LEFT_OUT_FIELDS)
+    unparsed = {flag.name for study in active for flag in study.flags} if fixed_arm else set()
+    varied = [token for name, values in flag_groups(fixed_flags) if name not in {*not_offered, *unparsed}
               for token in [name, *values]]
-    # the file's FIXED_FLAGS, a constant of it: the tests on it fold (none fixed: with_fixed_flags adds nothing)
-    folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied))
+    fixed_studies = tuple((piece, depths) for study, (_, depths, piece) in resolutions.items()) if fixed_arm else ()
+    # the file's FIXED_FLAGS and FIXED_STUDIES, constants of it: the tests on them fold (none fixed: with_fixed_flags
+    # adds nothing, no depth is checked), and with no study on or all fixed, the command line offers none
+    folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied),
+                 FIXED_STUDIES=tuple((piece, tuple(depths.items())) for piece, depths in fixed_studies),
+                 **({"OFFERED_STUDIES": ()} if fixed_arm or not active else {}))
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
-    folds.update(declaration_rewrites(resolutions))
+    folds.update(declaration_rewrites(resolutions, fixed_arm))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
@@ -2003,11 +2166,16 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
     left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in left_out_flags(active, not_varied)}
-    out += [f"FIXED_FLAGS = {tuple(varied)!r}",
-            "# The run's other flags: its defaults here (a flag given on the command line counts instead).",
+    left_out.update({flag.dest: as_logged(getattr(config, flag.dest)) for study in active for flag in study.flags
+                     if flag.name in unparsed})
+    out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
+    if fixed_studies:
+        out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",
+                "# run's name, and the presets and layer counts where it runs as this file holds it.",
+                f"FIXED_STUDIES = {fixed_studies!r}"]
+    out += ["# The run's other flags: its defaults here (a flag given on the command line counts instead).",
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
-            "# The fields of the studies and flags left out of this file, at the run's values: logged as the modular "
-            "script does.",
+            "# The fields its config does not hold (studies off or fixed, flags left out) at the run's values, logged.",
             *packed_assignment("LEFT_OUT_FIELDS", left_out)]
     for module in rest:
         statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]

@@ -15,3 +15,6 @@ STUDIES = (
     DLO,
     GATED_SKIP,
 )
+# The studies whose flags the command line offers: all of them. An exported file whose studies are all fixed
+# offers none (speedrun.study.FIXED_STUDIES: docs/export.md, rule 16), so its command line has no study code.
+OFFERED_STUDIES = STUDIES

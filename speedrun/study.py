@@ -115,17 +115,29 @@ class Study:
                 raise UsageError(f"{self.flags[0].name} cannot be combined with {name} ({self.excludes_why})")
 
 
+# The studies an exported file runs fixed when every study of its run is (speedrun/export.py writes them there:
+# docs/export.md, rule 16): one (variant name piece, {preset: ((first, last), ...)}) each, in registry order. Its
+# command line then offers no study (OFFERED_STUDIES is empty there); none in the modular script.
+FIXED_STUDIES = ()
+
+
+def check_fixed_depth(config, depths):
+    """Refuses in one line a preset and layer count of an exported file's run other than those where the modular
+    script resolved the file's arm as the file holds it ({preset: ((first, last), ...)}): there the modular script
+    refuses the arm, or resolves another."""
+    runs = depths.get(config.preset, ())
+    if not any(first <= config.num_layers <= last for first, last in runs):
+        at = ", ".join(f"{first}..{last}" if last > first else f"{first}" for first, last in runs) or "none"
+        raise UsageError(f"this file's arm does not run with --num-layers {config.num_layers} at --preset "
+                         f"{config.preset} (it runs at {at}); export the modular script for that run")
+
+
 def fixed_resolution(values, depths):
     """The resolve of a study in a file exported for one of its arms (speedrun/export.py writes the call into the
     study's declaration there): the values the modular script's resolution gave the arm's flags, at the presets and
-    layer counts where it gives them ({preset: ((first, last), ...)}); at any other, refused in one line, as the
-    modular script refuses it there (or resolves another arm)."""
+    layer counts where it gives them (check_fixed_depth)."""
     def resolve(config, pattern):
-        runs = depths.get(config.preset, ())
-        if not any(first <= config.num_layers <= last for first, last in runs):
-            at = ", ".join(f"{first}..{last}" if last > first else f"{first}" for first, last in runs) or "none"
-            raise UsageError(f"this file's arm does not run with --num-layers {config.num_layers} at --preset "
-                             f"{config.preset} (it runs at {at}); export the modular script for that run")
+        check_fixed_depth(config, depths)
         return values
     return resolve
 

@@ -125,6 +125,23 @@ def embedded_sources(script):
 HISTORY = FIXTURES / "history"
 
 
+def file_as_module(path, monkeypatch):
+    """An exported file imported as a module (importing it runs nothing), registered as Python registers a script
+    it runs (its dataclasses read their string annotations through sys.modules)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"exported_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def file_logged_config(exported, argv):
+    """The config line an exported file (file_as_module) writes for argv, as a dict: its config and the fields it
+    logs from LEFT_OUT_FIELDS (the studies off or fixed in it)."""
+    return {**exported.LEFT_OUT_FIELDS, **exported.resolve_args(exported.with_fixed_flags(argv)).as_dict()}
+
+
 def script_from_history(stored_name):
     """A file (or part of one) of an earlier commit, stored in tests/fixtures/history/ with a header naming the
     commit and why it is kept, imported as a module under its stored name. Fails the test, never skips it, when the

@@ -16,7 +16,7 @@
 from dataclasses import make_dataclass, replace
 
 from speedrun.errors import UsageError
-from speedrun.studies import STUDIES
+from speedrun.studies import OFFERED_STUDIES, STUDIES
 from speedrun.study import ModelPart
 
 STUDY_MATRIX_LABEL = "study_matrix"
@@ -26,7 +26,7 @@ MATRIX_MULTIPLIERS = (STUDY_MATRIX_LABEL, 1.0, 1.0)
 UNHONOURED_HOOKS = (("mlp_extra", "widens an MLP's input, and #18's blocks have no input for it"),)
 
 
-def check_r18_studies(config, studies=STUDIES):
+def check_r18_studies(config, studies=OFFERED_STUDIES):
     """Raises UsageError (one line) on a study switched on in the resolved config that does not run on r18."""
     for study in studies:
         if not study.active(config):

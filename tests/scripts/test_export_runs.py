@@ -15,9 +15,10 @@ import torch
 
 import train_gpt_medium as T
 from analysis.logs import parse_log
-from conftest import MEDIUM_SCRIPT, SMALL_SCRIPT, launch_script
+from conftest import MEDIUM_SCRIPT, SMALL_SCRIPT, file_as_module, file_logged_config, launch_script
 from speedrun import export as export_module
 from speedrun.logformat import read_config
+from speedrun.studies import STUDIES
 
 COMMON = ["--num-iterations", "2", "--val-every", "1", "--seed", "5", "--save-final-checkpoint"]
 # name: (script, the arm's flags (fixed in the file), run flags of both runs, world size); "{baseline}" is the r14
@@ -116,9 +117,10 @@ def test_export_trains_bit_for_bit_like_the_modular_script(paired_runs, name):
 
 
 @pytest.mark.slow
-def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_the_logs(paired_runs, tmp_path):
+def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_the_logs(paired_runs, tmp_path,
+                                                                                        monkeypatch):
     """Guards analysis record on real logs of both kinds (the fast record tests use made-up logs)."""
-    import ast
+    import json
 
     from analysis.record import package_record
     modular, exported, _, out = paired_runs("r14-backout-2ranks")
@@ -133,11 +135,12 @@ def test_record_holds_the_single_file_under_upstreams_name_and_says_what_made_th
     assert "\n==> " not in single
     # no modular tree beside the file: the logs embed the modular code
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "run.txt", "train_gpt_medium.py"]
-    # its fixed flags (the logged config's) resolve to the run's config
-    fixed = next(ast.literal_eval(n.value) for n in ast.parse(single).body if isinstance(n, ast.Assign)
-                 and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
+    # the file's arm (its studies fixed as the logged config's) is the run's: the study fields and the name
     run_flags = ["--preset", "tiny", "--run-name", "r"]
-    assert T.resolve_args([*fixed, *run_flags]) == T.resolve_args([*CONFIGS["r14-backout-2ranks"][1], *run_flags])
+    logged = file_logged_config(file_as_module(folder / "train_gpt_medium.py", monkeypatch), run_flags)
+    modular = T.resolve_args([*CONFIGS["r14-backout-2ranks"][1], *run_flags]).as_dict()
+    arm = ["variant", *(flag.dest for study in STUDIES for flag in study.flags)]
+    assert json.loads(json.dumps({k: logged[k] for k in arm})) == json.loads(json.dumps({k: modular[k] for k in arm}))
     # logs of the exported file: that file is the record's script
     folder = package_record([parse_log(exported / "run.txt")], "medium", "E", "2026-11-27", tmp_path / "b")
     assert (folder / "train_gpt_medium.py").read_text().rstrip("\n") == out.read_text().rstrip("\n")

@@ -11,6 +11,7 @@ from speedrun.cli import with_fixed_flags
 from speedrun.errors import UsageError
 from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
 from speedrun.studies import STUDIES
+from conftest import file_as_module, file_logged_config
 
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
@@ -78,7 +79,8 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     sections = inlined_sections(text)
     assert "speedrun/backout.py" in sections and "speedrun/laurel.py" in sections
     assert "speedrun/dlo.py" not in sections and "speedrun/rolling_skip.py" not in sections
-    assert fixed_flags_of(text) == ("--backout-layers", "4", "--laurel", "rw+lr+pa")
+    assert fixed_flags_of(text) == ()  # rule 16: the studies are fixed, their flags none of the file's
+    assert [piece for piece, _ in file_constant(text, "FIXED_STUDIES")] == ["backout-L4", "laurel-rw+lr+pa-r32-k3"]
     studies = next(n for n in ast.parse(text).body if isinstance(n, ast.Assign)
                    and ast.unparse(n.targets[0]) == "STUDIES")
     assert len(studies.value.elts) == 2
@@ -103,7 +105,7 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     sections = inlined_sections(text)
     assert project_imports(text) == [] and sections[-1] == "train_gpt_medium.py"
     assert "speedrun/r18/train.py" in sections and "speedrun/r18/model.py" in sections
-    assert fixed_flags_of(text) == ("--laurel", "rw")
+    assert fixed_flags_of(text) == () and [piece for piece, _ in file_constant(text, "FIXED_STUDIES")] == ["laurel-rw"]
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
     script_part = text[text.rindex("# train_gpt_medium.py"):]
@@ -255,18 +257,6 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
     assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
 
 
-def file_as_module(path, monkeypatch):
-    """An exported file imported as a module (importing it runs nothing), registered as Python registers a script
-    it runs (its dataclasses read their string annotations through sys.modules)."""
-    import importlib.util
-    import sys
-    spec = importlib.util.spec_from_file_location(f"exported_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("script_module, flags, refused_depth, other_depth", [
     (T, ["--backout-layers", "11"], 12, 14),  # 11 is the last of 12 layers: sum mode refuses it
     (S, ["--backout-layers", "8"], 9, 10),
@@ -274,12 +264,15 @@ def file_as_module(path, monkeypatch):
 ])
 def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_depths_where_it_does(
         tmp_path, monkeypatch, script_module, flags, refused_depth, other_depth):
-    """Rule 14: the file holds the arm's resolution as values (no flag checks, defaults or naming of its own), and
-    at another depth it resolves as the modular script does, or refuses as it does."""
+    """Rules 14 and 16: the file holds the arm's resolution as values (no flag checks, defaults or naming of its
+    own; with every study fixed, no study code on its command line), and at another depth it resolves as the
+    modular script does, or refuses as it does."""
     out = tmp_path / "arm.py"
     assert script_module.main(["--export-script", str(out), "--force", *flags]) == 0
     text = out.read_text()
-    assert "resolve=fixed_resolution(" in text
+    assert "model_config=lambda model_cfg, config: {" in text and file_constant(text, "FIXED_STUDIES")
+    for command_line in ("fixed_resolution", "def refused_flags", "def flag_piece", "OFFERED_STUDIES"):
+        assert command_line not in text, command_line
     for resolution in ("def resolve_backout_args", "def backout_variant_name", "BACKOUT_NAME_PIECES",
                        "def resolve_laurel_args", "def laurel_variant_name"):
         assert resolution not in text, resolution
@@ -289,15 +282,18 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
         script_module.resolve_args([*flags, *at, str(refused_depth)])
     with pytest.raises(Exception, match=f"does not run with --num-layers {refused_depth} at --preset tiny"):
         exported.resolve_args(exported.with_fixed_flags([*at, str(refused_depth)]))
-    as_file = exported.resolve_args(exported.with_fixed_flags([*at, str(other_depth)])).as_dict()
+    as_file = file_logged_config(exported, [*at, str(other_depth)])
     modular = script_module.resolve_args([*flags, *at, str(other_depth)]).as_dict()
     logged = [json.loads(json.dumps({k: v for k, v in config.items() if k not in ("train_files", "val_files")}))
-              for config in ({**file_constant(text, "LEFT_OUT_FIELDS"), **as_file}, modular)]  # data: by the file
+              for config in (as_file, modular)]  # data: by the file
     assert logged[0] == logged[1]
     assert as_file["variant"].startswith(f"layers{other_depth}_")
     # rule 15: the file refuses every flag of the study, so their help and the study's description are not in it
     on = [study for study in STUDIES if study.active(script_module.resolve_args(flags))]
     assert on and all(flag.help not in text for study in on for flag in study.flags)
+    # rule 16: nor their declarations; the model fields they give are literals of the study's declaration
+    assert not [flag.name for study in on for flag in study.flags if f'Flag("{flag.name}"' in text]
+    assert "flags=(), model_fields=((" in text
     assert all(study.description not in text for study in on if study.description)
 
 
@@ -335,9 +331,17 @@ def test_a_study_declaration_the_export_cannot_rewrite_is_refused_naming_the_rul
     with pytest.raises(UsageError, match="rule 14"):
         rewritten_declarations(source, [("STUDY", "resolve", "fixed_resolution({}, {})")], "speedrun/x.py")
     rewritten = rewritten_declarations("X = 1\nSTUDY = Study(name='s', resolve=resolve_it)\n",
-                                       [("STUDY", "resolve", "fixed_resolution({}, {})")], "speedrun/x.py")
+                                       [("STUDY", "resolve", "resolve=fixed_resolution({}, {})")], "speedrun/x.py")
     assert rewritten.splitlines() == ["X = 1", "from speedrun.study import fixed_resolution",
                                       "STUDY = Study(name='s', resolve=fixed_resolution({}, {}))"]
+    # rule 16: keywords replaced by others (on lines of their own where they span several; the comment right above
+    # one that starts its line goes with it), one cut
+    source = "STUDY = Study(\n    name='s',\n    # about F\n    flags=F, resolve=resolve_it, variant_name=name_it,\n)\n"
+    rewritten = rewritten_declarations(source, [("STUDY", "flags", "flags=(), model_fields=(('a', int, None),)"),
+                                                ("STUDY", "resolve", "model_config=lambda m, c: {\n        'a': 1}"),
+                                                ("STUDY", "variant_name", None)], "speedrun/x.py")
+    assert rewritten.splitlines() == ["STUDY = Study(", "    name='s',", "    flags=(), model_fields=(('a', int, None),),",
+                                      "    model_config=lambda m, c: {", "        'a': 1},", ")"]
 
 
 def parts_loops(text):
@@ -761,14 +765,17 @@ def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypat
     assert T.main(["--export-script", str(out), *run]) == 0
     text = out.read_text()
     assert file_constant(text, "RUN_DEFAULTS") == ("--preset", "full", "--num-iterations", "5550", "--seed", "3")
-    monkeypatch.setattr(cli, "FIXED_FLAGS", file_constant(text, "FIXED_FLAGS"))
-    monkeypatch.setattr(cli, "RUN_DEFAULTS", file_constant(text, "RUN_DEFAULTS"))
-    as_file, modular = T.resolve_args(with_fixed_flags(["--run-name", "r"])), T.resolve_args(run + ["--run-name", "r"])
-    assert as_file.as_dict() == dict(modular.as_dict(), log_dir="logs")
-    assert T.resolve_args(with_fixed_flags(["--num-iterations", "9", "--run-name", "r"])).num_iterations == 9
-    # the studies the file leaves out are logged at their values, as the modular run logs them
+    exported = file_as_module(out, monkeypatch)
+    as_file, modular = file_logged_config(exported, ["--run-name", "r"]), T.resolve_args(run + ["--run-name", "r"])
+    as_file["backout_layers"] = tuple(as_file["backout_layers"])  # logged as a list, as JSON has no tuple
+    data = ("train_files", "val_files")  # found by the file relative to its own folder
+    assert {k: v for k, v in as_file.items() if k not in data} == {
+        k: v for k, v in dict(modular.as_dict(), log_dir="logs").items() if k not in data}
+    assert file_logged_config(exported, ["--num-iterations", "9", "--run-name", "r"])["num_iterations"] == 9
+    # the studies the file leaves out are logged at their values, as the modular run logs them; the one it fixes
+    # at the run's (rule 16)
     left_out = file_constant(text, "LEFT_OUT_FIELDS")
-    assert left_out["laurel"] is None and left_out["rolling_skip"] is False and "backout_layers" not in left_out
+    assert left_out["laurel"] is None and left_out["rolling_skip"] is False and left_out["backout_layers"] == [11]
 
 
 def logged_run(tmp_path, *flags):
@@ -1063,4 +1070,98 @@ def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
     assert headings == ["options:", "run:", "checkpoints:"]
     result = run_file(out, "--backout-mode", "concat-head")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert "--backout-mode: this file runs one arm" in result.stderr
+    assert "unrecognized arguments: --backout-mode concat-head" in result.stderr  # no flag of the file (rule 16)
+    result = run_file(out, "--variant", "b5")
+    assert result.returncode == 2 and "--variant: this file runs one arm" in result.stderr
+
+
+# ----- stop 45 (h-residue45): residue the backout record kept --------------------------------------------------------
+
+def test_an_unread_local_of_names_and_attributes_goes_until_none_is_left():
+    """`D, k = cfg.model_dim, 1` is no constant yet reads nothing the run needs; a dropped `a = t` leaves `t` unread."""
+    from speedrun.export import drop_dead_constants
+    source = ("def f(cfg, x):\n    D, k = cfg.model_dim, 1\n    t = cfg.mode\n    a = t\n"
+              "    kept, gone = cfg.width, None\n    y = g(x)\n    return kept + x\n")
+    assert drop_dead_constants(source) == ("def f(cfg, x):\n    kept, gone = cfg.width, None\n    y = g(x)\n"
+                                           "    return kept + x\n")  # a call stays: it may act; one item read: too
+
+
+def test_a_decided_string_partitioned_into_names_folds_their_tests():
+    """`t = cfg.mode` decided, `a, _, b = t.partition("-")`: each name is read as its part, so `if b:` folds and the
+    partition line and `t` are left unread."""
+    from speedrun.export import drop_dead_constants, fold_constants
+    source = ('def f(cfg, x):\n    t = cfg.mode\n    act, _, linear = t.partition("-")\n    x = ACT.get(act, I)(x)\n'
+              '    if linear:\n        x = lin(x)\n    return x, t.upper()\n')
+    text, _ = fold_constants(source, {".mode": "relu"})
+    assert drop_dead_constants(text) == ("def f(cfg, x):\n    t = 'relu'\n    x = ACT.get('relu', I)(x)\n"
+                                         "    return x, t.upper()\n")  # another method of t: t stays read
+    assert "lin(x)" in fold_constants(source, {".mode": "relu-linear"})[0]
+    unknown = fold_constants(source, {})[0]
+    assert unknown == source  # undecided: nothing moves
+
+
+
+MIXES = '''def mix(mode, x, y, scale=2):
+    if mode == "sub":
+        return x - y
+    return (x + y) * scale
+
+
+def label(x, what):
+    return f"{what}{x}"
+
+
+def pick(on, x):
+    return x if on else -x
+
+
+def width(n):
+    return n.bit_length()
+'''
+
+
+def test_a_parameter_every_call_passes_one_decided_scalar_is_read_as_it(tmp_path, monkeypatch):
+    """`mix(cfg.mode, ...)` at every call, cfg.mode decided: `mode` is read as its value, so the branch the run
+    never takes goes, and it leaves the signature and the calls. A literal the source passes (`label(x, "L")`), a
+    default some call leaves as it is (`scale`) and a value that differs between calls (`pick`) stay."""
+    script = ("from speedrun.lib import mix, label, pick, width\n\n\ndef run(cfg, x):\n"
+              "    return mix(cfg.mode, x, x), mix(cfg.mode, x, 1, scale=cfg.mode == 'add'), label(x, 'L'), "
+              "pick(cfg.a, x), pick(cfg.b, x), width(cfg.n)\n\n\nif __name__ == '__main__':\n    run(None, 1)\n")
+    folds = {".mode": "add", ".a": True, ".b": False, ".n": 5}
+    text = exported_program(tmp_path, monkeypatch, MIXES, script, folds)
+    assert "def mix(x, y, scale=2):\n    return (x + y) * scale\n" in text
+    assert "return mix(x, x), mix(x, 1, scale=cfg.mode == 'add'), label(x, 'L'), pick(cfg.a, x), pick(cfg.b, x)" \
+        in text
+    assert "def label(x, what):" in text and "def pick(on, x):" in text
+    assert "def width():\n    return (5).bit_length()" in text  # `5.bit_length()` would not parse
+    # a function that reads the flags as parsed (PARSED_READERS) is not folded with the studies' fields
+    from speedrun.export import PARSED_READERS
+    (tmp_path / "parsed").mkdir()
+    text = exported_program(tmp_path / "parsed", monkeypatch, MIXES, script,
+                            {**folds, PARSED_READERS: (("script", "run"),)})
+    assert "def mix(mode, x, y, scale=2):" in text and "mix(cfg.mode, x, x)" in text
+
+
+PARTS = '''class Part:
+    def __init__(self, cfg):
+        self.reserve(cfg.mode, 3)
+        self.named(cfg.mode)
+        getattr(self, "named")(cfg.mode)
+
+    def reserve(self, mode, n):
+        self.mode = mode
+        if mode == "sum":
+            self.n = n
+
+    def named(self, mode):
+        self.label = mode
+'''
+
+
+def test_a_method_every_self_call_passes_one_decided_scalar_reads_it(tmp_path, monkeypatch):
+    """A method of one class reached only by `self.reserve(cfg.mode, ...)` calls reads the decided mode as its
+    literal and loses it from its signature and calls; one a string also names (getattr) keeps it."""
+    script = "from speedrun.lib import Part\n\n\nif __name__ == '__main__':\n    Part(None)\n"
+    text = exported_program(tmp_path, monkeypatch, PARTS, script, {".mode": "sum"})
+    assert "self.reserve(3)" in text and "def reserve(self, n):\n        self.mode = 'sum'\n        self.n = n" in text
+    assert "def named(self, mode):" in text and "self.named(cfg.mode)" in text

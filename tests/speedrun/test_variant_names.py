@@ -76,7 +76,7 @@ def test_a_switch_named_as_its_study_names_the_run_once(monkeypatch):
     from speedrun.study import Flag
     switch = Flag("--embed-mix", "x", resume=True, kind=bool, options=dict(action="store_true"))
     study = type("StudyStandIn", (), dict(name="embed-mix", flags=(switch,), variant_name=None))
-    monkeypatch.setattr(variants, "STUDIES", (study,))
+    monkeypatch.setattr(variants, "OFFERED_STUDIES", (study,))
     given = variants.given_study_flags({"embed_mix": True})
     assert variants.default_variant(given, config=None) == "embed-mix"
     assert variants.flag_piece("rolling", "--rolling-skip", True) == "skip"  # a switch of another name stays
