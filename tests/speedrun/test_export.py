@@ -293,7 +293,7 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     assert on and all(flag.help not in text for study in on for flag in study.flags)
     # rule 16: nor their declarations; the model fields they give are literals of the study's declaration
     assert not [flag.name for study in on for flag in study.flags if f'Flag("{flag.name}"' in text]
-    assert "flags=(), model_fields=((" in text
+    assert "model_fields=((" in text and " flags=()," not in text  # rule 17: the file reads no declaration's flags
     assert all(study.description not in text for study in on if study.description)
 
 
