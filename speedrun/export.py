@@ -431,7 +431,8 @@ def without_unread_study_fields(text):
     Study(...) call and the __post_init__ statement that sets it (`object.__setattr__(self, "title", ...)`). A
     field counts as read where its name is an attribute, a string or a keyword of a `replace(...)` anywhere else in
     the file (a name cannot read a field); one a positional argument of a call passes stays, as do all where a call
-    passes `**` keywords. A __post_init__ left setting nothing goes."""
+    passes `**` keywords or the file calls asdict, astuple or fields of anything but another class's `self`. A
+    __post_init__ left setting nothing goes."""
     tree = ast.parse(text)
     study = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == Study.__name__), None)
     if study is None:
@@ -448,6 +449,12 @@ def without_unread_study_fields(text):
         for keyword in call.keywords:
             keywords[keyword.arg].append(keyword)
     if None in keywords:  # Study(**given): which fields a call passes is not in its text
+        return text
+    # asdict, astuple and fields read every field of what they are given: allowed only of another class's self
+    whole = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1]
+             in ("asdict", "astuple", "fields")]
+    if any(ast.unparse(n.args[0]) != "self" if n.args else True for n in whole) or \
+            any(n in whole for n in ast.walk(study)):
         return text
     unread = set(order[positional:])
     while True:  # a field read only where another unread one is set or declared is unread too

@@ -1295,3 +1295,10 @@ def test_a_method_every_subclass_defines_of_a_class_named_only_as_a_base_goes():
     assert outputs[0] == outputs[1]
     named = SHADOWED + "print(isinstance(Part(), Base))\n"
     assert without_shadowed_methods(named) == named
+
+
+@pytest.mark.parametrize("reader", ["print(asdict(BACKOUT))", "print([f.name for f in fields(Study)])"])
+def test_a_program_reading_every_field_of_a_declaration_keeps_them_all(reader):
+    from speedrun.export import without_unread_study_fields
+    given = DECLARED + reader + "\n"
+    assert without_unread_study_fields(given) == given
