@@ -246,8 +246,7 @@ TRACK_FLAGS = (Flag("--fp8-head", "lm head matmul in FP8 where the GPU supports 
 
 
 def make_arg_parser():
-    return make_parser("GPT-2 small speedrun (3.28 track). With no flags: upstream record #21. Size and run "
-                       "flags without a default take the --preset's value.", PRESETS,
+    return make_parser("GPT-2 small speedrun (3.28 track).", "upstream record #21", PRESETS,
                        track_flags=TRACK_FLAGS)
 
 

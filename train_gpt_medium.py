@@ -157,8 +157,7 @@ TRACK_FLAGS = (
 
 
 def make_arg_parser():
-    return make_parser("GPT-2 Medium speedrun (2.92 track). With no flags: the upstream baseline. Size and run "
-                       "flags without a default take the --preset's value.", PRESETS,
+    return make_parser("GPT-2 Medium speedrun (2.92 track).", "the upstream baseline", PRESETS,
                        track_flags=TRACK_FLAGS)
 
 

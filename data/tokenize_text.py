@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -160,17 +161,31 @@ def _batches(documents: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
+def _spawned_pool(workers: int):
+    """A pool of `workers` processes that never take Ctrl-C: it reaches the whole process group, and this process
+    alone stops them. Spawned, not forked: a forked worker inherits the parent's signal handlers and any lock another
+    thread held (a pool forked inside a test process once waited forever on its queue's lock)."""
+    context = multiprocessing.get_context("spawn")
+    ignoring = dict(initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a disposition
+        return context.Pool(workers, **ignoring)
+    # Ignored while they are spawned, SIGINT stays ignored in them from their first instruction (exec keeps an
+    # ignored signal so, and Python keeps it); the initializer alone left a worker still importing open to it,
+    # printing a traceback. A Ctrl-C in this window of milliseconds is lost: the user presses it again.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return context.Pool(workers, **ignoring)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _encoded_batches(documents: Iterable[str], workers: int) -> Iterator[tuple[int, np.ndarray]]:
     """(document count, tokens) per batch, in input order."""
     if workers == 1:
         for batch in _batches(documents):
             yield len(batch), encode_documents(batch)
         return
-    # Spawned, not forked: a forked worker inherits the parent's signal handlers and any lock another thread held
-    # (a pool forked inside a test process once waited forever on its queue's lock). Ctrl-C reaches the whole
-    # process group: the workers leave it to this process, which stops them.
-    with multiprocessing.get_context("spawn").Pool(workers, initializer=signal.signal,
-                                                   initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+    with _spawned_pool(workers) as pool:
         # First in, first out keeps the order; the bounded queue bounds memory.
         pending: collections.deque = collections.deque()
         for batch in _batches(documents):

@@ -119,17 +119,14 @@ class Backout(BackoutLambdas, ModelPart):
         In eval mode also records, per source, cos and relative L2 between norm(source) and norm(T(source)) on the
         first SIMILARITY_TOKENS tokens."""
         cfg = self.cfg
-        mixed = []
+        vectors = []
         for j, name in enumerate(cfg.backout_layers):
-            if name == "embed":
-                source = x_embed
-            elif name == "new-embed":
-                source = self.new_embed(input_seq)[None]
-            else:
-                source = outputs[name]
+            source = x_embed if name == "embed" else self.new_embed(input_seq)[None] if name == "new-embed" \
+                else outputs[name]
             t = cfg.backout_transform
             activation, _, linear = t.partition("-")
-            moved = source.detach() if t == "detach" else BACKOUT_ACTIVATIONS.get(activation, lambda v: v)(source)
+            moved = source.detach() if t == "detach" else source if activation == "none" \
+                else BACKOUT_ACTIVATIONS[activation](source)
             if linear:  # relu-linear, tanh-linear: the activation, then a learned D x D matrix per source
                 moved = F.linear(moved, self.transform_w[j].type_as(source))
             moved_normed = norm(moved)
@@ -140,8 +137,8 @@ class Backout(BackoutLambdas, ModelPart):
                 cos = F.cosine_similarity(a, b, dim=-1).mean()
                 rel_l2 = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(a).clamp_min(1e-12)
                 self.similarity[j].copy_(torch.stack([cos, rel_l2]).detach())
-            mixed.append(moved_normed if normed else moved)
-        return mixed
+            vectors.append(moved_normed if normed else moved)
+        return vectors
 
     def head_input(self, model, head_in, outputs, x_embed, input_seq):
         """head_in is norm(x), x = outputs[-1] the final residual."""

@@ -42,12 +42,13 @@ def tiny_preset(num_layers):
                 train_files="data/demo/demo_train_*.bin", val_files="data/demo/demo_val_*.bin")
 
 
-
-
-def make_parser(description, presets, track_flags=(), studies=OFFERED_STUDIES):
+def make_parser(title, baseline, presets, track_flags=(), studies=OFFERED_STUDIES):
     """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
-    group per study (speedrun.studies), each flag's help as the study wrote it."""
-    p = OneLineErrorParser(description=description, formatter_class=HelpWithDefaults)
+    group per study (speedrun.studies), each flag's help as the study wrote it; its --help opens with the track's
+    title and what the script runs with no flags (the track's `baseline`, unless RUNS_BASELINE says otherwise)."""
+    p = OneLineErrorParser(description=f"{title} With no flags: {baseline if RUNS_BASELINE else EXPORTED_RUN}. Size "
+                                       f"and run flags without a default take the --preset's value.",
+                           formatter_class=HelpWithDefaults)
     run = p.add_argument_group("run")
     run.add_argument("--preset", choices=sorted(presets), default="full",
                      help="model size and data defaults: full = the record run; tiny = CPU-sized, demo shards")
@@ -211,6 +212,10 @@ FIXED_FLAGS = ()
 # The other flags of that run (its preset and schedule among them): the file's defaults, which its command line may
 # override (of a flag given twice, the last counts).
 RUN_DEFAULTS = ()
+# Whether the script with no flags runs its track's baseline: an export folds it to whether its file does, so that an
+# arm's file does not say so in its --help.
+RUNS_BASELINE = True
+EXPORTED_RUN = "the run this file was exported for (the command at its top)"
 
 
 def refused_flags():

@@ -50,7 +50,7 @@ from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
-from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, StudyHost, is_set
+from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, Study, StudyHost, is_set
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("speedrun", "data")
@@ -276,12 +276,18 @@ def every_study_fixed(active, resolutions):
                                 and study.model_config is None for study in active)
 
 
+# Study's tests of what a declaration gives (its methods'), decided where every declaration of the file is
+# rewritten by rule 16: each then gives its model fields (none derived from flags) and its model_config.
+FIELDS_DERIVED = "self.model_fields is None"
+OWN_MODEL_CONFIG = "self.model_config is not None"
+
+
 def declaration_rewrites(resolutions, fixed_arm):
     """The FIXED_DECLARATIONS fold of fixed_resolutions: in the module that declares each study (declared_where), its
     Study(...) call's resolve= becomes fixed_resolution(values, depths) and its variant_name= a lambda of the piece
     (rule 14); with every study fixed (rule 16, `fixed_arm`), resolve= becomes a model_config= of the values and
     variant_name= goes (the file's command line offers no study: FIXED_STUDIES checks the depth, names the run)."""
-    rewrites = []
+    rewrites, every_gives_fields = [], fixed_arm
     for study, (values, depths, piece) in resolutions.items():
         module, name = declared_where(study)
         indent = " " * 8  # the call's arguments under the declaration's keywords (at 4)
@@ -295,13 +301,18 @@ def declaration_rewrites(resolutions, fixed_arm):
                 closing = ",)" if len(fields) == 1 else ")"  # a tuple of one
                 rewrites.append((module, name, "flags", "\n".join(packed_items("    flags=(), model_fields=(", fields,
                                                                                closing, indent, WIDTH - 2))[4:]))
+            else:
+                every_gives_fields = False
             continue
         resolution = packed_dict(indent, values, indent + " ") + [f"{indent}{depths!r})"]
         rewrites.append((module, name, "resolve", "\n".join(["resolve=fixed_resolution(", *resolution[:-2],
                                                                resolution[-2] + ","] + resolution[-1:])))
         if piece is not None:
             rewrites.append((module, name, "variant_name", f"variant_name=lambda config: {piece!r}"))
-    return {FIXED_DECLARATIONS: tuple(rewrites)} if rewrites else {}
+    if not rewrites:
+        return {}
+    given = {OWN_MODEL_CONFIG: True} if fixed_arm else {}
+    return {FIXED_DECLARATIONS: tuple(rewrites), **given, **({FIELDS_DERIVED: False} if every_gives_fields else {})}
 
 
 def rewritten_declarations(source, rewrites, where):
@@ -334,10 +345,9 @@ def rewritten_declarations(source, rewrites, where):
     text = replace_spans(source, edits)
     if not any(new and "fixed_resolution(" in new for _, _, new in rewrites):
         return text
-    first = next(node for node in ast.parse(text).body if isinstance(node, ast.Assign) and
-                 [ast.unparse(t) for t in node.targets] == [rewrites[0][0]])
     lines = text.split("\n")
-    lines.insert(first.lineno - 1, "from speedrun.study import fixed_resolution")
+    lines.insert(declaration_statement(ast.parse(text), rewrites[0][0]).lineno - 1,
+                 "from speedrun.study import fixed_resolution")
     return "\n".join(lines)
 
 
@@ -355,10 +365,16 @@ def declared_where(study):
                 for alias in node.names if getattr(importlib.import_module(node.module), alias.name) is study)
 
 
+def declaration_statement(tree, name):
+    """The statement `name = Study(...)` (any call) at module level, or None."""
+    return next((node for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                 and [ast.unparse(t) for t in node.targets] == [name]), None)
+
+
 def study_declaration(tree, name):
     """The Study(...) call of `name = Study(...)` at module level, or None."""
-    return next((node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                 and [ast.unparse(t) for t in node.targets] == [name]), None)
+    statement = declaration_statement(tree, name)
+    return None if statement is None else statement.value
 
 
 def declared_flags(tree, call):
@@ -397,6 +413,112 @@ def quiet_declarations(source, names):
                     and ast.dump(ast.parse(joined)) == ast.dump(ast.parse(written)):
                 edits.append((flag, joined))
     return replace_spans(text, edits) if edits else text
+
+
+def own_setter(statement):
+    """The field a statement `object.__setattr__(self, "FIELD", ...)` sets (a frozen dataclass's __post_init__), or
+    None."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if isinstance(call, ast.Call) and ast.unparse(call.func) == "object.__setattr__" and len(call.args) == 3 \
+            and ast.unparse(call.args[0]) == "self" and isinstance(call.args[1], ast.Constant):
+        return call.args[1].value
+    return None
+
+
+def without_unread_study_fields(text):
+    """The file's text without the fields of Study (speedrun/study.py's class, the declarations' one form) that
+    nothing in it reads (rule 17): each one's declaration with the comment lines above it, its keyword in every
+    Study(...) call and the __post_init__ statement that sets it (`object.__setattr__(self, "title", ...)`). A
+    field counts as read where its name is an attribute, a string or a keyword of a `replace(...)` anywhere else in
+    the file (a name cannot read a field); one a positional argument of a call passes stays, as do all where a call
+    passes `**` keywords or the file calls asdict, astuple or fields of anything but another class's `self`. A
+    __post_init__ left setting nothing goes."""
+    tree = ast.parse(text)
+    study = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == Study.__name__), None)
+    if study is None:
+        return text
+    order = [item.target.id for item in study.body if isinstance(item, ast.AnnAssign)
+             and isinstance(item.target, ast.Name)]
+    declarations = {item.target.id: item for item in study.body if isinstance(item, ast.AnnAssign)}
+    post_init = next((m for m in study.body if isinstance(m, ast.FunctionDef) and m.name == "__post_init__"), None)
+    setters = {own_setter(s): s for s in (post_init.body if post_init else ()) if own_setter(s) in declarations}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == Study.__name__]
+    positional = max((len(call.args) for call in calls), default=0)
+    keywords = collections.defaultdict(list)  # field -> its keywords in the Study(...) calls (passing is no read)
+    for call in calls:
+        for keyword in call.keywords:
+            keywords[keyword.arg].append(keyword)
+    if None in keywords:  # Study(**given): which fields a call passes is not in its text
+        return text
+    # asdict, astuple and fields read every field of what they are given: allowed only of another class's self
+    whole = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1]
+             in ("asdict", "astuple", "fields")]
+    if any(ast.unparse(n.args[0]) != "self" if n.args else True for n in whole) or \
+            any(n in whole for n in ast.walk(study)):
+        return text
+    unread = set(order[positional:])
+    while True:  # a field read only where another unread one is set or declared is unread too
+        skipped = {id(n) for name in unread for owner in (declarations[name], setters.get(name),
+                                                          *keywords.get(name, ())) if owner is not None
+                   for n in ast.walk(owner)}
+        read = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Attribute):
+                read.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                read.add(node.value)
+        read |= {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("replace")
+                 for k in n.keywords}  # dataclasses.replace(study, title=...) builds a Study with it
+        still = {name for name in unread if name not in read}
+        if still == unread:
+            break
+        unread = still
+    if not unread and not (post_init and [type(s) for s in post_init.body] == [ast.Pass]):
+        return text
+    edits = []
+    for call in calls:
+        items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+        edits += cut_items(items, {i for i, item in enumerate(items) if getattr(item, "arg", None) in unread})
+    text = replace_spans(text, edits) if edits else text
+    tree = ast.parse(text)
+    study = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == Study.__name__)
+    post_init = next((m for m in study.body if isinstance(m, ast.FunctionDef) and m.name == "__post_init__"), None)
+    gone = [item for item in study.body if isinstance(item, ast.AnnAssign) and item.target.id in unread]
+    gone += [s for s in (post_init.body if post_init else ()) if own_setter(s) in unread]
+    if post_init and all(s in gone or isinstance(s, ast.Pass) for s in post_init.body):
+        gone = [s for s in gone if s not in post_init.body] + [post_init]  # sets nothing: the dataclass calls none
+    return without_statements(text, tree, gone)
+
+
+def without_shadowed_methods(text):
+    """The file's text without the methods no instance can run (rule 18): of a class the file names only as a base of
+    its other classes (never called, instantiated or otherwise read), each method that every class deriving from it
+    directly defines too, unless some code calls it through `super()` (ModelPart's `head_input` where backout, the
+    one part, answers it). A class defines its subclasses' fallbacks; with every subclass answering, none is asked."""
+    tree = ast.parse(text)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    as_bases = {id(base) for cls in classes.values() for base in cls.bases}
+    through_super = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
+                     and ast.unparse(n.value.func) == "super"}
+    gone = []
+    for name, cls in classes.items():
+        named = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+        if not named or any(id(n) not in as_bases for n in named):
+            continue
+        subclasses = [c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)]
+        defined = [{m.name for m in c.body if isinstance(m, ast.FunctionDef)} for c in subclasses]
+        shadowed = [m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name not in through_super
+                    and all(m.name in names for names in defined)]
+        # a body left empty keeps a `pass` for its first statement
+        gone += [(m, i == 0 and len(shadowed) == len(cls.body)) for i, m in enumerate(shadowed)]
+    lines = text.split("\n")
+    for method, to_pass in sorted(gone, key=lambda item: item[0].lineno, reverse=True):
+        kept = [" " * method.col_offset + "pass"] if to_pass else []
+        lines = replace_lines(lines, method.lineno if kept else first_line_with_comments(lines, method),
+                              method.end_lineno, kept)
+    return "\n".join(lines)
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -523,8 +645,9 @@ def leaves_as_is(statement, part, passive):
     if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
         return False
     call = statement.value
-    if passive_member_asked(call, part, passive) is not None:
-        return passive_member_asked(call, part, passive)[1] == ("returns", "None")
+    asked = passive_member_asked(call, part, passive)
+    if asked is not None:
+        return asked[1] == ("returns", "None")
     if isinstance(call.func, ast.Attribute) and call.func.attr == "update" and only_reads(call.func.value) \
             and len(call.args) == 1 and not call.keywords:  # a dict updated with {}
         asked = passive_member_asked(call.args[0], part, passive)
@@ -610,12 +733,7 @@ def host_calls_read(text, folds):
     gone += [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
              and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Name)
              and n.targets[0].id == n.value.id]
-    lines = text.split("\n")
-    for statement in sorted(gone, key=lambda n: n.lineno, reverse=True):
-        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
-        lines = replace_lines(lines, statement.lineno if kept else first_line_with_comments(lines, statement),
-                              statement.end_lineno, kept)
-    return "\n".join(lines)
+    return without_statements(text, tree, gone)
 
 
 def answers_none(part_class, hook, folds, script_module):
@@ -825,6 +943,17 @@ def fold_ifs(text, folds, readers=()):
         text = "\n".join(replace_lines(lines, first, node.end_lineno, kept))
 
 
+def without_statements(text, tree, gone):
+    """The source without the statements `gone` (nodes of `tree`, its parse), each with the comment lines right above
+    it; one that is the only statement of its block leaves `pass`."""
+    lines = text.split("\n")
+    for statement in sorted(gone, key=lambda n: n.lineno, reverse=True):
+        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
+        lines = replace_lines(lines, statement.lineno if kept else first_line_with_comments(lines, statement),
+                              statement.end_lineno, kept)
+    return "\n".join(lines)
+
+
 def only_statement(tree, node):
     """Whether `node` is the only statement of its block."""
     return any(isinstance(block, list) and block == [node] for parent in ast.walk(tree)
@@ -1032,13 +1161,10 @@ def empty_registries_read(text, folds):
                      and ast.unparse(node.left.func) == "tuple"):
             return replace_span(text, node, node.left)
     # `x |= set()`, `x += ()`: adds nothing
-    lines = text.split("\n")
     for node in ast.walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.BitOr, ast.Add)) \
                 and is_empty_literal(node.value) and isinstance(node.target, ast.Name):
-            kept = [" " * node.col_offset + "pass"] if only_statement(tree, node) else []
-            return "\n".join(replace_lines(lines, node.lineno if kept else first_line_with_comments(lines, node),
-                                            node.end_lineno, kept))
+            return without_statements(text, tree, [node])
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
         if type(node) in EMPTY_OF and isinstance(node.generators[0].iter, ast.Tuple) \
@@ -1326,25 +1452,22 @@ def without_calls_decided(text, fixed_parameters, no_ops):
             edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers else literals[key, n.id])
                       for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
     text = replace_spans(text, edits) if edits else text
-    lines = text.split("\n")
     tree = ast.parse(text)
     calls = [s for s in ast.walk(tree) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
              and isinstance(s.value.func, ast.Name) and s.value.func.id in no_ops]
-    for statement in sorted(calls, key=lambda s: s.lineno, reverse=True):
-        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
-        lines = replace_lines(lines, first_line_with_comments(lines, statement) if not kept else statement.lineno,
-                              statement.end_lineno, kept)
-    return "\n".join(lines)
+    return without_statements(text, tree, calls)
 
 
 def decided_parameters(function, called, skipped, folds_of):
     """[(parameter, its position, its literal)] of the parameters of `function` that every call of `called`
     passes `()` or leaves at a default of `()`, or passes one scalar that folded_value decides (with the folds
-    `folds_of(call)`) where not every call spells it as a literal; `skipped`: the leading parameters the calls do
+    `folds_of(call)`) where not every call spells it as a literal, or that the function never reads where every
+    call passes it an expression that only reads (literal: None); `skipped`: the leading parameters the calls do
     not pass (a method's self)."""
     args = function.args.args
     defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
     stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
              for a in n.posonlyargs + n.args + n.kwonlyargs}
     found = []
@@ -1360,6 +1483,9 @@ def decided_parameters(function, called, skipped, folds_of):
             continue
         if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
             found.append((arg.arg, position, "()"))
+            continue
+        if arg.arg not in read and all(only_reads(v) for v, _ in passed):  # unread, and passing it does nothing
+            found.append((arg.arg, position, "None"))
             continue
         # passed by every call, and folded in one at least: a literal the source passes is left as it is
         if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
@@ -1442,6 +1568,18 @@ def decided_calls(program):
                 or any(k.arg is None for c in called for k in c.keywords):
             continue
         fixed += [(f"self.{name}", *found) for found in decided_parameters(method, called, 1, folds_of)]
+    # positions in the modules' own source: a pass reads signatures an earlier one cut (the first parameter found
+    # there may be the second of the source)
+    cut = collections.defaultdict(set)
+    for function, _, position, _ in program.decided[0]:
+        cut[function].add(position)
+
+    def source_position(function, position):
+        kept = [i for i in range(position + len(cut[function]) + 1) if i not in cut[function]]
+        return kept[position]
+
+    fixed = [(function, parameter, source_position(function, position), literal)
+             for function, parameter, position, literal in fixed]
     return tuple(sorted(fixed)), tuple(sorted(no_ops))
 
 
@@ -2074,7 +2212,7 @@ def run_defaults(run_argv, config, fixed):
     return given if "--preset" in given else ["--preset", config.preset, *given]
 
 
-def packed_items(opening, items, closing, indent="    ", width=118):
+def packed_items(opening, items, closing, indent="    ", width=WIDTH):
     """`opening`, the items (source texts) joined by commas as lines of at most `width` characters, packed (an item
     is never split; the first on the opening line), a continued line starting with `indent`, then `closing`."""
     lines = [opening]
@@ -2088,23 +2226,24 @@ def packed_items(opening, items, closing, indent="    ", width=118):
     return lines
 
 
-def packed_dict(opening, values, indent="    ", width=118):
+def packed_dict(opening, values, indent="    ", width=WIDTH):
     """`opening` then `{...}` of a dict of literals (packed_items)."""
     return packed_items(f"{opening}{{", [f"{key!r}: {value!r}" for key, value in values.items()], "}", indent, width)
 
 
-def packed_assignment(name, values, width=118):
+def packed_assignment(name, values, width=WIDTH):
     """`name = {...}` (packed_dict)."""
     return packed_dict(f"{name} = ", values, width=width)
 
 
 def export_source(script, config, fixed_flags, command, omitted=(), defaults=(), track_flags=(), probes=(),
-                  resolutions=None):
+                  resolutions=None, runs_baseline=False):
     """The text of the standalone file of a run of `script` (its resolved config) with these fixed flags and run
     defaults, its command line without the omitted run flags (omitted_run_flags), the flags it does not offer
     (flags_not_offered) and the choices its base does not run (choices_not_run); the fields of its studies folded
     where they hold one value in every config of `probes` (probe_configs; none: the run's config alone), and the
-    resolution of those in `resolutions` (fixed_resolutions) held as the run's values."""
+    resolution of those in `resolutions` (fixed_resolutions) held as the run's values; runs_baseline: whether the
+    file with no flags runs the track's baseline (its --help says so)."""
     resolutions = resolutions or {}
     active = [study for study in STUDIES if study.active(config)]
     registries = {STUDIES_MODULE: {"STUDIES": [study in active for study in STUDIES]}}
@@ -2121,10 +2260,12 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
               for token in [name, *values]]
     fixed_studies = tuple((piece, depths) for study, (_, depths, piece) in resolutions.items()) if fixed_arm else ()
     # the file's FIXED_FLAGS and FIXED_STUDIES, constants of it: the tests on them fold (none fixed: with_fixed_flags
-    # adds nothing, no depth is checked), and with no study on or all fixed, the command line offers none
+    # adds nothing, no depth is checked), and with no study on or all fixed, the command line offers none; its
+    # --help names the track's baseline only where the file, given no flags, runs it
     folds = dict(folded_tests(config, omitted, active, not_varied), FIXED_FLAGS=tuple(varied),
                  FIXED_STUDIES=tuple((piece, tuple(depths.items())) for piece, depths in fixed_studies),
-                 **({"OFFERED_STUDIES": ()} if fixed_arm or not active else {}))
+                 **({"OFFERED_STUDIES": ()} if fixed_arm or not active else {}),
+                 RUNS_BASELINE=runs_baseline)
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions, fixed_arm))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
@@ -2186,7 +2327,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = "\n".join(out).rstrip("\n") + "\n"
+    spaced = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):
@@ -2509,11 +2650,13 @@ def export_main(script, argv, resolve_args, track_flags):
         fixed = fixed_flags(run_argv, config, track_flags)
         check_refused_off_base(config, run_argv, resolve_args, track_flags)
         modular_argv, file_argv = verification_argv(run_argv, fixed, resolve_args)
-        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv),
-                             run_defaults(run_argv, config, fixed), track_flags,
+        defaults = run_defaults(run_argv, config, fixed)
+        # the file given no flags runs what the modular script does given none
+        runs_baseline = fixed == fixed_flags([], resolve_args([]), track_flags) and defaults == ["--preset", "full"]
+        text = export_source(script, config, fixed, command, omitted_run_flags(run_argv), defaults, track_flags,
                              probe_configs(config, run_argv, modular_argv, fixed, resolve_args),
                              fixed_resolutions(config, [study for study in STUDIES if study.active(config)],
-                                               fixed, resolve_args, offers_depth(fixed, config)))
+                                               fixed, resolve_args, offers_depth(fixed, config)), runs_baseline)
         verify_export(script, text, modular_argv, file_argv, kept_in)
         check_out_path(out, force)  # again: the check took a while
         write_atomically(out, text)

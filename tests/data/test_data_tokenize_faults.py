@@ -13,6 +13,7 @@ import pytest
 
 from data.shard_format import ShardError
 from data.shards import check_manifest, manifest_path
+from data import tokenize_text
 from data.tokenize_text import InputError, tokenize_to_shards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,6 +126,20 @@ def test_ctrl_c_is_one_line_and_changes_nothing(tmp_path):
     assert tokenizer.returncode == 130
     assert err.strip().splitlines() == [f"error: interrupted; {out_dir} is as it was before this run"], err
     assert folder_contents(out_dir) == before
+
+
+@pytest.mark.slow
+def test_workers_never_take_ctrl_c_even_while_they_start(capfd):
+    """Guards: a SIGINT reaching the pool's workers as they are spawned (still importing, as a slow worker was under
+    load when the Ctrl-C test sent it) kills none and prints nothing. An initializer that ignored SIGINT left that
+    window open: CI saw a worker's KeyboardInterrupt traceback before the one error line."""
+    with tokenize_text._spawned_pool(2) as pool:
+        workers = list(pool._pool)  # the pool's own processes, not whatever else this test process started
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGINT)
+        assert pool.map(len, ["ab", "abc", "abcd"]) == [2, 3, 4]
+        assert [worker.exitcode for worker in workers] == [None, None]
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
 
 
 def test_shards_without_their_manifest_are_named_as_possibly_unfinished(tmp_path):

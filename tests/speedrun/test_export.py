@@ -293,7 +293,7 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     assert on and all(flag.help not in text for study in on for flag in study.flags)
     # rule 16: nor their declarations; the model fields they give are literals of the study's declaration
     assert not [flag.name for study in on for flag in study.flags if f'Flag("{flag.name}"' in text]
-    assert "flags=(), model_fields=((" in text
+    assert "model_fields=((" in text and " flags=()," not in text  # rule 17: the file reads no declaration's flags
     assert all(study.description not in text for study in on if study.description)
 
 
@@ -778,6 +778,27 @@ def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypat
     assert left_out["laurel"] is None and left_out["rolling_skip"] is False and left_out["backout_layers"] == [11]
 
 
+EXPORTED = "the run this file was exported for (the command at its top)."
+
+
+@pytest.mark.parametrize("script, flags, no_flags", [
+    (T, [], "the upstream baseline."),
+    (S, [], "upstream record #21."),
+    (T, ["--num-iterations", "5550"], EXPORTED),  # the schedule alone is another run
+    (T, ["--preset", "tiny"], EXPORTED),
+    (T, ["--base", "r18"], EXPORTED),
+    (T, ["--backout-layers", "11"], EXPORTED),
+])
+def test_the_files_help_says_what_it_runs_with_no_flags(tmp_path, script, flags, no_flags):
+    """An arm's file said "With no flags: the upstream baseline" (the modular script's words) where it trains its
+    arm; a file names the track's baseline only where, given no flags, it runs it."""
+    out = tmp_path / "x.py"
+    assert script.main(["--export-script", str(out), *flags]) == 0
+    help_text = " ".join(run_file(out, "--help").stdout.split())
+    assert f"With no flags: {no_flags}" in help_text
+    assert ("RUNS_BASELINE" in out.read_text()) is False  # decided at the export, as the file's run is
+
+
 def logged_run(tmp_path, *flags):
     """A log of this checkout's medium script (its code section and config line, no steps)."""
     from conftest import MEDIUM_SCRIPT, embedded_sources
@@ -983,10 +1004,12 @@ def test_an_empty_registry_and_what_only_passes_it_on_fold_away(tmp_path, monkey
     program = export_module.folded_program("script", {"STUDIES": ()}, {})
     text = "\n".join(s.text for m in program.order() for s in program.kept_statements(m))
     assert "STUDIES" not in text and "check" not in text  # the registry, and the call that did nothing
-    assert "def build(config):\n    names = ()\n    return [], names\n" in text
-    assert "def passed_on(config):\n    return build(config)\n" in text and "passed_on(config), " in text
+    # `config`, never read, goes with what every call passes it, a name (stop 46); found a pass before `studies`,
+    # which a pass after it finds first in the cut signature: both go (the second was once taken for the first)
+    assert "def build():\n    names = ()\n    return [], names\n" in text
+    assert "def passed_on():\n    return build()\n" in text and "passed_on(), " in text
     # a parameter a call passes something else keeps it
-    assert "def kept(config, studies=()):" in text and "kept(config, other)" in text
+    assert "def kept(studies=()):" in text and "kept(other)" in text
 
 
 def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it(tmp_path):
@@ -1165,3 +1188,117 @@ def test_a_method_every_self_call_passes_one_decided_scalar_reads_it(tmp_path, m
     text = exported_program(tmp_path, monkeypatch, PARTS, script, {".mode": "sum"})
     assert "self.reserve(3)" in text and "def reserve(self, n):\n        self.mode = 'sum'\n        self.n = n" in text
     assert "def named(self, mode):" in text and "self.named(cfg.mode)" in text
+
+
+# ----- stop 46: the record file's study declaration keeps what the file reads ----------------------------------------
+
+DECLARED = '''from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    title: str = ""  # the --help group's title
+    # A comment about the field below goes with it.
+    excludes: tuple = ()
+    kept: int = 0
+    model_part: type | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "title", self.title or self.name)
+
+
+def title(parser, description):  # a name or another call's keyword reads no field
+    return parser.add(description=description, title=title)
+
+
+BACKOUT = Study(name="backout", title="backout (docs)", excludes=("--x",),
+                kept=3, model_part=None)
+print(BACKOUT.kept, BACKOUT.model_part)
+'''
+
+
+def test_a_field_of_the_study_declarations_that_nothing_reads_goes_with_its_keywords_and_setter():
+    from speedrun.export import without_unread_study_fields
+    text = without_unread_study_fields(DECLARED)
+    study = text.split("def title")[0]
+    assert "title" not in study and "excludes" not in study and "A comment" not in study  # declared, set, commented
+    assert "__post_init__" not in study  # it set only the title
+    assert "kept: int = 0" in study and "model_part: type | None = None" in study
+    assert "name: str" not in study  # read only where the title was set
+    assert "BACKOUT = Study(kept=3, model_part=None)" in text
+    exec(compile(text, "declared", "exec"), {"__name__": "declared"})  # still a program
+
+
+@pytest.mark.parametrize("reader", ["print(BACKOUT.excludes)", "print(getattr(BACKOUT, 'excludes'))",
+                                    "print(replace(BACKOUT, excludes=()))"])
+def test_a_field_read_anywhere_stays(reader):
+    from speedrun.export import without_unread_study_fields
+    text = without_unread_study_fields(DECLARED + reader + "\n")
+    assert "excludes: tuple = ()" in text and 'excludes=("--x",)' in text and "title" not in text.split("def ")[0]
+
+
+def test_a_declaration_passing_keywords_as_a_dict_or_positions_keeps_the_fields_it_may_pass():
+    from speedrun.export import without_unread_study_fields
+    given = DECLARED + 'OTHER = Study(**{"name": "x"})\n'
+    assert without_unread_study_fields(given) == given
+    positional = without_unread_study_fields(DECLARED + 'OTHER = Study("x", "t", ("--y",))\n')
+    assert "title: str" in positional and "excludes: tuple" in positional  # passed by position
+
+
+SHADOWED = '''class Base:
+    flag = False
+
+    def answered(self):
+        return None
+
+    def asked_of_super(self):
+        return 1
+
+    def fallback(self):
+        return 0
+
+
+class Part(Base):
+    def answered(self):
+        return 2
+
+    def asked_of_super(self):
+        return super().asked_of_super() + 1
+
+
+class Other(Base):
+    def answered(self):
+        return 3
+
+    def fallback(self):
+        return 4
+
+
+print([(p.answered(), p.fallback(), p.flag) for p in (Part(), Other())], Part().asked_of_super())
+'''
+
+
+def test_a_method_every_subclass_defines_of_a_class_named_only_as_a_base_goes():
+    """ModelPart's head_input and named_scalars, which backout (the record's one part) defines: no instance runs them.
+    One that a subclass leaves to it, or calls through super(), stays; so do all where the class is named otherwise."""
+    from speedrun.export import without_shadowed_methods
+    text = without_shadowed_methods(SHADOWED)
+    base = text.split("class Part")[0]
+    assert "def answered" not in base and "def asked_of_super" in base and "def fallback" in base
+    assert "flag = False" in base and text.count("def answered") == 2
+    outputs = []
+    for source in (SHADOWED, text):
+        printed = []
+        exec(compile(source, "shadowed", "exec"), {"print": lambda *a: printed.append(a)})
+        outputs.append(printed)
+    assert outputs[0] == outputs[1]
+    named = SHADOWED + "print(isinstance(Part(), Base))\n"
+    assert without_shadowed_methods(named) == named
+
+
+@pytest.mark.parametrize("reader", ["print(asdict(BACKOUT))", "print([f.name for f in fields(Study)])"])
+def test_a_program_reading_every_field_of_a_declaration_keeps_them_all(reader):
+    from speedrun.export import without_unread_study_fields
+    given = DECLARED + reader + "\n"
+    assert without_unread_study_fields(given) == given

@@ -86,7 +86,7 @@ def test_a_switch_with_a_part_is_declared_once():
 
 def test_any_help_text_is_shown_as_written():
     study = a_switch_study("braces", "sets {x} to {0}, as {record_layer} reads")
-    text = " ".join(make_parser("d", T.PRESETS, studies=STUDIES + (study,)).format_help().split())
+    text = " ".join(make_parser("d", "b", T.PRESETS, studies=STUDIES + (study,)).format_help().split())
     assert "sets {x} to {0}, as {record_layer} reads" in text  # a KeyError or IndexError before
 
 
