@@ -441,7 +441,8 @@ def without_unread_study_fields(text):
              and isinstance(item.target, ast.Name)]
     declarations = {item.target.id: item for item in study.body if isinstance(item, ast.AnnAssign)}
     post_init = next((m for m in study.body if isinstance(m, ast.FunctionDef) and m.name == "__post_init__"), None)
-    setters = {own_setter(s): s for s in (post_init.body if post_init else ()) if own_setter(s) in declarations}
+    setters = {field: s for s in (post_init.body if post_init else ()) for field in [own_setter(s)]
+               if field in declarations}
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == Study.__name__]
     positional = max((len(call.args) for call in calls), default=0)
     keywords = collections.defaultdict(list)  # field -> its keywords in the Study(...) calls (passing is no read)
@@ -456,7 +457,10 @@ def without_unread_study_fields(text):
     if any(ast.unparse(n.args[0]) != "self" if n.args else True for n in whole) or \
             any(n in whole for n in ast.walk(study)):
         return text
-    unread = set(order[positional:])
+    # dataclasses.replace(study, title=...) builds a Study with the fields it names
+    replaced = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("replace")
+                for k in n.keywords}
+    unread = set(order[positional:]) - replaced
     while True:  # a field read only where another unread one is set or declared is unread too
         skipped = {id(n) for name in unread for owner in (declarations[name], setters.get(name),
                                                           *keywords.get(name, ())) if owner is not None
@@ -469,8 +473,6 @@ def without_unread_study_fields(text):
                 read.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 read.add(node.value)
-        read |= {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("replace")
-                 for k in n.keywords}  # dataclasses.replace(study, title=...) builds a Study with it
         still = {name for name in unread if name not in read}
         if still == unread:
             break
@@ -509,16 +511,9 @@ def without_shadowed_methods(text):
             continue
         subclasses = [c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)]
         defined = [{m.name for m in c.body if isinstance(m, ast.FunctionDef)} for c in subclasses]
-        shadowed = [m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name not in through_super
-                    and all(m.name in names for names in defined)]
-        # a body left empty keeps a `pass` for its first statement
-        gone += [(m, i == 0 and len(shadowed) == len(cls.body)) for i, m in enumerate(shadowed)]
-    lines = text.split("\n")
-    for method, to_pass in sorted(gone, key=lambda item: item[0].lineno, reverse=True):
-        kept = [" " * method.col_offset + "pass"] if to_pass else []
-        lines = replace_lines(lines, method.lineno if kept else first_line_with_comments(lines, method),
-                              method.end_lineno, kept)
-    return "\n".join(lines)
+        gone += [m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name not in through_super
+                 and all(m.name in names for names in defined)]
+    return without_statements(text, tree, gone)
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -945,10 +940,14 @@ def fold_ifs(text, folds, readers=()):
 
 def without_statements(text, tree, gone):
     """The source without the statements `gone` (nodes of `tree`, its parse), each with the comment lines right above
-    it; one that is the only statement of its block leaves `pass`."""
+    it; a block left with none of its statements keeps `pass` in place of its first."""
+    going = {id(statement) for statement in gone}
+    emptied = {id(block[0]) for parent in ast.walk(tree)
+               for block in (getattr(parent, name, None) for name in ("body", "orelse", "finalbody"))
+               if isinstance(block, list) and block and all(id(statement) in going for statement in block)}
     lines = text.split("\n")
     for statement in sorted(gone, key=lambda n: n.lineno, reverse=True):
-        kept = [" " * statement.col_offset + "pass"] if only_statement(tree, statement) else []
+        kept = [" " * statement.col_offset + "pass"] if id(statement) in emptied else []
         lines = replace_lines(lines, statement.lineno if kept else first_line_with_comments(lines, statement),
                               statement.end_lineno, kept)
     return "\n".join(lines)

@@ -1302,3 +1302,15 @@ def test_a_program_reading_every_field_of_a_declaration_keeps_them_all(reader):
     from speedrun.export import without_unread_study_fields
     given = DECLARED + reader + "\n"
     assert without_unread_study_fields(given) == given
+
+
+def test_a_block_whose_every_statement_goes_keeps_one_pass():
+    """Two statements of one block cut together left it empty (a file that does not compile); one alone did not."""
+    import ast as ast_module
+    from speedrun.export import without_statements
+    source = "class Base:\n    def a(self):\n        return 1\n\n    def b(self):\n        return 2\n\n\nx = 1\ny = 2\n"
+    tree = ast_module.parse(source)
+    base = tree.body[0]
+    text = without_statements(source, tree, [*base.body, tree.body[2]])
+    assert text.startswith("class Base:\n    pass\n") and "def " not in text and "y = 2" not in text
+    compile(text, "cut", "exec")
