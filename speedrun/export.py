@@ -494,11 +494,20 @@ def without_unread_study_fields(text):
     return without_statements(text, tree, gone)
 
 
+def class_members(cls):
+    """{name: its statement} of the methods and the plain class attributes (`flag = False`) a class body defines."""
+    members = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)}
+    members.update({m.targets[0].id: m for m in cls.body if isinstance(m, ast.Assign) and len(m.targets) == 1
+                    and isinstance(m.targets[0], ast.Name)})
+    return members
+
+
 def without_shadowed_methods(text):
-    """The file's text without the methods no instance can run (rule 18): of a class the file names only as a base of
-    its other classes (never called, instantiated or otherwise read), each method that every class deriving from it
-    directly defines too, unless some code calls it through `super()` (ModelPart's `head_input` where backout, the
-    one part, answers it). A class defines its subclasses' fallbacks; with every subclass answering, none is asked."""
+    """The file's text without the members no instance can read (rule 18): of a class the file names only as a base
+    of its other classes (never called, instantiated or otherwise read), each method or class attribute that every
+    class deriving from it directly defines too, unless some code reads it through `super()` (ModelPart's
+    `head_input` where backout, the one part, answers it). A class defines its subclasses' fallbacks; with every
+    subclass answering, none is asked."""
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     as_bases = {id(base) for cls in classes.values() for base in cls.bases}
@@ -510,10 +519,39 @@ def without_shadowed_methods(text):
         if not named or any(id(n) not in as_bases for n in named):
             continue
         subclasses = [c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)]
-        defined = [{m.name for m in c.body if isinstance(m, ast.FunctionDef)} for c in subclasses]
-        gone += [m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name not in through_super
-                 and all(m.name in names for names in defined)]
-    return without_statements(text, tree, gone)
+        defined = [set(class_members(c)) for c in subclasses]
+        gone += [m for member, m in class_members(cls).items() if member not in through_super
+                 and all(member in names for names in defined)]
+    return without_empty_bases(without_statements(text, tree, gone))
+
+
+def without_empty_bases(text):
+    """The file's text without each class it names only as a base whose body is left `pass` (ModelPart once rule 18
+    and the passive members have emptied it) and that has one base at most: each class deriving from it derives from
+    that base in its place (none where it lists that base already); the order of the others is kept, so is the MRO
+    less the empty class."""
+    tree = ast.parse(text)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    as_bases = {id(base) for cls in classes.values() for base in cls.bases}
+    edits = []
+    for name, cls in classes.items():
+        named = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+        if not named or any(id(n) not in as_bases for n in named) or len(cls.bases) > 1 or cls.keywords \
+                or cls.decorator_list or [type(s) for s in cls.body] != [ast.Pass]:
+            continue
+        base = ast.unparse(cls.bases[0]) if cls.bases else None
+        for sub in (c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)):
+            listed = [ast.unparse(b) for b in sub.bases]
+            (position,) = [i for i, b in enumerate(listed) if b == name]
+            edits += cut_items(sub.bases, {position}) if base is None or base in listed else \
+                [(sub.bases[position], base)]
+    if not edits:
+        return text
+    text = replace_spans(text, edits)
+    tree = ast.parse(text)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return without_statements(text, tree, [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name not in read
+                                           and n.name in classes and [type(s) for s in n.body] == [ast.Pass]])
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -554,6 +592,8 @@ PASSED_THROUGH = "(StudyHost methods that pass an argument through or do nothing
 # The fold holding (member, its default's form) of each ModelPart member of NEUTRAL_DEFAULTS that no switched-on
 # part overrides (passive_members).
 PASSIVE_MEMBERS = "(part members no switched-on part overrides)"
+# Those of them only a part can have, by any receiver (part_owned_members).
+PART_OWNED_MEMBERS = "(passive part members no other class has)"
 
 
 def neutral_form(node):
@@ -563,11 +603,12 @@ def neutral_form(node):
     ModelPart's defaults (neutral_defaults) and StudyHost's methods folded as in the file (host_method_folds)."""
     if isinstance(node, ast.Assign):
         return ("flag", "False") if isinstance(node.value, ast.Constant) and node.value.value is False else None
-    if not isinstance(node, ast.FunctionDef) or node.decorator_list or not node.args.args or node.args.vararg \
-            or node.args.kwarg or node.args.kwonlyargs or node.args.posonlyargs:
+    static = isinstance(node, ast.FunctionDef) and [ast.unparse(d) for d in node.decorator_list] == ["staticmethod"]
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list and not static or not node.args.args \
+            or node.args.vararg or node.args.kwarg or node.args.kwonlyargs or node.args.posonlyargs:
         return None
     body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
-    parameters = [a.arg for a in node.args.args[1:]]
+    parameters = [a.arg for a in node.args.args[0 if static else 1:]]
     if [type(statement) for statement in body] == [ast.Pass]:
         return ("returns", "None")
     if not body or len(body) > 2 or not isinstance(body[-1], ast.Return):
@@ -610,6 +651,63 @@ def passive_members(active, on_r18):
     classes = [study.r18_part if on_r18 else study.model_part for study in active]
     return tuple((name, form) for name, form in neutral_defaults().items()
                  if all(getattr(cls, name) is getattr(ModelPart, name) for cls in classes if cls is not None))
+
+
+def project_sources():
+    """The project's Python sources an export may inline from: speedrun/ and the track scripts."""
+    return sorted((ROOT / "speedrun").rglob("*.py")) + sorted(ROOT.glob("train_gpt*.py"))
+
+
+def part_owned_members(passive):
+    """(member, its form) of each passive member (passive_members) that only a part can have: in the project's
+    sources every class defining that name is ModelPart or a subclass, nothing stores the attribute, and no string
+    is the name given to getattr/setattr/hasattr/delattr. Any read `X.member` then reads a part's (or fails), and every part in the
+    file answers ModelPart's default: part_members_read writes the reads as that default, whatever X is."""
+    part_classes, seen = {ModelPart.__name__}, [ModelPart]
+    while seen:
+        for cls in seen.pop().__subclasses__():
+            part_classes.add(cls.__name__)
+            seen.append(cls)
+    owned = {name: form for name, form in passive if form in (("flag", "False"), ("returns", "None"))}
+    for path in project_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name not in part_classes:
+                defined = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                defined |= {target.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                            for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                            if isinstance(target, ast.Name)}
+                for name in defined & owned.keys():
+                    del owned[name]
+            elif isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+                owned.pop(node.attr, None)
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "setattr", "hasattr", "delattr") \
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+                owned.pop(node.args[1].value, None)
+    return tuple(owned.items())
+
+
+def part_members_read(text, folds):
+    """The source with each read of a member PART_OWNED_MEMBERS holds written as its default (`X.built_last`:
+    False; `X.model_layer_pattern(...)`: None), where X and the call's arguments only read names and attributes
+    (nothing that is evaluated is lost): the sort by it, the comprehensions filtering on it, fold (constant_keys_read,
+    empty_registries_read)."""
+    owned = dict(folds.get(PART_OWNED_MEMBERS, ()))
+    if not owned:
+        return text
+    tree = ast.parse(text)
+    called = {id(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    edits = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in owned
+                and only_reads(node.value)):
+            continue
+        kind, value = owned[node.attr]
+        call = called.get(id(node))
+        if kind == "flag" and call is None:
+            edits.append((node, value))
+        elif kind == "returns" and call is not None and not call.keywords and all(map(only_reads, call.args)):
+            edits.append((call, value))
+    return replace_spans(text, edits) if edits else text
 
 
 def passive_member_asked(node, part, passive):
@@ -840,6 +938,8 @@ def folded_value(node, folds, test=True):
             argument = folded_value(node.args[0], folds, test=called == "bool")  # decided: no effect
             return UNKNOWN if argument is UNKNOWN else PURE_BUILTINS[called](argument)
         return UNKNOWN
+    if isinstance(node, ast.Dict) and not node.keys:
+        return {}
     if isinstance(node, (ast.Tuple, ast.List)):
         items = [folded_value(item, folds, test=False) for item in node.elts]
         return UNKNOWN if UNKNOWN in items else tuple(items)
@@ -936,6 +1036,37 @@ def fold_ifs(text, folds, readers=()):
             kept = [" " * node.col_offset + "pass"]
         first = node.lineno if kept else first_line_with_comments(lines, node)  # gone: its comments too
         text = "\n".join(replace_lines(lines, first, node.end_lineno, kept))
+
+
+def evaluates_nothing(node):
+    """Whether an expression only reads names and attributes, and builds constants and empty literals (`not {}`)."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Load,
+                              ast.cmpop, ast.boolop, ast.unaryop)) or is_empty_literal(n) for n in ast.walk(node))
+
+
+def neutral_operands_dropped(text, folds, readers=()):
+    """The source with each operand of an `and` (`or`) that is the test of an `if`, a conditional expression or a
+    `while` left out where the folds decide it true (false) and it evaluates nothing, while another operand is left
+    undecided: the test is true exactly when it was (`if a and not {}` reads `if a`). In the functions `readers`,
+    without the folds of the fields of the studies that are on (fold_ifs)."""
+    tree = ast.parse(text)
+    inside = parsed_readers_nodes(tree, readers)
+    parsed_folds = without_study_fields(folds)
+    edits = []
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, (ast.If, ast.IfExp, ast.While)) else None
+        if not isinstance(test, ast.BoolOp):
+            continue
+        neutral = isinstance(test.op, ast.And)
+        values = [folded_value(operand, parsed_folds if id(node) in inside else folds) for operand in test.values]
+        kept = [operand for operand, value in zip(test.values, values)
+                if value is UNKNOWN or bool(value) != neutral or not evaluates_nothing(operand)]
+        if kept and len(kept) < len(test.values) and UNKNOWN in values:
+            joined = f" {'and' if neutral else 'or'} ".join(
+                f"({ast.get_source_segment(text, k)})" if isinstance(k, (ast.BoolOp, ast.IfExp, ast.NamedExpr))
+                else ast.get_source_segment(text, k) for k in kept)
+            edits.append((test, joined))
+    return replace_spans(text, edits) if edits else text
 
 
 def without_statements(text, tree, gone):
@@ -1107,6 +1238,9 @@ def propagate_locals(text, folds, readers=()):
                 for name, value_node in assigned_locals(statement):
                     if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
                         continue
+                    if is_empty_literal(value_node):  # what a folded comprehension leaves (`own = []`)
+                        edits += empty_tests(name, ast.unparse(value_node), block[i + 1:])
+                        continue
                     value = folded_value(value_node, function_folds, test=False)
                     if value is not UNKNOWN and is_scalar(value):
                         edits.append((value_node, repr(value)))
@@ -1130,10 +1264,69 @@ def propagate_locals(text, folds, readers=()):
     return replace_spans(text, edits)
 
 
+def empty_tests(name, literal, later):
+    """(read, its replacement) for each read of a local assigned an empty literal that only its truth counts in
+    (the test of an `if`, a conditional expression or `while`, the operand of `not`: the literal) or that a `for`
+    iterates (as is or its items(), keys() or values(): `()`), where every read of it in the statements `later` is
+    one of those or an item read: nothing can fill it, and those tests and loops fold (fold_ifs)."""
+    edits, reads, item_reads = {}, [], set()
+    for node in (n for statement in later for n in ast.walk(statement)):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)) or \
+                isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            test = node.operand if isinstance(node, ast.UnaryOp) else node.test
+            edits[id(test)] = (test, literal)
+        elif isinstance(node, ast.For):
+            loop = node.iter
+            viewed = isinstance(loop, ast.Call) and isinstance(loop.func, ast.Attribute) and not loop.args \
+                and not loop.keywords and loop.func.attr in ("items", "keys", "values")
+            edits[id(loop.func.value if viewed else loop)] = (loop, "()")
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            item_reads.add(id(node.value))  # an item read: no change, nothing to fold
+        if isinstance(node, ast.Name) and node.id == name:
+            reads.append(node)
+    if not all(id(n) in edits or id(n) in item_reads for n in reads):
+        return []
+    return [edits[id(n)] for n in reads if id(n) in edits]
+
+
 EMPTY_OF = {ast.ListComp: "[]", ast.SetComp: "set()", ast.GeneratorExp: "()", ast.DictComp: "{}"}
 # `tuple(x for x in ())` is (), `sorted((), key=...)` is []
 EMPTY_CONSTRUCTORS = {"tuple": "()", "list": "[]", "set": "set()", "dict": "{}", "sorted": "[]"}
 EMPTY_LITERALS = ("()", "[]", "set()", "{}")
+
+
+def constant_keys_read(text):
+    """The source with each `sorted(X, key=lambda ...: CONSTANT)` (what part_members_read leaves of a sort by a
+    passive member) written as X, a list display or comprehension (the sort is stable), else `list(X)`; X's
+    continuation lines move left with it."""
+    tree = ast.parse(text)
+    edits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "sorted" and len(node.args) == 1 \
+                and [k.arg for k in node.keywords] == ["key"] and isinstance(node.keywords[0].value, ast.Lambda) \
+                and isinstance(node.keywords[0].value.body, ast.Constant):
+            listed = isinstance(node.args[0], (ast.List, ast.ListComp))
+            first, *rest = ast.get_source_segment(text, node.args[0]).split("\n")
+            shift = 0 if not listed else node.args[0].col_offset - node.col_offset
+            moved = "\n".join([first, *dedent_lines(rest, shift)]) if node.lineno == node.args[0].lineno else None
+            edits += [(node, moved if listed else f"list({moved})")] if moved is not None else []
+    return replace_spans(text, edits) if edits else text
+
+
+def keeps_nothing(node, folds):
+    """Whether a comprehension of one `for` has a filter the folds decide false for every item: its test reads
+    only constants (`None is not None`), or the item, where the sequence is a comprehension of a constant
+    (`pattern for pattern in (None for study in studies) if pattern is not None`). The filter then runs for no
+    item and the sequence, evaluated for nothing, goes with it (an export's rule: no filter or sequence of such a
+    comprehension is run for its side effects)."""
+    if type(node) not in EMPTY_OF or len(node.generators) != 1 or not node.generators[0].ifs:
+        return False
+    loop = node.generators[0]
+    item = {}
+    if isinstance(loop.target, ast.Name) and isinstance(loop.iter, (ast.GeneratorExp, ast.ListComp)) \
+            and isinstance(loop.iter.elt, ast.Constant) and not isinstance(loop.iter.elt.value, str):
+        item = {loop.target.id: loop.iter.elt.value}
+    return any(folded_value(test, dict(folds, **item)) is False for test in loop.ifs)
 
 
 def is_empty_literal(node):
@@ -1166,8 +1359,8 @@ def empty_registries_read(text, folds):
             return without_statements(text, tree, [node])
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
-        if type(node) in EMPTY_OF and isinstance(node.generators[0].iter, ast.Tuple) \
-                and not node.generators[0].iter.elts:
+        if type(node) in EMPTY_OF and (isinstance(node.generators[0].iter, ast.Tuple)
+                                       and not node.generators[0].iter.elts or keeps_nothing(node, folds)):
             call = parents.get(id(node))
             if isinstance(call, ast.Call) and call.args == [node] and not call.keywords \
                     and isinstance(call.func, ast.Name) and call.func.id in EMPTY_CONSTRUCTORS:
@@ -1192,10 +1385,9 @@ def fold_constants(text, folds, readers=()):
         module_folds = dict(folds, **methods)
         folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
                                if name in methods_of(tree, StudyHost.__name__)})  # the class its calls fold for
-        folded = propagate_locals(fold_ifs(empty_registries_read(passive_loops_read(host_calls_read(text, folds),
-                                                                                    folds), folds),
-                                          module_folds, readers),
-                                  module_folds, readers)
+        read = part_members_read(passive_loops_read(host_calls_read(text, folds), folds), folds)
+        read = neutral_operands_dropped(empty_registries_read(constant_keys_read(read), folds), module_folds, readers)
+        folded = propagate_locals(fold_ifs(read, module_folds, readers), module_folds, readers)
         if folded == text:
             return text, folded_methods
         text = folded
@@ -1293,7 +1485,7 @@ def drop_dead_constants(text):
 
 
 def dead_constants_dropped(text):
-    """drop_dead_constants, one pass."""
+    """drop_dead_constants, one pass (an empty literal is such a value too: `own = []`)."""
     tree = ast.parse(text)
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
@@ -1302,7 +1494,8 @@ def dead_constants_dropped(text):
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
             dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
-                    and all(name not in read and only_reads(value) for name, value in assigned_locals(s))]
+                    and all(name not in read and (only_reads(value) or is_empty_literal(value))
+                            for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
@@ -2181,7 +2374,7 @@ def study_lines(active, fixed):
         names = {flag.name for flag in study.flags}
         flags = " ".join(token for name, values in flag_groups(fixed) if name in names for token in [name, *values])
         lines[study.resolve.__module__] = (f"the {study.name} study ({flags}), switched on in this file; it enters "
-                                           f"the model through the hooks of its ModelPart class")
+                                           f"the model as a part whose hooks the model calls")
     return lines
 
 
@@ -2270,6 +2463,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
+    folds[PART_OWNED_MEMBERS] = part_owned_members(folds[PASSIVE_MEMBERS])
     folds.update(part_hook_folds(active, folds, script_module))
     folds.update(host_method_folds(folds))
     program = folded_program(script_module, folds, registries,
