@@ -661,8 +661,9 @@ def project_sources():
 def part_owned_members(passive):
     """(member, its form) of each passive member (passive_members) that only a part can have: in the project's
     sources every class defining that name is ModelPart or a subclass, nothing stores the attribute, and no string
-    is the name given to getattr/setattr/hasattr/delattr. Any read `X.member` then reads a part's (or fails), and every part in the
-    file answers ModelPart's default: part_members_read writes the reads as that default, whatever X is."""
+    given to getattr/setattr/hasattr/delattr is the name. Any read `X.member` then reads a part's (or fails), and
+    every part in the file answers ModelPart's default: part_members_read writes the reads as that default,
+    whatever X is."""
     part_classes, seen = {ModelPart.__name__}, [ModelPart]
     while seen:
         for cls in seen.pop().__subclasses__():
