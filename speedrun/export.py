@@ -554,6 +554,157 @@ def without_empty_bases(text):
                                            and n.name in classes and [type(s) for s in n.body] == [ast.Pass]])
 
 
+# Calls that set or delete an attribute named by their argument, and attributes that reach an object's attributes
+# wholesale (so does `vars(self)`): a file with one of them naming no literal keeps every attribute test and read
+# (rule 19).
+NAMED_SETTERS = ("setattr", "delattr", "register_buffer", "register_parameter", "add_module", "register_module")
+WHOLESALE_ATTRIBUTES = ("__dict__", "__setattr__", "__delattr__")
+
+
+def without_overwritten_locals(text):
+    """The source without each assignment of a local that only reads (`x = None`) which the next statement of its
+    block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`)."""
+    tree = ast.parse(text)
+    gone = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
+            block = block if isinstance(block, list) else []
+            for first, then in zip(block, block[1:]):
+                if isinstance(first, ast.Assign) and isinstance(then, ast.Assign) and len(first.targets) == 1 \
+                        and isinstance(first.targets[0], ast.Name) and only_reads(first.value) \
+                        and [ast.unparse(target) for target in then.targets] == [first.targets[0].id] \
+                        and first.targets[0].id not in names_in([then.value]):
+                    gone.append(first)
+    return without_statements(text, tree, gone) if gone else text
+
+
+def evaluated_once_in(statement, node):
+    """Whether `node`, inside `statement`, is evaluated once when the statement runs: not in a loop's body, a
+    lambda, a nested function or a comprehension past its first sequence."""
+    parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+    child, parent = node, parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                or isinstance(parent, (ast.For, ast.While)) and child is not getattr(parent, "iter", None) \
+                or isinstance(parent, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) \
+                and not (isinstance(child, ast.comprehension) and child is parent.generators[0]) \
+                or isinstance(parent, ast.comprehension) and child is not parent.iter:
+            return False
+        child, parent = parent, parents.get(id(parent))
+    return True
+
+
+def without_single_use_aliases(text):
+    """The file's text with each local read once written in its one read (rule 20), again until none is left:
+    - a name or an attribute chain (`cfg = self.cfg`, `moved = source`) read once, in a later statement of its
+      block that runs it once, where the statements between only assign names it does not read, from values that
+      evaluate nothing;
+    - any value assigned and then returned by the next statement (`out = f(x)` then `return out`)."""
+    while True:
+        tree = ast.parse(text)
+        found = None
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)]
+            names += [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
+                      for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None]
+            names += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+            for block in (getattr(n, field, None) for n in ast.walk(function)
+                          for field in ("body", "orelse", "finalbody")):
+                block = block if isinstance(block, list) else []
+                for i, statement in enumerate(block):
+                    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                            and isinstance(statement.targets[0], ast.Name) and names.count(statement.targets[0].id) == 2):
+                        continue  # a local stored once and read once
+                    local, value = statement.targets[0].id, statement.value
+                    then = block[i + 1] if i + 1 < len(block) else None
+                    if isinstance(then, ast.Return) and isinstance(then.value, ast.Name) and then.value.id == local:
+                        found = (statement, then.value, value)
+                        break
+                    if not (isinstance(value, (ast.Name, ast.Attribute)) and only_reads(value)):
+                        continue
+                    for later in block[i + 1:]:
+                        use = [n for n in ast.walk(later) if isinstance(n, ast.Name) and n.id == local]
+                        if use:
+                            found = (statement, use[0], value) if evaluated_once_in(later, use[0]) else None
+                            break
+                        if not (isinstance(later, ast.Assign) and evaluates_nothing(later.value) and all(
+                                isinstance(t, ast.Name) and t.id not in names_in([value]) for t in later.targets)):
+                            break
+                    if found:
+                        break
+                if found:
+                    break
+            if found:
+                break
+        if found is None:
+            return text
+        statement, use, value = found
+        text = replace_spans(text, [(use, ast.get_source_segment(text, value))])
+        text = without_statements(text, ast.parse(text), [n for n in ast.walk(ast.parse(text))
+                                                          if isinstance(n, ast.Assign) and n.lineno == statement.lineno
+                                                          and n.col_offset == statement.col_offset])
+
+
+def sets_a_computed_name(call):
+    """Whether a call of NAMED_SETTERS names its attribute other than by a literal (`setattr(x, name, v)`)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in NAMED_SETTERS:
+        return False
+    position = 1 if name in ("setattr", "delattr") else 0  # setattr(obj, NAME, value); module.register_buffer(NAME, t)
+    return not (len(call.args) > position and isinstance(call.args[position], ast.Constant))
+
+
+def without_constant_attributes(text):
+    """The file's text with what its attributes decide folded (rule 19), where nothing can set an attribute but by a
+    statement the file shows (no NAMED_SETTERS call with a computed name, no WHOLESALE_ATTRIBUTES), the attribute's
+    name is no member of a class of the file nor of torch's Module, and no other string is that name:
+    - `A if hasattr(self, "N") else B` is B where nothing stores N (the frozen lambdas' buffers of another backout);
+    - an attribute every store of which is `self.N = LITERAL` (one literal) and every read `self.N` is read as that
+      literal, its stores gone (`self.mode = 'sum'`), and the tests on it fold (fold_ifs)."""
+    import torch.nn as nn
+    tree = ast.parse(text)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    if any(map(sets_a_computed_name, calls)) or any(ast.unparse(n) == "vars(self)" for n in calls) \
+            or any(isinstance(n, ast.Attribute) and n.attr in WHOLESALE_ATTRIBUTES for n in ast.walk(tree)):
+        return text
+    strings = collections.Counter(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                                  and isinstance(n.value, str))
+    taken = {name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for name in class_members(cls)}
+    taken |= {m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
+              if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name)}
+    taken |= set(dir(nn.Module)) | set(vars(nn.Module()))
+    stored = collections.defaultdict(list)
+    read = collections.defaultdict(list)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute):
+            (read if isinstance(n.ctx, ast.Load) else stored)[n.attr].append(n)
+    tested = collections.Counter(n.args[1].value for n in calls if ast.unparse(n.func) == "hasattr"
+                                 and len(n.args) == 2 and isinstance(n.args[1], ast.Constant))
+    edits = [(n, ast.get_source_segment(text, n.orelse)) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
+             and isinstance(n.test, ast.Call) and ast.unparse(n.test.func) == "hasattr" and len(n.test.args) == 2
+             and ast.unparse(n.test.args[0]) == "self" and isinstance(n.test.args[1], ast.Constant)
+             and n.test.args[1].value not in stored and n.test.args[1].value not in taken
+             and strings[n.test.args[1].value] == tested[n.test.args[1].value]]
+    assigned = {id(s.targets[0]): s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1}
+    constants = {}
+    for name, stores in stored.items():
+        statements = [assigned.get(id(n)) for n in stores]
+        values = {ast.unparse(s.value) for s in statements if s is not None and isinstance(s.value, ast.Constant)}
+        if name not in taken and not strings[name] and len(values) == 1 and None not in statements \
+                and all(ast.unparse(n.value) == "self" for n in stores + read[name]) and read[name] \
+                and all(isinstance(s.value, ast.Constant) for s in statements):
+            constants[name] = values.pop()
+            edits += [(n, constants[name]) for n in read[name]]
+    if not edits:
+        return text
+    text = replace_spans(text, edits)
+    tree = ast.parse(text)
+    gone = [s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr in constants]
+    return without_overwritten_locals(fold_ifs(without_statements(text, tree, gone), {}))
+
+
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
 # None when every part does (speedrun/study.py's one_part_hook).
 PART_HOOK_CALLS = {("speedrun.study", "one_part_hook"): 1}
@@ -669,7 +820,7 @@ def part_owned_members(passive):
         for cls in seen.pop().__subclasses__():
             part_classes.add(cls.__name__)
             seen.append(cls)
-    owned = {name: form for name, form in passive if form in (("flag", "False"), ("returns", "None"))}
+    owned = {name: form for name, form in passive if form[0] in ("flag", "returns")}
     for path in project_sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name not in part_classes:
@@ -690,13 +841,15 @@ def part_owned_members(passive):
 def part_members_read(text, folds):
     """The source with each read of a member PART_OWNED_MEMBERS holds written as its default (`X.built_last`:
     False; `X.model_layer_pattern(...)`: None), where X and the call's arguments only read names and attributes
-    (nothing that is evaluated is lost): the sort by it, the comprehensions filtering on it, fold (constant_keys_read,
+    (nothing that is evaluated is lost) and the call is not a statement of its own (the loops over the parts fold
+    those: passive_loops_read): the sort by it, the comprehensions filtering on it, fold (constant_keys_read,
     empty_registries_read)."""
     owned = dict(folds.get(PART_OWNED_MEMBERS, ()))
     if not owned:
         return text
     tree = ast.parse(text)
     called = {id(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    statements = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # a call for its effect
     edits = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in owned
@@ -706,7 +859,8 @@ def part_members_read(text, folds):
         call = called.get(id(node))
         if kind == "flag" and call is None:
             edits.append((node, value))
-        elif kind == "returns" and call is not None and not call.keywords and all(map(only_reads, call.args)):
+        elif kind == "returns" and call is not None and id(call) not in statements and not call.keywords \
+                and all(map(only_reads, call.args)):
             edits.append((call, value))
     return replace_spans(text, edits) if edits else text
 
@@ -2521,7 +2675,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
+    spaced = without_single_use_aliases(without_constant_attributes(without_shadowed_methods(
+        without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

@@ -397,7 +397,7 @@ class Host:
         return out
 
     def flags(self):
-        return any(part.routes_mlp for part in self.parts), any(part.built_last for part in self.parts)
+        return any(part.routes_mlp for part in self.parts), any(part.undeclared for part in self.parts)
 
     def overridden(self, x):
         for part in self.parts:
@@ -413,9 +413,9 @@ def test_a_loop_over_the_parts_that_asks_only_passive_members_is_read_as_over_no
     assert forms["named_scalars"] == ("returns", "{}") and forms["routes_mlp"] == ("flag", "False")
     passive = {name: form for name, form in forms.items() if name != "head_input"}  # a part overrides head_input
     text = passive_loops_read(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
-    assert text.count("in ()") == 4  # passed_on, steps, scalars, routes_mlp's any; built_last is not declared
+    assert text.count("in ()") == 4  # passed_on, steps, scalars, routes_mlp's any; `undeclared` is no member
     assert "y = part.block_input(self, i, x)" in text and "for part in self.parts:\n            y" in text
-    assert "built_last for part in self.parts" in text and "x = part.head_input" in text
+    assert "undeclared for part in self.parts" in text and "x = part.head_input" in text
     folded, _ = fold_constants(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
     assert "def passed_on(self, i, x):\n        return x\n" in folded and "out = {}\n        return out" in folded
     assert "any(())" in folded
@@ -1295,6 +1295,104 @@ def test_a_method_every_subclass_defines_of_a_class_named_only_as_a_base_goes():
     assert outputs[0] == outputs[1]
     named = SHADOWED + "print(isinstance(Part(), Base))\n"
     assert without_shadowed_methods(named) == named
+
+
+def test_rule_18_drops_a_class_attribute_every_subclass_sets_and_an_emptied_base_leaves_the_bases():
+    """R18Backout sets replaces_base_head_input, so ModelPart's is never read; ModelPart, then `pass`, goes, and its
+    subclasses derive from nn.Module in its place (not twice where they list it already)."""
+    from speedrun.export import without_shadowed_methods
+    source = ("class Root:\n    def who(self):\n        return 'root'\n\n"
+              "class Base(Root):\n    flag = False\n\n    def hook(self):\n        return None\n\n"
+              "class Mixin:\n    def mixed(self):\n        return 'mixin'\n\n"
+              "class Part(Mixin, Base):\n    flag = True\n\n    def hook(self):\n        return 1\n\n"
+              "class Plain(Base, Root):\n    flag = 2\n\n    def hook(self):\n        return 2\n\n"
+              "print([(type(p).__mro__[1:], p.flag, p.hook(), p.who()) for p in (Part(), Plain())], Part().mixed())\n")
+    text = without_shadowed_methods(source)
+    assert "class Base" not in text and "class Part(Mixin, Root):" in text and "class Plain(Root):" in text
+    printed = []
+    for code in (source, text):
+        names = {"print": lambda *a: printed.append([(tuple(c.__name__ for c in mro if c.__name__ != "Base"), *rest)
+                                                     for mro, *rest in a[0]] + [a[1]])}
+        exec(compile(code, "bases", "exec"), names)
+    assert printed[0] == printed[1]
+    named = source + "print(issubclass(Part, Base))\n"  # read otherwise: the class and its members stay
+    assert without_shadowed_methods(named) == named
+
+
+PART_MEMBERS = '''
+def build(studies, cfg, track_pattern, n):
+    ordered = sorted([study for study in studies if study.on(cfg)],
+                     key=lambda study: study.model_part.built_last)
+    own = [pattern for pattern in (study.model_part.model_layer_pattern(cfg, track_pattern)
+                                   for study in ordered) if pattern is not None]
+    pattern = own[0] if own else track_pattern(n)
+    grown = {study.name: study.model_part.base_config(cfg) for study in ordered
+             if study.model_part.base_config(cfg) is not None}
+    counts = {}
+    for name, base in grown.items():
+        counts[name] = base
+    if n > 1 and not grown:
+        counts["layers"] = n
+    return [study.name for study in ordered], pattern, counts
+'''
+
+
+def test_members_only_a_part_has_fold_by_any_receiver_with_the_sort_the_filters_and_the_tests_on_them():
+    """What the model asks every part class before its parts exist (built_last, model_layer_pattern, base_config),
+    where the file's parts leave them as ModelPart does: the sort, the comprehension, the loop and the test go, and the
+    folded function returns what the source does for parts that answer the defaults."""
+    from speedrun.export import (PART_OWNED_MEMBERS, PASSIVE_MEMBERS, drop_dead_constants, fold_constants,
+                                 part_owned_members, passive_members)
+    from speedrun.study import ModelPart
+    owned = dict(part_owned_members(passive_members([], False)))
+    assert owned == {"built_last": ("flag", "False"), "model_layer_pattern": ("returns", "None"),
+                     "base_config": ("returns", "None"), "load_init_state": ("returns", "False"),
+                     "before_step": ("returns", "None"), "after_step": ("returns", "None")}
+    text = drop_dead_constants(fold_constants(PART_MEMBERS, {PART_OWNED_MEMBERS: tuple(owned.items())})[0])
+    body = text.split("def build")[1]
+    assert "ordered = [study for study in studies if study.on(cfg)]\n" in body  # the sort went, the list stays
+    assert "pattern = track_pattern(n)" in body and "own" not in body and "grown" not in body
+    assert "if n > 1:" in body and "for name" not in body
+
+    class Part(ModelPart):
+        pass
+
+    class On:
+        model_part, name = Part, "on"
+
+        def on(self, cfg):
+            return True
+
+    results = []
+    for code in (PART_MEMBERS, text):
+        names = {}
+        exec(compile(code, "members", "exec"), names)
+        results.append(names["build"]([On(), On()], None, lambda n: f"track{n}", 3))
+    assert results[0] == results[1] == (["on", "on"], "track3", {"layers": 3})
+
+
+@pytest.mark.parametrize("other", ["class Track:\n    def model_layer_pattern(self):\n        return 1\n",
+                                   "def f(x):\n    x.model_layer_pattern = None\n",
+                                   "def f(x):\n    return getattr(x, 'model_layer_pattern')\n"])
+def test_a_member_another_class_defines_sets_or_reads_by_name_is_not_a_parts_alone(other, tmp_path, monkeypatch):
+    import speedrun.export as export
+    extra = tmp_path / "other.py"
+    extra.write_text(other)
+    sources = export.project_sources()
+    monkeypatch.setattr(export, "project_sources", lambda: sources + [extra])
+    owned = dict(export.part_owned_members(export.passive_members([], False)))
+    assert "model_layer_pattern" not in owned and "built_last" in owned
+
+
+def test_an_empty_local_folds_only_where_nothing_can_fill_it():
+    """`own = []` read in a test folds; one passed to a call (which may append to it) is left as it is."""
+    from speedrun.export import fold_constants, drop_dead_constants
+    source = ("def f(a, fill):\n    seen = []\n    kept = {}\n    fill(kept)\n"
+              "    for k in kept.items():\n        a += 1\n    if a and not seen:\n        return seen[0] if seen else a\n"
+              "    return kept or a\n")
+    text = drop_dead_constants(fold_constants(source, {})[0])
+    assert "seen" not in text and "if a:\n        return a\n" in text
+    assert "kept = {}" in text and "for k in kept.items()" in text and "return kept or a" in text
 
 
 @pytest.mark.parametrize("reader", ["print(asdict(BACKOUT))", "print([f.name for f in fields(Study)])"])
