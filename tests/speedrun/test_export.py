@@ -443,10 +443,16 @@ def test_calls_of_a_host_method_that_passes_an_argument_through_or_does_nothing_
                     "    kept = self.through(f(i), x)\n    return norm(x), other.through(i, x), kept, y, z\n")
 
 
-def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch):
+def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch, tmp_path):
+    """A static method returning what it computes (not a parameter, {}, False or None) is of another form."""
     from speedrun import export as export_module
+    (tmp_path / "study.py").write_text("class ModelPart:\n    def block_input(self, model, i, x):\n        return x\n\n"
+                                       "    @staticmethod\n    def base_config(cfg):\n        return cfg.base\n")
+    monkeypatch.setattr(export_module, "ROOT", tmp_path)
+    monkeypatch.setattr(export_module, "module_path", lambda module: tmp_path / "study.py")
     monkeypatch.setattr(export_module, "NEUTRAL_DEFAULTS", ("block_input", "base_config"))
-    with pytest.raises(UsageError, match=r"NEUTRAL_DEFAULTS names base_config, but ModelPart.base_config is neither"):
+    with pytest.raises(UsageError, match=r"study.py: NEUTRAL_DEFAULTS names base_config, but ModelPart.base_config is "
+                                         r"neither"):
         export_module.neutral_defaults()
 
 
@@ -1412,3 +1418,108 @@ def test_a_block_whose_every_statement_goes_keeps_one_pass():
     text = without_statements(source, tree, [*base.body, tree.body[2]])
     assert text.startswith("class Base:\n    pass\n") and "def " not in text and "y = 2" not in text
     compile(text, "cut", "exec")
+
+
+ATTRIBUTES = '''class Lambdas:
+    def reserve(self):
+        self.mode = 'sum'
+
+    def lambdas(self, scale):
+        x = None
+        if self.mode == "sum":
+            x = self.x_lambda if hasattr(self, "x_lambda") else scale * 2
+        return x, self.mode
+
+
+part = Lambdas()
+part.reserve()
+print(part.lambdas(3))
+'''
+
+
+def run_printed(source):
+    printed = []
+    exec(compile(source, "printed", "exec"), {"print": lambda *a: printed.append(a)})
+    return printed
+
+
+def test_rule_19_an_attribute_set_to_one_literal_and_a_hasattr_of_one_never_set_fold():
+    """The record's `self.mode = 'sum'` and the frozen lambdas' buffer tests: the branch runs unconditionally, the
+    dead `x = None` goes, and the program prints the same."""
+    from speedrun.export import without_constant_attributes
+    text = without_constant_attributes(ATTRIBUTES)
+    assert "self.mode =" not in text and "hasattr" not in text and "x = None" not in text
+    assert "    def lambdas(self, scale):\n        x = scale * 2\n        return x, 'sum'\n" in text
+    assert run_printed(text) == run_printed(ATTRIBUTES) == [((6, "sum"),)]
+
+
+@pytest.mark.parametrize("extra, kept", [
+    ("setattr(part, input() if False else 'mode', 'x')\n", "every"),  # a name computed: nothing folds
+    ("part.register_buffer('x_lambda', None) if False else None\n", "hasattr"),  # set by name
+    ("other = Lambdas()\nother.mode = 'sum'\n", "self.mode ="),  # stored by another receiver
+    ("class Later:\n    def reset(self):\n        self.mode = 'subtract'\n", "self.mode ="),  # two literals
+    ("class Flagged:\n    mode = 'sum'\n", "self.mode ="),  # a class member of that name
+    ("print(vars(self) if False else None)\n", "every"),  # the attributes reached wholesale
+    ("print('mode')\n", "self.mode ="),  # the name as a string: getattr may read it
+])
+def test_rule_19_keeps_what_another_statement_could_set(extra, kept):
+    from speedrun.export import without_constant_attributes
+    source = ATTRIBUTES + extra
+    text = without_constant_attributes(source)
+    if kept == "every":
+        assert text == source
+    else:
+        assert kept in text
+
+
+def test_rule_19_keeps_a_torch_module_attribute():
+    """`self.training` is set by Module.train() where the file shows no store of it."""
+    from speedrun.export import without_constant_attributes
+    source = "class M:\n    def f(self):\n        self.training = False\n\n    def g(self):\n        return self.training\n"
+    assert without_constant_attributes(source) == source
+
+
+ALIASES = '''def named(self, model):
+    cfg = self.cfg
+    out = self.scalars(model, cfg.layers)
+    return out
+
+
+def mixed(self, outputs):
+    cfg = self.cfg
+    vectors = []
+    for name in cfg.layers:
+        moved = outputs[name]
+        normed = moved * 2
+        vectors.append(normed)
+    return vectors
+
+
+def looped(self, items):
+    scale = self.scale
+    for item in items:
+        self.scale = item
+        print(scale)
+
+
+def twice(self):
+    cfg = self.cfg
+    return cfg.a + cfg.b
+
+
+def called(self):
+    cfg = self.cfg
+    self.reset()
+    return cfg.a
+'''
+
+
+def test_rule_20_a_local_read_once_is_written_in_its_read():
+    from speedrun.export import without_single_use_aliases
+    text = without_single_use_aliases(ALIASES)
+    assert "def named(self, model):\n    return self.scalars(model, self.cfg.layers)\n" in text
+    assert "    vectors = []\n    for name in self.cfg.layers:\n" in text  # past an assignment that evaluates nothing
+    assert "normed = moved * 2" in text  # an item read is not an alias
+    assert "    scale = self.scale\n    for item in items:" in text  # read in a loop's body: each pass would re-read
+    assert "cfg.a + cfg.b" in text  # read twice
+    assert "    cfg = self.cfg\n    self.reset()\n    return cfg.a" in text  # a call between could change it
