@@ -612,8 +612,9 @@ def without_single_use_aliases(text):
                           for field in ("body", "orelse", "finalbody")):
                 block = block if isinstance(block, list) else []
                 for i, statement in enumerate(block):
-                    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                            and isinstance(statement.targets[0], ast.Name) and names.count(statement.targets[0].id) == 2):
+                    single = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                        and isinstance(statement.targets[0], ast.Name)
+                    if not (single and names.count(statement.targets[0].id) == 2):
                         continue  # a local stored once and read once
                     local, value = statement.targets[0].id, statement.value
                     then = block[i + 1] if i + 1 < len(block) else None
@@ -2654,9 +2655,13 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in left_out_flags(active, not_varied)}
-    left_out.update({flag.dest: as_logged(getattr(config, flag.dest)) for study in active for flag in study.flags
-                     if flag.name in unparsed})
+    # in the order of the registry's flags, then the track's, whichever are on: a record's file differs from its
+    # baseline's in the values of its study's fields only (the config line sorts its keys)
+    left_out = [*left_out_flags(active, not_varied), *(flag for study in active for flag in study.flags
+                                                          if flag.name in unparsed)]
+    order = [flag.dest for study in STUDIES for flag in study.flags]
+    placed = sorted(left_out, key=lambda flag: order.index(flag.dest) if flag.dest in order else len(order))
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in placed}
     out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
     if fixed_studies:
         out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",

@@ -782,6 +782,9 @@ def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypat
     # at the run's (rule 16)
     left_out = file_constant(text, "LEFT_OUT_FIELDS")
     assert left_out["laurel"] is None and left_out["rolling_skip"] is False and left_out["backout_layers"] == [11]
+    # in the registry's order, as the baseline's file holds them: the two files differ in the backout's values only
+    assert list(left_out)[:3] == ["backout_layers", "backout_mode", "backout_transform"]
+    assert list(left_out).index("backout_mlp_ratio") < list(left_out).index("rolling_skip")
 
 
 EXPORTED = "the run this file was exported for (the command at its top)."
@@ -1394,7 +1397,8 @@ def test_an_empty_local_folds_only_where_nothing_can_fill_it():
     """`own = []` read in a test folds; one passed to a call (which may append to it) is left as it is."""
     from speedrun.export import fold_constants, drop_dead_constants
     source = ("def f(a, fill):\n    seen = []\n    kept = {}\n    fill(kept)\n"
-              "    for k in kept.items():\n        a += 1\n    if a and not seen:\n        return seen[0] if seen else a\n"
+              "    for k in kept.items():\n        a += 1\n"
+              "    if a and not seen:\n        return seen[0] if seen else a\n"
               "    return kept or a\n")
     text = drop_dead_constants(fold_constants(source, {})[0])
     assert "seen" not in text and "if a:\n        return a\n" in text
@@ -1475,7 +1479,8 @@ def test_rule_19_keeps_what_another_statement_could_set(extra, kept):
 def test_rule_19_keeps_a_torch_module_attribute():
     """`self.training` is set by Module.train() where the file shows no store of it."""
     from speedrun.export import without_constant_attributes
-    source = "class M:\n    def f(self):\n        self.training = False\n\n    def g(self):\n        return self.training\n"
+    source = ("class M:\n    def f(self):\n        self.training = False\n\n"
+              "    def g(self):\n        return self.training\n")
     assert without_constant_attributes(source) == source
 
 
