@@ -646,6 +646,31 @@ def without_single_use_aliases(text):
                                                           and n.col_offset == statement.col_offset])
 
 
+def without_unread_definitions(text):
+    """The file's text without each top-level function, class or constant whose name nothing in the file reads (no
+    name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read only by the
+    declaration's `on_r18=` that rule 17 cut), again until none is left."""
+    while True:
+        tree = ast.parse(text)
+        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and s.name not in read or isinstance(s, ast.Assign) and all(
+                    isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
+                    and not target.id.startswith("__") for target in s.targets)]
+        if not gone:
+            break
+        text = without_statements(text, tree, gone)
+    # a section left with no statement loses its header
+    lines = text.split("\n")
+    code = [i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]
+    return "\n".join(line for i, line in enumerate(lines) if not (
+        SECTION_HEADER.match(line) and not any(i < j < next((k for k in range(i + 1, len(lines))
+                                                              if SECTION_HEADER.match(lines[k])), len(lines))
+                                               for j in code)))
+
+
 def sets_a_computed_name(call):
     """Whether a call of NAMED_SETTERS names its attribute other than by a literal (`setattr(x, name, v)`)."""
     func = call.func
@@ -1618,11 +1643,15 @@ def drop_unreachable(text):
     return "\n".join(lines)
 
 
+# The comment line that opens a file's section of one source file (section_header).
+SECTION_HEADER = re.compile(r"# \S+\.py(: | -+$)")
+
+
 def first_line_with_comments(lines, node):
     """The 1-based first line of a statement counting its decorators and the comment lines right above it (its own
-    comments)."""
+    comments; a file's section header is its section's)."""
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    while first > 1 and lines[first - 2].strip().startswith("#") \
+    while first > 1 and lines[first - 2].strip().startswith("#") and not SECTION_HEADER.match(lines[first - 2]) \
             and len(lines[first - 2]) - len(lines[first - 2].lstrip()) == node.col_offset:
         first -= 1
     return first
@@ -2680,8 +2709,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_single_use_aliases(without_constant_attributes(without_shadowed_methods(
-        without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))))
+    spaced = without_unread_definitions(without_single_use_aliases(without_constant_attributes(
+        without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n")))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

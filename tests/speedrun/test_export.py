@@ -1528,3 +1528,21 @@ def test_rule_20_a_local_read_once_is_written_in_its_read():
     assert "    scale = self.scale\n    for item in items:" in text  # read in a loop's body: each pass would re-read
     assert "cfg.a + cfg.b" in text  # read twice
     assert "    cfg = self.cfg\n    self.reset()\n    return cfg.a" in text  # a call between could change it
+
+
+def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_with_it():
+    """`backout_on_r18` was read only by the declaration's on_r18= (cut by rule 17); a section header stays over
+    the code left in its section and goes with the last of it."""
+    from speedrun.export import without_unread_definitions
+    header = "# speedrun/{}.py ".format
+    source = ("FIXED_FLAGS = ()\n\n" + header("a").ljust(120, "-") + "\n# what MODES are\nMODES = ('sum',)\n\n"
+              "def check(config):\n    return config.mode in MODES\n\nKEPT = 1\n\n"
+              + header("b").ljust(120, "-") + "\ndef unused():\n    return KEPT\n\n"
+              "# speedrun/c.py: the c study, switched on in this file\ndef named():\n    return 2\n\n"
+              "def used():\n    return globals()['named']() + KEPT\n\nprint(used())\n")
+    text = without_unread_definitions(source)
+    assert "MODES" not in text and "check" not in text and "what MODES" not in text
+    assert header("a") in text and "KEPT = 1" in text  # its section keeps a statement
+    assert header("b") not in text and "def unused" not in text  # its one statement went
+    assert "# speedrun/c.py: the c study" in text and "def named" in text  # a string of its name reads it
+    assert "FIXED_FLAGS = ()" in text  # the file's own constants are the exporter's to write
