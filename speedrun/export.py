@@ -646,6 +646,42 @@ def without_single_use_aliases(text):
                                                           and n.col_offset == statement.col_offset])
 
 
+def without_literal_parameters(text):
+    """The file's text with each parameter of a top-level function that every call of it passes as one literal
+    (by position, no `*` or `**` in any call, the function named nowhere but as called) and that the function reads
+    only in the tests of its `if`s and conditional expressions read as that literal, gone from the signature and the
+    calls, and those tests folded (rule 22: what rule 19 leaves of R18Backout's `mixed_head_input(self.mode, ...)`;
+    a literal the function computes with stays a named parameter)."""
+    tree = ast.parse(text)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
+    calls = {name: [] for name in functions}
+    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in calls:
+            calls[call.func.id].append(call)
+    fixed = []
+    for name, function in functions.items():
+        arguments = function.args
+        if not calls[name] or named[name] != len(calls[name]) or arguments.vararg or arguments.kwarg \
+                or arguments.posonlyargs or arguments.kwonlyargs or arguments.defaults \
+                or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args) for c in calls[name]):
+            continue
+        tested = {id(n) for node in ast.walk(function) if isinstance(node, (ast.If, ast.IfExp))
+                  for n in ast.walk(node.test)}
+        for position, parameter in enumerate(arguments.args):
+            reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
+            if not reads or not all(id(n) in tested for n in reads):
+                continue
+            given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
+                                                                                          ast.Constant) else None
+                     for c in calls[name]}
+            if len(given) == 1 and None not in given \
+                    and not any(isinstance(n, ast.Name) and n.id == parameter.arg and not isinstance(n.ctx, ast.Load)
+                                for n in ast.walk(function)):
+                fixed.append((name, parameter.arg, position, given.pop()))
+    return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
+
+
 def without_unread_definitions(text):
     """The file's text without each top-level function, class or constant whose name nothing in the file reads (no
     name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read only by the
@@ -2709,8 +2745,9 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_unread_definitions(without_single_use_aliases(without_constant_attributes(
-        without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n")))))
+    spaced = without_unread_definitions(without_single_use_aliases(without_literal_parameters(
+        without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
+            "\n".join(out).rstrip("\n") + "\n"))))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

@@ -1546,3 +1546,18 @@ def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_wi
     assert header("b") not in text and "def unused" not in text  # its one statement went
     assert "# speedrun/c.py: the c study" in text and "def named" in text  # a string of its name reads it
     assert "FIXED_FLAGS = ()" in text  # the file's own constants are the exporter's to write
+
+
+def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
+    from speedrun.export import without_literal_parameters
+    source = ("def mixed(mode, x, scale):\n    if mode == 'subtract':\n        return -x\n"
+              "    return x * scale if mode else x\n\n\ndef sized(rank, dim):\n    return rank * dim\n\n\n"
+              "print(mixed('sum', 2, 3), mixed('sum', 4, 3), sized(32, 2))\n")
+    text = without_literal_parameters(source)
+    assert "def mixed(x, scale):\n    return x * scale\n" in text and "mixed(2, 3), mixed(4, 3)" in text
+    assert "def sized(rank, dim):" in text  # a literal it computes with keeps its name
+    assert run_printed(text) == run_printed(source) == [(6, 12, 64)]
+    differing = source.replace("mixed('sum', 4, 3)", "mixed('subtract', 4, 3)")
+    assert without_literal_parameters(differing) == differing
+    passed_on = source + "f = mixed\n"  # named otherwise: a call elsewhere may pass anything
+    assert without_literal_parameters(passed_on) == passed_on
