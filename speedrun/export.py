@@ -707,6 +707,15 @@ def without_unread_definitions(text):
                                                for j in code)))
 
 
+@functools.cache
+def library_attributes():
+    """The attribute names torch's Module and Optimizer have, as classes and as instances: a library base of a file's
+    class may set or read them where the file shows no statement of it (Module.train() sets `training`)."""
+    import torch
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
+    return frozenset({*dir(torch.nn.Module), *vars(torch.nn.Module()), *dir(torch.optim.Optimizer), *vars(optimizer)})
+
+
 def sets_a_computed_name(call):
     """Whether a call of NAMED_SETTERS names its attribute other than by a literal (`setattr(x, name, v)`)."""
     func = call.func
@@ -720,11 +729,11 @@ def sets_a_computed_name(call):
 def without_constant_attributes(text):
     """The file's text with what its attributes decide folded (rule 19), where nothing can set an attribute but by a
     statement the file shows (no NAMED_SETTERS call with a computed name, no WHOLESALE_ATTRIBUTES), the attribute's
-    name is no member of a class of the file nor of torch's Module, and no other string is that name:
+    name is no member of a class of the file nor an attribute of torch's Module or Optimizer (library_attributes),
+    and no other string is that name:
     - `A if hasattr(self, "N") else B` is B where nothing stores N (the frozen lambdas' buffers of another backout);
     - an attribute every store of which is `self.N = LITERAL` (one literal) and every read `self.N` is read as that
       literal, its stores gone (`self.mode = 'sum'`), and the tests on it fold (fold_ifs)."""
-    import torch.nn as nn
     tree = ast.parse(text)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     if any(map(sets_a_computed_name, calls)) or any(ast.unparse(n) == "vars(self)" for n in calls) \
@@ -735,7 +744,7 @@ def without_constant_attributes(text):
     taken = {name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for name in class_members(cls)}
     taken |= {m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
               if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name)}
-    taken |= set(dir(nn.Module)) | set(vars(nn.Module()))
+    taken |= library_attributes()
     stored = collections.defaultdict(list)
     read = collections.defaultdict(list)
     for n in ast.walk(tree):
@@ -882,7 +891,8 @@ def part_owned_members(passive):
         for cls in seen.pop().__subclasses__():
             part_classes.add(cls.__name__)
             seen.append(cls)
-    owned = {name: form for name, form in passive if form[0] in ("flag", "returns")}
+    owned = {name: form for name, form in passive
+             if form[0] in ("flag", "returns") and name not in library_attributes()}
     for path in project_sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name not in part_classes:
