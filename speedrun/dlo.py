@@ -187,7 +187,7 @@ class DLORouters(ModelPart):
         return RoutedPass(self)
 
     @staticmethod
-    def layer_pattern(cfg, track_layer_pattern):
+    def model_layer_pattern(cfg, track_layer_pattern):
         return dlo_layer_pattern(cfg, track_layer_pattern)
 
     @staticmethod
@@ -200,7 +200,7 @@ class DLORouters(ModelPart):
     def after_step(self, model, opt, config, proc):
         dlo_after_step(model, opt, config, proc)
 
-    def init_from(self, model, state, config):
+    def load_init_state(self, model, state, config):
         dlo_expand_from_checkpoint(model, state, config, max(config.train_seq_len, config.val_seq_len))
         return True
 

@@ -494,11 +494,20 @@ def without_unread_study_fields(text):
     return without_statements(text, tree, gone)
 
 
+def class_members(cls):
+    """{name: its statement} of the methods and the plain class attributes (`flag = False`) a class body defines."""
+    members = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)}
+    members.update({m.targets[0].id: m for m in cls.body if isinstance(m, ast.Assign) and len(m.targets) == 1
+                    and isinstance(m.targets[0], ast.Name)})
+    return members
+
+
 def without_shadowed_methods(text):
-    """The file's text without the methods no instance can run (rule 18): of a class the file names only as a base of
-    its other classes (never called, instantiated or otherwise read), each method that every class deriving from it
-    directly defines too, unless some code calls it through `super()` (ModelPart's `head_input` where backout, the
-    one part, answers it). A class defines its subclasses' fallbacks; with every subclass answering, none is asked."""
+    """The file's text without the members no instance can read (rule 18): of a class the file names only as a base
+    of its other classes (never called, instantiated or otherwise read), each method or class attribute that every
+    class deriving from it directly defines too, unless some code reads it through `super()` (ModelPart's
+    `head_input` where backout, the one part, answers it). A class defines its subclasses' fallbacks; with every
+    subclass answering, none is asked."""
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     as_bases = {id(base) for cls in classes.values() for base in cls.bases}
@@ -510,10 +519,261 @@ def without_shadowed_methods(text):
         if not named or any(id(n) not in as_bases for n in named):
             continue
         subclasses = [c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)]
-        defined = [{m.name for m in c.body if isinstance(m, ast.FunctionDef)} for c in subclasses]
-        gone += [m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name not in through_super
-                 and all(m.name in names for names in defined)]
-    return without_statements(text, tree, gone)
+        defined = [set(class_members(c)) for c in subclasses]
+        gone += [m for member, m in class_members(cls).items() if member not in through_super
+                 and all(member in names for names in defined)]
+    return without_empty_bases(without_statements(text, tree, gone))
+
+
+def without_empty_bases(text):
+    """The file's text without each class it names only as a base whose body is left `pass` (ModelPart once rule 18
+    and the passive members have emptied it) and that has one base at most: each class deriving from it derives from
+    that base in its place (none where it lists that base already); the order of the others is kept, so is the MRO
+    less the empty class."""
+    tree = ast.parse(text)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    as_bases = {id(base) for cls in classes.values() for base in cls.bases}
+    edits = []
+    for name, cls in classes.items():
+        named = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+        if not named or any(id(n) not in as_bases for n in named) or len(cls.bases) > 1 or cls.keywords \
+                or cls.decorator_list or [type(s) for s in cls.body] != [ast.Pass]:
+            continue
+        base = ast.unparse(cls.bases[0]) if cls.bases else None
+        for sub in (c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)):
+            listed = [ast.unparse(b) for b in sub.bases]
+            (position,) = [i for i, b in enumerate(listed) if b == name]
+            edits += cut_items(sub.bases, {position}) if base is None or base in listed else \
+                [(sub.bases[position], base)]
+    if not edits:
+        return text
+    text = replace_spans(text, edits)
+    tree = ast.parse(text)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return without_statements(text, tree, [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name not in read
+                                           and n.name in classes and [type(s) for s in n.body] == [ast.Pass]])
+
+
+# Calls that set or delete an attribute named by their argument, and attributes that reach an object's attributes
+# wholesale (so does `vars(self)`): a file with one of them naming no literal keeps every attribute test and read
+# (rule 19).
+NAMED_SETTERS = ("setattr", "delattr", "register_buffer", "register_parameter", "add_module", "register_module")
+WHOLESALE_ATTRIBUTES = ("__dict__", "__setattr__", "__delattr__")
+
+
+def without_overwritten_locals(text):
+    """The source without each assignment of a local that only reads (`x = None`) which the next statement of its
+    block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`)."""
+    tree = ast.parse(text)
+    gone = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
+            block = block if isinstance(block, list) else []
+            for first, then in zip(block, block[1:]):
+                if isinstance(first, ast.Assign) and isinstance(then, ast.Assign) and len(first.targets) == 1 \
+                        and isinstance(first.targets[0], ast.Name) and only_reads(first.value) \
+                        and [ast.unparse(target) for target in then.targets] == [first.targets[0].id] \
+                        and first.targets[0].id not in names_in([then.value]):
+                    gone.append(first)
+    return without_statements(text, tree, gone) if gone else text
+
+
+def evaluated_once_in(statement, node):
+    """Whether `node`, inside `statement`, is evaluated once when the statement runs: not in a loop's body, a
+    lambda, a nested function or a comprehension past its first sequence."""
+    parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+    child, parent = node, parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                or isinstance(parent, (ast.For, ast.While)) and child is not getattr(parent, "iter", None) \
+                or isinstance(parent, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) \
+                and not (isinstance(child, ast.comprehension) and child is parent.generators[0]) \
+                or isinstance(parent, ast.comprehension) and child is not parent.iter:
+            return False
+        child, parent = parent, parents.get(id(parent))
+    return True
+
+
+def without_single_use_aliases(text):
+    """The file's text with each local read once written in its one read (rule 20), again until none is left:
+    - a name or an attribute chain (`cfg = self.cfg`, `moved = source`) read once, in a later statement of its
+      block that runs it once, where the statements between only assign names it does not read, from values that
+      evaluate nothing;
+    - any value assigned and then returned by the next statement (`out = f(x)` then `return out`)."""
+    while True:
+        tree = ast.parse(text)
+        found = None
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)]
+            names += [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
+                      for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None]
+            names += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+            for block in (getattr(n, field, None) for n in ast.walk(function)
+                          for field in ("body", "orelse", "finalbody")):
+                block = block if isinstance(block, list) else []
+                for i, statement in enumerate(block):
+                    single = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                        and isinstance(statement.targets[0], ast.Name)
+                    if not (single and names.count(statement.targets[0].id) == 2):
+                        continue  # a local stored once and read once
+                    local, value = statement.targets[0].id, statement.value
+                    then = block[i + 1] if i + 1 < len(block) else None
+                    if isinstance(then, ast.Return) and isinstance(then.value, ast.Name) and then.value.id == local:
+                        found = (statement, then.value, value)
+                        break
+                    if not (isinstance(value, (ast.Name, ast.Attribute)) and only_reads(value)):
+                        continue
+                    for later in block[i + 1:]:
+                        use = [n for n in ast.walk(later) if isinstance(n, ast.Name) and n.id == local]
+                        if use:
+                            found = (statement, use[0], value) if evaluated_once_in(later, use[0]) else None
+                            break
+                        if not (isinstance(later, ast.Assign) and evaluates_nothing(later.value) and all(
+                                isinstance(t, ast.Name) and t.id not in names_in([value]) for t in later.targets)):
+                            break
+                    if found:
+                        break
+                if found:
+                    break
+            if found:
+                break
+        if found is None:
+            return text
+        statement, use, value = found
+        text = replace_spans(text, [(use, ast.get_source_segment(text, value))])
+        text = without_statements(text, ast.parse(text), [n for n in ast.walk(ast.parse(text))
+                                                          if isinstance(n, ast.Assign) and n.lineno == statement.lineno
+                                                          and n.col_offset == statement.col_offset])
+
+
+def without_literal_parameters(text):
+    """The file's text with each parameter of a top-level function that every call of it passes as one literal
+    (by position, no `*` or `**` in any call, the function named nowhere but as called) and that the function reads
+    only in the tests of its `if`s and conditional expressions read as that literal, gone from the signature and the
+    calls, and those tests folded (rule 22: what rule 19 leaves of R18Backout's `mixed_head_input(self.mode, ...)`;
+    a literal the function computes with stays a named parameter)."""
+    tree = ast.parse(text)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
+    calls = {name: [] for name in functions}
+    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in calls:
+            calls[call.func.id].append(call)
+    fixed = []
+    for name, function in functions.items():
+        arguments = function.args
+        if not calls[name] or named[name] != len(calls[name]) or arguments.vararg or arguments.kwarg \
+                or arguments.posonlyargs or arguments.kwonlyargs or arguments.defaults \
+                or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args) for c in calls[name]):
+            continue
+        tested = {id(n) for node in ast.walk(function) if isinstance(node, (ast.If, ast.IfExp))
+                  for n in ast.walk(node.test)}
+        for position, parameter in enumerate(arguments.args):
+            reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
+            if not reads or not all(id(n) in tested for n in reads):
+                continue
+            given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
+                                                                                          ast.Constant) else None
+                     for c in calls[name]}
+            if len(given) == 1 and None not in given \
+                    and not any(isinstance(n, ast.Name) and n.id == parameter.arg and not isinstance(n.ctx, ast.Load)
+                                for n in ast.walk(function)):
+                fixed.append((name, parameter.arg, position, given.pop()))
+    return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
+
+
+def without_unread_definitions(text):
+    """The file's text without each top-level function, class or constant whose name nothing in the file reads (no
+    name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read only by the
+    declaration's `on_r18=` that rule 17 cut), again until none is left."""
+    while True:
+        tree = ast.parse(text)
+        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and s.name not in read or isinstance(s, ast.Assign) and all(
+                    isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
+                    and not target.id.startswith("__") for target in s.targets)]
+        if not gone:
+            break
+        text = without_statements(text, tree, gone)
+    # a section left with no statement loses its header
+    lines = text.split("\n")
+    code = [i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]
+    return "\n".join(line for i, line in enumerate(lines) if not (
+        SECTION_HEADER.match(line) and not any(i < j < next((k for k in range(i + 1, len(lines))
+                                                              if SECTION_HEADER.match(lines[k])), len(lines))
+                                               for j in code)))
+
+
+@functools.cache
+def library_attributes():
+    """The attribute names torch's Module and Optimizer have, as classes and as instances: a library base of a file's
+    class may set or read them where the file shows no statement of it (Module.train() sets `training`)."""
+    import torch
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
+    return frozenset({*dir(torch.nn.Module), *vars(torch.nn.Module()), *dir(torch.optim.Optimizer), *vars(optimizer)})
+
+
+def sets_a_computed_name(call):
+    """Whether a call of NAMED_SETTERS names its attribute other than by a literal (`setattr(x, name, v)`)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in NAMED_SETTERS:
+        return False
+    position = 1 if name in ("setattr", "delattr") else 0  # setattr(obj, NAME, value); module.register_buffer(NAME, t)
+    return not (len(call.args) > position and isinstance(call.args[position], ast.Constant))
+
+
+def without_constant_attributes(text):
+    """The file's text with what its attributes decide folded (rule 19), where nothing can set an attribute but by a
+    statement the file shows (no NAMED_SETTERS call with a computed name, no WHOLESALE_ATTRIBUTES), the attribute's
+    name is no member of a class of the file nor an attribute of torch's Module or Optimizer (library_attributes),
+    and no other string is that name:
+    - `A if hasattr(self, "N") else B` is B where nothing stores N (the frozen lambdas' buffers of another backout);
+    - an attribute every store of which is `self.N = LITERAL` (one literal) and every read `self.N` is read as that
+      literal, its stores gone (`self.mode = 'sum'`), and the tests on it fold (fold_ifs)."""
+    tree = ast.parse(text)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    if any(map(sets_a_computed_name, calls)) or any(ast.unparse(n) == "vars(self)" for n in calls) \
+            or any(isinstance(n, ast.Attribute) and n.attr in WHOLESALE_ATTRIBUTES for n in ast.walk(tree)):
+        return text
+    strings = collections.Counter(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                                  and isinstance(n.value, str))
+    taken = {name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for name in class_members(cls)}
+    taken |= {m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
+              if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name)}
+    taken |= library_attributes()
+    stored = collections.defaultdict(list)
+    read = collections.defaultdict(list)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute):
+            (read if isinstance(n.ctx, ast.Load) else stored)[n.attr].append(n)
+    tested = collections.Counter(n.args[1].value for n in calls if ast.unparse(n.func) == "hasattr"
+                                 and len(n.args) == 2 and isinstance(n.args[1], ast.Constant))
+    edits = [(n, ast.get_source_segment(text, n.orelse)) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
+             and isinstance(n.test, ast.Call) and ast.unparse(n.test.func) == "hasattr" and len(n.test.args) == 2
+             and ast.unparse(n.test.args[0]) == "self" and isinstance(n.test.args[1], ast.Constant)
+             and n.test.args[1].value not in stored and n.test.args[1].value not in taken
+             and strings[n.test.args[1].value] == tested[n.test.args[1].value]]
+    assigned = {id(s.targets[0]): s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1}
+    constants = {}
+    for name, stores in stored.items():
+        statements = [assigned.get(id(n)) for n in stores]
+        values = {ast.unparse(s.value) for s in statements if s is not None and isinstance(s.value, ast.Constant)}
+        if name not in taken and not strings[name] and len(values) == 1 and None not in statements \
+                and all(ast.unparse(n.value) == "self" for n in stores + read[name]) and read[name] \
+                and all(isinstance(s.value, ast.Constant) for s in statements):
+            constants[name] = values.pop()
+            edits += [(n, constants[name]) for n in read[name]]
+    if not edits:
+        return text
+    text = replace_spans(text, edits)
+    tree = ast.parse(text)
+    gone = [s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr in constants]
+    return without_overwritten_locals(fold_ifs(without_statements(text, tree, gone), {}))
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -554,6 +814,8 @@ PASSED_THROUGH = "(StudyHost methods that pass an argument through or do nothing
 # The fold holding (member, its default's form) of each ModelPart member of NEUTRAL_DEFAULTS that no switched-on
 # part overrides (passive_members).
 PASSIVE_MEMBERS = "(part members no switched-on part overrides)"
+# Those of them only a part can have, by any receiver (part_owned_members).
+PART_OWNED_MEMBERS = "(passive part members no other class has)"
 
 
 def neutral_form(node):
@@ -563,11 +825,12 @@ def neutral_form(node):
     ModelPart's defaults (neutral_defaults) and StudyHost's methods folded as in the file (host_method_folds)."""
     if isinstance(node, ast.Assign):
         return ("flag", "False") if isinstance(node.value, ast.Constant) and node.value.value is False else None
-    if not isinstance(node, ast.FunctionDef) or node.decorator_list or not node.args.args or node.args.vararg \
-            or node.args.kwarg or node.args.kwonlyargs or node.args.posonlyargs:
+    static = isinstance(node, ast.FunctionDef) and [ast.unparse(d) for d in node.decorator_list] == ["staticmethod"]
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list and not static or not node.args.args \
+            or node.args.vararg or node.args.kwarg or node.args.kwonlyargs or node.args.posonlyargs:
         return None
     body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
-    parameters = [a.arg for a in node.args.args[1:]]
+    parameters = [a.arg for a in node.args.args[0 if static else 1:]]
     if [type(statement) for statement in body] == [ast.Pass]:
         return ("returns", "None")
     if not body or len(body) > 2 or not isinstance(body[-1], ast.Return):
@@ -610,6 +873,68 @@ def passive_members(active, on_r18):
     classes = [study.r18_part if on_r18 else study.model_part for study in active]
     return tuple((name, form) for name, form in neutral_defaults().items()
                  if all(getattr(cls, name) is getattr(ModelPart, name) for cls in classes if cls is not None))
+
+
+def project_sources():
+    """The project's Python sources an export may inline from: speedrun/ and the track scripts."""
+    return sorted((ROOT / "speedrun").rglob("*.py")) + sorted(ROOT.glob("train_gpt*.py"))
+
+
+def part_owned_members(passive):
+    """(member, its form) of each passive member (passive_members) that only a part can have: in the project's
+    sources every class defining that name is ModelPart or a subclass, nothing stores the attribute, and no string
+    given to getattr/setattr/hasattr/delattr is the name. Any read `X.member` then reads a part's (or fails), and
+    every part in the file answers ModelPart's default: part_members_read writes the reads as that default,
+    whatever X is."""
+    part_classes, seen = {ModelPart.__name__}, [ModelPart]
+    while seen:
+        for cls in seen.pop().__subclasses__():
+            part_classes.add(cls.__name__)
+            seen.append(cls)
+    owned = {name: form for name, form in passive
+             if form[0] in ("flag", "returns") and name not in library_attributes()}
+    for path in project_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name not in part_classes:
+                defined = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                defined |= {target.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                            for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                            if isinstance(target, ast.Name)}
+                for name in defined & owned.keys():
+                    del owned[name]
+            elif isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+                owned.pop(node.attr, None)
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "setattr", "hasattr", "delattr") \
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+                owned.pop(node.args[1].value, None)
+    return tuple(owned.items())
+
+
+def part_members_read(text, folds):
+    """The source with each read of a member PART_OWNED_MEMBERS holds written as its default (`X.built_last`:
+    False; `X.model_layer_pattern(...)`: None), where X and the call's arguments only read names and attributes
+    (nothing that is evaluated is lost) and the call is not a statement of its own (the loops over the parts fold
+    those: passive_loops_read): the sort by it, the comprehensions filtering on it, fold (constant_keys_read,
+    empty_registries_read)."""
+    owned = dict(folds.get(PART_OWNED_MEMBERS, ()))
+    if not owned:
+        return text
+    tree = ast.parse(text)
+    called = {id(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    statements = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # a call for its effect
+    edits = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in owned
+                and only_reads(node.value)):
+            continue
+        kind, value = owned[node.attr]
+        call = called.get(id(node))
+        if kind == "flag" and call is None:
+            edits.append((node, value))
+        elif kind == "returns" and call is not None and id(call) not in statements and not call.keywords \
+                and all(map(only_reads, call.args)):
+            edits.append((call, value))
+    return replace_spans(text, edits) if edits else text
 
 
 def passive_member_asked(node, part, passive):
@@ -840,6 +1165,8 @@ def folded_value(node, folds, test=True):
             argument = folded_value(node.args[0], folds, test=called == "bool")  # decided: no effect
             return UNKNOWN if argument is UNKNOWN else PURE_BUILTINS[called](argument)
         return UNKNOWN
+    if isinstance(node, ast.Dict) and not node.keys:
+        return {}
     if isinstance(node, (ast.Tuple, ast.List)):
         items = [folded_value(item, folds, test=False) for item in node.elts]
         return UNKNOWN if UNKNOWN in items else tuple(items)
@@ -936,6 +1263,37 @@ def fold_ifs(text, folds, readers=()):
             kept = [" " * node.col_offset + "pass"]
         first = node.lineno if kept else first_line_with_comments(lines, node)  # gone: its comments too
         text = "\n".join(replace_lines(lines, first, node.end_lineno, kept))
+
+
+def evaluates_nothing(node):
+    """Whether an expression only reads names and attributes, and builds constants and empty literals (`not {}`)."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Load,
+                              ast.cmpop, ast.boolop, ast.unaryop)) or is_empty_literal(n) for n in ast.walk(node))
+
+
+def neutral_operands_dropped(text, folds, readers=()):
+    """The source with each operand of an `and` (`or`) that is the test of an `if`, a conditional expression or a
+    `while` left out where the folds decide it true (false) and it evaluates nothing, while another operand is left
+    undecided: the test is true exactly when it was (`if a and not {}` reads `if a`). In the functions `readers`,
+    without the folds of the fields of the studies that are on (fold_ifs)."""
+    tree = ast.parse(text)
+    inside = parsed_readers_nodes(tree, readers)
+    parsed_folds = without_study_fields(folds)
+    edits = []
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, (ast.If, ast.IfExp, ast.While)) else None
+        if not isinstance(test, ast.BoolOp):
+            continue
+        neutral = isinstance(test.op, ast.And)
+        values = [folded_value(operand, parsed_folds if id(node) in inside else folds) for operand in test.values]
+        kept = [operand for operand, value in zip(test.values, values)
+                if value is UNKNOWN or bool(value) != neutral or not evaluates_nothing(operand)]
+        if kept and len(kept) < len(test.values) and UNKNOWN in values:
+            joined = f" {'and' if neutral else 'or'} ".join(
+                f"({ast.get_source_segment(text, k)})" if isinstance(k, (ast.BoolOp, ast.IfExp, ast.NamedExpr))
+                else ast.get_source_segment(text, k) for k in kept)
+            edits.append((test, joined))
+    return replace_spans(text, edits) if edits else text
 
 
 def without_statements(text, tree, gone):
@@ -1107,6 +1465,9 @@ def propagate_locals(text, folds, readers=()):
                 for name, value_node in assigned_locals(statement):
                     if stores.count(name) != 1 or isinstance(value_node, ast.Constant):
                         continue
+                    if is_empty_literal(value_node):  # what a folded comprehension leaves (`own = []`)
+                        edits += empty_tests(name, ast.unparse(value_node), block[i + 1:])
+                        continue
                     value = folded_value(value_node, function_folds, test=False)
                     if value is not UNKNOWN and is_scalar(value):
                         edits.append((value_node, repr(value)))
@@ -1130,10 +1491,69 @@ def propagate_locals(text, folds, readers=()):
     return replace_spans(text, edits)
 
 
+def empty_tests(name, literal, later):
+    """(read, its replacement) for each read of a local assigned an empty literal that only its truth counts in
+    (the test of an `if`, a conditional expression or `while`, the operand of `not`: the literal) or that a `for`
+    iterates (as is or its items(), keys() or values(): `()`), where every read of it in the statements `later` is
+    one of those or an item read: nothing can fill it, and those tests and loops fold (fold_ifs)."""
+    edits, reads, item_reads = {}, [], set()
+    for node in (n for statement in later for n in ast.walk(statement)):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)) or \
+                isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            test = node.operand if isinstance(node, ast.UnaryOp) else node.test
+            edits[id(test)] = (test, literal)
+        elif isinstance(node, ast.For):
+            loop = node.iter
+            viewed = isinstance(loop, ast.Call) and isinstance(loop.func, ast.Attribute) and not loop.args \
+                and not loop.keywords and loop.func.attr in ("items", "keys", "values")
+            edits[id(loop.func.value if viewed else loop)] = (loop, "()")
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            item_reads.add(id(node.value))  # an item read: no change, nothing to fold
+        if isinstance(node, ast.Name) and node.id == name:
+            reads.append(node)
+    if not all(id(n) in edits or id(n) in item_reads for n in reads):
+        return []
+    return [edits[id(n)] for n in reads if id(n) in edits]
+
+
 EMPTY_OF = {ast.ListComp: "[]", ast.SetComp: "set()", ast.GeneratorExp: "()", ast.DictComp: "{}"}
 # `tuple(x for x in ())` is (), `sorted((), key=...)` is []
 EMPTY_CONSTRUCTORS = {"tuple": "()", "list": "[]", "set": "set()", "dict": "{}", "sorted": "[]"}
 EMPTY_LITERALS = ("()", "[]", "set()", "{}")
+
+
+def constant_keys_read(text):
+    """The source with each `sorted(X, key=lambda ...: CONSTANT)` (what part_members_read leaves of a sort by a
+    passive member) written as X, a list display or comprehension (the sort is stable), else `list(X)`; X's
+    continuation lines move left with it."""
+    tree = ast.parse(text)
+    edits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "sorted" and len(node.args) == 1 \
+                and [k.arg for k in node.keywords] == ["key"] and isinstance(node.keywords[0].value, ast.Lambda) \
+                and isinstance(node.keywords[0].value.body, ast.Constant):
+            listed = isinstance(node.args[0], (ast.List, ast.ListComp))
+            first, *rest = ast.get_source_segment(text, node.args[0]).split("\n")
+            shift = 0 if not listed else node.args[0].col_offset - node.col_offset
+            moved = "\n".join([first, *dedent_lines(rest, shift)]) if node.lineno == node.args[0].lineno else None
+            edits += [(node, moved if listed else f"list({moved})")] if moved is not None else []
+    return replace_spans(text, edits) if edits else text
+
+
+def keeps_nothing(node, folds):
+    """Whether a comprehension of one `for` has a filter the folds decide false for every item: its test reads
+    only constants (`None is not None`), or the item, where the sequence is a comprehension of a constant
+    (`pattern for pattern in (None for study in studies) if pattern is not None`). The filter then runs for no
+    item and the sequence, evaluated for nothing, goes with it (an export's rule: no filter or sequence of such a
+    comprehension is run for its side effects)."""
+    if type(node) not in EMPTY_OF or len(node.generators) != 1 or not node.generators[0].ifs:
+        return False
+    loop = node.generators[0]
+    item = {}
+    if isinstance(loop.target, ast.Name) and isinstance(loop.iter, (ast.GeneratorExp, ast.ListComp)) \
+            and isinstance(loop.iter.elt, ast.Constant) and not isinstance(loop.iter.elt.value, str):
+        item = {loop.target.id: loop.iter.elt.value}
+    return any(folded_value(test, dict(folds, **item)) is False for test in loop.ifs)
 
 
 def is_empty_literal(node):
@@ -1166,8 +1586,8 @@ def empty_registries_read(text, folds):
             return without_statements(text, tree, [node])
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
-        if type(node) in EMPTY_OF and isinstance(node.generators[0].iter, ast.Tuple) \
-                and not node.generators[0].iter.elts:
+        if type(node) in EMPTY_OF and (isinstance(node.generators[0].iter, ast.Tuple)
+                                       and not node.generators[0].iter.elts or keeps_nothing(node, folds)):
             call = parents.get(id(node))
             if isinstance(call, ast.Call) and call.args == [node] and not call.keywords \
                     and isinstance(call.func, ast.Name) and call.func.id in EMPTY_CONSTRUCTORS:
@@ -1192,10 +1612,9 @@ def fold_constants(text, folds, readers=()):
         module_folds = dict(folds, **methods)
         folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
                                if name in methods_of(tree, StudyHost.__name__)})  # the class its calls fold for
-        folded = propagate_locals(fold_ifs(empty_registries_read(passive_loops_read(host_calls_read(text, folds),
-                                                                                    folds), folds),
-                                          module_folds, readers),
-                                  module_folds, readers)
+        read = part_members_read(passive_loops_read(host_calls_read(text, folds), folds), folds)
+        read = neutral_operands_dropped(empty_registries_read(constant_keys_read(read), folds), module_folds, readers)
+        folded = propagate_locals(fold_ifs(read, module_folds, readers), module_folds, readers)
         if folded == text:
             return text, folded_methods
         text = folded
@@ -1270,11 +1689,15 @@ def drop_unreachable(text):
     return "\n".join(lines)
 
 
+# The comment line that opens a file's section of one source file (section_header).
+SECTION_HEADER = re.compile(r"# \S+\.py(: | -+$)")
+
+
 def first_line_with_comments(lines, node):
     """The 1-based first line of a statement counting its decorators and the comment lines right above it (its own
-    comments)."""
+    comments; a file's section header is its section's)."""
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    while first > 1 and lines[first - 2].strip().startswith("#") \
+    while first > 1 and lines[first - 2].strip().startswith("#") and not SECTION_HEADER.match(lines[first - 2]) \
             and len(lines[first - 2]) - len(lines[first - 2].lstrip()) == node.col_offset:
         first -= 1
     return first
@@ -1293,7 +1716,7 @@ def drop_dead_constants(text):
 
 
 def dead_constants_dropped(text):
-    """drop_dead_constants, one pass."""
+    """drop_dead_constants, one pass (an empty literal is such a value too: `own = []`)."""
     tree = ast.parse(text)
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
@@ -1302,7 +1725,8 @@ def dead_constants_dropped(text):
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
         for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
             dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
-                    and all(name not in read and only_reads(value) for name, value in assigned_locals(s))]
+                    and all(name not in read and (only_reads(value) or is_empty_literal(value))
+                            for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
                 empties = i == 0 and len(dead) == len(block)  # the block keeps a `pass`
                 cuts[(first_line_with_comments(lines, statement), statement.end_lineno)] = \
@@ -2181,7 +2605,7 @@ def study_lines(active, fixed):
         names = {flag.name for flag in study.flags}
         flags = " ".join(token for name, values in flag_groups(fixed) if name in names for token in [name, *values])
         lines[study.resolve.__module__] = (f"the {study.name} study ({flags}), switched on in this file; it enters "
-                                           f"the model through the hooks of its ModelPart class")
+                                           f"the model as a part whose hooks the model calls")
     return lines
 
 
@@ -2270,6 +2694,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
+    folds[PART_OWNED_MEMBERS] = part_owned_members(folds[PASSIVE_MEMBERS])
     folds.update(part_hook_folds(active, folds, script_module))
     folds.update(host_method_folds(folds))
     program = folded_program(script_module, folds, registries,
@@ -2305,9 +2730,13 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
-    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in left_out_flags(active, not_varied)}
-    left_out.update({flag.dest: as_logged(getattr(config, flag.dest)) for study in active for flag in study.flags
-                     if flag.name in unparsed})
+    # in the order of the registry's flags, then the track's, whichever are on: a record's file differs from its
+    # baseline's in the values of its study's fields only (the config line sorts its keys)
+    left_out = [*left_out_flags(active, not_varied), *(flag for study in active for flag in study.flags
+                                                          if flag.name in unparsed)]
+    order = [flag.dest for study in STUDIES for flag in study.flags]
+    placed = sorted(left_out, key=lambda flag: order.index(flag.dest) if flag.dest in order else len(order))
+    left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in placed}
     out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
     if fixed_studies:
         out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",
@@ -2326,7 +2755,9 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
+    spaced = without_unread_definitions(without_single_use_aliases(without_literal_parameters(
+        without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
+            "\n".join(out).rstrip("\n") + "\n"))))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

@@ -116,8 +116,8 @@ class StudyGPT(StudyHost, nn.Module):
     def __init__(self, cfg, max_seq_len):
         super().__init__()
         self.cfg = cfg
-        # A study part may change the depth and each layer's structure (ModelPart.layer_pattern).
-        own = [pattern for pattern in (study.model_part.layer_pattern(cfg, self.layer_pattern)
+        # A study part may change the depth and each layer's structure (ModelPart.model_layer_pattern).
+        own = [pattern for pattern in (study.model_part.model_layer_pattern(cfg, self.layer_pattern)
                                        for study in cfg.studies if study.in_model(cfg)) if pattern is not None]
         self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
@@ -146,7 +146,8 @@ class StudyGPT(StudyHost, nn.Module):
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules in self.study (key = variant name) and their scalars in the shared
         # vector, so parameter counts, optimiser groups and logging find them without special cases.
-        self.build_parts([study for study in self.cfg.studies if study.in_model(self.cfg)], self.cfg,
+        self.build_parts(sorted([study for study in self.cfg.studies if study.in_model(self.cfg)],
+                                key=lambda study: study.model_part.built_last), self.cfg,
                          lambda study: study.model_part)
         self.scalars = nn.Parameter(torch.cat(self._scalar_inits))
         del self._scalar_inits

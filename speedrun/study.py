@@ -195,10 +195,10 @@ class StudyHost:
         return getattr(self, self.scalar_vector).grad[a:b]
 
     def build_parts(self, studies, cfg, part_class):
-        """Builds the part (part_class(study)) of each study in `studies` into self.study, in their order, those
-        built_last after the others (the parameter and scalar order of older checkpoints)."""
+        """Builds the part (part_class(study)) of each study in `studies` into self.study, in their order (the
+        caller's: registry order, built_last parts after the others)."""
         self.study, self.parts = nn.ModuleDict(), []
-        for study in sorted(studies, key=lambda study: part_class(study).built_last):
+        for study in studies:
             self.study[study.name] = part_class(study)(self, cfg)
             self.parts.append(self.study[study.name])
 
@@ -254,8 +254,8 @@ class StudyHost:
             part.after_step(self, opt, config, proc)
 
     def parts_init_from(self, state, config):
-        """Whether a part loaded an --init-from checkpoint itself (ModelPart.init_from: e.g. expanding it)."""
-        return any(part.init_from(self, state, config) for part in self.parts)
+        """Whether a part loaded an --init-from checkpoint itself (ModelPart.load_init_state: e.g. expanding it)."""
+        return any(part.load_init_state(self, state, config) for part in self.parts)
 
 
 def is_set(value):
@@ -291,9 +291,9 @@ class ModelPart(nn.Module):
         data-dependent sizes into the whole-model graph.
       named_scalars(model): {name: float} for the validation lines' scalars
       before_step(model, config, step), after_step(model, opt, config, proc): around each training step
-      init_from(model, state, config): loads an --init-from checkpoint's state into the model and returns True, or
+      load_init_state(model, state, config): loads an --init-from checkpoint's state into the model and returns True, or
         returns False (the default: the run loads it as it is)
-    A part that changes the model's depth says so before any is built, as staticmethod layer_pattern(cfg,
+    A part that changes the model's depth says so before any is built, as staticmethod model_layer_pattern(cfg,
     track_layer_pattern) -> the model's per-layer structure (None: the track's at cfg.num_layers), and reports
     what it adds against base_config(cfg) (the model it grows from; None: counted from its own parameters)."""
 
@@ -308,7 +308,7 @@ class ModelPart(nn.Module):
     replaces_base_head_input = False  # its head_input gets norm(x), not the base's own head input (#18's backout)
 
     @staticmethod
-    def layer_pattern(cfg, track_layer_pattern):
+    def model_layer_pattern(cfg, track_layer_pattern):
         return None
 
     @staticmethod
@@ -336,7 +336,7 @@ class ModelPart(nn.Module):
     def mlp_router(self, model):
         return None
 
-    def init_from(self, model, state, config):
+    def load_init_state(self, model, state, config):
         return False
 
 
@@ -346,4 +346,5 @@ class ModelPart(nn.Module):
 # passive_members) reads a loop over the parts as over none where it asks only such members that no switched-on
 # part overrides, and refuses a member named here whose default is not of that form.
 NEUTRAL_DEFAULTS = ("block_input", "block_output", "head_input", "named_scalars", "before_step", "after_step",
-                    "init_from", "routes_mlp", "replaces_base_head_input")
+                    "load_init_state", "routes_mlp", "replaces_base_head_input", "built_last", "model_layer_pattern",
+                    "base_config")

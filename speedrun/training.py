@@ -360,7 +360,7 @@ def run_training(base, config, proc: Dist):
 
     torch.manual_seed(config.seed)
     model = run.build_model(config, proc)
-    # A study part may load the checkpoint itself (ModelPart.init_from: e.g. expanding it).
+    # A study part may load the checkpoint itself (ModelPart.load_init_state: e.g. expanding it).
     if config.init_from and not model.parts_init_from(init_state, config):
         load_model_weights(model, init_state, config.init_from)
     if config.resume:

@@ -13,7 +13,7 @@ What differs from the #14 model (speedrun.model / train_gpt_medium.py):
 - logits `23*sigmoid((z+5)/7.5)`; training loss summed (not averaged), multi-token in the first part of training.
 
 The structure is the record's 16-layer one (layer_pattern); the tiny preset shrinks widths, not depth. A study
-part may change it (ModelPart.layer_pattern: DLO's expansion): the model then follows the part's (R18GPT.pattern).
+part may change it (ModelPart.model_layer_pattern: DLO's expansion): the model then follows the part's (R18GPT.pattern).
 """
 
 import math
@@ -246,20 +246,20 @@ class R18GPT(StudyHost, nn.Module):
     `studies`: a resolved run config whose studies (those of `registry`, by default the bundled ones) add their
     parts (speedrun.r18.studies states the rule) after the record's parameters (so the record's initial weights stay those of the seed); the model calls their hooks
     (ModelPart, speedrun/study.py) as the #14 model does, its x0 being the embedding the residual starts from. The
-    layers follow `pattern`: the record's, or a part's (ModelPart.layer_pattern, e.g. DLO's expansion)."""
+    layers follow `pattern`: the record's, or a part's (ModelPart.model_layer_pattern, e.g. DLO's expansion)."""
 
     depth_expansion = R18DepthExpansion
     scalar_vector = "study_scalars"  # the record's own scalars keep their vector, `scalars`
 
     def __init__(self, cfg: R18Config, studies=None, registry=None):
         super().__init__()
-        # The config the parts are built from, and the studies in it: registry order, built_last ones after the others.
+        # The config the parts are built from, and the studies whose parts this model builds.
         self.study_cfg = None if studies is None else part_config(studies, registry)
         in_model = [] if studies is None else sorted([study for study in self.study_cfg.studies
                                                       if study.in_model(self.study_cfg)],
                                                      key=lambda study: study.r18_part.built_last)
         # What a study part reads of the layer pattern, and the layers' value embeddings, windows, skips, backout.
-        own = [pattern for pattern in (study.r18_part.layer_pattern(self.study_cfg, layer_pattern)
+        own = [pattern for pattern in (study.r18_part.model_layer_pattern(self.study_cfg, layer_pattern)
                                        for study in in_model) if pattern is not None]
         self.pattern = own[0] if own else layer_pattern(NUM_LAYERS)
         self.cfg = cfg = replace(cfg, num_layers=len(self.pattern["ve_index"]))

@@ -397,7 +397,7 @@ class Host:
         return out
 
     def flags(self):
-        return any(part.routes_mlp for part in self.parts), any(part.built_last for part in self.parts)
+        return any(part.routes_mlp for part in self.parts), any(part.undeclared for part in self.parts)
 
     def overridden(self, x):
         for part in self.parts:
@@ -413,9 +413,9 @@ def test_a_loop_over_the_parts_that_asks_only_passive_members_is_read_as_over_no
     assert forms["named_scalars"] == ("returns", "{}") and forms["routes_mlp"] == ("flag", "False")
     passive = {name: form for name, form in forms.items() if name != "head_input"}  # a part overrides head_input
     text = passive_loops_read(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
-    assert text.count("in ()") == 4  # passed_on, steps, scalars, routes_mlp's any; built_last is not declared
+    assert text.count("in ()") == 4  # passed_on, steps, scalars, routes_mlp's any; `undeclared` is no member
     assert "y = part.block_input(self, i, x)" in text and "for part in self.parts:\n            y" in text
-    assert "built_last for part in self.parts" in text and "x = part.head_input" in text
+    assert "undeclared for part in self.parts" in text and "x = part.head_input" in text
     folded, _ = fold_constants(HOST, {PASSIVE_MEMBERS: tuple(passive.items())})
     assert "def passed_on(self, i, x):\n        return x\n" in folded and "out = {}\n        return out" in folded
     assert "any(())" in folded
@@ -443,10 +443,16 @@ def test_calls_of_a_host_method_that_passes_an_argument_through_or_does_nothing_
                     "    kept = self.through(f(i), x)\n    return norm(x), other.through(i, x), kept, y, z\n")
 
 
-def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch):
+def test_a_declared_neutral_default_of_another_form_is_refused(monkeypatch, tmp_path):
+    """A static method returning what it computes (not a parameter, {}, False or None) is of another form."""
     from speedrun import export as export_module
+    (tmp_path / "study.py").write_text("class ModelPart:\n    def block_input(self, model, i, x):\n        return x\n\n"
+                                       "    @staticmethod\n    def base_config(cfg):\n        return cfg.base\n")
+    monkeypatch.setattr(export_module, "ROOT", tmp_path)
+    monkeypatch.setattr(export_module, "module_path", lambda module: tmp_path / "study.py")
     monkeypatch.setattr(export_module, "NEUTRAL_DEFAULTS", ("block_input", "base_config"))
-    with pytest.raises(UsageError, match=r"NEUTRAL_DEFAULTS names base_config, but ModelPart.base_config is neither"):
+    with pytest.raises(UsageError, match=r"study.py: NEUTRAL_DEFAULTS names base_config, but ModelPart.base_config is "
+                                         r"neither"):
         export_module.neutral_defaults()
 
 
@@ -776,6 +782,9 @@ def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypat
     # at the run's (rule 16)
     left_out = file_constant(text, "LEFT_OUT_FIELDS")
     assert left_out["laurel"] is None and left_out["rolling_skip"] is False and left_out["backout_layers"] == [11]
+    # in the registry's order, as the baseline's file holds them: the two files differ in the backout's values only
+    assert list(left_out)[:3] == ["backout_layers", "backout_mode", "backout_transform"]
+    assert list(left_out).index("backout_mlp_ratio") < list(left_out).index("rolling_skip")
 
 
 EXPORTED = "the run this file was exported for (the command at its top)."
@@ -1297,6 +1306,105 @@ def test_a_method_every_subclass_defines_of_a_class_named_only_as_a_base_goes():
     assert without_shadowed_methods(named) == named
 
 
+def test_rule_18_drops_a_class_attribute_every_subclass_sets_and_an_emptied_base_leaves_the_bases():
+    """R18Backout sets replaces_base_head_input, so ModelPart's is never read; ModelPart, then `pass`, goes, and its
+    subclasses derive from nn.Module in its place (not twice where they list it already)."""
+    from speedrun.export import without_shadowed_methods
+    source = ("class Root:\n    def who(self):\n        return 'root'\n\n"
+              "class Base(Root):\n    flag = False\n\n    def hook(self):\n        return None\n\n"
+              "class Mixin:\n    def mixed(self):\n        return 'mixin'\n\n"
+              "class Part(Mixin, Base):\n    flag = True\n\n    def hook(self):\n        return 1\n\n"
+              "class Plain(Base, Root):\n    flag = 2\n\n    def hook(self):\n        return 2\n\n"
+              "print([(type(p).__mro__[1:], p.flag, p.hook(), p.who()) for p in (Part(), Plain())], Part().mixed())\n")
+    text = without_shadowed_methods(source)
+    assert "class Base" not in text and "class Part(Mixin, Root):" in text and "class Plain(Root):" in text
+    printed = []
+    for code in (source, text):
+        names = {"print": lambda *a: printed.append([(tuple(c.__name__ for c in mro if c.__name__ != "Base"), *rest)
+                                                     for mro, *rest in a[0]] + [a[1]])}
+        exec(compile(code, "bases", "exec"), names)
+    assert printed[0] == printed[1]
+    named = source + "print(issubclass(Part, Base))\n"  # read otherwise: the class and its members stay
+    assert without_shadowed_methods(named) == named
+
+
+PART_MEMBERS = '''
+def build(studies, cfg, track_pattern, n):
+    ordered = sorted([study for study in studies if study.on(cfg)],
+                     key=lambda study: study.model_part.built_last)
+    own = [pattern for pattern in (study.model_part.model_layer_pattern(cfg, track_pattern)
+                                   for study in ordered) if pattern is not None]
+    pattern = own[0] if own else track_pattern(n)
+    grown = {study.name: study.model_part.base_config(cfg) for study in ordered
+             if study.model_part.base_config(cfg) is not None}
+    counts = {}
+    for name, base in grown.items():
+        counts[name] = base
+    if n > 1 and not grown:
+        counts["layers"] = n
+    return [study.name for study in ordered], pattern, counts
+'''
+
+
+def test_members_only_a_part_has_fold_by_any_receiver_with_the_sort_the_filters_and_the_tests_on_them():
+    """What the model asks every part class before its parts exist (built_last, model_layer_pattern, base_config),
+    where the file's parts leave them as ModelPart does: the sort, the comprehension, the loop and the test go, and the
+    folded function returns what the source does for parts that answer the defaults."""
+    from speedrun.export import (PART_OWNED_MEMBERS, PASSIVE_MEMBERS, drop_dead_constants, fold_constants,
+                                 part_owned_members, passive_members)
+    from speedrun.study import ModelPart
+    owned = dict(part_owned_members(passive_members([], False)))
+    assert owned == {"built_last": ("flag", "False"), "model_layer_pattern": ("returns", "None"),
+                     "base_config": ("returns", "None"), "load_init_state": ("returns", "False"),
+                     "before_step": ("returns", "None"), "after_step": ("returns", "None")}
+    text = drop_dead_constants(fold_constants(PART_MEMBERS, {PART_OWNED_MEMBERS: tuple(owned.items())})[0])
+    body = text.split("def build")[1]
+    assert "ordered = [study for study in studies if study.on(cfg)]\n" in body  # the sort went, the list stays
+    assert "pattern = track_pattern(n)" in body and "own" not in body and "grown" not in body
+    assert "if n > 1:" in body and "for name" not in body
+
+    class Part(ModelPart):
+        pass
+
+    class On:
+        model_part, name = Part, "on"
+
+        def on(self, cfg):
+            return True
+
+    results = []
+    for code in (PART_MEMBERS, text):
+        names = {}
+        exec(compile(code, "members", "exec"), names)
+        results.append(names["build"]([On(), On()], None, lambda n: f"track{n}", 3))
+    assert results[0] == results[1] == (["on", "on"], "track3", {"layers": 3})
+
+
+@pytest.mark.parametrize("other", ["class Track:\n    def model_layer_pattern(self):\n        return 1\n",
+                                   "def f(x):\n    x.model_layer_pattern = None\n",
+                                   "def f(x):\n    return getattr(x, 'model_layer_pattern')\n"])
+def test_a_member_another_class_defines_sets_or_reads_by_name_is_not_a_parts_alone(other, tmp_path, monkeypatch):
+    import speedrun.export as export
+    extra = tmp_path / "other.py"
+    extra.write_text(other)
+    sources = export.project_sources()
+    monkeypatch.setattr(export, "project_sources", lambda: sources + [extra])
+    owned = dict(export.part_owned_members(export.passive_members([], False)))
+    assert "model_layer_pattern" not in owned and "built_last" in owned
+
+
+def test_an_empty_local_folds_only_where_nothing_can_fill_it():
+    """`own = []` read in a test folds; one passed to a call (which may append to it) is left as it is."""
+    from speedrun.export import fold_constants, drop_dead_constants
+    source = ("def f(a, fill):\n    seen = []\n    kept = {}\n    fill(kept)\n"
+              "    for k in kept.items():\n        a += 1\n"
+              "    if a and not seen:\n        return seen[0] if seen else a\n"
+              "    return kept or a\n")
+    text = drop_dead_constants(fold_constants(source, {})[0])
+    assert "seen" not in text and "if a:\n        return a\n" in text
+    assert "kept = {}" in text and "for k in kept.items()" in text and "return kept or a" in text
+
+
 @pytest.mark.parametrize("reader", ["print(asdict(BACKOUT))", "print([f.name for f in fields(Study)])"])
 def test_a_program_reading_every_field_of_a_declaration_keeps_them_all(reader):
     from speedrun.export import without_unread_study_fields
@@ -1314,3 +1422,142 @@ def test_a_block_whose_every_statement_goes_keeps_one_pass():
     text = without_statements(source, tree, [*base.body, tree.body[2]])
     assert text.startswith("class Base:\n    pass\n") and "def " not in text and "y = 2" not in text
     compile(text, "cut", "exec")
+
+
+ATTRIBUTES = '''class Lambdas:
+    def reserve(self):
+        self.mode = 'sum'
+
+    def lambdas(self, scale):
+        x = None
+        if self.mode == "sum":
+            x = self.x_lambda if hasattr(self, "x_lambda") else scale * 2
+        return x, self.mode
+
+
+part = Lambdas()
+part.reserve()
+print(part.lambdas(3))
+'''
+
+
+def run_printed(source):
+    printed = []
+    exec(compile(source, "printed", "exec"), {"print": lambda *a: printed.append(a)})
+    return printed
+
+
+def test_rule_19_an_attribute_set_to_one_literal_and_a_hasattr_of_one_never_set_fold():
+    """The record's `self.mode = 'sum'` and the frozen lambdas' buffer tests: the branch runs unconditionally, the
+    dead `x = None` goes, and the program prints the same."""
+    from speedrun.export import without_constant_attributes
+    text = without_constant_attributes(ATTRIBUTES)
+    assert "self.mode =" not in text and "hasattr" not in text and "x = None" not in text
+    assert "    def lambdas(self, scale):\n        x = scale * 2\n        return x, 'sum'\n" in text
+    assert run_printed(text) == run_printed(ATTRIBUTES) == [((6, "sum"),)]
+
+
+@pytest.mark.parametrize("extra, kept", [
+    ("setattr(part, input() if False else 'mode', 'x')\n", "every"),  # a name computed: nothing folds
+    ("part.register_buffer('x_lambda', None) if False else None\n", "hasattr"),  # set by name
+    ("other = Lambdas()\nother.mode = 'sum'\n", "self.mode ="),  # stored by another receiver
+    ("class Later:\n    def reset(self):\n        self.mode = 'subtract'\n", "self.mode ="),  # two literals
+    ("class Flagged:\n    mode = 'sum'\n", "self.mode ="),  # a class member of that name
+    ("print(vars(self) if False else None)\n", "every"),  # the attributes reached wholesale
+    ("print('mode')\n", "self.mode ="),  # the name as a string: getattr may read it
+])
+def test_rule_19_keeps_what_another_statement_could_set(extra, kept):
+    from speedrun.export import without_constant_attributes
+    source = ATTRIBUTES + extra
+    text = without_constant_attributes(source)
+    if kept == "every":
+        assert text == source
+    else:
+        assert kept in text
+
+
+def test_rule_19_keeps_a_torch_module_attribute():
+    """`self.training` is set by Module.train() where the file shows no store of it."""
+    from speedrun.export import without_constant_attributes
+    source = ("class M:\n    def f(self):\n        self.training = False\n\n"
+              "    def g(self):\n        return self.training\n")
+    assert without_constant_attributes(source) == source
+
+
+ALIASES = '''def named(self, model):
+    cfg = self.cfg
+    out = self.scalars(model, cfg.layers)
+    return out
+
+
+def mixed(self, outputs):
+    cfg = self.cfg
+    vectors = []
+    for name in cfg.layers:
+        moved = outputs[name]
+        normed = moved * 2
+        vectors.append(normed)
+    return vectors
+
+
+def looped(self, items):
+    scale = self.scale
+    for item in items:
+        self.scale = item
+        print(scale)
+
+
+def twice(self):
+    cfg = self.cfg
+    return cfg.a + cfg.b
+
+
+def called(self):
+    cfg = self.cfg
+    self.reset()
+    return cfg.a
+'''
+
+
+def test_rule_20_a_local_read_once_is_written_in_its_read():
+    from speedrun.export import without_single_use_aliases
+    text = without_single_use_aliases(ALIASES)
+    assert "def named(self, model):\n    return self.scalars(model, self.cfg.layers)\n" in text
+    assert "    vectors = []\n    for name in self.cfg.layers:\n" in text  # past an assignment that evaluates nothing
+    assert "normed = moved * 2" in text  # an item read is not an alias
+    assert "    scale = self.scale\n    for item in items:" in text  # read in a loop's body: each pass would re-read
+    assert "cfg.a + cfg.b" in text  # read twice
+    assert "    cfg = self.cfg\n    self.reset()\n    return cfg.a" in text  # a call between could change it
+
+
+def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_with_it():
+    """`backout_on_r18` was read only by the declaration's on_r18= (cut by rule 17); a section header stays over
+    the code left in its section and goes with the last of it."""
+    from speedrun.export import without_unread_definitions
+    header = "# speedrun/{}.py ".format
+    source = ("FIXED_FLAGS = ()\n\n" + header("a").ljust(120, "-") + "\n# what MODES are\nMODES = ('sum',)\n\n"
+              "def check(config):\n    return config.mode in MODES\n\nKEPT = 1\n\n"
+              + header("b").ljust(120, "-") + "\ndef unused():\n    return KEPT\n\n"
+              "# speedrun/c.py: the c study, switched on in this file\ndef named():\n    return 2\n\n"
+              "def used():\n    return globals()['named']() + KEPT\n\nprint(used())\n")
+    text = without_unread_definitions(source)
+    assert "MODES" not in text and "check" not in text and "what MODES" not in text
+    assert header("a") in text and "KEPT = 1" in text  # its section keeps a statement
+    assert header("b") not in text and "def unused" not in text  # its one statement went
+    assert "# speedrun/c.py: the c study" in text and "def named" in text  # a string of its name reads it
+    assert "FIXED_FLAGS = ()" in text  # the file's own constants are the exporter's to write
+
+
+def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
+    from speedrun.export import without_literal_parameters
+    source = ("def mixed(mode, x, scale):\n    if mode == 'subtract':\n        return -x\n"
+              "    return x * scale if mode else x\n\n\ndef sized(rank, dim):\n    return rank * dim\n\n\n"
+              "print(mixed('sum', 2, 3), mixed('sum', 4, 3), sized(32, 2))\n")
+    text = without_literal_parameters(source)
+    assert "def mixed(x, scale):\n    return x * scale\n" in text and "mixed(2, 3), mixed(4, 3)" in text
+    assert "def sized(rank, dim):" in text  # a literal it computes with keeps its name
+    assert run_printed(text) == run_printed(source) == [(6, 12, 64)]
+    differing = source.replace("mixed('sum', 4, 3)", "mixed('subtract', 4, 3)")
+    assert without_literal_parameters(differing) == differing
+    passed_on = source + "f = mixed\n"  # named otherwise: a call elsewhere may pass anything
+    assert without_literal_parameters(passed_on) == passed_on

@@ -67,7 +67,7 @@ def expanded_model(path, *flags):
     args = run_config("--init-from", str(path), *flags)
     torch.manual_seed(1)
     model = R18GPT(r18_config(args), studies=args)
-    assert model.study["dlo"].init_from(model, load_checkpoint(path), args)
+    assert model.study["dlo"].load_init_state(model, load_checkpoint(path), args)
     return model
 
 
