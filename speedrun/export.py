@@ -425,12 +425,29 @@ def own_setter(statement):
     return None
 
 
+def library_classes(tree):
+    """The names the file's top-level `from MODULE import NAME` statements bind to a class of a library (every import
+    of an exported file is a library's: the project's modules are inlined)."""
+    found = set()
+    for statement in tree.body:
+        if isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+            for alias in statement.names:
+                try:
+                    value = getattr(importlib.import_module(statement.module), alias.name)
+                except (ImportError, AttributeError):
+                    continue
+                if isinstance(value, type) and value.__module__.split(".")[0] != "speedrun":
+                    found.add(alias.asname or alias.name)
+    return found
+
+
 def without_unread_study_fields(text):
     """The file's text without the fields of Study (speedrun/study.py's class, the declarations' one form) that
     nothing in it reads (rule 17): each one's declaration with the comment lines above it, its keyword in every
     Study(...) call and the __post_init__ statement that sets it (`object.__setattr__(self, "title", ...)`). A
-    field counts as read where its name is an attribute, a string or a keyword of a `replace(...)` anywhere else in
-    the file (a name cannot read a field); one a positional argument of a call passes stays, as do all where a call
+    field counts as read where its name is an attribute (but of a library class's instance made in place:
+    `Path(p).resolve()`), a string or a keyword of a `replace(...)` anywhere else in the file (a name cannot read a
+    field); one a positional argument of a call passes stays, as do all where a call
     passes `**` keywords or the file calls asdict, astuple or fields of anything but another class's `self`. A
     __post_init__ left setting nothing goes."""
     tree = ast.parse(text)
@@ -461,13 +478,16 @@ def without_unread_study_fields(text):
     replaced = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("replace")
                 for k in n.keywords}
     unread = set(order[positional:]) - replaced
+    # `Path(p).resolve()` reads a Path's attribute: an instance of a library class is no Study
+    foreign = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
+               and isinstance(n.value.func, ast.Name) and n.value.func.id in library_classes(tree)}
     while True:  # a field read only where another unread one is set or declared is unread too
         skipped = {id(n) for name in unread for owner in (declarations[name], setters.get(name),
                                                           *keywords.get(name, ())) if owner is not None
                    for n in ast.walk(owner)}
         read = set()
         for node in ast.walk(tree):
-            if id(node) in skipped:
+            if id(node) in skipped or id(node) in foreign:
                 continue
             if isinstance(node, ast.Attribute):
                 read.add(node.attr)

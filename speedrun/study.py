@@ -342,9 +342,11 @@ class ModelPart(nn.Module):
 
 # The members of ModelPart whose default leaves the model as it would be without the part: a hook that returns the
 # input it is given (block_input's x) or {}, False or None, or does nothing, and a flag that is False. StudyHost asks
-# each of them in a loop over its parts that such a default leaves as it is. An export (speedrun/export.py,
+# each hook in a loop over its parts that such a default leaves as it is; the models ask built_last,
+# model_layer_pattern and base_config of each switched-on study's part class. An export (speedrun/export.py,
 # passive_members) reads a loop over the parts as over none where it asks only such members that no switched-on
-# part overrides, and refuses a member named here whose default is not of that form.
+# part overrides, reads such a member by any receiver as its default where only a part can have its name
+# (part_owned_members), and refuses a member named here whose default is not of that form.
 NEUTRAL_DEFAULTS = ("block_input", "block_output", "head_input", "named_scalars", "before_step", "after_step",
                     "load_init_state", "routes_mlp", "replaces_base_head_input", "built_last", "model_layer_pattern",
                     "base_config")

@@ -1247,6 +1247,16 @@ def test_a_field_read_anywhere_stays(reader):
     assert "excludes: tuple = ()" in text and 'excludes=("--x",)' in text and "title" not in text.split("def ")[0]
 
 
+def test_an_attribute_of_a_library_classs_instance_reads_no_field():
+    """`Path(script_path).resolve()` kept the record's Study.resolve; a call of a function (replace() may return a
+    Study) still reads."""
+    from speedrun.export import without_unread_study_fields
+    text = without_unread_study_fields("from pathlib import Path\n" + DECLARED + "print(Path('.').excludes)\n")
+    assert "excludes: tuple" not in text and "Path('.').excludes" in text
+    kept = without_unread_study_fields(DECLARED + "def made():\n    return BACKOUT\n\nprint(made().excludes)\n")
+    assert "excludes: tuple = ()" in kept
+
+
 def test_a_declaration_passing_keywords_as_a_dict_or_positions_keeps_the_fields_it_may_pass():
     from speedrun.export import without_unread_study_fields
     given = DECLARED + 'OTHER = Study(**{"name": "x"})\n'
