@@ -1086,13 +1086,17 @@ def answers_none(part_class, hook, folds, script_module):
     return owners.get(hook) == owner.__name__ and f"self.{hook}()" in values and values[f"self.{hook}()"] is None
 
 
-@functools.lru_cache(maxsize=64)
 def folded_constant_methods(module, folds):
-    """constant_methods of a project module folded with `folds` (its items, sorted) as the file's modules are
-    (cached: every hook of a part asks its module)."""
+    """constant_methods of a project module folded with `folds` (its items, sorted) as the file's modules are."""
+    return source_constant_methods(module, module_path(module).read_text(), folds)
+
+
+@functools.lru_cache(maxsize=64)
+def source_constant_methods(module, source, folds):
+    """folded_constant_methods of the module's source text (cached by the text too: every hook of a part asks its
+    module, and a module of that name in another checkout is another source)."""
     folds = dict(folds)
     readers = tuple(function for name, function in folds.get(PARSED_READERS, ()) if name == module)
-    source = module_path(module).read_text()
     module_folds = dict(folds, **module_call_folds(module, ast.parse(source), folds))
     text, _ = fold_constants(source, module_folds, readers)
     return constant_methods(ast.parse(text), module_folds)
@@ -2374,11 +2378,17 @@ class Program:
         return [self.modules[name] for name in done if name in self.modules and self.kept[name]]
 
 
-@functools.cache
 def source_import_order(name):
     """The project modules `name`'s source imports, those at module level first, then the lazy ones (inside a
     function), each in the order of the source."""
-    tree = ast.parse(module_path(name).read_text())
+    return imports_in_order(module_path(name).read_text())
+
+
+@functools.cache
+def imports_in_order(source):
+    """source_import_order of a source text (cached by the text, not the module's name: a process that exports
+    from two checkouts, as the tests do, must not read one's order for the other's)."""
+    tree = ast.parse(source)
     top = [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
            and is_project(node.module)]
     lazy = [node.module for node in sorted((node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)),

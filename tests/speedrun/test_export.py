@@ -1571,3 +1571,15 @@ def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_fol
     assert without_literal_parameters(differing) == differing
     passed_on = source + "f = mixed\n"  # named otherwise: a call elsewhere may pass anything
     assert without_literal_parameters(passed_on) == passed_on
+
+
+def test_a_module_read_again_from_another_root_gets_its_own_import_order(tmp_path, monkeypatch):
+    """The import order was cached by the module's name: a program exported after one whose `script` imported no
+    project module kept none of its own (four tests failed so, in an order xdist happened to pick)."""
+    alone = "import sys\n\nif __name__ == '__main__':\n    print(sys.argv)\n"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert "speedrun" not in exported_program(tmp_path / "a", monkeypatch, "", alone)
+    library = "class Model:\n    size = 3\n\n    def run(self):\n        return self.size\n"
+    script = "from speedrun.lib import Model\n\nif __name__ == '__main__':\n    print(Model().run())\n"
+    assert "class Model" in exported_program(tmp_path / "b", monkeypatch, library, script)
