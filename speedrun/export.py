@@ -587,8 +587,7 @@ def without_overwritten_locals(text):
     tree = ast.parse(text)
     gone = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
-            block = block if isinstance(block, list) else []
+        for block in own_blocks(function):
             for first, then in zip(block, block[1:]):
                 if isinstance(first, ast.Assign) and isinstance(then, ast.Assign) and len(first.targets) == 1 \
                         and isinstance(first.targets[0], ast.Name) and only_reads(first.value) \
@@ -624,13 +623,8 @@ def without_single_use_aliases(text):
         tree = ast.parse(text)
         found = None
         for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)]
-            names += [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
-                      for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None]
-            names += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
-            for block in (getattr(n, field, None) for n in ast.walk(function)
-                          for field in ("body", "orelse", "finalbody")):
-                block = block if isinstance(block, list) else []
+            names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)] + declared_names(function)
+            for block in own_blocks(function):
                 for i, statement in enumerate(block):
                     single = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
                         and isinstance(statement.targets[0], ast.Name)
@@ -700,6 +694,45 @@ def without_literal_parameters(text):
                                 for n in ast.walk(function)):
                 fixed.append((name, parameter.arg, position, given.pop()))
     return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
+
+
+# Builtins that make one number literal of another: a call of one on a literal is that literal (rule 23).
+NUMBER_CONVERSIONS = {"float": float, "int": int}
+
+
+def without_literal_residue(text):
+    """The file's text with what folding leaves of a conversion or a loop written plainly (rule 23): a
+    NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), and `for j, x in
+    enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
+    name, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
+    tree = ast.parse(text)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    bound |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+              for a in n.names}
+    bound |= set(declared_names(tree))
+
+    def builtin_call(node, names):
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names \
+            and node.func.id not in bound and len(node.args) == 1 and not node.keywords \
+            and not isinstance(node.args[0], ast.Starred)
+
+    edits = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
+             if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
+             and type(n.args[0].value) in (int, float)]
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
+    for scope in scopes:
+        read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        if read & {"locals", "vars"}:
+            continue
+        for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):
+            target = loop.target
+            if builtin_call(loop.iter, ("enumerate",)) and isinstance(target, ast.Tuple) and len(target.elts) == 2 \
+                    and isinstance(target.elts[0], ast.Name) and target.elts[0].id not in read:
+                edits += [(target, ast.get_source_segment(text, target.elts[1])),
+                          (loop.iter, ast.get_source_segment(text, loop.iter.args[0]))]
+    return replace_spans(text, edits) if edits else text
 
 
 def without_unread_definitions(text):
@@ -1324,9 +1357,8 @@ def without_statements(text, tree, gone):
     """The source without the statements `gone` (nodes of `tree`, its parse), each with the comment lines right above
     it; a block left with none of its statements keeps `pass` in place of its first."""
     going = {id(statement) for statement in gone}
-    emptied = {id(block[0]) for parent in ast.walk(tree)
-               for block in (getattr(parent, name, None) for name in ("body", "orelse", "finalbody"))
-               if isinstance(block, list) and block and all(id(statement) in going for statement in block)}
+    emptied = {id(block[0]) for block in statement_blocks(tree)
+               if block and all(id(statement) in going for statement in block)}
     lines = text.split("\n")
     for statement in sorted(gone, key=lambda n: n.lineno, reverse=True):
         kept = [" " * statement.col_offset + "pass"] if id(statement) in emptied else []
@@ -1337,8 +1369,7 @@ def without_statements(text, tree, gone):
 
 def only_statement(tree, node):
     """Whether `node` is the only statement of its block."""
-    return any(isinstance(block, list) and block == [node] for parent in ast.walk(tree)
-               for block in (getattr(parent, name, None) for name in ("body", "orelse", "finalbody")))
+    return any(block == [node] for block in statement_blocks(tree))
 
 
 def replace_spans(text, edits):
@@ -1420,12 +1451,23 @@ def constant_methods(tree, folds):
     return found, owners
 
 
+# The fields of an ast node that hold a block of statements (an except clause's is its `body`).
+BLOCK_FIELDS = ("body", "orelse", "finalbody")
+
+
+def statement_blocks(tree):
+    """Every statement list in `tree`, those of its nested functions and classes included."""
+    return [block for node in ast.walk(tree) for block in (getattr(node, name, None) for name in BLOCK_FIELDS)
+            if isinstance(block, list)]
+
+
 def own_blocks(function):
-    """The statement lists of a function outside its nested functions and classes."""
+    """The statement lists of a function outside its nested functions and classes (a pass over every function
+    then sees each block once, with the names of the function it belongs to)."""
     blocks, todo = [], [function]
     while todo:
         node = todo.pop()
-        for name in ("body", "orelse", "finalbody"):
+        for name in BLOCK_FIELDS:
             block = getattr(node, name, None)
             if isinstance(block, list):
                 blocks.append(block)
@@ -1433,6 +1475,14 @@ def own_blocks(function):
                                                                 ast.ClassDef))]
         todo += getattr(node, "handlers", [])  # an except clause's body is a block of the function's too
     return blocks
+
+
+def declared_names(function):
+    """Each name a function (or a function or lambda in it) binds by a parameter or declares global or nonlocal,
+    once for each: a count of a local's stores or reads that adds these sees a name that is not a plain local."""
+    return [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
+            for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None] \
+        + [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
 
 
 def assigned_locals(statement):
@@ -1480,9 +1530,7 @@ def propagate_locals(text, folds, readers=()):
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         function_folds = parsed_folds if id(function) in inside else folds
         stores = [n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
-        stores += [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
-                   for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None]
-        stores += [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+        stores += declared_names(function)
         for block in own_blocks(function):
             for i, statement in enumerate(block):
                 decided_names = []  # (name, its value)
@@ -1700,13 +1748,10 @@ def drop_unreachable(text):
     leave them: `if base == "r18": return ...` kept whole)."""
     tree = ast.parse(text)
     cuts = []
-    for node in ast.walk(tree):
-        for body in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
-            if not isinstance(body, list):
-                continue
-            ends = [i for i, s in enumerate(body) if isinstance(s, (ast.Return, ast.Raise))]
-            if ends and ends[0] + 1 < len(body):
-                cuts.append((body[ends[0] + 1].lineno, body[-1].end_lineno))
+    for body in statement_blocks(tree):
+        ends = [i for i, s in enumerate(body) if isinstance(s, (ast.Return, ast.Raise))]
+        if ends and ends[0] + 1 < len(body):
+            cuts.append((body[ends[0] + 1].lineno, body[-1].end_lineno))
     lines = text.split("\n")
     for first, last in sorted(cuts, reverse=True):
         lines = replace_lines(lines, first, last, [])
@@ -1747,8 +1792,8 @@ def dead_constants_dropped(text):
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
         read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
-        for block in (getattr(n, name, None) for n in ast.walk(function) for name in ("body", "orelse", "finalbody")):
-            dead = [s for s in (block if isinstance(block, list) else []) if assigned_locals(s)
+        for block in own_blocks(function):
+            dead = [s for s in block if assigned_locals(s)
                     and all(name not in read and (only_reads(value) or is_empty_literal(value))
                             for name, value in assigned_locals(s))]
             for i, statement in enumerate(dead):
@@ -2785,9 +2830,9 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_unread_definitions(without_single_use_aliases(without_literal_parameters(
-        without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
-            "\n".join(out).rstrip("\n") + "\n"))))))
+    spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(
+        without_literal_parameters(without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
+            "\n".join(out).rstrip("\n") + "\n")))))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

@@ -1486,6 +1486,32 @@ def test_rule_19_keeps_what_another_statement_could_set(extra, kept):
         assert kept in text
 
 
+NESTED = '''def outer(scale):
+    def inner(a):
+        x = None
+        x = a + 1
+        return x
+    y = 2
+    z = 3
+    return inner(y) * z + scale
+
+
+print(outer(4))
+'''
+
+
+def test_a_nested_function_is_folded_once():
+    """Every function's blocks are its own: the `x = None` of a function inside another goes once, not once for
+    each function around it (twice took its next statement with it and the program failed)."""
+    from speedrun.export import without_overwritten_locals, without_single_use_aliases
+    text = without_overwritten_locals(NESTED)
+    assert "    def inner(a):\n        x = a + 1\n        return x\n" in text
+    assert run_printed(text) == run_printed(NESTED) == [(13,)]
+    aliased = without_single_use_aliases(text)
+    assert "    def inner(a):\n        return a + 1\n" in aliased
+    assert run_printed(aliased) == [(13,)]
+
+
 def test_rule_19_keeps_a_torch_module_attribute():
     """`self.training` is set by Module.train() where the file shows no store of it."""
     from speedrun.export import without_constant_attributes
@@ -1556,6 +1582,41 @@ def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_wi
     assert header("b") not in text and "def unused" not in text  # its one statement went
     assert "# speedrun/c.py: the c study" in text and "def named" in text  # a string of its name reads it
     assert "FIXED_FLAGS = ()" in text  # the file's own constants are the exporter's to write
+
+
+RESIDUE = '''def mixed(xs):
+    out = []
+    for j, x in enumerate(xs):
+        out.append(float(2) * x + int(3.7))
+    for i, y in enumerate(xs):
+        out.append(i * y)
+    return out, float("inf") > 1, float(True)
+
+
+def spaced(xs):
+    for j, x in enumerate(xs):
+        print(x, locals()["j"])
+
+
+print(mixed([1, 2]))
+spaced([5])
+'''
+
+
+@pytest.mark.parametrize("binding", ["", "float = int\n", "from math import floor as enumerate\n"])
+def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(binding):
+    """What the record's backout leaves: `torch.tensor(float(1.0))`, `for j, name in enumerate(layers)` with `j`
+    read by a transform folded away; a builtin the file binds, and a function reading its locals, stay."""
+    from speedrun.export import without_literal_residue
+    source = binding + RESIDUE
+    text = without_literal_residue(source)
+    assert ("for x in xs:" in text) == (binding != "from math import floor as enumerate\n")
+    assert ("2.0 * x + 3" in text) == (binding != "float = int\n")
+    assert "for i, y in enumerate(xs):" in text  # its index is read
+    assert "float(\"inf\")" in text and "float(True)" in text  # not a number literal
+    assert "for j, x in enumerate(xs):\n        print(x, locals()" in text
+    if not binding:
+        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], True, 1.0),), (5, 0)]
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
