@@ -704,7 +704,7 @@ def without_literal_residue(text):
     """The file's text with what folding leaves of a conversion or a loop written plainly (rule 23): a
     NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), and `for j, x in
     enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
-    name, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
+    name, for a global or nonlocal index, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
     tree = ast.parse(text)
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -719,11 +719,12 @@ def without_literal_residue(text):
 
     edits = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
              if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
-             and type(n.args[0].value) in (int, float)]
+             and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads as inf
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for scope in scopes:
         read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        read |= set(declared_names(scope))  # a global or nonlocal index is read elsewhere
         if read & {"locals", "vars"}:
             continue
         for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):

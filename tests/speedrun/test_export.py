@@ -1590,7 +1590,7 @@ RESIDUE = '''def mixed(xs):
         out.append(float(2) * x + int(3.7))
     for i, y in enumerate(xs):
         out.append(i * y)
-    return out, float("inf") > 1, float(True)
+    return out, float("inf") > float(1e999) - 1, float(True)
 
 
 def spaced(xs):
@@ -1598,8 +1598,16 @@ def spaced(xs):
         print(x, locals()["j"])
 
 
+def counted(xs):
+    global last
+    for last, x in enumerate(xs):
+        pass
+
+
 print(mixed([1, 2]))
 spaced([5])
+counted([7, 8])
+print(last)
 '''
 
 
@@ -1614,9 +1622,11 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     assert ("2.0 * x + 3" in text) == (binding != "float = int\n")
     assert "for i, y in enumerate(xs):" in text  # its index is read
     assert "float(\"inf\")" in text and "float(True)" in text  # not a number literal
+    assert "float(1e999)" in text  # a literal of no finite value: `inf` is no literal
     assert "for j, x in enumerate(xs):\n        print(x, locals()" in text
+    assert "for last, x in enumerate(xs):" in text  # a global index
     if not binding:
-        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], True, 1.0),), (5, 0)]
+        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], False, 1.0),), (5, 0), (1,)]
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
