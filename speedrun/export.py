@@ -583,16 +583,21 @@ WHOLESALE_ATTRIBUTES = ("__dict__", "__setattr__", "__delattr__")
 
 def without_overwritten_locals(text):
     """The source without each assignment of a local that only reads (`x = None`) which the next statement of its
-    block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`)."""
+    block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`);
+    not a global or nonlocal, nor one a function or lambda inside reads (the second value may call it)."""
     tree = ast.parse(text)
     gone = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        shared = {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        shared |= {n.id for inner in ast.walk(function) if inner is not function
+                   and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                   for n in ast.walk(inner) if isinstance(n, ast.Name)}
         for block in own_blocks(function):
             for first, then in zip(block, block[1:]):
                 if isinstance(first, ast.Assign) and isinstance(then, ast.Assign) and len(first.targets) == 1 \
                         and isinstance(first.targets[0], ast.Name) and only_reads(first.value) \
                         and [ast.unparse(target) for target in then.targets] == [first.targets[0].id] \
-                        and first.targets[0].id not in names_in([then.value]):
+                        and first.targets[0].id not in names_in([then.value]) | shared:
                     gone.append(first)
     return without_statements(text, tree, gone) if gone else text
 
