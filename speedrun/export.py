@@ -670,7 +670,9 @@ def without_literal_parameters(text):
     (by position, no `*` or `**` in any call, the function named nowhere but as called) and that the function reads
     only in the tests of its `if`s and conditional expressions read as that literal, gone from the signature and the
     calls, and those tests folded (rule 22: what rule 19 leaves of R18Backout's `mixed_head_input(self.mode, ...)`;
-    a literal the function computes with stays a named parameter)."""
+    a literal the function computes with stays a named parameter); so too each parameter it never reads that every
+    call passes by position a value that evaluates nothing but reads (`outputs[-1]`, what the folded subtract mode
+    leaves of `mixed_head_input(x, ...)`)."""
     tree = ast.parse(text)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     calls = {name: [] for name in functions}
@@ -689,6 +691,8 @@ def without_literal_parameters(text):
                   for n in ast.walk(node.test)}
         for position, parameter in enumerate(arguments.args):
             reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
+            if not reads and all(len(c.args) > position and only_read_or_item(c.args[position]) for c in calls[name]):
+                fixed.append((name, parameter.arg, position, "None"))  # never read: the value is not written
             if not reads or not all(id(n) in tested for n in reads):
                 continue
             given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
@@ -1169,6 +1173,13 @@ def only_reads(node):
     """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
                               ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+
+
+def only_read_or_item(node):
+    """Whether an expression only reads (evaluates_nothing), or is an item of one read at one (`outputs[-1]`)."""
+    if isinstance(node, ast.Subscript):
+        return evaluates_nothing(node.value) and evaluates_nothing(node.slice)
+    return evaluates_nothing(node)
 
 
 def reads_config(node):

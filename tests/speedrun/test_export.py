@@ -1649,6 +1649,19 @@ def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_fol
     assert without_literal_parameters(passed_on) == passed_on
 
 
+def test_rule_22_a_parameter_never_read_leaves_the_signature_where_every_call_passes_a_read():
+    """r18's `mixed_head_input(x, ...)` once its subtract mode folded: `x` is no longer read, the call passed
+    `outputs[-1]`; a call that passes a call keeps its argument (it may print, as here)."""
+    from speedrun.export import without_literal_parameters
+    source = ("def mixed(x, head_in, lam):\n    return lam * head_in\n\n\n"
+              "def f(outputs, h):\n    return mixed(outputs[-1], h, 2) + mixed(outputs[0], h, 3)\n\n\n"
+              "def g(a, b):\n    return b\n\n\nprint(f([1, 2], 5), g(print('side'), 1))\n")
+    text = without_literal_parameters(source)
+    assert "def mixed(head_in, lam):" in text and "return mixed(h, 2) + mixed(h, 3)" in text
+    assert "def g(a, b):" in text and "g(print('side'), 1)" in text
+    assert run_printed(text) == run_printed(source) == [("side",), (25, 1)]
+
+
 def test_a_module_read_again_from_another_root_gets_its_own_import_order(tmp_path, monkeypatch):
     """The import order was cached by the module's name: a program exported after one whose `script` imported no
     project module kept none of its own (four tests failed so, in an order xdist happened to pick)."""
