@@ -672,7 +672,16 @@ def without_literal_parameters(text):
     calls, and those tests folded (rule 22: what rule 19 leaves of R18Backout's `mixed_head_input(self.mode, ...)`;
     a literal the function computes with stays a named parameter); so too each parameter it never reads that every
     call passes by position a value that evaluates nothing but reads (`outputs[-1]`, what the folded subtract mode
-    leaves of `mixed_head_input(x, ...)`)."""
+    leaves of `mixed_head_input(x, ...)`). Again until none is left: a folded test can leave a parameter unread."""
+    while True:
+        folded = literal_parameters_folded(text)
+        if folded == text:
+            return text
+        text = folded
+
+
+def literal_parameters_folded(text):
+    """without_literal_parameters, one pass."""
     tree = ast.parse(text)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     calls = {name: [] for name in functions}
@@ -680,6 +689,7 @@ def without_literal_parameters(text):
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in calls:
             calls[call.func.id].append(call)
+    constants = module_constants(tree)
     fixed = []
     for name, function in functions.items():
         arguments = function.args
@@ -687,13 +697,14 @@ def without_literal_parameters(text):
                 or arguments.posonlyargs or arguments.kwonlyargs or arguments.defaults \
                 or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args) for c in calls[name]):
             continue
+        decided = decided_parameters(function, calls[name], 0, lambda call: {}, constants)
+        fixed += [(name, *found) for found in decided]
         tested = {id(n) for node in ast.walk(function) if isinstance(node, (ast.If, ast.IfExp))
                   for n in ast.walk(node.test)}
         for position, parameter in enumerate(arguments.args):
             reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
-            if not reads and all(len(c.args) > position and only_read_or_item(c.args[position]) for c in calls[name]):
-                fixed.append((name, parameter.arg, position, "None"))  # never read: the value is not written
-            if not reads or not all(id(n) in tested for n in reads):
+            if parameter.arg in {found[0] for found in decided} or not reads \
+                    or not all(id(n) in tested for n in reads):
                 continue
             given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
                                                                                           ast.Constant) else None
@@ -703,6 +714,16 @@ def without_literal_parameters(text):
                                 for n in ast.walk(function)):
                 fixed.append((name, parameter.arg, position, given.pop()))
     return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
+
+
+def module_constants(tree):
+    """The names a module assigns once, by a top-level `NAME = value`, and binds nowhere else (no other store, no
+    parameter, global or nonlocal of that name): each names one object wherever it is read."""
+    bindings = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                                   and not isinstance(n.ctx, ast.Load))
+    bindings.update(declared_names(tree))
+    return frozenset(s.targets[0].id for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                     and isinstance(s.targets[0], ast.Name) and bindings[s.targets[0].id] == 1)
 
 
 # Builtins that make one number literal of another: a call of one on a literal is that literal (rule 23).
@@ -1957,9 +1978,12 @@ def without_calls_decided(text, fixed_parameters, no_ops):
             names = fixed[key]
             edits += cut_items(parameter_items(node), set(names.values()))
             receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-            # `(1).bit_length()`: a number read as a receiver keeps its parentheses
-            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers else literals[key, n.id])
-                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+            # `(1).bit_length()`: a number read as a receiver keeps its parentheses (a name needs none). A store
+            # stays: decided_calls reads folded functions, so one here is in a branch the folding takes away.
+            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers and not literals[key, n.id].isidentifier()
+                       else literals[key, n.id])
+                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names
+                      and isinstance(n.ctx, ast.Load)]
     text = replace_spans(text, edits) if edits else text
     tree = ast.parse(text)
     calls = [s for s in ast.walk(tree) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
@@ -1967,12 +1991,13 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     return without_statements(text, tree, calls)
 
 
-def decided_parameters(function, called, skipped, folds_of):
+def decided_parameters(function, called, skipped, folds_of, constants=frozenset()):
     """[(parameter, its position, its literal)] of the parameters of `function` that every call of `called`
     passes `()` or leaves at a default of `()`, or passes one scalar that folded_value decides (with the folds
     `folds_of(call)`) where not every call spells it as a literal, or that the function never reads where every
-    call passes it an expression that only reads (literal: None); `skipped`: the leading parameters the calls do
-    not pass (a method's self)."""
+    call passes it an expression that only reads, or an item of one (literal: None), or to which every call passes
+    the name of one of `constants` (module_constants) that the function does not bind (literal: that name);
+    `skipped`: the leading parameters the calls do not pass (a method's self)."""
     args = function.args.args
     defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
     stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
@@ -1993,8 +2018,12 @@ def decided_parameters(function, called, skipped, folds_of):
         if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
             found.append((arg.arg, position, "()"))
             continue
-        if arg.arg not in read and all(only_reads(v) for v, _ in passed):  # unread, and passing it does nothing
+        if arg.arg not in read and all(only_read_or_item(v) for v, _ in passed):  # unread; passing does nothing
             found.append((arg.arg, position, "None"))
+            continue
+        names = {v.id if isinstance(v, ast.Name) else None for v, _ in passed}
+        if len(names) == 1 and names <= constants - stored - inner - {a.arg for a in args}:
+            found.append((arg.arg, position, names.pop()))  # the one object every call passes
             continue
         # passed by every call, and folded in one at least: a literal the source passes is left as it is
         if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):

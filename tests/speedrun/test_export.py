@@ -1662,6 +1662,55 @@ def test_rule_22_a_parameter_never_read_leaves_the_signature_where_every_call_pa
     assert run_printed(text) == run_printed(source) == [("side",), (25, 1)]
 
 
+def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
+    """decided_calls reads the folded `mixed_head_input(mode, x, ...)`, where the subtract branch that reads and
+    stores `x` is gone, and cuts `x` from the source before folding: its reads there become the literal, its store
+    stays a store (`None = None - ...` did not parse), and folding `mode` then removes the branch."""
+    from speedrun.export import fold_ifs, without_calls_decided
+    source = ("def mixed(mode, x, head):\n    if mode == 'subtract':\n        x = x - head\n        return x\n"
+              "    return head * 2\n\n\nprint(mixed(MODE, [1][-1], 3))\n")
+    cut = without_calls_decided(source, [("mixed", "mode", 0, "'sum'"), ("mixed", "x", 1, "None")], ())
+    assert "        x = None - head\n" in cut and "mixed(3)" in cut
+    folded = fold_ifs(cut, {})
+    assert folded.startswith("def mixed(head):\n    return head * 2\n")
+    assert run_printed(folded) == run_printed(source.replace("MODE", "'sum'")) == [(6,)]
+
+
+GLOBAL_PASSED = '''def total(values, scale):
+    return sum(values) * scale
+
+
+def first(values):
+    return values[0]
+
+
+def run(base):
+    return base.count(2) + first(REGISTRY)
+
+
+REGISTRY = (1, 2)
+print(total(REGISTRY, 2), total(REGISTRY, 3), run(REGISTRY))
+'''
+
+
+@pytest.mark.parametrize("extra, folds", [
+    ("", True),
+    ("def later():\n    global REGISTRY\n    REGISTRY = ()\n", False),  # rebound: another object at some call
+    ("REGISTRY = (3,)\n", False),  # assigned twice
+    ("def shadow(REGISTRY):\n    return REGISTRY\n", False),  # a parameter of that name
+])
+def test_rule_22_a_parameter_every_call_passes_one_module_constant_reads_it(extra, folds):
+    """The registry the tracks pass to model_config_from_args and preset_config (`STUDIES`) and the run they pass
+    to run_training (`MEDIUM`): the parameter goes and the function reads the constant; not where the name is bound
+    twice or anywhere as a parameter or a global."""
+    from speedrun.export import without_literal_parameters
+    source = GLOBAL_PASSED + extra
+    text = without_literal_parameters(source)
+    assert ("def total(scale):\n    return sum(REGISTRY) * scale\n" in text) == folds
+    assert ("    return REGISTRY.count(2) + first()" in text) == folds  # a name as a receiver needs no parentheses
+    assert run_printed(text) == run_printed(source) == [(6, 9, 2)]
+
+
 def test_a_module_read_again_from_another_root_gets_its_own_import_order(tmp_path, monkeypatch):
     """The import order was cached by the module's name: a program exported after one whose `script` imported no
     project module kept none of its own (four tests failed so, in an order xdist happened to pick)."""
