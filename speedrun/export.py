@@ -672,12 +672,18 @@ def without_literal_parameters(text):
     calls, and those tests folded (rule 22: what rule 19 leaves of R18Backout's `mixed_head_input(self.mode, ...)`;
     a literal the function computes with stays a named parameter); so too each parameter it never reads that every
     call passes by position a value that evaluates nothing but reads (`outputs[-1]`, what the folded subtract mode
-    leaves of `mixed_head_input(x, ...)`). Again until none is left: a folded test can leave a parameter unread."""
+    leaves of `mixed_head_input(x, ...)`), and each to which every call passes one module constant's name is that
+    name (decided_parameters). Again until none is left: a folded test can leave a parameter unread."""
+    return to_fixed_point(literal_parameters_folded, text)
+
+
+def to_fixed_point(one_pass, text):
+    """The text after `one_pass` is applied to it again and again until it changes it no more."""
     while True:
-        folded = literal_parameters_folded(text)
-        if folded == text:
+        passed = one_pass(text)
+        if passed == text:
             return text
-        text = folded
+        text = passed
 
 
 def literal_parameters_folded(text):
@@ -1815,11 +1821,7 @@ def drop_dead_constants(text):
     names, attributes and constants (what folding leaves of `state = load(...) if config.flag else None`, or of
     `D, k = cfg.model_dim, 1`), with the comments right above them; again until none is left (a dropped one can
     leave the one it read unread)."""
-    while True:
-        dropped = dead_constants_dropped(text)
-        if dropped == text:
-            return text
-        text = dropped
+    return to_fixed_point(dead_constants_dropped, text)
 
 
 def dead_constants_dropped(text):
