@@ -1888,7 +1888,8 @@ def without_nested_imports(text, first_line, node):
 
 def prune_registry(text, name, keep, where):
     """The source with the elements of the top-level tuple `name = (...)` kept where keep[i] (each element on
-    whole lines of its own)."""
+    whole lines of its own), under a note in place of the comments above it; on one line where the names it keeps
+    fit (`STUDIES = (BACKOUT,)`)."""
     tree = ast.parse(text)
     for node in tree.body:
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
@@ -1902,11 +1903,18 @@ def prune_registry(text, name, keep, where):
                 if before.strip() or after.strip() not in ("", ","):
                     raise UsageError(f"{EXPORT_FLAG}: {where}:{element.lineno}: each entry of {name} must stand on "
                                      f"lines of its own (docs/export.md, rules 6 and 12)")
+            # the comments above the registry tell how the modular one is laid out: the file's says what it holds
+            note = f"# In this file: {REGISTRY_NOTES[name]}; the others of {where} are left out."
+            comments_from = first_line_with_comments(lines, node)
+            names = [element.id for element, kept in zip(elements, keep) if kept and isinstance(element, ast.Name)]
+            one_line = f"{name} = ({', '.join(names)}{',' if len(names) == 1 else ''})"
+            if len(names) == sum(keep) and len(one_line) <= WIDTH \
+                    and not any("#" in line for line in lines[node.lineno - 1:node.end_lineno]):
+                return "\n".join(replace_lines(lines, comments_from, node.end_lineno, [note, one_line]))
             for element, kept in reversed(list(zip(elements, keep))):
                 if not kept:  # with the comment lines right above it (its own)
                     lines = replace_lines(lines, first_line_with_comments(lines, element), element.end_lineno, [])
-            note = f"# In this file: {REGISTRY_NOTES[name]}; the others of {where} are left out."
-            return "\n".join(replace_lines(lines, node.lineno, node.lineno - 1, [note]))
+            return "\n".join(replace_lines(lines, comments_from, node.lineno - 1, [note]))
     raise UsageError(f"{EXPORT_FLAG}: {where}: no {name} = (...) to prune")
 
 

@@ -1091,6 +1091,23 @@ def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
             prune_registry(shared, "TRACK_FLAGS", [True, False], "t.py")
 
 
+def test_a_pruned_registry_of_names_is_one_line_under_the_file_s_note():
+    """The record's `STUDIES = (\n    BACKOUT,\n)` under the modular layout's comment read as the modular registry:
+    one line under the note of what the file holds; entries with comments or calls keep their lines."""
+    from speedrun.export import prune_registry
+    source = "# One entry a line: how to add one.\nSTUDIES = (\n    A,\n    B,\n    C,\n)\nprint(STUDIES)\n"
+    one = prune_registry(source, "STUDIES", [True, False, False], "s.py")
+    assert one == ("# In this file: the studies its run uses; the others of s.py are left out.\n"
+                   "STUDIES = (A,)\nprint(STUDIES)\n")
+    assert "STUDIES = (A, C)\n" in prune_registry(source, "STUDIES", [True, False, True], "s.py")
+    assert "STUDIES = ()\n" in prune_registry(source, "STUDIES", [False] * 3, "s.py")
+    commented = source.replace("    B,\n", "    # B's own\n    B,\n")
+    kept = prune_registry(commented, "STUDIES", [True, True, False], "s.py")
+    assert "STUDIES = (\n    A,\n    # B's own\n    B,\n)\n" in kept and "One entry" not in kept
+    calls = 'TRACK_FLAGS = (\n    Flag("--a"),\n    Flag("--b"),\n)\n'
+    assert prune_registry(calls, "TRACK_FLAGS", [True, False], "t.py").endswith('= (\n    Flag("--a"),\n)\n')
+
+
 def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
     """The file refuses its study's flags and its fixed ones on its command line (one arm): its --help listed them
     all (the backout group, every mode and transform), as if it ran them."""
