@@ -2735,8 +2735,7 @@ def study_lines(active, fixed):
     for study in active:
         names = {flag.name for flag in study.flags}
         flags = " ".join(token for name, values in flag_groups(fixed) if name in names for token in [name, *values])
-        lines[study.resolve.__module__] = (f"the {study.name} study ({flags}), switched on in this file; it enters "
-                                           f"the model as a part whose hooks the model calls")
+        lines[study.resolve.__module__] = f"the {study.name} study ({flags}), on in this file: a part the model calls"
     return lines
 
 
