@@ -583,16 +583,21 @@ WHOLESALE_ATTRIBUTES = ("__dict__", "__setattr__", "__delattr__")
 
 def without_overwritten_locals(text):
     """The source without each assignment of a local that only reads (`x = None`) which the next statement of its
-    block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`)."""
+    block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`);
+    not a global or nonlocal, nor one a function or lambda inside reads (the second value may call it)."""
     tree = ast.parse(text)
     gone = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        shared = {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        shared |= {n.id for inner in ast.walk(function) if inner is not function
+                   and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                   for n in ast.walk(inner) if isinstance(n, ast.Name)}
         for block in own_blocks(function):
             for first, then in zip(block, block[1:]):
                 if isinstance(first, ast.Assign) and isinstance(then, ast.Assign) and len(first.targets) == 1 \
                         and isinstance(first.targets[0], ast.Name) and only_reads(first.value) \
                         and [ast.unparse(target) for target in then.targets] == [first.targets[0].id] \
-                        and first.targets[0].id not in names_in([then.value]):
+                        and first.targets[0].id not in names_in([then.value]) | shared:
                     gone.append(first)
     return without_statements(text, tree, gone) if gone else text
 
@@ -665,7 +670,24 @@ def without_literal_parameters(text):
     (by position, no `*` or `**` in any call, the function named nowhere but as called) and that the function reads
     only in the tests of its `if`s and conditional expressions read as that literal, gone from the signature and the
     calls, and those tests folded (rule 22: what rule 19 leaves of R18Backout's `mixed_head_input(self.mode, ...)`;
-    a literal the function computes with stays a named parameter)."""
+    a literal the function computes with stays a named parameter); so too each parameter it never reads that every
+    call passes by position a value that evaluates nothing but reads (`outputs[-1]`, what the folded subtract mode
+    leaves of `mixed_head_input(x, ...)`), and each to which every call passes one module constant's name is that
+    name (decided_parameters). Again until none is left: a folded test can leave a parameter unread."""
+    return to_fixed_point(literal_parameters_folded, text)
+
+
+def to_fixed_point(one_pass, text):
+    """The text after `one_pass` is applied to it again and again until it changes it no more."""
+    while True:
+        passed = one_pass(text)
+        if passed == text:
+            return text
+        text = passed
+
+
+def literal_parameters_folded(text):
+    """without_literal_parameters, one pass."""
     tree = ast.parse(text)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     calls = {name: [] for name in functions}
@@ -673,6 +695,7 @@ def without_literal_parameters(text):
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in calls:
             calls[call.func.id].append(call)
+    constants = module_constants(tree)
     fixed = []
     for name, function in functions.items():
         arguments = function.args
@@ -680,11 +703,14 @@ def without_literal_parameters(text):
                 or arguments.posonlyargs or arguments.kwonlyargs or arguments.defaults \
                 or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args) for c in calls[name]):
             continue
+        decided = decided_parameters(function, calls[name], 0, lambda call: {}, constants)
+        fixed += [(name, *found) for found in decided]
         tested = {id(n) for node in ast.walk(function) if isinstance(node, (ast.If, ast.IfExp))
                   for n in ast.walk(node.test)}
         for position, parameter in enumerate(arguments.args):
             reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
-            if not reads or not all(id(n) in tested for n in reads):
+            if parameter.arg in {found[0] for found in decided} or not reads \
+                    or not all(id(n) in tested for n in reads):
                 continue
             given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
                                                                                           ast.Constant) else None
@@ -696,6 +722,16 @@ def without_literal_parameters(text):
     return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
 
 
+def module_constants(tree):
+    """The names a module assigns once, by a top-level `NAME = value`, and binds nowhere else (no other store, no
+    parameter, global or nonlocal of that name): each names one object wherever it is read."""
+    bindings = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                                   and not isinstance(n.ctx, ast.Load))
+    bindings.update(declared_names(tree))
+    return frozenset(s.targets[0].id for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                     and isinstance(s.targets[0], ast.Name) and bindings[s.targets[0].id] == 1)
+
+
 # Builtins that make one number literal of another: a call of one on a literal is that literal (rule 23).
 NUMBER_CONVERSIONS = {"float": float, "int": int}
 
@@ -704,7 +740,7 @@ def without_literal_residue(text):
     """The file's text with what folding leaves of a conversion or a loop written plainly (rule 23): a
     NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), and `for j, x in
     enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
-    name, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
+    name, for a global or nonlocal index, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
     tree = ast.parse(text)
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -719,11 +755,12 @@ def without_literal_residue(text):
 
     edits = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
              if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
-             and type(n.args[0].value) in (int, float)]
+             and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads as inf
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for scope in scopes:
         read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        read |= set(declared_names(scope))  # a global or nonlocal index is read elsewhere
         if read & {"locals", "vars"}:
             continue
         for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):
@@ -1163,6 +1200,13 @@ def only_reads(node):
     """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
                               ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+
+
+def only_read_or_item(node):
+    """Whether an expression only reads (evaluates_nothing), or is an item of one read at one (`outputs[-1]`)."""
+    if isinstance(node, ast.Subscript):
+        return evaluates_nothing(node.value) and evaluates_nothing(node.slice)
+    return evaluates_nothing(node)
 
 
 def reads_config(node):
@@ -1777,11 +1821,7 @@ def drop_dead_constants(text):
     names, attributes and constants (what folding leaves of `state = load(...) if config.flag else None`, or of
     `D, k = cfg.model_dim, 1`), with the comments right above them; again until none is left (a dropped one can
     leave the one it read unread)."""
-    while True:
-        dropped = dead_constants_dropped(text)
-        if dropped == text:
-            return text
-        text = dropped
+    return to_fixed_point(dead_constants_dropped, text)
 
 
 def dead_constants_dropped(text):
@@ -1848,7 +1888,8 @@ def without_nested_imports(text, first_line, node):
 
 def prune_registry(text, name, keep, where):
     """The source with the elements of the top-level tuple `name = (...)` kept where keep[i] (each element on
-    whole lines of its own)."""
+    whole lines of its own), under a note in place of the comments above it; on one line where the names it keeps
+    fit (`STUDIES = (BACKOUT,)`)."""
     tree = ast.parse(text)
     for node in tree.body:
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
@@ -1862,11 +1903,18 @@ def prune_registry(text, name, keep, where):
                 if before.strip() or after.strip() not in ("", ","):
                     raise UsageError(f"{EXPORT_FLAG}: {where}:{element.lineno}: each entry of {name} must stand on "
                                      f"lines of its own (docs/export.md, rules 6 and 12)")
+            # the comments above the registry tell how the modular one is laid out: the file's says what it holds
+            note = f"# In this file: {REGISTRY_NOTES[name]}; the others of {where} are left out."
+            comments_from = first_line_with_comments(lines, node)
+            names = [element.id for element, kept in zip(elements, keep) if kept and isinstance(element, ast.Name)]
+            one_line = f"{name} = ({', '.join(names)}{',' if len(names) == 1 else ''})"
+            if len(names) == sum(keep) and len(one_line) <= WIDTH \
+                    and not any("#" in line for line in lines[node.lineno - 1:node.end_lineno]):
+                return "\n".join(replace_lines(lines, comments_from, node.end_lineno, [note, one_line]))
             for element, kept in reversed(list(zip(elements, keep))):
                 if not kept:  # with the comment lines right above it (its own)
                     lines = replace_lines(lines, first_line_with_comments(lines, element), element.end_lineno, [])
-            note = f"# In this file: {REGISTRY_NOTES[name]}; the others of {where} are left out."
-            return "\n".join(replace_lines(lines, node.lineno, node.lineno - 1, [note]))
+            return "\n".join(replace_lines(lines, comments_from, node.lineno - 1, [note]))
     raise UsageError(f"{EXPORT_FLAG}: {where}: no {name} = (...) to prune")
 
 
@@ -1940,9 +1988,12 @@ def without_calls_decided(text, fixed_parameters, no_ops):
             names = fixed[key]
             edits += cut_items(parameter_items(node), set(names.values()))
             receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-            # `(1).bit_length()`: a number read as a receiver keeps its parentheses
-            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers else literals[key, n.id])
-                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+            # `(1).bit_length()`: a number read as a receiver keeps its parentheses (a name needs none). A store
+            # stays: decided_calls reads folded functions, so one here is in a branch the folding takes away.
+            edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers and not literals[key, n.id].isidentifier()
+                       else literals[key, n.id])
+                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names
+                      and isinstance(n.ctx, ast.Load)]
     text = replace_spans(text, edits) if edits else text
     tree = ast.parse(text)
     calls = [s for s in ast.walk(tree) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
@@ -1950,12 +2001,13 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     return without_statements(text, tree, calls)
 
 
-def decided_parameters(function, called, skipped, folds_of):
+def decided_parameters(function, called, skipped, folds_of, constants=frozenset()):
     """[(parameter, its position, its literal)] of the parameters of `function` that every call of `called`
     passes `()` or leaves at a default of `()`, or passes one scalar that folded_value decides (with the folds
     `folds_of(call)`) where not every call spells it as a literal, or that the function never reads where every
-    call passes it an expression that only reads (literal: None); `skipped`: the leading parameters the calls do
-    not pass (a method's self)."""
+    call passes it an expression that only reads, or an item of one (literal: None), or to which every call passes
+    the name of one of `constants` (module_constants) that the function does not bind (literal: that name);
+    `skipped`: the leading parameters the calls do not pass (a method's self)."""
     args = function.args.args
     defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
     stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
@@ -1976,8 +2028,12 @@ def decided_parameters(function, called, skipped, folds_of):
         if all(isinstance(v, ast.Tuple) and not v.elts for v, _ in passed):
             found.append((arg.arg, position, "()"))
             continue
-        if arg.arg not in read and all(only_reads(v) for v, _ in passed):  # unread, and passing it does nothing
+        if arg.arg not in read and all(only_read_or_item(v) for v, _ in passed):  # unread; passing does nothing
             found.append((arg.arg, position, "None"))
+            continue
+        names = {v.id if isinstance(v, ast.Name) else None for v, _ in passed}
+        if len(names) == 1 and names <= constants - stored - inner - {a.arg for a in args}:
+            found.append((arg.arg, position, names.pop()))  # the one object every call passes
             continue
         # passed by every call, and folded in one at least: a literal the source passes is left as it is
         if any(v is default for v, _ in passed) or all(isinstance(v, ast.Constant) for v, _ in passed):
@@ -2679,8 +2735,7 @@ def study_lines(active, fixed):
     for study in active:
         names = {flag.name for flag in study.flags}
         flags = " ".join(token for name, values in flag_groups(fixed) if name in names for token in [name, *values])
-        lines[study.resolve.__module__] = (f"the {study.name} study ({flags}), switched on in this file; it enters "
-                                           f"the model as a part whose hooks the model calls")
+        lines[study.resolve.__module__] = f"the {study.name} study ({flags}), on in this file: a part the model calls"
     return lines
 
 

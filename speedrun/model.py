@@ -69,6 +69,8 @@ def model_config_from_args(preset, args, studies):
     for study in studies:
         cfg = replace(cfg, **study.model_values(cfg, args))
     return cfg
+
+
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
 
 

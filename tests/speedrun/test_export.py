@@ -1091,6 +1091,23 @@ def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
             prune_registry(shared, "TRACK_FLAGS", [True, False], "t.py")
 
 
+def test_a_pruned_registry_of_names_is_one_line_under_the_file_s_note():
+    """The record's `STUDIES = (\n    BACKOUT,\n)` under the modular layout's comment read as the modular registry:
+    one line under the note of what the file holds; entries with comments or calls keep their lines."""
+    from speedrun.export import prune_registry
+    source = "# One entry a line: how to add one.\nSTUDIES = (\n    A,\n    B,\n    C,\n)\nprint(STUDIES)\n"
+    one = prune_registry(source, "STUDIES", [True, False, False], "s.py")
+    assert one == ("# In this file: the studies its run uses; the others of s.py are left out.\n"
+                   "STUDIES = (A,)\nprint(STUDIES)\n")
+    assert "STUDIES = (A, C)\n" in prune_registry(source, "STUDIES", [True, False, True], "s.py")
+    assert "STUDIES = ()\n" in prune_registry(source, "STUDIES", [False] * 3, "s.py")
+    commented = source.replace("    B,\n", "    # B's own\n    B,\n")
+    kept = prune_registry(commented, "STUDIES", [True, True, False], "s.py")
+    assert "STUDIES = (\n    A,\n    # B's own\n    B,\n)\n" in kept and "One entry" not in kept
+    calls = 'TRACK_FLAGS = (\n    Flag("--a"),\n    Flag("--b"),\n)\n'
+    assert prune_registry(calls, "TRACK_FLAGS", [True, False], "t.py").endswith('= (\n    Flag("--a"),\n)\n')
+
+
 def test_a_study_file_parses_its_fixed_flags_but_does_not_offer_them(tmp_path):
     """The file refuses its study's flags and its fixed ones on its command line (one arm): its --help listed them
     all (the backout group, every mode and transform), as if it ran them."""
@@ -1507,6 +1524,11 @@ def test_a_nested_function_is_folded_once():
     text = without_overwritten_locals(NESTED)
     assert "    def inner(a):\n        x = a + 1\n        return x\n" in text
     assert run_printed(text) == run_printed(NESTED) == [(13,)]
+    closure = "def f():\n    x = None\n    read = lambda: x\n    x = read()\n    return x\n\n\nprint(f())\n"
+    declared = "def g():\n    global y\n    y = 1\n    y = h()\n\n\ndef h():\n    return y\n\n\ng()\nprint(y)\n"
+    for kept in (closure, declared):  # the second value reads the first through a lambda or the global
+        assert without_overwritten_locals(kept) == kept
+        assert run_printed(kept) == ([(None,)] if kept is closure else [(1,)])
     aliased = without_single_use_aliases(text)
     assert "    def inner(a):\n        return a + 1\n" in aliased
     assert run_printed(aliased) == [(13,)]
@@ -1590,7 +1612,7 @@ RESIDUE = '''def mixed(xs):
         out.append(float(2) * x + int(3.7))
     for i, y in enumerate(xs):
         out.append(i * y)
-    return out, float("inf") > 1, float(True)
+    return out, float("inf") > float(1e999) - 1, float(True)
 
 
 def spaced(xs):
@@ -1598,8 +1620,16 @@ def spaced(xs):
         print(x, locals()["j"])
 
 
+def counted(xs):
+    global last
+    for last, x in enumerate(xs):
+        pass
+
+
 print(mixed([1, 2]))
 spaced([5])
+counted([7, 8])
+print(last)
 '''
 
 
@@ -1614,9 +1644,11 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     assert ("2.0 * x + 3" in text) == (binding != "float = int\n")
     assert "for i, y in enumerate(xs):" in text  # its index is read
     assert "float(\"inf\")" in text and "float(True)" in text  # not a number literal
+    assert "float(1e999)" in text  # a literal of no finite value: `inf` is no literal
     assert "for j, x in enumerate(xs):\n        print(x, locals()" in text
+    assert "for last, x in enumerate(xs):" in text  # a global index
     if not binding:
-        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], True, 1.0),), (5, 0)]
+        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], False, 1.0),), (5, 0), (1,)]
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
@@ -1632,6 +1664,68 @@ def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_fol
     assert without_literal_parameters(differing) == differing
     passed_on = source + "f = mixed\n"  # named otherwise: a call elsewhere may pass anything
     assert without_literal_parameters(passed_on) == passed_on
+
+
+def test_rule_22_a_parameter_never_read_leaves_the_signature_where_every_call_passes_a_read():
+    """r18's `mixed_head_input(x, ...)` once its subtract mode folded: `x` is no longer read, the call passed
+    `outputs[-1]`; a call that passes a call keeps its argument (it may print, as here)."""
+    from speedrun.export import without_literal_parameters
+    source = ("def mixed(x, head_in, lam):\n    return lam * head_in\n\n\n"
+              "def f(outputs, h):\n    return mixed(outputs[-1], h, 2) + mixed(outputs[0], h, 3)\n\n\n"
+              "def g(a, b):\n    return b\n\n\nprint(f([1, 2], 5), g(print('side'), 1))\n")
+    text = without_literal_parameters(source)
+    assert "def mixed(head_in, lam):" in text and "return mixed(h, 2) + mixed(h, 3)" in text
+    assert "def g(a, b):" in text and "g(print('side'), 1)" in text
+    assert run_printed(text) == run_printed(source) == [("side",), (25, 1)]
+
+
+def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
+    """decided_calls reads the folded `mixed_head_input(mode, x, ...)`, where the subtract branch that reads and
+    stores `x` is gone, and cuts `x` from the source before folding: its reads there become the literal, its store
+    stays a store (`None = None - ...` did not parse), and folding `mode` then removes the branch."""
+    from speedrun.export import fold_ifs, without_calls_decided
+    source = ("def mixed(mode, x, head):\n    if mode == 'subtract':\n        x = x - head\n        return x\n"
+              "    return head * 2\n\n\nprint(mixed(MODE, [1][-1], 3))\n")
+    cut = without_calls_decided(source, [("mixed", "mode", 0, "'sum'"), ("mixed", "x", 1, "None")], ())
+    assert "        x = None - head\n" in cut and "mixed(3)" in cut
+    folded = fold_ifs(cut, {})
+    assert folded.startswith("def mixed(head):\n    return head * 2\n")
+    assert run_printed(folded) == run_printed(source.replace("MODE", "'sum'")) == [(6,)]
+
+
+GLOBAL_PASSED = '''def total(values, scale):
+    return sum(values) * scale
+
+
+def first(values):
+    return values[0]
+
+
+def run(base):
+    return base.count(2) + first(REGISTRY)
+
+
+REGISTRY = (1, 2)
+print(total(REGISTRY, 2), total(REGISTRY, 3), run(REGISTRY))
+'''
+
+
+@pytest.mark.parametrize("extra, folds", [
+    ("", True),
+    ("def later():\n    global REGISTRY\n    REGISTRY = ()\n", False),  # rebound: another object at some call
+    ("REGISTRY = (3,)\n", False),  # assigned twice
+    ("def shadow(REGISTRY):\n    return REGISTRY\n", False),  # a parameter of that name
+])
+def test_rule_22_a_parameter_every_call_passes_one_module_constant_reads_it(extra, folds):
+    """The registry the tracks pass to model_config_from_args and preset_config (`STUDIES`) and the run they pass
+    to run_training (`MEDIUM`): the parameter goes and the function reads the constant; not where the name is bound
+    twice or anywhere as a parameter or a global."""
+    from speedrun.export import without_literal_parameters
+    source = GLOBAL_PASSED + extra
+    text = without_literal_parameters(source)
+    assert ("def total(scale):\n    return sum(REGISTRY) * scale\n" in text) == folds
+    assert ("    return REGISTRY.count(2) + first()" in text) == folds  # a name as a receiver needs no parentheses
+    assert run_printed(text) == run_printed(source) == [(6, 9, 2)]
 
 
 def test_a_module_read_again_from_another_root_gets_its_own_import_order(tmp_path, monkeypatch):
