@@ -588,7 +588,7 @@ def without_overwritten_locals(text):
     tree = ast.parse(text)
     gone = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        shared = {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        shared = set(global_names(function))
         shared |= {n.id for inner in ast.walk(function) if inner is not function
                    and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                    for n in ast.walk(inner) if isinstance(n, ast.Name)}
@@ -705,12 +705,12 @@ def literal_parameters_folded(text):
             continue
         decided = decided_parameters(function, calls[name], 0, lambda call: {}, constants)
         fixed += [(name, *found) for found in decided]
+        decided_names = {parameter for parameter, _, _ in decided}
         tested = {id(n) for node in ast.walk(function) if isinstance(node, (ast.If, ast.IfExp))
                   for n in ast.walk(node.test)}
         for position, parameter in enumerate(arguments.args):
             reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
-            if parameter.arg in {found[0] for found in decided} or not reads \
-                    or not all(id(n) in tested for n in reads):
+            if parameter.arg in decided_names or not reads or not all(id(n) in tested for n in reads):
                 continue
             given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
                                                                                           ast.Constant) else None
@@ -723,11 +723,10 @@ def literal_parameters_folded(text):
 
 
 def module_constants(tree):
-    """The names a module assigns once, by a top-level `NAME = value`, and binds nowhere else (no other store, no
-    parameter, global or nonlocal of that name): each names one object wherever it is read."""
-    bindings = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-                                   and not isinstance(n.ctx, ast.Load))
-    bindings.update(declared_names(tree))
+    """The names a module assigns once, by a top-level `NAME = value`, and binds nowhere else (file_bindings: no
+    other store, parameter, global or nonlocal, definition or import of that name): each names one object wherever
+    it is read."""
+    bindings = file_bindings(tree)
     return frozenset(s.targets[0].id for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
                      and isinstance(s.targets[0], ast.Name) and bindings[s.targets[0].id] == 1)
 
@@ -742,11 +741,7 @@ def without_literal_residue(text):
     enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
     name, for a global or nonlocal index, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
     tree = ast.parse(text)
-    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    bound |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-              for a in n.names}
-    bound |= set(declared_names(tree))
+    bound = set(file_bindings(tree))
 
     def builtin_call(node, names):
         return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names \
@@ -1526,7 +1521,25 @@ def declared_names(function):
     once for each: a count of a local's stores or reads that adds these sees a name that is not a plain local."""
     return [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
             for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None] \
-        + [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+        + global_names(function)
+
+
+def global_names(function):
+    """The names a function (or a function in it) declares global or nonlocal: another scope reads and sets them."""
+    return [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+
+
+def file_bindings(tree):
+    """How many times the file binds each name: stores, parameters, global and nonlocal declarations, functions and
+    classes it defines and names it imports."""
+    bindings = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                                   and not isinstance(n.ctx, ast.Load))
+    bindings.update(declared_names(tree))
+    bindings.update(n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                     ast.ClassDef)))
+    bindings.update(a.asname or a.name.split(".")[0] for n in ast.walk(tree)
+                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names)
+    return bindings
 
 
 def assigned_locals(statement):
@@ -1831,7 +1844,7 @@ def dead_constants_dropped(text):
     cuts = {}  # (first line, last line) -> the lines in their place
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        read |= {name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        read |= set(global_names(function))
         for block in own_blocks(function):
             dead = [s for s in block if assigned_locals(s)
                     and all(name not in read and (only_reads(value) or is_empty_literal(value))

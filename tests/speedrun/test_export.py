@@ -1715,6 +1715,7 @@ print(total(REGISTRY, 2), total(REGISTRY, 3), run(REGISTRY))
     ("def later():\n    global REGISTRY\n    REGISTRY = ()\n", False),  # rebound: another object at some call
     ("REGISTRY = (3,)\n", False),  # assigned twice
     ("def shadow(REGISTRY):\n    return REGISTRY\n", False),  # a parameter of that name
+    ("def REGISTRY():\n    return ()\n", False),  # a definition of that name binds it again
 ])
 def test_rule_22_a_parameter_every_call_passes_one_module_constant_reads_it(extra, folds):
     """The registry the tracks pass to model_config_from_args and preset_config (`STUDIES`) and the run they pass
