@@ -677,6 +677,120 @@ def without_literal_parameters(text):
     return to_fixed_point(literal_parameters_folded, text)
 
 
+def without_inert_code(text):
+    """The file's text with what folding leaves inert gone (rule 24), again until none is left:
+    - a call of a top-level function whose body is one `return` of a literal (the registry's `given_study_flags()`:
+      `[]`) or of a parameter (`resolve_study_args(config, pattern)` with no study: `config`) is that literal or
+      that argument, where its other arguments evaluate nothing (the function named nowhere but in such calls);
+    - a local nothing reads (no global or nonlocal, in a function that does not read its namespace): its assignment
+      goes where the value evaluates nothing, and is the value's call alone where it is a call (`pattern =
+      layer_pattern(n)`, kept for the check the call makes); `x = x` of a local goes;
+    - a `for` loop left with a body of `pass` whose targets nothing else reads, over a value that evaluates nothing
+      or its `.items()`, `.keys()` or `.values()`."""
+    return to_fixed_point(inert_code_folded, text)
+
+
+def inert_code_folded(text):
+    """without_inert_code, one pass."""
+    tree = ast.parse(text)
+    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    calls = collections.defaultdict(list)
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+            calls[call.func.id].append(call)
+    edits = []
+    for function in tree.body:
+        returned = inert_return(function)
+        if returned is None or named[function.name] != len(calls[function.name]) or file_bindings(tree)[
+                function.name] != 1:
+            continue
+        position = next((i for i, a in enumerate(function.args.args) if a.arg == returned), None)
+        found = []
+        for call in calls[function.name]:
+            if call.keywords or any(isinstance(a, ast.Starred) for a in call.args) \
+                    or len(call.args) != len(function.args.args) \
+                    or not all(evaluates_nothing(a) for i, a in enumerate(call.args) if i != position):
+                break
+            found.append((call, returned if position is None else parenthesised(text, call.args[position])))
+        else:
+            edits += found
+    if edits:  # a call inside another's argument waits for the next pass
+        inside = {id(inner) for call, _ in edits for inner in ast.walk(call) if inner is not call}
+        return replace_spans(text, [(call, new) for call, new in edits if id(call) not in inside])
+    gone, calls_kept = [], []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if reads_own_namespace(function):
+            continue
+        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        parameters = set(declared_names(function))
+        stored = collections.Counter(n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+                                     and isinstance(n.ctx, ast.Store))
+        for block in own_blocks(function):
+            for statement in block:
+                if isinstance(statement, ast.For) and [type(s) for s in statement.body] == [ast.Pass] \
+                        and not statement.orelse and not names_in([statement.target]) & read \
+                        and (evaluates_nothing(statement.iter) or dict_view_call(statement.iter)):
+                    gone.append(statement)
+                if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                        and isinstance(statement.targets[0], ast.Name)):
+                    continue
+                local, value = statement.targets[0].id, statement.value
+                if isinstance(value, ast.Name) and value.id == local \
+                        and (local in parameters or stored[local] > 1) and local not in global_names(function):
+                    gone.append(statement)  # `x = x`
+                elif local not in read and local not in parameters:
+                    if evaluates_nothing(value):
+                        gone.append(statement)
+                    elif isinstance(value, ast.Call) and value.lineno == statement.lineno:
+                        calls_kept.append(statement)
+    if calls_kept:
+        lines = text.split("\n")
+        for statement in sorted(calls_kept, key=lambda n: n.lineno, reverse=True):
+            target, line = statement.targets[0], lines[statement.lineno - 1].encode()  # columns count UTF-8 bytes
+            lines[statement.lineno - 1] = (line[:target.col_offset] + line[statement.value.col_offset:]).decode()
+        return "\n".join(lines)
+    return without_statements(text, tree, gone) if gone else text
+
+
+def reads_own_namespace(scope):
+    """Whether a scope calls `locals()` or `vars()` with no argument: its locals are read by name there, unseen."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars")
+               and not n.args and not n.keywords for n in ast.walk(scope))
+
+
+def inert_return(function):
+    """What a top-level function returns whatever its arguments are, or None: the source of its literal (one with
+    no name: `[]`, `None`, `(1, 'a')`) or the name of the parameter it returns, where its body is that one `return`
+    and its parameters are plain positional ones without defaults."""
+    if not isinstance(function, ast.FunctionDef) or function.decorator_list or len(function.body) != 1 \
+            or not isinstance(function.body[0], ast.Return) or function.body[0].value is None:
+        return None
+    arguments, value = function.args, function.body[0].value
+    if arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.posonlyargs or arguments.defaults:
+        return None
+    if isinstance(value, ast.Name):
+        return value.id if value.id in [a.arg for a in arguments.args] else None
+    try:
+        ast.literal_eval(value)
+    except ValueError:
+        return None
+    return None if names_in([value]) else ast.unparse(value)
+
+
+def dict_view_call(node):
+    """Whether an expression is `X.items()`, `X.keys()` or `X.values()` of an X that evaluates nothing."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args \
+        and not node.keywords and node.func.attr in ("items", "keys", "values") and evaluates_nothing(node.func.value)
+
+
+def parenthesised(text, node):
+    """The source of an expression, in parentheses unless it is an atom (a name, attribute, constant, call, item)."""
+    source = ast.get_source_segment(text, node)
+    atomic = isinstance(node, (ast.Name, ast.Attribute, ast.Constant, ast.Call, ast.Subscript, ast.List,
+                               ast.Tuple, ast.Dict))
+    return source if atomic and not isinstance(node, ast.Tuple) else f"({source})"
+
+
 def to_fixed_point(one_pass, text):
     """The text after `one_pass` is applied to it again and again until it changes it no more."""
     while True:
@@ -756,7 +870,7 @@ def without_literal_residue(text):
     for scope in scopes:
         read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         read |= set(declared_names(scope))  # a global or nonlocal index is read elsewhere
-        if read & {"locals", "vars"}:
+        if reads_own_namespace(scope):
             continue
         for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):
             target = loop.target
@@ -2898,9 +3012,11 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(
-        without_literal_parameters(without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
-            "\n".join(out).rstrip("\n") + "\n")))))))
+    folded = without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
+        "\n".join(out).rstrip("\n") + "\n")))
+    # rules 22 and 24 until neither changes the file: a parameter cut can leave a function inert, and the reverse
+    folded = to_fixed_point(lambda text: without_inert_code(without_literal_parameters(text)), folded)
+    spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(folded)))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):
