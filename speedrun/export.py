@@ -714,10 +714,25 @@ def inert_code_folded(text):
             found.append((call, returned if position is None else parenthesised(text, call.args[position])))
         else:
             edits += found
+    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    methods = inert_methods(tree)
+    gone = []
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in methods \
+                and evaluates_nothing(call.func.value) and not call.keywords \
+                and all(evaluates_nothing(a) and not isinstance(a, ast.Starred) for a in call.args):
+            if id(call) in statements:
+                gone.append(statements[id(call)])
+            else:
+                edits.append((call, methods[call.func.attr]))
     if edits:  # a call inside another's argument waits for the next pass
         inside = {id(inner) for call, _ in edits for inner in ast.walk(call) if inner is not call}
         return replace_spans(text, [(call, new) for call, new in edits if id(call) not in inside])
-    gone, calls_kept = [], []
+    if not gone:  # an inert method nothing calls any more
+        gone = [member for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for member in cls.body
+                if isinstance(member, ast.FunctionDef) and member.name in methods
+                and member.name not in names_and_attributes_read(tree)]
+    calls_kept = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
             continue
@@ -756,6 +771,55 @@ def reads_own_namespace(scope):
     """Whether a scope calls `locals()` or `vars()` with no argument: its locals are read by name there, unseen."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars")
                and not n.args and not n.keywords for n in ast.walk(scope))
+
+
+def inert_methods(tree):
+    """{name: the literal it returns} of each method of a class of the file whose body is `pass` or one `return`
+    (of a literal with no name, or of nothing) where nothing but it can answer `X.name(...)`: no other member of a
+    class of the file has the name, no object of a library the file handles has an attribute of it
+    (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr), and every read of
+    it is the function of a call (BaseRun's no-op hooks the track's run does not override: `check_inputs`)."""
+    members = collections.Counter(name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+                                  for name in class_members(cls))
+    members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
+                   if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name))  # a dataclass's fields
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    not_called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                  and (not isinstance(n.ctx, ast.Load) or id(n) not in called)}
+    found = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in cls.body:
+            if not isinstance(method, ast.FunctionDef) or method.decorator_list or len(method.body) != 1 \
+                    or members[method.name] != 1 or method.name in foreign_attributes() | strings | not_called:
+                continue
+            body = method.body[0]
+            if isinstance(body, ast.Pass) or isinstance(body, ast.Return) and body.value is None:
+                found[method.name] = "None"
+            elif isinstance(body, ast.Return) and not names_in([body.value]):
+                try:
+                    ast.literal_eval(body.value)
+                except ValueError:
+                    continue
+                found[method.name] = ast.unparse(body.value)
+    return found
+
+
+@functools.cache
+def foreign_attributes():
+    """The attribute names of the library objects a file handles: torch's Module and Optimizer
+    (library_attributes), its Tensor, the builtin types, paths and text files."""
+    import io
+    import torch
+    kinds = (torch.Tensor, object, dict, list, tuple, set, str, bytes, int, float, Path, io.TextIOWrapper)
+    return library_attributes() | {name for kind in kinds for name in dir(kind)}
+
+
+def names_and_attributes_read(tree):
+    """Every name and attribute the tree reads, and every string in it: what may reach a definition."""
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return read | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 def inert_return(function):
@@ -887,9 +951,7 @@ def without_unread_definitions(text):
     declaration's `on_r18=` that rule 17 cut), again until none is left."""
     while True:
         tree = ast.parse(text)
-        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        read = names_and_attributes_read(tree)
         gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                 and s.name not in read or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS

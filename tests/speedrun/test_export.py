@@ -1805,3 +1805,50 @@ def test_rule_24_inert_calls_unread_locals_and_empty_loops_go():
         assert "resolved(config, pattern)" in without_inert_code(INERT + named_elsewhere)
     impure = INERT.replace("config = resolved(config, pattern)", "config = resolved(config, noisy(pattern))")
     assert "resolved(config, noisy(pattern))" in without_inert_code(impure)  # an argument that does something
+
+
+INERT_METHODS = '''class Base:
+    def check(self, config):
+        pass
+
+    def extra(self):
+        return None
+
+    def settle(self, config):
+        return 3
+
+    def named(self):
+        return 1
+
+    def items(self):
+        return ()
+
+    def reached(self):
+        return 2
+
+
+class Track(Base):
+    def settle(self, config):
+        return config
+
+
+class Field:
+    named: int = 4
+
+
+run = Track()
+run.check(5)
+print(run.extra(), run.settle(6), run.named(), run.items(), getattr(run, "reached")())
+'''
+
+
+def test_rule_24_a_no_op_method_nothing_else_can_answer_is_its_literal():
+    """BaseRun's `check_inputs`, `after_restore` and `checkpoint_extra`, which the r14 and small tracks' run does
+    not override: the calls and the methods go. Not a name another class defines (an override, a dataclass field),
+    one a library object has (`items`), nor one a string reaches (getattr)."""
+    from speedrun.export import without_inert_code
+    text = without_inert_code(INERT_METHODS)
+    assert "run.check(5)" not in text and "def check" not in text and "def extra" not in text
+    assert "print(None, run.settle(6), run.named(), run.items()," in text
+    assert "def reached" in text and "def items" in text and text.count("def settle") == 2
+    assert run_printed(text) == run_printed(INERT_METHODS) == [(None, 6, 1, (), 2)]
