@@ -721,10 +721,13 @@ def inert_code_folded(text):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in methods \
                 and evaluates_nothing(call.func.value) and not call.keywords \
                 and all(evaluates_nothing(a) and not isinstance(a, ast.Starred) for a in call.args):
-            if id(call) in statements:
+            kind, value = methods[call.func.attr]
+            if kind == "forwards":  # `X.model_values(a, b)` is `X.model_config(a, b)`
+                edits.append((call.func, f"{parenthesised(text, call.func.value)}.{value}"))
+            elif id(call) in statements:
                 gone.append(statements[id(call)])
             else:
-                edits.append((call, methods[call.func.attr]))
+                edits.append((call, value))
     if edits:  # a call inside another's argument waits for the next pass
         inside = {id(inner) for call, _ in edits for inner in ast.walk(call) if inner is not call}
         return replace_spans(text, [(call, new) for call, new in edits if id(call) not in inside])
@@ -738,8 +741,6 @@ def inert_code_folded(text):
             continue
         read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
         parameters = set(declared_names(function))
-        stored = collections.Counter(n.id for n in ast.walk(function) if isinstance(n, ast.Name)
-                                     and isinstance(n.ctx, ast.Store))
         for block in own_blocks(function):
             for statement in block:
                 if isinstance(statement, ast.For) and [type(s) for s in statement.body] == [ast.Pass] \
@@ -750,10 +751,7 @@ def inert_code_folded(text):
                         and isinstance(statement.targets[0], ast.Name)):
                     continue
                 local, value = statement.targets[0].id, statement.value
-                if isinstance(value, ast.Name) and value.id == local \
-                        and (local in parameters or stored[local] > 1) and local not in global_names(function):
-                    gone.append(statement)  # `x = x`
-                elif local not in read and local not in parameters:
+                if local not in read and local not in parameters:
                     if evaluates_nothing(value):
                         gone.append(statement)
                     elif isinstance(value, ast.Call) and value.lineno == statement.lineno:
@@ -764,7 +762,24 @@ def inert_code_folded(text):
             target, line = statement.targets[0], lines[statement.lineno - 1].encode()  # columns count UTF-8 bytes
             lines[statement.lineno - 1] = (line[:target.col_offset] + line[statement.value.col_offset:]).decode()
         return "\n".join(lines)
+    gone += self_assignments(tree)
     return without_statements(text, tree, gone) if gone else text
+
+
+def self_assignments(tree):
+    """Each `x = x` of a local in the tree's functions (a parameter, or a name the function stores elsewhere too;
+    not global or nonlocal): what a call folded to its argument leaves."""
+    found = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        local = set(declared_names(function)) - set(global_names(function))
+        local |= {name for name, count in collections.Counter(
+            n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)).items()
+            if count > 1 and name not in global_names(function)}
+        found += [statement for block in own_blocks(function) for statement in block
+                  if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                  and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Name)
+                  and statement.value.id == statement.targets[0].id and statement.value.id in local]
+    return found
 
 
 def reads_own_namespace(scope):
@@ -774,11 +789,13 @@ def reads_own_namespace(scope):
 
 
 def inert_methods(tree):
-    """{name: the literal it returns} of each method of a class of the file whose body is `pass` or one `return`
-    (of a literal with no name, or of nothing) where nothing but it can answer `X.name(...)`: no other member of a
-    class of the file has the name, no object of a library the file handles has an attribute of it
-    (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr), and every read of
-    it is the function of a call (BaseRun's no-op hooks the track's run does not override: `check_inputs`)."""
+    """{name: ("literal", the literal it returns) or ("forwards", an attribute)} of each method of a class of the
+    file whose body is `pass` or one `return` of a literal with no name or of nothing (BaseRun's no-op hooks the
+    track's run does not override: `check_inputs`), or one `return self.ATTR(...)` of its parameters in their order
+    (Study's `model_values` where the file's declarations each give a model_config), where nothing but it can answer
+    `X.name(...)`: no other member of a class of the file has the name, no object of a library the file handles has
+    an attribute of it (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr),
+    and every read of it is the function of a call."""
     members = collections.Counter(name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
                                   for name in class_members(cls))
     members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
@@ -793,15 +810,22 @@ def inert_methods(tree):
             if not isinstance(method, ast.FunctionDef) or method.decorator_list or len(method.body) != 1 \
                     or members[method.name] != 1 or method.name in foreign_attributes() | strings | not_called:
                 continue
-            body = method.body[0]
-            if isinstance(body, ast.Pass) or isinstance(body, ast.Return) and body.value is None:
-                found[method.name] = "None"
-            elif isinstance(body, ast.Return) and not names_in([body.value]):
+            body, parameters = method.body[0], [a.arg for a in method.args.args]
+            value = body.value if isinstance(body, ast.Return) else None
+            if isinstance(body, ast.Pass) or isinstance(body, ast.Return) and value is None:
+                found[method.name] = ("literal", "None")
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and parameters \
+                    and ast.unparse(value.func.value) == parameters[0] and value.func.attr != method.name \
+                    and not value.keywords and [ast.unparse(a) for a in value.args] == parameters[1:] \
+                    and not (method.args.vararg or method.args.kwarg or method.args.kwonlyargs
+                             or method.args.posonlyargs or method.args.defaults):
+                found[method.name] = ("forwards", value.func.attr)
+            elif value is not None and not names_in([value]):
                 try:
-                    ast.literal_eval(body.value)
+                    ast.literal_eval(value)
                 except ValueError:
                     continue
-                found[method.name] = ast.unparse(body.value)
+                found[method.name] = ("literal", ast.unparse(value))
     return found
 
 
@@ -1311,10 +1335,7 @@ def host_calls_read(text, folds):
                           else f"({returned})"))
     if edits:
         return replace_spans(text, edits)
-    gone += [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
-             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Name)
-             and n.targets[0].id == n.value.id]
-    return without_statements(text, tree, gone)
+    return without_statements(text, tree, gone + self_assignments(tree))
 
 
 def answers_none(part_class, hook, folds, script_module):

@@ -1836,19 +1836,35 @@ class Field:
     named: int = 4
 
 
+class Declared:
+    def __init__(self, given):
+        self.given = given
+
+    def summed(self, a, b):
+        return self.given(a, b)
+
+    def swapped(self, a, b):
+        return self.given(b, a)
+
+
 run = Track()
 run.check(5)
 print(run.extra(), run.settle(6), run.named(), run.items(), getattr(run, "reached")())
+declared = Declared(lambda a, b: a - b)
+print(declared.summed(1, 2), declared.swapped(1, 2))
 '''
 
 
 def test_rule_24_a_no_op_method_nothing_else_can_answer_is_its_literal():
     """BaseRun's `check_inputs`, `after_restore` and `checkpoint_extra`, which the r14 and small tracks' run does
-    not override: the calls and the methods go. Not a name another class defines (an override, a dataclass field),
-    one a library object has (`items`), nor one a string reaches (getattr)."""
+    not override: the calls and the methods go; Study's `model_values` is its model_config's call. Not a name
+    another class defines (an override, a dataclass field), one a library object has (`items`), nor one a string
+    reaches (getattr)."""
     from speedrun.export import without_inert_code
     text = without_inert_code(INERT_METHODS)
     assert "run.check(5)" not in text and "def check" not in text and "def extra" not in text
     assert "print(None, run.settle(6), run.named(), run.items()," in text
     assert "def reached" in text and "def items" in text and text.count("def settle") == 2
-    assert run_printed(text) == run_printed(INERT_METHODS) == [(None, 6, 1, (), 2)]
+    # a method that passes its parameters on to an attribute's call (Study's model_values) is that call
+    assert "print(declared.given(1, 2), declared.swapped(1, 2))" in text and "def summed" not in text
+    assert run_printed(text) == run_printed(INERT_METHODS) == [(None, 6, 1, (), 2), (-1, 1)]
