@@ -739,7 +739,7 @@ def inert_code_folded(text):
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
             continue
-        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read = function_reads(function)
         parameters = set(declared_names(function))
         for block in own_blocks(function):
             for statement in block:
@@ -747,15 +747,11 @@ def inert_code_folded(text):
                         and not statement.orelse and not names_in([statement.target]) & read \
                         and (evaluates_nothing(statement.iter) or dict_view_call(statement.iter)):
                     gone.append(statement)
-                if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                        and isinstance(statement.targets[0], ast.Name)):
-                    continue
-                local, value = statement.targets[0].id, statement.value
-                if local not in read and local not in parameters:
-                    if evaluates_nothing(value):
-                        gone.append(statement)
-                    elif isinstance(value, ast.Call) and value.lineno == statement.lineno:
-                        calls_kept.append(statement)
+                if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                        and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call) \
+                        and statement.targets[0].id not in read | parameters \
+                        and statement.value.lineno == statement.lineno:
+                    calls_kept.append(statement)
     if calls_kept:
         lines = text.split("\n")
         for statement in sorted(calls_kept, key=lambda n: n.lineno, reverse=True):
@@ -763,7 +759,8 @@ def inert_code_folded(text):
             lines[statement.lineno - 1] = (line[:target.col_offset] + line[statement.value.col_offset:]).decode()
         return "\n".join(lines)
     gone += self_assignments(tree)
-    return without_statements(text, tree, gone) if gone else text
+    # an unread local of a value that evaluates nothing: the dead constants the modules' folding drops
+    return without_statements(text, tree, gone) if gone else dead_constants_dropped(text)
 
 
 def self_assignments(tree):
@@ -780,6 +777,14 @@ def self_assignments(tree):
                   and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Name)
                   and statement.value.id == statement.targets[0].id and statement.value.id in local]
     return found
+
+
+def function_reads(function):
+    """The names a function (or a function inside it) may read: loaded, deleted or updated in place (`x += 1`),
+    and those declared global or nonlocal (another scope reads them)."""
+    read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    read |= {n.target.id for n in ast.walk(function) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+    return read | set(global_names(function))
 
 
 def reads_own_namespace(scope):
@@ -2040,8 +2045,9 @@ def dead_constants_dropped(text):
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        read |= set(global_names(function))
+        if reads_own_namespace(function):
+            continue
+        read = function_reads(function)
         for block in own_blocks(function):
             dead = [s for s in block if assigned_locals(s)
                     and all(name not in read and (only_reads(value) or is_empty_literal(value))

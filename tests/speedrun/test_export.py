@@ -1775,11 +1775,14 @@ def parse(config, n, counts):
         pass
     unused = noisy(config)
     spare = counts
+    count = 0
+    count += 1
     return config
 
 
 def kept(x):
     out = noisy(x)
+    other = x
     return locals()["out"]
 
 
@@ -1797,7 +1800,8 @@ def test_rule_24_inert_calls_unread_locals_and_empty_loops_go():
     assert "    checked(n)  # refuses a depth the model cannot build\n" in text  # the call's check stays
     assert "counts.items()" not in text and "for item in noisy([1]):\n        pass" in text  # a call may do more
     assert "    noisy(config)\n" in text and "spare" not in text  # a call stays, a read goes
-    assert "    out = noisy(x)\n    return locals()" in text  # a function that reads its namespace
+    assert "    out = noisy(x)\n    other = x\n    return locals()" in text  # a function that reads its namespace
+    assert "    count = 0\n    count += 1\n" in text  # updated in place: read
     assert run_printed(text) == run_printed(INERT) == [("noisy", [1]), ("noisy", 5), ("noisy", 2), (5, 2)]
     with pytest.raises(ValueError):  # the kept call still refuses
         run_printed(text.replace("print(parse(5, 3,", "print(parse(5, 1,"))
