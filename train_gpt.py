@@ -252,7 +252,8 @@ def make_arg_parser():
 
 def resolve_args(argv=None):
     """Parses flags and fills preset defaults; raises UsageError on combinations that cannot work."""
-    return resolve_track_args(make_arg_parser(), argv, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
+    parsed = vars(make_arg_parser().parse_args(argv))
+    return resolve_track_args(parsed, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
 
 
 # ----------------------------------------------------------------------------------------------------------------

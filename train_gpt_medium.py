@@ -167,8 +167,8 @@ def resolve_args(argv=None):
     given = sys.argv[1:] if argv is None else argv
     parsed = vars(parser.parse_args(given))
     if runs_r18(parsed["base"]):
-        return resolve_r18_args(parser, given, parsed)
-    config = resolve_track_args(parser, given, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
+        return resolve_r18_args(parsed, given)
+    config = resolve_track_args(parsed, PRESETS, __file__, layer_pattern, TRACK_FLAGS)
     config = replace(config, coordinate_descent_tuning=config.coordinate_descent_tuning or "on")
     if config.attention != "auto":
         raise UsageError(f"--attention {config.attention}: chooses --base r18's attention (the r14 path runs "
@@ -176,7 +176,7 @@ def resolve_args(argv=None):
     return config
 
 
-def resolve_r18_args(parser, given, parsed):
+def resolve_r18_args(parsed, given):
     """--base r18: the presets at #18's depth, the study flags that run there (speedrun.r18.studies states the
     rule), the attention checked on this machine."""
     # Imported here: only r18 runs import (and log) the r18 package.
@@ -189,7 +189,7 @@ def resolve_r18_args(parser, given, parsed):
     presets = {name: dict(values, num_layers=NUM_LAYERS,
                           **(dict(val_every=R18_RECORD_VAL_EVERY) if name == "full" else {}))
                for name, values in PRESETS.items()}
-    config = resolve_track_args(parser, given, presets, __file__, r18_layer_pattern, TRACK_FLAGS)
+    config = resolve_track_args(parsed, presets, __file__, r18_layer_pattern, TRACK_FLAGS)
     check_r18_studies(config)
     # #18 was timed without it (upstream banned it for new records: it makes compiling take ~30 min)
     config = replace(config, coordinate_descent_tuning=config.coordinate_descent_tuning or "off")

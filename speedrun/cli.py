@@ -119,15 +119,15 @@ def make_parser(title, baseline, presets, track_flags=(), studies=OFFERED_STUDIE
     return p
 
 
-def resolve_track_args(parser, argv, presets, script_path, layer_pattern, track_flags=()):
-    """Parses argv into the run's frozen config: the preset's values filled in, every flag checked (the study flags
-    against the track's model: its width and its layer pattern at --num-layers), study defaults derived and the
-    variant named; raises UsageError on a combination that cannot work."""
-    parsed = vars(parser.parse_args(argv))
+def resolve_track_args(parsed, presets, script_path, layer_pattern, track_flags=()):
+    """The run's frozen config from its parsed flags (a dict): the preset's values filled in, every flag checked
+    (the study flags against the track's model: its width and its layer pattern at --num-layers), study defaults
+    derived and the variant named; raises UsageError on a combination that cannot work."""
     given = given_study_flags(parsed)
     config_class = run_config_class(tuple(track_flags) + tuple(f for study in OFFERED_STUDIES for f in study.flags))
     config = config_class(**resolve_shared_args(parsed, presets, script_path))
-    config = resolve_study_args(config, layer_pattern)
+    pattern = layer_pattern(config.num_layers)  # refuses a --num-layers the track's model cannot be built with
+    config = resolve_study_args(config, pattern)
     for _, depths in FIXED_STUDIES:  # an exported file's studies, resolved at its export
         check_fixed_depth(config, depths)
     if config.variant is None:
@@ -139,14 +139,13 @@ def resolve_track_args(parser, argv, presets, script_path, layer_pattern, track_
     return config
 
 
-def resolve_study_args(config, layer_pattern, studies=OFFERED_STUDIES):
-    """The config with the study flags checked against the track's model (its width and its layer pattern at
+def resolve_study_args(config, pattern, studies=OFFERED_STUDIES):
+    """The config with the study flags checked against the track's model (its width and its layer `pattern` at
     --num-layers) and their defaults filled in. The exclusions a study declares are checked before those of a study
     that rebuilds the model (which refuses every study it does not name), so a declared one names its reason."""
     if not FIXED_FLAGS:  # an exported file's studies are its one arm, fixed: its export checked their exclusions
         for study in sorted(studies, key=lambda study: study.rebuilds_model):
             study.check_exclusions(config, studies)
-    pattern = layer_pattern(config.num_layers)
     for study in studies:
         config = replace(config, **study.resolve(config, pattern))
     return config

@@ -677,6 +677,213 @@ def without_literal_parameters(text):
     return to_fixed_point(literal_parameters_folded, text)
 
 
+def without_inert_code(text):
+    """The file's text with what folding leaves inert gone (rule 24), again until none is left:
+    - a call of a top-level function whose body is one `return` of a literal (the registry's `given_study_flags()`:
+      `[]`) or of a parameter (`resolve_study_args(config, pattern)` with no study: `config`) is that literal or
+      that argument, where its other arguments evaluate nothing (the function named nowhere but in such calls);
+    - a local nothing reads (no global or nonlocal, in a function that does not read its namespace): its assignment
+      goes where the value evaluates nothing, and is the value's call alone where it is a call (`pattern =
+      layer_pattern(n)`, kept for the check the call makes); `x = x` of a local goes;
+    - a `for` loop left with a body of `pass` whose targets nothing else reads, over a value that evaluates nothing
+      or its `.items()`, `.keys()` or `.values()`."""
+    return to_fixed_point(inert_code_folded, text)
+
+
+def inert_code_folded(text):
+    """without_inert_code, one pass."""
+    tree = ast.parse(text)
+    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    calls = collections.defaultdict(list)
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+            calls[call.func.id].append(call)
+    edits = []
+    for function in tree.body:
+        returned = inert_return(function)
+        if returned is None or named[function.name] != len(calls[function.name]) or file_bindings(tree)[
+                function.name] != 1:
+            continue
+        position = next((i for i, a in enumerate(function.args.args) if a.arg == returned), None)
+        found = []
+        for call in calls[function.name]:
+            if call.keywords or any(isinstance(a, ast.Starred) for a in call.args) \
+                    or len(call.args) != len(function.args.args) \
+                    or not all(evaluates_nothing(a) for i, a in enumerate(call.args) if i != position):
+                break
+            found.append((call, returned if position is None else parenthesised(text, call.args[position])))
+        else:
+            edits += found
+    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    methods = inert_methods(tree)
+    gone = []
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in methods \
+                and evaluates_nothing(call.func.value) and not call.keywords \
+                and all(evaluates_nothing(a) and not isinstance(a, ast.Starred) for a in call.args):
+            kind, value = methods[call.func.attr]
+            if kind == "forwards":  # `X.model_values(a, b)` is `X.model_config(a, b)`
+                edits.append((call.func, f"{parenthesised(text, call.func.value)}.{value}"))
+            elif id(call) in statements:
+                gone.append(statements[id(call)])
+            else:
+                edits.append((call, value))
+    if edits:  # a call inside another's argument waits for the next pass
+        inside = {id(inner) for call, _ in edits for inner in ast.walk(call) if inner is not call}
+        return replace_spans(text, [(call, new) for call, new in edits if id(call) not in inside])
+    if not gone:  # an inert method nothing calls any more
+        gone = [member for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for member in cls.body
+                if isinstance(member, ast.FunctionDef) and member.name in methods
+                and member.name not in names_and_attributes_read(tree)]
+    calls_kept = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if reads_own_namespace(function):
+            continue
+        read = function_reads(function)
+        parameters = set(declared_names(function))
+        for block in own_blocks(function):
+            for statement in block:
+                if isinstance(statement, ast.For) and [type(s) for s in statement.body] == [ast.Pass] \
+                        and not statement.orelse and not names_in([statement.target]) & read \
+                        and (evaluates_nothing(statement.iter) or dict_view_call(statement.iter)):
+                    gone.append(statement)
+                if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                        and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call) \
+                        and statement.targets[0].id not in read | parameters \
+                        and statement.value.lineno == statement.lineno:
+                    calls_kept.append(statement)
+    if calls_kept:
+        lines = text.split("\n")
+        for statement in sorted(calls_kept, key=lambda n: n.lineno, reverse=True):
+            target, line = statement.targets[0], lines[statement.lineno - 1].encode()  # columns count UTF-8 bytes
+            lines[statement.lineno - 1] = (line[:target.col_offset] + line[statement.value.col_offset:]).decode()
+        return "\n".join(lines)
+    gone += self_assignments(tree)
+    # an unread local of a value that evaluates nothing: the dead constants the modules' folding drops
+    return without_statements(text, tree, gone) if gone else dead_constants_dropped(text)
+
+
+def self_assignments(tree):
+    """Each `x = x` of a local in the tree's functions (a parameter, or a name the function stores elsewhere too;
+    not global or nonlocal): what a call folded to its argument leaves."""
+    found = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        local = set(declared_names(function)) - set(global_names(function))
+        local |= {name for name, count in collections.Counter(
+            n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)).items()
+            if count > 1 and name not in global_names(function)}
+        found += [statement for block in own_blocks(function) for statement in block
+                  if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                  and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Name)
+                  and statement.value.id == statement.targets[0].id and statement.value.id in local]
+    return found
+
+
+def function_reads(function):
+    """The names a function (or a function inside it) may read: loaded, deleted or updated in place (`x += 1`),
+    and those declared global or nonlocal (another scope reads them)."""
+    read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    read |= {n.target.id for n in ast.walk(function) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+    return read | set(global_names(function))
+
+
+def reads_own_namespace(scope):
+    """Whether a scope calls `locals()` or `vars()` with no argument: its locals are read by name there, unseen."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars")
+               and not n.args and not n.keywords for n in ast.walk(scope))
+
+
+def inert_methods(tree):
+    """{name: ("literal", the literal it returns) or ("forwards", an attribute)} of each method of a class of the
+    file whose body is `pass` or one `return` of a literal with no name or of nothing (BaseRun's no-op hooks the
+    track's run does not override: `check_inputs`), or one `return self.ATTR(...)` of its parameters in their order
+    (Study's `model_values` where the file's declarations each give a model_config), where nothing but it can answer
+    `X.name(...)`: no other member of a class of the file has the name, no object of a library the file handles has
+    an attribute of it (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr),
+    and every read of it is the function of a call."""
+    members = collections.Counter(name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+                                  for name in class_members(cls))
+    members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
+                   if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name))  # a dataclass's fields
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    not_called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                  and (not isinstance(n.ctx, ast.Load) or id(n) not in called)}
+    found = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in cls.body:
+            if not isinstance(method, ast.FunctionDef) or method.decorator_list or len(method.body) != 1 \
+                    or members[method.name] != 1 or method.name in foreign_attributes() | strings | not_called:
+                continue
+            body, parameters = method.body[0], [a.arg for a in method.args.args]
+            value = body.value if isinstance(body, ast.Return) else None
+            if isinstance(body, ast.Pass) or isinstance(body, ast.Return) and value is None:
+                found[method.name] = ("literal", "None")
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and parameters \
+                    and ast.unparse(value.func.value) == parameters[0] and value.func.attr != method.name \
+                    and not value.keywords and [ast.unparse(a) for a in value.args] == parameters[1:] \
+                    and not (method.args.vararg or method.args.kwarg or method.args.kwonlyargs
+                             or method.args.posonlyargs or method.args.defaults):
+                found[method.name] = ("forwards", value.func.attr)
+            elif value is not None and not names_in([value]):
+                try:
+                    ast.literal_eval(value)
+                except ValueError:
+                    continue
+                found[method.name] = ("literal", ast.unparse(value))
+    return found
+
+
+@functools.cache
+def foreign_attributes():
+    """The attribute names of the library objects a file handles: torch's Module and Optimizer
+    (library_attributes), its Tensor, the builtin types, paths and text files."""
+    import io
+    import torch
+    kinds = (torch.Tensor, object, dict, list, tuple, set, str, bytes, int, float, Path, io.TextIOWrapper)
+    return library_attributes() | {name for kind in kinds for name in dir(kind)}
+
+
+def names_and_attributes_read(tree):
+    """Every name and attribute the tree reads, and every string in it: what may reach a definition."""
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return read | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def inert_return(function):
+    """What a top-level function returns whatever its arguments are, or None: the source of its literal (one with
+    no name: `[]`, `None`, `(1, 'a')`) or the name of the parameter it returns, where its body is that one `return`
+    and its parameters are plain positional ones without defaults."""
+    if not isinstance(function, ast.FunctionDef) or function.decorator_list or len(function.body) != 1 \
+            or not isinstance(function.body[0], ast.Return) or function.body[0].value is None:
+        return None
+    arguments, value = function.args, function.body[0].value
+    if arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.posonlyargs or arguments.defaults:
+        return None
+    if isinstance(value, ast.Name):
+        return value.id if value.id in [a.arg for a in arguments.args] else None
+    try:
+        ast.literal_eval(value)
+    except ValueError:
+        return None
+    return None if names_in([value]) else ast.unparse(value)
+
+
+def dict_view_call(node):
+    """Whether an expression is `X.items()`, `X.keys()` or `X.values()` of an X that evaluates nothing."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args \
+        and not node.keywords and node.func.attr in ("items", "keys", "values") and evaluates_nothing(node.func.value)
+
+
+def parenthesised(text, node):
+    """The source of an expression, in parentheses unless it is an atom (a name, attribute, constant, call, item)."""
+    source = ast.get_source_segment(text, node)
+    atomic = isinstance(node, (ast.Name, ast.Attribute, ast.Constant, ast.Call, ast.Subscript, ast.List,
+                               ast.Tuple, ast.Dict))
+    return source if atomic and not isinstance(node, ast.Tuple) else f"({source})"
+
+
 def to_fixed_point(one_pass, text):
     """The text after `one_pass` is applied to it again and again until it changes it no more."""
     while True:
@@ -756,7 +963,7 @@ def without_literal_residue(text):
     for scope in scopes:
         read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         read |= set(declared_names(scope))  # a global or nonlocal index is read elsewhere
-        if read & {"locals", "vars"}:
+        if reads_own_namespace(scope):
             continue
         for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):
             target = loop.target
@@ -773,9 +980,7 @@ def without_unread_definitions(text):
     declaration's `on_r18=` that rule 17 cut), again until none is left."""
     while True:
         tree = ast.parse(text)
-        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        read = names_and_attributes_read(tree)
         gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                 and s.name not in read or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
@@ -1135,10 +1340,7 @@ def host_calls_read(text, folds):
                           else f"({returned})"))
     if edits:
         return replace_spans(text, edits)
-    gone += [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
-             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Name)
-             and n.targets[0].id == n.value.id]
-    return without_statements(text, tree, gone)
+    return without_statements(text, tree, gone + self_assignments(tree))
 
 
 def answers_none(part_class, hook, folds, script_module):
@@ -1843,8 +2045,9 @@ def dead_constants_dropped(text):
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        read |= set(global_names(function))
+        if reads_own_namespace(function):
+            continue
+        read = function_reads(function)
         for block in own_blocks(function):
             dead = [s for s in block if assigned_locals(s)
                     and all(name not in read and (only_reads(value) or is_empty_literal(value))
@@ -2898,9 +3101,11 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(
-        without_literal_parameters(without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
-            "\n".join(out).rstrip("\n") + "\n")))))))
+    folded = without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
+        "\n".join(out).rstrip("\n") + "\n")))
+    # rules 22 and 24 until neither changes the file: a parameter cut can leave a function inert, and the reverse
+    folded = to_fixed_point(lambda text: without_inert_code(without_literal_parameters(text)), folded)
+    spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(folded)))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

@@ -2,6 +2,7 @@
 (tests/scripts/test_export_runs.py trains with it)."""
 import ast
 import json
+import re
 
 import pytest
 
@@ -109,7 +110,7 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
     script_part = text[text.rindex("# train_gpt_medium.py"):]
-    assert "resolve_track_args(parser, given, PRESETS, __file__, layer_pattern" not in script_part
+    assert "resolve_track_args(parsed, PRESETS, __file__, layer_pattern" not in script_part
     assert "r18_layer_pattern = layer_pattern" in text  # the renamed lazy import, bound where it stood
 
 
@@ -911,7 +912,7 @@ def test_the_base_folds_by_the_function_called_not_by_how_the_script_names_its_l
     source = MEDIUM_SCRIPT.read_text()
     assert source.count('runs_r18(parsed["base"])') == 1
     renamed = source.replace("parsed", "options")
-    for base, kept in (("r14", "resolve_track_args(parser, given, PRESETS"), ("r18", "resolve_r18_args(")):
+    for base, kept in (("r14", "resolve_track_args(options, PRESETS"), ("r18", "resolve_r18_args(")):
         folds = folded_tests(T.resolve_args(["--preset", "tiny", "--base", base]))
         module = parsed_module("train_gpt_medium", renamed, tuple(sorted(folds.items())), (), ())
         resolve = next(s.text for s in module.statements if s.defines == {"resolve_args"})
@@ -1030,6 +1031,10 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
                     and f.name in ("make_parser", "resolve_study_args", "model_config_from_args", "preset_config",
                                    "check_r18_studies")]
         assert "check_r18_studies" not in text
+        # rule 24: what returns its input or a literal with no study on, and what nothing reads
+        assert "given_study_flags" not in text and "resolve_study_args" not in text
+        assert "    layer_pattern(config.num_layers)  # refuses a --num-layers" in text  # the check stays
+        assert not re.search(r"\n( +)for [^\n]*:\n\1    pass\n", text)  # no loop left doing nothing
         # none fixed: the refusal of fixed flags and their hiding from --help fold away (FIXED_FLAGS is the file's)
         assert "refused_flags" not in text and "action.help = SUPPRESS" not in text
         # the model's hooks that return their input or do nothing: their calls fold to the input or go
@@ -1739,3 +1744,131 @@ def test_a_module_read_again_from_another_root_gets_its_own_import_order(tmp_pat
     library = "class Model:\n    size = 3\n\n    def run(self):\n        return self.size\n"
     script = "from speedrun.lib import Model\n\nif __name__ == '__main__':\n    print(Model().run())\n"
     assert "class Model" in exported_program(tmp_path / "b", monkeypatch, library, script)
+
+
+INERT = '''def given_flags():
+    return []
+
+
+def resolved(config, pattern):
+    return config
+
+
+def checked(n):
+    if n < 2:
+        raise ValueError(n)
+    return [n] * n
+
+
+def noisy(x):
+    print("noisy", x)
+    return x
+
+
+def parse(config, n, counts):
+    given = given_flags()
+    pattern = checked(n)  # refuses a depth the model cannot build
+    config = resolved(config, pattern)
+    for name, part in counts.items():
+        pass
+    for item in noisy([1]):
+        pass
+    unused = noisy(config)
+    spare = counts
+    count = 0
+    count += 1
+    return config
+
+
+def kept(x):
+    out = noisy(x)
+    other = x
+    return locals()["out"]
+
+
+print(parse(5, 3, {"a": 1}), kept(2))
+'''
+
+
+def test_rule_24_inert_calls_unread_locals_and_empty_loops_go():
+    """What the baseline files kept: `given = given_study_flags()` (a function returning `[]`), `config =
+    resolve_study_args(config, pattern)` (returning its config, no study being on), `pattern = layer_pattern(n)`
+    read by no study (its call stays: it refuses a bad depth), r18's `for name, part in self.study.items(): pass`."""
+    from speedrun.export import without_inert_code
+    text = without_inert_code(INERT)
+    assert "given" not in text.split("def parse")[1] and "resolved(" not in text.split("def parse")[1]
+    assert "    checked(n)  # refuses a depth the model cannot build\n" in text  # the call's check stays
+    assert "counts.items()" not in text and "for item in noisy([1]):\n        pass" in text  # a call may do more
+    assert "    noisy(config)\n" in text and "spare" not in text  # a call stays, a read goes
+    assert "    out = noisy(x)\n    other = x\n    return locals()" in text  # a function that reads its namespace
+    assert "    count = 0\n    count += 1\n" in text  # updated in place: read
+    assert run_printed(text) == run_printed(INERT) == [("noisy", [1]), ("noisy", 5), ("noisy", 2), (5, 2)]
+    with pytest.raises(ValueError):  # the kept call still refuses
+        run_printed(text.replace("print(parse(5, 3,", "print(parse(5, 1,"))
+    for named_elsewhere in ("f = resolved\n", "resolved = None\n"):  # passed on or rebound: may be anything
+        assert "resolved(config, pattern)" in without_inert_code(INERT + named_elsewhere)
+    impure = INERT.replace("config = resolved(config, pattern)", "config = resolved(config, noisy(pattern))")
+    assert "resolved(config, noisy(pattern))" in without_inert_code(impure)  # an argument that does something
+
+
+INERT_METHODS = '''class Base:
+    def check(self, config):
+        pass
+
+    def extra(self):
+        return None
+
+    def settle(self, config):
+        return 3
+
+    def named(self):
+        return 1
+
+    def items(self):
+        return ()
+
+    def reached(self):
+        return 2
+
+
+class Track(Base):
+    def settle(self, config):
+        return config
+
+
+class Field:
+    named: int = 4
+
+
+class Declared:
+    def __init__(self, given):
+        self.given = given
+
+    def summed(self, a, b):
+        return self.given(a, b)
+
+    def swapped(self, a, b):
+        return self.given(b, a)
+
+
+run = Track()
+run.check(5)
+print(run.extra(), run.settle(6), run.named(), run.items(), getattr(run, "reached")())
+declared = Declared(lambda a, b: a - b)
+print(declared.summed(1, 2), declared.swapped(1, 2))
+'''
+
+
+def test_rule_24_a_no_op_method_nothing_else_can_answer_is_its_literal():
+    """BaseRun's `check_inputs`, `after_restore` and `checkpoint_extra`, which the r14 and small tracks' run does
+    not override: the calls and the methods go; Study's `model_values` is its model_config's call. Not a name
+    another class defines (an override, a dataclass field), one a library object has (`items`), nor one a string
+    reaches (getattr)."""
+    from speedrun.export import without_inert_code
+    text = without_inert_code(INERT_METHODS)
+    assert "run.check(5)" not in text and "def check" not in text and "def extra" not in text
+    assert "print(None, run.settle(6), run.named(), run.items()," in text
+    assert "def reached" in text and "def items" in text and text.count("def settle") == 2
+    # a method that passes its parameters on to an attribute's call (Study's model_values) is that call
+    assert "print(declared.given(1, 2), declared.swapped(1, 2))" in text and "def summed" not in text
+    assert run_printed(text) == run_printed(INERT_METHODS) == [(None, 6, 1, (), 2), (-1, 1)]

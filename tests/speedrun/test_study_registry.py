@@ -96,12 +96,12 @@ def test_a_study_that_rebuilds_the_model_refuses_any_study_it_does_not_name():
     fields = [("made_up_switch", bool, dataclasses.field(default=False))]
     config_class = dataclasses.make_dataclass("WithMadeUpSwitch", fields, bases=(type(TINY_DLO),), frozen=True)
     config = config_class(**vars(TINY_DLO), made_up_switch=True)
-    studies = STUDIES + (new,)
+    studies, pattern = STUDIES + (new,), T.layer_pattern(config.num_layers)
     with pytest.raises(T.UsageError, match=r"^--dlo-groups cannot be combined with --made-up-switch \(DLO expands"):
-        resolve_study_args(config, T.layer_pattern, studies)
+        resolve_study_args(config, pattern, studies)
     named = tuple(dataclasses.replace(study, compatible=("made-up-switch",)) if study.rebuilds_model else study
                   for study in studies)
-    assert resolve_study_args(config, T.layer_pattern, named).made_up_switch  # named compatible: runs
+    assert resolve_study_args(config, pattern, named).made_up_switch  # named compatible: runs
 
 
 @pytest.mark.slow
