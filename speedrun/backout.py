@@ -73,7 +73,7 @@ class BackoutLambdas:
     def lambda_scalars(self, model, sources):
         """The lambdas as logged scalars: backout.x and backout.<source label>."""
         x_lambda, skip_lambdas = self.lambdas(model)
-        out = {"backout.x": x_lambda.item()} if self.mode == "sum" else {}  # only the sum mode has an x_lambda
+        out = {"backout.x": x_lambda.item()} if self.mode == "sum" else {}
         for source, lam in zip(sources, skip_lambdas):
             out[f"backout.{source_label(source)}"] = lam.item()
         return out

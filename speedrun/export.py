@@ -529,7 +529,7 @@ def without_shadowed_methods(text):
     `head_input` where backout, the one part, answers it). A class defines its subclasses' fallbacks; with every
     subclass answering, none is asked. So too one that no code asks of them: each read of it is `self.NAME` in a
     method of a class outside its family (none of them derives from that class; the model's own `head_input`
-    where no part answers it), and no string is the name."""
+    where no part answers it), no string is the name, and no library object has it (nn.Module calls `forward`)."""
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     as_bases = {id(base) for cls in classes.values() for base in cls.bases}
@@ -551,9 +551,9 @@ def without_shadowed_methods(text):
             reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == member]
             # every subclass answers it; or nothing asks it of one: each read is `self.member` in a class none of
             # them derives from, nor derives from it (the model's own head_input beside ModelPart's)
-            if all(member in names for names in defined) or member not in strings and all(
-                    id(read) in own_reads and not derived_classes(classes, own_reads[id(read)]) & family
-                    for read in reads):
+            if all(member in names for names in defined) or reads and member not in strings | foreign_attributes() \
+                    and all(id(read) in own_reads and not derived_classes(classes, own_reads[id(read)]) & family
+                            for read in reads):
                 gone.append(m)
     return without_empty_bases(without_statements(text, tree, gone))
 
