@@ -73,7 +73,7 @@ class BackoutLambdas:
     def lambda_scalars(self, model, sources):
         """The lambdas as logged scalars: backout.x and backout.<source label>."""
         x_lambda, skip_lambdas = self.lambdas(model)
-        out = {} if x_lambda is None else {"backout.x": x_lambda.item()}
+        out = {"backout.x": x_lambda.item()} if self.mode == "sum" else {}
         for source, lam in zip(sources, skip_lambdas):
             out[f"backout.{source_label(source)}"] = lam.item()
         return out

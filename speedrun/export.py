@@ -527,12 +527,16 @@ def without_shadowed_methods(text):
     of its other classes (never called, instantiated or otherwise read), each method or class attribute that every
     class deriving from it directly defines too, unless some code reads it through `super()` (ModelPart's
     `head_input` where backout, the one part, answers it). A class defines its subclasses' fallbacks; with every
-    subclass answering, none is asked."""
+    subclass answering, none is asked. So too one that no code asks of them: each read of it is `self.NAME` in a
+    method of a class outside its family (none of them derives from that class; the model's own `head_input`
+    where no part answers it), no string is the name, and no library object has it (nn.Module calls `forward`)."""
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     as_bases = {id(base) for cls in classes.values() for base in cls.bases}
     through_super = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
                      and ast.unparse(n.value.func) == "super"}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    own_reads = own_attribute_reads(classes)
     gone = []
     for name, cls in classes.items():
         named = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
@@ -540,9 +544,41 @@ def without_shadowed_methods(text):
             continue
         subclasses = [c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)]
         defined = [set(class_members(c)) for c in subclasses]
-        gone += [m for member, m in class_members(cls).items() if member not in through_super
-                 and all(member in names for names in defined)]
+        family = derived_classes(classes, name)
+        for member, m in class_members(cls).items():
+            if member in through_super:
+                continue
+            reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == member]
+            # every subclass answers it; or nothing asks it of one: each read is `self.member` in a class none of
+            # them derives from, nor derives from it (the model's own head_input beside ModelPart's)
+            if all(member in names for names in defined) or reads and member not in strings | foreign_attributes() \
+                    and all(id(read) in own_reads and not derived_classes(classes, own_reads[id(read)]) & family
+                            for read in reads):
+                gone.append(m)
     return without_empty_bases(without_statements(text, tree, gone))
+
+
+def derived_classes(classes, name):
+    """The names of the class `name` and of every class of `classes` ({name: ClassDef}) deriving from it."""
+    family, grown = {name}, True
+    while grown:
+        more = {c.name for c in classes.values() if any(ast.unparse(b) in family for b in c.bases)} - family
+        family |= more
+        grown = bool(more)
+    return family
+
+
+def own_attribute_reads(classes):
+    """{id of a `self.NAME` node: the name of the class} for the reads of `self` in the methods of `classes`
+    ({name: ClassDef}) that hold no class of their own (whose `self` would be another)."""
+    found = {}
+    for name, cls in classes.items():
+        for method in (m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            if any(isinstance(n, ast.ClassDef) for n in ast.walk(method)):
+                continue
+            found.update({id(n): name for n in ast.walk(method) if isinstance(n, ast.Attribute)
+                          and isinstance(n.value, ast.Name) and n.value.id == "self"})
+    return found
 
 
 def without_empty_bases(text):
@@ -567,7 +603,7 @@ def without_empty_bases(text):
                 [(sub.bases[position], base)]
     if not edits:
         return text
-    text = replace_spans(text, edits)
+    text = re.sub(r"^(class \w+)\(\):", r"\1:", replace_spans(text, edits), flags=re.M)  # no base left: no `()`
     tree = ast.parse(text)
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     return without_statements(text, tree, [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name not in read

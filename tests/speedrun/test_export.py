@@ -1338,6 +1338,55 @@ def test_a_method_every_subclass_defines_of_a_class_named_only_as_a_base_goes():
     assert without_shadowed_methods(named) == named
 
 
+UNASKED = '''class Base:
+    def head_input(self, x):
+        return x
+
+    def named(self):
+        return {}
+
+
+class Part(Base):
+    def named(self):
+        return {"a": 1}
+
+
+class Model:
+    def head_input(self, x):
+        return x * 2
+
+    def forward(self, x):
+        return self.head_input(x) + 1
+
+
+class Mixed(Model):
+    def run(self, x):
+        return self.head_input(x)
+
+
+print(Model().forward(3), Mixed().run(4), Part().named())
+'''
+
+
+def test_rule_18_a_method_of_a_base_that_nothing_asks_of_its_subclasses_goes():
+    """The LAuReL file kept ModelPart's head_input (no part answers it, the model calls its own `self.head_input`):
+    every read is `self.head_input` in a class outside the base's family (Mixed inherits Model's), so no part is
+    asked. A subclass of the base among that class's subclasses, or a string of the name, keeps it."""
+    from speedrun.export import without_shadowed_methods
+    text = without_shadowed_methods(UNASKED)
+    assert "class Base" not in text and "class Part:" in text and text.count("def head_input") == 1
+    assert run_printed(text) == run_printed(UNASKED) == [(7, 8, {"a": 1})]
+    kept = "class Base:\n    def head_input(self, x):\n        return x\n"
+    joined = UNASKED.replace("class Mixed(Model):", "class Mixed(Model, Base):")  # a Base whose self is a Mixed
+    named = UNASKED + "print(getattr(Part(), 'head_input')(5))\n"
+    for source in (joined, named):
+        text = without_shadowed_methods(source)
+        assert text.startswith(kept) and run_printed(text) == run_printed(source)
+    # a name a library calls unread (nn.Module's __call__ runs `forward`): the export lost GPT's base's forward
+    library = UNASKED.replace("class Part(Base):", "    def forward(self, x):\n        return x\n\n\nclass Part(Base):")
+    assert "def forward(self, x):" in without_shadowed_methods(library).split("class Part")[0]
+
+
 def test_rule_18_drops_a_class_attribute_every_subclass_sets_and_an_emptied_base_leaves_the_bases():
     """R18Backout sets replaces_base_head_input, so ModelPart's is never read; ModelPart, then `pass`, goes, and its
     subclasses derive from nn.Module in its place (not twice where they list it already)."""
