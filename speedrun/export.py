@@ -997,8 +997,7 @@ def without_literal_residue(text):
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for scope in scopes:
-        read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        read |= set(declared_names(scope))  # a global or nonlocal index is read elsewhere
+        read = function_reads(scope) | set(declared_names(scope))  # a global or nonlocal index is read elsewhere
         if reads_own_namespace(scope):
             continue
         for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):

@@ -1680,10 +1680,17 @@ def counted(xs):
         pass
 
 
+def bumped(xs):
+    for j, x in enumerate(xs):
+        j += 1
+        print(x)
+
+
 print(mixed([1, 2]))
 spaced([5])
 counted([7, 8])
 print(last)
+bumped([9])
 '''
 
 
@@ -1701,8 +1708,10 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     assert "float(1e999)" in text  # a literal of no finite value: `inf` is no literal
     assert "for j, x in enumerate(xs):\n        print(x, locals()" in text
     assert "for last, x in enumerate(xs):" in text  # a global index
+    assert "for j, x in enumerate(xs):\n        j += 1" in text  # updated in place: read
     if not binding:
-        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], False, 1.0),), (5, 0), (1,)]
+        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], False, 1.0),), (5, 0), (1,),
+                                                            (9,)]
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
