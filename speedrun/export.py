@@ -532,15 +532,18 @@ def without_shadowed_methods(text):
     where no part answers it), no string is the name, and no library object has it (nn.Module calls `forward`)."""
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    as_bases = {id(base) for cls in classes.values() for base in cls.bases}
+    only_bases = named_only_as_bases(tree, classes)
     through_super = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
                      and ast.unparse(n.value.func) == "super"}
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     own_reads = own_attribute_reads(classes)
+    attribute_reads = collections.defaultdict(list)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            attribute_reads[node.attr].append(node)
     gone = []
     for name, cls in classes.items():
-        named = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
-        if not named or any(id(n) not in as_bases for n in named):
+        if name not in only_bases:
             continue
         subclasses = [c for c in classes.values() if any(ast.unparse(b) == name for b in c.bases)]
         defined = [set(class_members(c)) for c in subclasses]
@@ -548,7 +551,7 @@ def without_shadowed_methods(text):
         for member, m in class_members(cls).items():
             if member in through_super:
                 continue
-            reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == member]
+            reads = attribute_reads[member]
             # every subclass answers it; or nothing asks it of one: each read is `self.member` in a class none of
             # them derives from, nor derives from it (the model's own head_input beside ModelPart's)
             if all(member in names for names in defined) or reads and member not in strings | foreign_attributes() \
@@ -556,6 +559,17 @@ def without_shadowed_methods(text):
                             for read in reads):
                 gone.append(m)
     return without_empty_bases(without_statements(text, tree, gone))
+
+
+def named_only_as_bases(tree, classes):
+    """The names of `classes` ({name: ClassDef}) the tree names, and names only in the bases of its classes (never
+    called, instantiated or otherwise read)."""
+    as_bases = {id(base) for cls in classes.values() for base in cls.bases}
+    named = collections.defaultdict(list)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in classes:
+            named[node.id].append(node)
+    return {name for name, nodes in named.items() if all(id(n) in as_bases for n in nodes)}
 
 
 def derived_classes(classes, name):
@@ -588,11 +602,10 @@ def without_empty_bases(text):
     less the empty class."""
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    as_bases = {id(base) for cls in classes.values() for base in cls.bases}
+    only_bases = named_only_as_bases(tree, classes)
     edits = []
     for name, cls in classes.items():
-        named = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
-        if not named or any(id(n) not in as_bases for n in named) or len(cls.bases) > 1 or cls.keywords \
+        if name not in only_bases or len(cls.bases) > 1 or cls.keywords \
                 or cls.decorator_list or [type(s) for s in cls.body] != [ast.Pass]:
             continue
         base = ast.unparse(cls.bases[0]) if cls.bases else None
