@@ -238,12 +238,13 @@ def render_plan(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Reading a child's output (no GPU needed)
 
-def steady_step_ms(text, skip=SKIPPED_STEPS):
+def steady_step_ms(text, skip=SKIPPED_STEPS, last=None):
     """Mean step time (ms) from `step:S/N ... train_time:Tms` lines (ours and upstream's): the train_time gained
-    from step `skip` to the last step over those steps, so the first steps' compiles (or cache loads) and
-    allocations are left out. None when fewer than two such steps are there."""
+    from step `skip` to the last step (or to step `last`) over those steps, so the first steps' compiles (or cache
+    loads) and allocations are left out, and any profiled steps after `last`. None when fewer than two such steps
+    are there."""
     times = {line.step: line.train_time_ms for line in map(parse_step_line, text.splitlines()) if line is not None}
-    steps = sorted(s for s in times if s >= skip)
+    steps = sorted(s for s in times if s >= skip and (last is None or s <= last))
     if len(steps) < 2:
         return None
     return (times[steps[-1]] - times[steps[0]]) / (steps[-1] - steps[0])
