@@ -184,14 +184,23 @@ def split_budget(stages, budget_s):
     return kept, left_out
 
 
+def job_names():
+    """What --only may name: the training runs, then the attention checks, as the plan names them."""
+    return [r.name for r in TRAINING_RUNS] + [attention_job(which).name for which in ATTENTION_CHECKS]
+
+
 def make_plan(budget_s, free_gib, data_dir: Path, out_dir: Path, scripts_present=None,
-              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1")) -> Plan:
+              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"),
+              only=None) -> Plan:
     """Stage 1: the cold runs and the attention checks, side by side in groups that fit free_gib; stage 2: each
-    run alone (bases first). Fitted to budget_s in that order of priority."""
+    run alone (bases first). Fitted to budget_s in that order of priority. `only` (job names): these jobs alone,
+    for a second call that finishes what a first one left out."""
     present = scripts_present if scripts_present is not None else {p.name for p in ROOT.glob("train_gpt*.py")}
-    left_out = [(r.name, f"{r.script} is not in this checkout") for r in TRAINING_RUNS if r.script not in present]
-    jobs = [training_job(r, COMPILE_STEPS, data_dir, out_dir, "cold", launcher) for r in TRAINING_RUNS
-            if r.script in present] + [attention_job(which) for which in ATTENTION_CHECKS]
+    chosen = [r for r in TRAINING_RUNS if only is None or r.name in only]
+    left_out = [(r.name, f"{r.script} is not in this checkout") for r in chosen if r.script not in present]
+    jobs = [training_job(r, COMPILE_STEPS, data_dir, out_dir, "cold", launcher) for r in chosen
+            if r.script in present] + [job for job in map(attention_job, ATTENTION_CHECKS)
+                                       if only is None or job.name in only]
     # A job bigger than the free memory would only run out of it (cold and alone): left out, saying so.
     left_out += [(job.name, f"needs ~{job.memory_gib:g} GiB, more than the {gib_text(free_gib)} GiB free")
                  for job in jobs if job.memory_gib > free_gib]
@@ -229,12 +238,13 @@ def render_plan(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Reading a child's output (no GPU needed)
 
-def steady_step_ms(text, skip=SKIPPED_STEPS):
+def steady_step_ms(text, skip=SKIPPED_STEPS, last=None):
     """Mean step time (ms) from `step:S/N ... train_time:Tms` lines (ours and upstream's): the train_time gained
-    from step `skip` to the last step over those steps, so the first steps' compiles (or cache loads) and
-    allocations are left out. None when fewer than two such steps are there."""
+    from step `skip` to the last step (or to step `last`) over those steps, so the first steps' compiles (or cache
+    loads) and allocations are left out, and any profiled steps after `last`. None when fewer than two such steps
+    are there."""
     times = {line.step: line.train_time_ms for line in map(parse_step_line, text.splitlines()) if line is not None}
-    steps = sorted(s for s in times if s >= skip)
+    steps = sorted(s for s in times if s >= skip and (last is None or s <= last))
     if len(steps) < 2:
         return None
     return (times[steps[-1]] - times[steps[0]]) / (steps[-1] - steps[0])
@@ -536,6 +546,8 @@ def make_parser():
     parser.add_argument("--out-dir", type=Path, help="children's consoles and logs (default: a temporary folder)")
     parser.add_argument("--plan", action="store_true", help="print the stages and their limits, run nothing")
     parser.add_argument("--free-gib", type=float, help="GPU memory to plan with (default: torch.cuda.mem_get_info)")
+    parser.add_argument("--only", action="append", choices=job_names(), metavar="JOB",
+                        help="run only this job (repeatable; default every one): " + ", ".join(job_names()))
     parser.add_argument("--attention-check", choices=ATTENTION_CHECKS, help=argparse.SUPPRESS)
     return parser
 
@@ -569,7 +581,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = (args.out_dir or Path(tmp) / "out").resolve()
         data_dir = out_dir / "data"
-        plan = make_plan(args.budget, free_gib, data_dir, out_dir)
+        plan = make_plan(args.budget, free_gib, data_dir, out_dir, only=args.only)
         if not plan.stages:
             smallest = CONTEXT_GIB + min(ATTENTION_MEMORY_GIB, *(base["memory_gib"] for base in BASES.values()))
             where = f"--free-gib {args.free_gib:g}" if args.free_gib is not None else \

@@ -7,8 +7,9 @@
 #
 # UPSTREAM_137_LOG: upstream's #137 record log, kept in the git-ignored upstream/ folder (never committed; the device
 # tool carries it with carry=["upstream"]). Environment: OUT (the folder that comes back; default ./gpu-window-out),
-# PY (default python3: the machine's own torch), GPU_CHECK_BUDGET (270 s), VS_UPSTREAM_BUDGET (220 s), FREE_GIB
-# (--dry-run only: the GPU memory to plan with, default 139 = an H200).
+# PY (default python3: the machine's own torch), GPU_CHECK_BUDGET (250 s), VS_UPSTREAM_BUDGET (260 s),
+# PROFILE_STEPS (4: steps each side runs under torch.profiler after its timed ones, benchmarks/kernel_profile.py;
+# 0 for none), FREE_GIB (--dry-run only: the GPU memory to plan with, default 139 = an H200).
 # What comes back (at most 8 files, none in a folder): the two results files, env.txt, gpu-samples.csv and
 # logs.tar.gz (every child's console and log). Each stage appends its results as it ends: a killed call keeps them.
 set -uo pipefail
@@ -35,13 +36,15 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-check_budget=${GPU_CHECK_BUDGET:-270}
-vs_budget=${VS_UPSTREAM_BUDGET:-220}
+check_budget=${GPU_CHECK_BUDGET:-250}
+vs_budget=${VS_UPSTREAM_BUDGET:-260}
+profile_steps=${PROFILE_STEPS:-4}
 day=$(date -u +%F)
 
 if [ "$dry_run" = --dry-run ]; then
     "$PY" benchmarks/gpu_check.py --plan --budget "$check_budget" --free-gib "${FREE_GIB:-139}" || exit $?
-    "$PY" benchmarks/vs_upstream.py --log "$log" --dry-run --budget "$vs_budget" --work-dir "$work/vs-upstream"
+    "$PY" benchmarks/vs_upstream.py --log "$log" --dry-run --budget "$vs_budget" --work-dir "$work/vs-upstream" \
+        --profile-steps "$profile_steps"
     exit $?
 fi
 
@@ -66,7 +69,7 @@ timeout --kill-after=10 $((check_budget + 40)) "$PY" benchmarks/gpu_check.py --b
     --results "$OUT/${day}_${gpu}_gpu-check.txt" --out-dir "$work/gpu-check"
 check_status=$?
 timeout --kill-after=10 $((vs_budget + 40)) "$PY" benchmarks/vs_upstream.py --log "$log" --budget "$vs_budget" \
-    --results "$OUT/${day}_${gpu}_vs-upstream-137.txt" --work-dir "$work/vs-upstream"
+    --results "$OUT/${day}_${gpu}_vs-upstream-137.txt" --work-dir "$work/vs-upstream" --profile-steps "$profile_steps"
 vs_status=$?
 
 kill "$sampler" 2>/dev/null

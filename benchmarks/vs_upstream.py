@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shlex
 import sys
 import tempfile
@@ -131,13 +132,14 @@ class Record:
     marker: str  # a line only this record's script has
     ours_flags: tuple
     edits: object  # (steps, coordinate_descent) -> [Edit]
+    step_optimizer: str  # the optimiser class both sides step once per training step (kernel_profile's marker)
     note: str = ""
 
 
 RECORDS = (
-    Record("#137", "assert world_size == 8  # this code is designed for 8xH100", (), record_137_edits),
+    Record("#137", "assert world_size == 8  # this code is designed for 8xH100", (), record_137_edits, "Muon"),
     Record("#18", "get_kernel('varunneal/flash-attention-3')", ("--base", "r18", "--attention", "varlen"),
-           record_18_edits, note="FlashAttention-3 (kernels) replaced by torch's varlen_attn on both sides: ours "
+           record_18_edits, "NorMuon", note="FlashAttention-3 (kernels) replaced by torch's varlen_attn on both sides: ours "
                                  "--attention varlen, upstream edited to the same call"),
 )
 
@@ -181,21 +183,35 @@ def make_data(work_dir: Path, steps):
     make_shards(folder, (steps + 12) * MICRO_BATCHES * 64 * 1024, VALIDATION_TOKENS + 2, prefix="fineweb")
 
 
-def commands(record: Record, upstream_script: Path, work_dir: Path, steps, coordinate_descent, launcher=LAUNCHER):
-    ours = [*launcher, str(ROOT / "train_gpt_medium.py"), *record.ours_flags, "--stop-after", str(steps),
+def profiled(launcher, record: Record, timed_steps, profile_steps, out: Path):
+    """The launcher through benchmarks/kernel_profile.py: its window the profile_steps after the timed ones."""
+    if not profile_steps:
+        return list(launcher)
+    return [*launcher, str(ROOT / "benchmarks" / "kernel_profile.py"), "--marker", record.step_optimizer,
+            "--from-step", str(timed_steps + 1), "--steps", str(profile_steps), "--out", str(out), "--"]
+
+
+def commands(record: Record, upstream_script: Path, work_dir: Path, steps, coordinate_descent, launcher=LAUNCHER,
+             profile_steps=0):
+    """Both command lines. With profile_steps, each runs that many steps more, plus one to open the window on a
+    finished step, under kernel_profile; the step time stays that of the first `steps`."""
+    run_steps = steps + (profile_steps + 1 if profile_steps else 0)
+    ours = [*profiled(launcher, record, steps, profile_steps, work_dir / "ours.profile.json"),
+            str(ROOT / "train_gpt_medium.py"), *record.ours_flags, "--stop-after", str(run_steps),
             "--warmup-steps", "0", "--val-every", "0", "--val-tokens", str(VALIDATION_TOKENS),
             "--train-files", TRAIN_GLOB, "--val-files", VAL_GLOB, "--log-dir", str(work_dir / "ours"),
             "--run-name", "ours", "--coordinate-descent-tuning", "on" if coordinate_descent else "off"]
-    return ours, [*launcher, str(upstream_script)]
+    return ours, [*profiled(launcher, record, steps, profile_steps, work_dir / "upstream.profile.json"),
+                  str(upstream_script)]
 
 
-def run_alone(name, command, work_dir: Path, timeout_s, skip, log_path=None):
+def run_alone(name, command, work_dir: Path, timeout_s, skip, log_path=None, last=None):
     """One script alone on the GPU (gpu_check's stage runner: its own process group, killed past timeout_s); its
     step time from its log (ours) or its console (upstream's step lines). Returns (step_ms or None, why)."""
     job = Job(name, command, "console")
     [result] = run_stage(Stage(name, "alone", [job], timeout_s, timeout_s), work_dir / "consoles", cwd=work_dir)
     text = Path(log_path).read_text(errors="replace") if log_path and Path(log_path).exists() else result["console"]
-    step_ms = steady_step_ms(text, skip=skip)
+    step_ms = steady_step_ms(text, skip=skip, last=last)
     if step_ms is None and not result["why"]:
         return None, "no step time in its output"
     return step_ms, result["why"]
@@ -214,6 +230,24 @@ def comparison_lines(record: Record, device, ours, upstream, goal):
 
 
 GOALS = {"#137": 0.98, "#18": 1.00}
+
+
+def profile_lines(work_dir: Path, timed_steps, profile_steps) -> str:
+    """Both sides' kernel_profile summaries side by side, or which is missing."""
+    from benchmarks.kernel_profile import render
+    found, missing = [], []
+    for side in ("ours", "upstream"):
+        path = work_dir / f"{side}.profile.json"
+        if path.exists():
+            found.append((side, json.loads(path.read_text())))
+        else:
+            missing.append(side)
+    head = (f"torch.profiler over {profile_steps} steps, from within step {timed_steps + 1} to within step "
+            f"{timed_steps + 1 + profile_steps} (after the timed ones; the profiler's own cost is in these figures, "
+            f"on both sides):")
+    lines = [head] + ([render(found)] if found else [])
+    lines += [f"no profile from {side} (its console: {work_dir / 'consoles'})" for side in missing]
+    return "\n".join(lines)
 
 
 def edited_script(log_path: Path, steps, coordinate_descent):
@@ -241,6 +275,9 @@ def make_parser():
     p.add_argument("--work-dir", type=Path, help="edited script, data, consoles (default: a temporary folder; "
                                                  "never inside the repository's tracked files)")
     p.add_argument("--results", type=Path, help="append the output here")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="after the timed steps, N more under torch.profiler on both sides "
+                        "(benchmarks/kernel_profile.py): where each step's time goes, side by side")
     p.add_argument("--dry-run", action="store_true", help="extract, edit and print; run nothing")
     return p
 
@@ -259,9 +296,12 @@ def main(argv=None) -> int:
     try:
         if args.steps <= args.skip + 1 or args.skip < 1:
             raise Refusal(f"--steps {args.steps} --skip {args.skip}: need 1 <= skip and at least 2 timed steps")
+        if args.profile_steps < 0:
+            raise Refusal(f"--profile-steps {args.profile_steps}: at least 0")
         if not 30 <= args.budget <= MAX_BUDGET_S:  # also refuses nan
             raise Refusal(f"--budget {args.budget:g}: at least 30 seconds and at most {MAX_BUDGET_S} (a day)")
-        record, edits, edited = edited_script(args.log, args.steps, args.coordinate_descent_tuning == "on")
+        run_steps = args.steps + (args.profile_steps + 1 if args.profile_steps else 0)
+        record, edits, edited = edited_script(args.log, run_steps, args.coordinate_descent_tuning == "on")
         if args.work_dir is not None:
             make_work_dir(args.work_dir)
     except Refusal as refusal:
@@ -276,7 +316,8 @@ def main(argv=None) -> int:
         work_dir = (args.work_dir or Path(tmp)).resolve()
         upstream_script = work_dir / f"upstream_{record.name.lstrip('#')}.py"
         upstream_script.write_text(edited)
-        ours_cmd, upstream_cmd = commands(record, upstream_script, work_dir, args.steps, coordinate_descent)
+        ours_cmd, upstream_cmd = commands(record, upstream_script, work_dir, args.steps, coordinate_descent,
+                                          profile_steps=args.profile_steps)
         out += [f"ours:     {' '.join(shlex.quote(a) for a in ours_cmd)}",
                 f"upstream: {' '.join(shlex.quote(a) for a in upstream_cmd)}  (in {work_dir})"]
         print("\n".join(out), flush=True)
@@ -288,15 +329,17 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         device = torch.cuda.get_device_name(0)
-        make_data(work_dir, args.steps)
+        make_data(work_dir, run_steps)
         with exiting_on_sigterm():
             ours = run_alone("ours", ours_cmd, work_dir, round(args.budget * OURS_SHARE), args.skip,
-                             work_dir / "ours" / "ours.txt")
+                             work_dir / "ours" / "ours.txt", last=args.steps)
             upstream = run_alone("upstream", upstream_cmd, work_dir, round(args.budget * (1 - OURS_SHARE)),
-                                 args.skip)
+                                 args.skip, last=args.steps)
         figures = comparison_lines(record, device, ours, upstream, GOALS[record.name])
         figures.append(f"(mean step time of steps {args.skip}..{args.steps}, each script alone after its own "
                        f"kernel warm-up; torch {torch.__version__})")
+        if args.profile_steps:
+            figures.append(profile_lines(work_dir, args.steps, args.profile_steps))
         print("\n".join(figures))
         if args.results:
             args.results.parent.mkdir(parents=True, exist_ok=True)

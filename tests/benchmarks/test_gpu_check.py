@@ -55,6 +55,21 @@ def test_an_h100_runs_one_r14_at_a_time_and_drops_what_the_budget_cannot_hold(tm
     assert ("small track", "train_gpt.py is not in this checkout") in smaller.left_out
 
 
+
+def test_only_plans_the_named_jobs_so_a_second_call_finishes_what_the_first_left_out(tmp_path):
+    # the 2026-11-30 second call: the record's flags and --compile regional, which the first call's budget left out
+    plan = make_plan(230, 139.2, tmp_path / "data", tmp_path / "out", scripts_present=ALL_SCRIPTS,
+                     only=["r14 record flags", "r14 regional"])
+    assert [[job.name for job in stage.jobs] for stage in plan.stages] == \
+        [["r14 record flags", "r14 regional"], ["r14 record flags"]]
+    assert plan.left_out == [("alone: r14 regional", "past the budget")]
+    # an attention check is a job too; a name not in the check is refused by the command line, not ignored
+    checks = make_plan(480, 139, tmp_path, tmp_path, scripts_present=ALL_SCRIPTS, only=["varlen = dense mask"])
+    assert [[job.name for job in stage.jobs] for stage in checks.stages] == [["varlen = dense mask"]]
+    with pytest.raises(SystemExit) as refused:
+        main(["--plan", "--free-gib", "139", "--only", "r14 basline"])
+    assert refused.value.code == 2
+
 def test_packing_keeps_order_memory_and_at_most_three_trainings():
     jobs = [Job(f"t{i}", [], "train", memory_gib=m) for i, m in enumerate([50, 60, 30, 10, 10, 200])]
     jobs.append(Job("check", [], "attention", memory_gib=5))
@@ -271,8 +286,8 @@ def test_a_call_writes_its_header_each_stage_and_the_summary(tmp_path, monkeypat
     source = training_log(tmp_path, "source")
     planned = []
 
-    def stand_in_plan(budget_s, free_gib, data_dir, out_dir):
-        planned.append((budget_s, free_gib, data_dir.exists()))
+    def stand_in_plan(budget_s, free_gib, data_dir, out_dir, only):
+        planned.append((budget_s, free_gib, data_dir.exists(), only))
         job = Job("r14 baseline", child(f"import shutil; shutil.copy({str(source)!r}, {str(out_dir / 'r14.txt')!r})"),
                   "train", str(out_dir / "r14.txt"), 524288)
         return Plan([Stage("alone: r14 baseline", "alone", [job], 60, 60)], [("alone: r18 auto", "past the budget")],
@@ -280,9 +295,10 @@ def test_a_call_writes_its_header_each_stage_and_the_summary(tmp_path, monkeypat
     monkeypatch.setattr(gpu_check, "make_plan", stand_in_plan)
     results = tmp_path / "results.txt"
     handler = signal.getsignal(signal.SIGTERM)
-    assert main(["--budget", "300", "--results", str(results), "--out-dir", str(tmp_path / "out")]) == 0
+    assert main(["--budget", "300", "--results", str(results), "--out-dir", str(tmp_path / "out"),
+                 "--only", "r14 baseline"]) == 0
     assert signal.getsignal(signal.SIGTERM) is handler  # a caller in the process keeps its own (this test's pytest)
-    assert planned == [(300, 139, False)]  # the plan comes before the shards
+    assert planned == [(300, 139, False, ["r14 baseline"])]  # the plan comes before the shards; --only reaches it
     assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir()) == ["synthetic_train_000001.bin",
                                                                              "synthetic_val_000000.bin"]
     text = results.read_text()

@@ -120,6 +120,18 @@ def test_the_137_stand_in_gets_five_edits_and_the_same_coordinate_descent_settin
     assert code == 0 and "(4):" in out.splitlines()[0] and "--coordinate-descent-tuning on" in out
 
 
+
+def test_profiled_steps_come_after_the_timed_ones_on_both_sides_through_the_same_wrapper(tmp_path, capsys):
+    code, out, err = dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path, "--profile-steps", "3")
+    assert code == 0 and err == ""
+    window = "kernel_profile.py --marker Muon --from-step 9 --steps 3 --out "
+    ours, upstream = (next(line for line in out.splitlines() if line.startswith(side)) for side in ("ours:", "upstream:"))
+    assert window in ours and "--stop-after 12" in ours and window in upstream
+    # 8 timed steps, one to open the window on a finished step, 3 profiled: both stop after 12
+    assert "    if step == 12:  # vs_upstream: stop" in (tmp_path / "work" / "upstream_137.py").read_text()
+    code, _, err = dry_run(capsys, stand_in_log(tmp_path, STAND_IN_137), tmp_path, "--profile-steps", "-1")
+    assert code == 2 and err == "error: --profile-steps -1: at least 0\n"
+
 @pytest.mark.slow
 def test_the_edited_137_stand_in_does_one_step_as_eight_scaled_micro_batches_and_stops_without_validation(
         tmp_path, capsys):
