@@ -45,8 +45,10 @@ def tiny_preset(num_layers):
 def make_parser(title, baseline, presets, track_flags=(), studies=OFFERED_STUDIES):
     """The parser with the shared run and checkpoint flags, the track's own run flags (speedrun.study.Flag) and a
     group per study (speedrun.studies), each flag's help as the study wrote it; its --help opens with the track's
-    title and what the script runs with no flags (the track's `baseline`, unless RUNS_BASELINE says otherwise)."""
-    p = OneLineErrorParser(description=f"{title} With no flags: {baseline if RUNS_BASELINE else EXPORTED_RUN}. Size "
+    title and what the script runs with no flags (the track's `baseline`, as an exported file's command changes it)."""
+    if not RUNS_BASELINE:
+        baseline += ", changed by the flags of the command at the top of this file"
+    p = OneLineErrorParser(description=f"{title} With no flags: {baseline}. Size "
                                        f"and run flags without a default take the --preset's value.",
                            formatter_class=HelpWithDefaults)
     run = p.add_argument_group("run")
@@ -214,7 +216,6 @@ RUN_DEFAULTS = ()
 # Whether the script with no flags runs its track's baseline: an export folds it to whether its file does, so that an
 # arm's file does not say so in its --help.
 RUNS_BASELINE = True
-EXPORTED_RUN = "the run this file was exported for (the command at its top)"
 
 
 def refused_flags():

@@ -535,7 +535,7 @@ def without_shadowed_methods(text):
     only_bases = named_only_as_bases(tree, classes)
     through_super = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
                      and ast.unparse(n.value.func) == "super"}
-    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    strings = strings_in([tree])
     own_reads = own_attribute_reads(classes)
     attribute_reads = collections.defaultdict(list)
     for node in ast.walk(tree):
@@ -735,7 +735,10 @@ def without_inert_code(text):
       goes where the value evaluates nothing, and is the value's call alone where it is a call (`pattern =
       layer_pattern(n)`, kept for the check the call makes); `x = x` of a local goes;
     - a `for` loop left with a body of `pass` whose targets nothing else reads, over a value that evaluates nothing
-      or its `.items()`, `.keys()` or `.values()`."""
+      or its `.items()`, `.keys()` or `.values()`;
+    - a method of one of the file's classes that nothing else can answer (inert_methods): where its body is `pass` or
+      returns a literal, each call of it is that literal and a call made as a statement goes, then the method; where
+      it only passes its parameters to an attribute's method, each call of it calls that one."""
     return to_fixed_point(inert_code_folded, text)
 
 
@@ -747,11 +750,10 @@ def inert_code_folded(text):
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
             calls[call.func.id].append(call)
-    edits = []
+    edits, bindings = [], file_bindings(tree)
     for function in tree.body:
-        returned = inert_return(function)
-        if returned is None or named[function.name] != len(calls[function.name]) or file_bindings(tree)[
-                function.name] != 1:
+        returned = inert_return(function, frozenset(bindings))
+        if returned is None or named[function.name] != len(calls[function.name]) or bindings[function.name] != 1:
             continue
         position = next((i for i, a in enumerate(function.args.args) if a.arg == returned), None)
         found = []
@@ -780,10 +782,12 @@ def inert_code_folded(text):
     if edits:  # a call inside another's argument waits for the next pass
         inside = {id(inner) for call, _ in edits for inner in ast.walk(call) if inner is not call}
         return replace_spans(text, [(call, new) for call, new in edits if id(call) not in inside])
-    if not gone:  # an inert method nothing calls any more
+    if not gone:  # an inert method or function nothing calls any more
+        read = names_and_attributes_read(tree)
         gone = [member for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for member in cls.body
-                if isinstance(member, ast.FunctionDef) and member.name in methods
-                and member.name not in names_and_attributes_read(tree)]
+                if isinstance(member, ast.FunctionDef) and member.name in methods and member.name not in read]
+        gone += [function for function in tree.body if isinstance(function, ast.FunctionDef)
+                 and function.name not in read and inert_return(function, frozenset(bindings)) is not None]
     calls_kept = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
@@ -854,7 +858,7 @@ def inert_methods(tree):
                                   for name in class_members(cls))
     members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
                    if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name))  # a dataclass's fields
-    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    strings = strings_in([tree])
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     not_called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                   and (not isinstance(n.ctx, ast.Load) or id(n) not in called)}
@@ -897,19 +901,27 @@ def names_and_attributes_read(tree):
     """Every name and attribute the tree reads, and every string in it: what may reach a definition."""
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
     read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    return read | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return read | strings_in([tree])
 
 
-def inert_return(function):
+def inert_return(function, shadowed=frozenset()):
     """What a top-level function returns whatever its arguments are, or None: the source of its literal (one with
     no name: `[]`, `None`, `(1, 'a')`) or the name of the parameter it returns, where its body is that one `return`
-    and its parameters are plain positional ones without defaults."""
-    if not isinstance(function, ast.FunctionDef) or function.decorator_list or len(function.body) != 1 \
-            or not isinstance(function.body[0], ast.Return) or function.body[0].value is None:
+    and its parameters are plain positional ones without defaults; or, of one without parameters whose body computes
+    from literals alone (evaluated_body; no PURE_BUILTINS in `shadowed`, the names the file binds), the literal of
+    its value (LAuReL's `laurel_parts()` over its folded `'rw+lr'`: `(True, True, False, False)`)."""
+    if not isinstance(function, ast.FunctionDef) or function.decorator_list or not function.body:
         return None
-    arguments, value = function.args, function.body[0].value
+    arguments = function.args
     if arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.posonlyargs or arguments.defaults:
         return None
+    if not arguments.args and not set(PURE_BUILTINS) & shadowed:
+        value = evaluated_body(function.body)
+        if value is not UNKNOWN:
+            return repr(value)
+    if len(function.body) != 1 or not isinstance(function.body[0], ast.Return) or function.body[0].value is None:
+        return None
+    value = function.body[0].value
     if isinstance(value, ast.Name):
         return value.id if value.id in [a.arg for a in arguments.args] else None
     try:
@@ -917,6 +929,30 @@ def inert_return(function):
     except ValueError:
         return None
     return None if names_in([value]) else ast.unparse(value)
+
+
+def evaluated_body(body):
+    """The value a function body of `NAME = value` statements and one final `return` returns, each value decided by
+    folded_value from literals and the names bound before it, where that value is a literal or a tuple of them
+    (what `repr` writes back as source); else UNKNOWN."""
+    env = {}
+    for statement in body[:-1]:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            return UNKNOWN
+        env[statement.targets[0].id] = folded_value(statement.value, env, test=False)
+        if env[statement.targets[0].id] is UNKNOWN:
+            return UNKNOWN
+    last = body[-1]
+    if not isinstance(last, ast.Return) or last.value is None:
+        return UNKNOWN
+    value = folded_value(last.value, env, test=False)
+    literal = isinstance(value, LITERAL_TYPES) or isinstance(value, tuple) and all(
+        isinstance(item, LITERAL_TYPES) for item in value)
+    return value if literal else UNKNOWN
+
+
+LITERAL_TYPES = (bool, int, float, str, type(None))
 
 
 def dict_view_call(node):
@@ -1383,9 +1419,7 @@ def host_calls_read(text, folds):
             gone.append(statement)
         elif isinstance(position, int) and len(call.args) > position \
                 and all(only_reads(a) for i, a in enumerate(call.args) if i != position):
-            returned = ast.get_source_segment(text, call.args[position])
-            edits.append((call, returned if isinstance(call.args[position], (ast.Name, ast.Attribute, ast.Call))
-                          else f"({returned})"))
+            edits.append((call, parenthesised(text, call.args[position])))
     if edits:
         return replace_spans(text, edits)
     return without_statements(text, tree, gone + self_assignments(tree))
@@ -1460,10 +1494,10 @@ def reads_config(node):
 
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
-PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool}
+PURE_BUILTINS = {"len": len, "any": any, "all": all, "bool": bool, "set": set}
 # Methods of a decided string folded_value evaluates with constant arguments (`mode.endswith("-linear")`,
-# `mode.partition("-")`).
-PURE_STR_METHODS = ("startswith", "endswith", "partition")
+# `mode.partition("-")`, `form.split("+")`).
+PURE_STR_METHODS = ("startswith", "endswith", "partition", "split")
 
 
 def folded_value(node, folds, test=True):
@@ -2445,13 +2479,13 @@ def names_in(nodes):
 def attributes_in(nodes):
     """Every attribute name and string constant in these nodes: whatever can reach a method by its name
     (`x.step()`, `getattr(x, "step")`; a class body's own statements reach its methods by plain names too)."""
-    found = set()
-    for n in (n for node in nodes for n in ast.walk(node)):
-        if isinstance(n, ast.Attribute):
-            found.add(n.attr)
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
-            found.add(n.value)
-    return found
+    return {n.attr for node in nodes for n in ast.walk(node) if isinstance(n, ast.Attribute)} | strings_in(nodes)
+
+
+def strings_in(nodes):
+    """Every string constant in these nodes: a name that getattr, a registry or a format may reach."""
+    return {n.value for node in nodes for n in ast.walk(node)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 def library_class(module, dotted):

@@ -788,16 +788,17 @@ def test_the_file_with_no_flags_resolves_to_the_exported_run(tmp_path, monkeypat
     assert list(left_out).index("backout_mlp_ratio") < list(left_out).index("rolling_skip")
 
 
-EXPORTED = "the run this file was exported for (the command at its top)."
+EXPORTED = ", changed by the flags of the command at the top of this file."
 
 
 @pytest.mark.parametrize("script, flags, no_flags", [
     (T, [], "the upstream baseline."),
     (S, [], "upstream record #21."),
-    (T, ["--num-iterations", "5550"], EXPORTED),  # the schedule alone is another run
-    (T, ["--preset", "tiny"], EXPORTED),
-    (T, ["--base", "r18"], EXPORTED),
-    (T, ["--backout-layers", "11"], EXPORTED),
+    (T, ["--num-iterations", "5550"], "the upstream baseline" + EXPORTED),  # the schedule alone is another run
+    (T, ["--preset", "tiny"], "the upstream baseline" + EXPORTED),
+    (T, ["--base", "r18"], "the upstream baseline" + EXPORTED),
+    (T, ["--backout-layers", "11"], "the upstream baseline" + EXPORTED),
+    (S, ["--backout-layers", "8"], "upstream record #21" + EXPORTED),
 ])
 def test_the_files_help_says_what_it_runs_with_no_flags(tmp_path, script, flags, no_flags):
     """An arm's file said "With no flags: the upstream baseline" (the modular script's words) where it trains its
@@ -1868,6 +1869,53 @@ def test_rule_24_inert_calls_unread_locals_and_empty_loops_go():
     impure = INERT.replace("config = resolved(config, pattern)", "config = resolved(config, noisy(pattern))")
     assert "resolved(config, noisy(pattern))" in without_inert_code(impure)  # an argument that does something
 
+
+
+PURE = """def parts():
+    chosen = set(('rw+lr').split("+"))
+    pa = "pa" in chosen
+    return "rw" in chosen, "lr" in chosen and not pa, pa, pa and 'identity' != "identity"
+
+
+def not_pure():
+    chosen = set(FORM.split("+"))
+    return "b" in chosen
+
+
+def shapes():
+    return len((1, 2)), [3]
+
+
+FORM = "a+b"
+
+
+class Part:
+    def __init__(self):
+        self.rw, self.lr, self.pa, self.pa_lowrank = parts()
+        self.k = 3
+
+    def forward(self, x):
+        if self.rw:
+            x = x + 1
+        if self.pa:
+            x = x * 2
+        return x * self.k if self.pa_lowrank else x
+
+
+print(Part().forward(1), not_pure(), shapes())
+"""
+
+
+def test_rule_24_a_function_that_computes_from_literals_alone_is_its_value():
+    """LAuReL's file kept `laurel_parts()` over its folded `'rw+lr'` (`set(('rw+lr').split("+"))`, `'identity' !=
+    "identity"`): the call is its literal and the function goes; one that reads a global, or returns a list (a new
+    object at each call), stays, as does one using a builtin the file rebinds."""
+    from speedrun.export import without_inert_code
+    text = without_inert_code(PURE)
+    assert "def parts" not in text and "self.rw, self.lr, self.pa, self.pa_lowrank = (True, True, False, False)" in text
+    assert "def not_pure" in text and "def shapes" in text and "shapes()" in text
+    assert run_printed(text) == run_printed(PURE) == [(2, True, (2, [3]))]
+    assert "parts()" in without_inert_code(PURE + "set = list\n")
 
 INERT_METHODS = '''class Base:
     def check(self, config):
