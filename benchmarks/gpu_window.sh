@@ -7,9 +7,10 @@
 #
 # UPSTREAM_137_LOG: upstream's #137 record log, kept in the git-ignored upstream/ folder (never committed; the device
 # tool carries it with carry=["upstream"]). Environment: OUT (the folder that comes back; default ./gpu-window-out),
-# PY (default python3: the machine's own torch), GPU_CHECK_BUDGET (250 s), VS_UPSTREAM_BUDGET (260 s),
-# PROFILE_STEPS (4: steps each side runs under torch.profiler after its timed ones, benchmarks/kernel_profile.py;
-# 0 for none), FREE_GIB (--dry-run only: the GPU memory to plan with, default 139 = an H200).
+# PY (default python3: the machine's own torch), GPU_CHECK_BUDGET (230 s), VS_UPSTREAM_BUDGET (290 s: upstream
+# compiles cold, then runs its timed and profiled steps), PROFILE_STEPS (3: steps each side runs under torch.profiler
+# after its timed ones, benchmarks/kernel_profile.py; 0 for none), FREE_GIB (--dry-run only: the GPU memory to plan
+# with, default 139 = an H200).
 # What comes back (at most 8 files, none in a folder): the two results files, env.txt, gpu-samples.csv and
 # logs.tar.gz (every child's console and log). Each stage appends its results as it ends: a killed call keeps them.
 set -uo pipefail
@@ -36,9 +37,9 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-check_budget=${GPU_CHECK_BUDGET:-250}
-vs_budget=${VS_UPSTREAM_BUDGET:-260}
-profile_steps=${PROFILE_STEPS:-4}
+check_budget=${GPU_CHECK_BUDGET:-230}
+vs_budget=${VS_UPSTREAM_BUDGET:-290}
+profile_steps=${PROFILE_STEPS:-3}
 day=$(date -u +%F)
 
 if [ "$dry_run" = --dry-run ]; then

@@ -71,7 +71,7 @@ def render(named_profiles) -> str:
     lines = [f"per step, the mean over {counts}:",
              row("", labels),
              row("wall ms", [f"{p['wall_ms']:.1f}" for p in profiles]),
-             row("kernel ms (device busy)", [f"{p['kernel_ms']:.1f}" for p in profiles]),
+             row("kernel ms (streams summed)", [f"{p['kernel_ms']:.1f}" for p in profiles]),
              row("idle ms (wall - kernels)", [f"{p['wall_ms'] - p['kernel_ms']:.1f}" for p in profiles]),
              row("kernels launched", [f"{p['launches']:.0f}" for p in profiles])]
     kinds = [kind for kind, _ in KERNEL_KINDS] + [OTHER_KIND]
