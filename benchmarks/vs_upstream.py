@@ -139,8 +139,8 @@ class Record:
 RECORDS = (
     Record("#137", "assert world_size == 8  # this code is designed for 8xH100", (), record_137_edits, "Muon"),
     Record("#18", "get_kernel('varunneal/flash-attention-3')", ("--base", "r18", "--attention", "varlen"),
-           record_18_edits, "NorMuon", note="FlashAttention-3 (kernels) replaced by torch's varlen_attn on both sides: ours "
-                                 "--attention varlen, upstream edited to the same call"),
+           record_18_edits, "NorMuon", note="FlashAttention-3 (kernels) replaced by torch's varlen_attn on both "
+                                            "sides: ours --attention varlen, upstream edited to the same call"),
 )
 
 
@@ -183,6 +183,12 @@ def make_data(work_dir: Path, steps):
     make_shards(folder, (steps + 12) * MICRO_BATCHES * 64 * 1024, VALIDATION_TOKENS + 2, prefix="fineweb")
 
 
+def steps_run(timed_steps, profile_steps):
+    """The steps each script runs: the timed ones, then, when profiling, one to open the window on a finished step
+    and the profiled ones."""
+    return timed_steps + (profile_steps + 1 if profile_steps else 0)
+
+
 def profiled(launcher, record: Record, timed_steps, profile_steps, out: Path):
     """The launcher through benchmarks/kernel_profile.py: its window the profile_steps after the timed ones."""
     if not profile_steps:
@@ -195,7 +201,7 @@ def commands(record: Record, upstream_script: Path, work_dir: Path, steps, coord
              profile_steps=0):
     """Both command lines. With profile_steps, each runs that many steps more, plus one to open the window on a
     finished step, under kernel_profile; the step time stays that of the first `steps`."""
-    run_steps = steps + (profile_steps + 1 if profile_steps else 0)
+    run_steps = steps_run(steps, profile_steps)
     ours = [*profiled(launcher, record, steps, profile_steps, work_dir / "ours.profile.json"),
             str(ROOT / "train_gpt_medium.py"), *record.ours_flags, "--stop-after", str(run_steps),
             "--warmup-steps", "0", "--val-every", "0", "--val-tokens", str(VALIDATION_TOKENS),
@@ -300,7 +306,7 @@ def main(argv=None) -> int:
             raise Refusal(f"--profile-steps {args.profile_steps}: at least 0")
         if not 30 <= args.budget <= MAX_BUDGET_S:  # also refuses nan
             raise Refusal(f"--budget {args.budget:g}: at least 30 seconds and at most {MAX_BUDGET_S} (a day)")
-        run_steps = args.steps + (args.profile_steps + 1 if args.profile_steps else 0)
+        run_steps = steps_run(args.steps, args.profile_steps)
         record, edits, edited = edited_script(args.log, run_steps, args.coordinate_descent_tuning == "on")
         if args.work_dir is not None:
             make_work_dir(args.work_dir)
