@@ -2061,28 +2061,31 @@ FIELD_CONVERSIONS = ("tuple", "len", "bool", "enumerate")
 
 def fixed_fields_read(text, folds, readers=()):
     """Rule 13 beyond tests: each read `X.FIELD` (X only reads names) of a field of a study that is on whose value the
-    folds hold (STUDY_FIELD) is that value's literal (`for name in self.cfg.backout_layers` reads `for name in
-    (11,)`), outside the functions `readers` (which read the flags as parsed). check_study_fields refuses a kept
-    binding of such a name, so every such read is of the run's or the model's config."""
+    folds hold (STUDY_FIELD) and that is a whole value - a loop's sequence or an assignment's value, also as the one
+    argument of a FIELD_CONVERSIONS call there - is that value's literal (`for j, name in
+    enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)` of a tuple is the
+    tuple), outside the functions `readers` (which read the flags as parsed). A read inside an expression or passed
+    to a call stays (rule 22 decides a parameter by the field a call passes; `x == 'sum'` of a literal would be
+    residue). check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
     fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
     if not fields:
         return text
     tree = ast.parse(text)
     inside = parsed_readers_nodes(tree, readers)
-    # a call's argument stays a read, but a builtin's (`tuple(cfg.backout_layers)`): rule 22 decides a parameter
-    # by the field a call passes, where a literal passed is the source's own choice and stays
-    passed = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Call)
-              and not (isinstance(n.func, ast.Name) and n.func.id in FIELD_CONVERSIONS)
-              for a in [*n.args, *(k.value for k in n.keywords)]}
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
-             and n.attr in fields and reads_config(n.value) and id(n) not in inside | passed]
-    within = {id(inner) for n in found for inner in ast.walk(n.value)}  # the outermost read of a chain
-    edits = {id(n): (n, repr(fields[n.attr])) for n in found if id(n) not in within}
-    for call in ast.walk(tree):  # `tuple(cfg.backout_layers)` of a tuple is that tuple
-        if isinstance(call, ast.Call) and ast.unparse(call.func) == "tuple" and len(call.args) == 1 \
-                and not call.keywords and id(call.args[0]) in edits and isinstance(fields[call.args[0].attr], tuple):
-            edits[id(call)] = (call, edits.pop(id(call.args[0]))[1])
-    edits = list(edits.values())
+    whole = {id(n.iter) for n in ast.walk(tree) if isinstance(n, (ast.For, ast.comprehension))}
+    whole |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)}
+    converted = {id(n.args[0]): n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name) and n.func.id in FIELD_CONVERSIONS and len(n.args) == 1
+                 and not n.keywords}
+    edits = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in fields \
+                and reads_config(n.value) and id(n) not in inside and (id(n) in whole or id(n) in converted):
+            call = converted.get(id(n))
+            if call is not None and call.func.id == "tuple" and isinstance(fields[n.attr], tuple):
+                edits.append((call, repr(fields[n.attr])))
+            else:
+                edits.append((n, repr(fields[n.attr])))
     return replace_spans(text, edits) if edits else text
 
 

@@ -1958,7 +1958,8 @@ FIELDS = """class Part:
         out = []
         for name in self.cfg.layers:
             out.append(outputs[name] if name != "embed" else 0)
-        return out, self.scale(self.cfg.mode), len(self.cfg.layers), self.sources
+        count = len(self.cfg.layers)
+        return out, self.scale(self.cfg.mode), count, self.sources, self.cfg.mode == "sum"
 
     def scale(self, mode):
         return mode * 2
@@ -1981,11 +1982,12 @@ def test_rule_13_a_fixed_fields_other_reads_are_its_value_and_a_loop_of_one_item
     from speedrun.export import STUDY_FIELD, constant_tuples_unrolled, fixed_fields_read, fold_ifs, to_fixed_point
     folds = {STUDY_FIELD + "layers": (3,), STUDY_FIELD + "mode": "sum"}
     read = fixed_fields_read(FIELDS, folds, readers=("parse",))
-    assert "self.sources = (3,)" in read and "len((3,))" in read and "for name in (3,):" in read
-    assert "self.scale(self.cfg.mode)" in read and "return args.layers" in read
+    assert "self.sources = (3,)" in read and "count = len((3,))" in read and "for name in (3,):" in read
+    # passed to a call, inside an expression (no `'sum' == "sum"`), or in the parsed flags' reader: still a read
+    assert "self.scale(self.cfg.mode)" in read and 'self.cfg.mode == "sum"' in read and "return args.layers" in read
     text = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}), read)
-    assert "        out = []\n        out.append(outputs[3])\n        return out," in text
-    assert run_printed(text) == run_printed(FIELDS) == [(([13], "sumsum", 1, (3,)), (3,))]
+    assert "        out = []\n        out.append(outputs[3])\n        count = len((3,))\n" in text
+    assert run_printed(text) == run_printed(FIELDS) == [(([13], "sumsum", 1, (3,), True), (3,))]
     assert fixed_fields_read(FIELDS, {}) == FIELDS  # no study on
 
 
