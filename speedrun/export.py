@@ -1100,14 +1100,21 @@ def sets_a_computed_name(call):
     return not (len(call.args) > position and isinstance(call.args[position], ast.Constant))
 
 
+def is_constant_display(node):
+    """Whether an expression is a constant or a tuple display of constants (`(11,)`): a value no code can change."""
+    return isinstance(node, ast.Constant) or isinstance(node, ast.Tuple) and all(
+        isinstance(item, ast.Constant) for item in node.elts)
+
+
 def without_constant_attributes(text):
     """The file's text with what its attributes decide folded (rule 19), where nothing can set an attribute but by a
     statement the file shows (no NAMED_SETTERS call with a computed name, no WHOLESALE_ATTRIBUTES), the attribute's
     name is no member of a class of the file nor an attribute of torch's Module or Optimizer (library_attributes),
     and no other string is that name:
     - `A if hasattr(self, "N") else B` is B where nothing stores N (the frozen lambdas' buffers of another backout);
-    - an attribute every store of which is `self.N = LITERAL` (one literal) and every read `self.N` is read as that
-      literal, its stores gone (`self.mode = 'sum'`), and the tests on it fold (fold_ifs)."""
+    - an attribute every store of which is `self.N = LITERAL` (one literal: is_constant_display) and every read
+      `self.N` is read as that literal, its stores gone (`self.mode = 'sum'`), and the tests on it fold (fold_ifs),
+      with the loops over a tuple of one item it leaves (constant_tuples_unrolled)."""
     tree = ast.parse(text)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     if any(map(sets_a_computed_name, calls)) or any(ast.unparse(n) == "vars(self)" for n in calls) \
@@ -1135,10 +1142,10 @@ def without_constant_attributes(text):
     constants = {}
     for name, stores in stored.items():
         statements = [assigned.get(id(n)) for n in stores]
-        values = {ast.unparse(s.value) for s in statements if s is not None and isinstance(s.value, ast.Constant)}
+        values = {ast.unparse(s.value) for s in statements if s is not None and is_constant_display(s.value)}
         if name not in taken and not strings[name] and len(values) == 1 and None not in statements \
                 and all(ast.unparse(n.value) == "self" for n in stores + read[name]) and read[name] \
-                and all(isinstance(s.value, ast.Constant) for s in statements):
+                and all(is_constant_display(s.value) for s in statements):
             constants[name] = values.pop()
             edits += [(n, constants[name]) for n in read[name]]
     if not edits:
@@ -1147,7 +1154,10 @@ def without_constant_attributes(text):
     tree = ast.parse(text)
     gone = [s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1
             and isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr in constants]
-    return without_overwritten_locals(fold_ifs(without_statements(text, tree, gone), {}))
+    # rule 25 on a tuple so read (R18Backout's `for s in self.sources`), and the tests that leaves
+    unrolled = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}),
+                              without_statements(text, tree, gone))
+    return without_overwritten_locals(fold_ifs(unrolled, {}))
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -2012,6 +2022,132 @@ def empty_registries_read(text, folds):
     return text
 
 
+# The folds' key of the file's constant tuples that its loops are unrolled over (rule 25): ((name, the source of
+# its tuple literal), ...): the FIXED_STUDIES an export writes.
+UNROLLED = "(constant tuples unrolled)"
+
+
+def item_sources(target, item):
+    """{name: the source of its value} of a loop target bound to one item ((its source, the sources of its fields
+    where it is a tuple display), as loop_items gives it), or None where the target is not names the item unpacks
+    to."""
+    source, fields = item
+    if isinstance(target, ast.Name):
+        return {target.id: source}
+    if isinstance(target, ast.Tuple) and all(isinstance(t, ast.Name) for t in target.elts) \
+            and fields is not None and len(fields) == len(target.elts):
+        return {t.id: field for t, field in zip(target.elts, fields)}
+    return None
+
+
+def unrollable(loop, scope):
+    """Whether a `for` statement's body can be written out once per item with its targets' values in place: no
+    `break`, `continue` or `else`, no store of a target in it, no function or lambda in it (which would read a
+    target late), and no read of a target anywhere else in its function (or module)."""
+    targets = names_in([loop.target])
+    body = [n for statement in loop.body for n in ast.walk(statement)]
+    if loop.orelse or any(isinstance(n, (ast.Break, ast.Continue, ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef,
+                                         ast.ClassDef, ast.Global, ast.Nonlocal)) for n in body):
+        return False
+    if any(isinstance(n, ast.Name) and n.id in targets and not isinstance(n.ctx, ast.Load) for n in body):
+        return False
+    inside = {id(n) for n in body} | {id(n) for n in ast.walk(loop.target)}
+    return not any(isinstance(n, ast.Name) and n.id in targets and id(n) not in inside for n in ast.walk(scope))
+
+
+# The builtins whose argument a fixed field's read is made a literal in (no module rebinds them: check_names).
+FIELD_CONVERSIONS = ("tuple", "len", "bool", "enumerate")
+
+
+def fixed_fields_read(text, folds, readers=()):
+    """Rule 13 beyond tests: each read `X.FIELD` (X only reads names) of a field of a study that is on whose value the
+    folds hold (STUDY_FIELD) and that is a whole value - a loop's sequence or an assignment's value, also as the one
+    argument of a FIELD_CONVERSIONS call there - is that value's literal (`for j, name in
+    enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)` of a tuple is the
+    tuple), outside the functions `readers` (which read the flags as parsed). A read inside an expression or passed
+    to a call stays (rule 22 decides a parameter by the field a call passes; `x == 'sum'` of a literal would be
+    residue). check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
+    fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
+    if not fields:
+        return text
+    tree = ast.parse(text)
+    inside = parsed_readers_nodes(tree, readers)
+    whole = {id(n.iter) for n in ast.walk(tree) if isinstance(n, (ast.For, ast.comprehension))}
+    whole |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)}
+    converted = {id(n.args[0]): n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name) and n.func.id in FIELD_CONVERSIONS and len(n.args) == 1
+                 and not n.keywords}
+    edits = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in fields \
+                and reads_config(n.value) and id(n) not in inside and (id(n) in whole or id(n) in converted):
+            call = converted.get(id(n))
+            if call is not None and call.func.id == "tuple" and isinstance(fields[n.attr], tuple):
+                edits.append((call, repr(fields[n.attr])))
+            else:
+                edits.append((n, repr(fields[n.attr])))
+    return replace_spans(text, edits) if edits else text
+
+
+def constant_tuples_unrolled(text, folds):
+    """Rule 25: the source with each loop over a one-item tuple of a constant (what fixed_fields_read leaves: `for
+    name in (11,)`) or over a constant tuple the folds hold (UNROLLED: the file's FIXED_STUDIES) written out: a list
+    comprehension of one `for` and no filter is the list display of its element at each item (`[piece for piece, _
+    in FIXED_STUDIES]` is `['backout-L11']`), a `for` statement (unrollable) its body once per item with the
+    targets' values in place (`check_fixed_depth(config, {...})`); the constant is then read nowhere and the file
+    does not hold it."""
+    constants = {name: (ast.parse(source, mode="eval").body, source) for name, source in folds.get(UNROLLED, ())}
+    tree = ast.parse(text)
+
+    def loop_items(node):
+        """[(an item's source, its fields' sources or None)] of a sequence this rule writes loops over, or None."""
+        if isinstance(node, ast.Tuple) and len(node.elts) == 1 and isinstance(node.elts[0], ast.Constant):
+            return [(ast.get_source_segment(text, node.elts[0]), None)]  # `for name in (11,)`
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "enumerate" \
+                and len(node.args) == 1 and not node.keywords:  # `enumerate((11,))`: (0, 11)
+            inner = loop_items(node.args[0])
+            return None if inner is None or len(inner) != 1 else [(f"(0, {inner[0][0]})", ["0", inner[0][0]])]
+        if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in constants):
+            return None
+        value, source = constants[node.id]
+        return [(ast.get_source_segment(source, item), [ast.get_source_segment(source, field) for field in item.elts]
+                 if isinstance(item, ast.Tuple) else None) for item in value.elts]
+
+    def written_at(node, names, values, source_text):
+        edits = [(n, values[n.id]) for n in ast.walk(node)
+                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names]
+        return replace_spans(source_text, edits)
+
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ListComp) and len(node.generators) == 1 and not node.generators[0].ifs \
+                and not node.generators[0].is_async and loop_items(node.generators[0].iter) is not None:
+            bound = [item_sources(node.generators[0].target, item) for item in loop_items(node.generators[0].iter)]
+            rebound = names_in([node.generators[0].target]) & {
+                n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+            if None in bound or rebound:  # an inner comprehension's own target is no item
+                continue
+            element = ast.get_source_segment(text, node.elt)
+            if "\n" in element:  # parsed alone, an element on lines of its own needs its brackets
+                continue
+            tree_of = ast.parse(element, mode="eval")
+            written = [written_at(tree_of, set(values), values, element) for values in bound]
+            return replace_spans(text, [(node, "[" + ", ".join(written) + "]")])
+        if isinstance(node, ast.For) and loop_items(node.iter) is not None and unrollable(node, innermost[id(node)]):
+            bound = [item_sources(node.target, item) for item in loop_items(node.iter)]
+            if None in bound:
+                continue
+            lines = text.split("\n")
+            first, last = node.body[0].lineno, node.body[-1].end_lineno
+            written = []
+            for values in bound:
+                edited = written_at(ast.Module(body=node.body, type_ignores=[]), set(values), values, text)
+                written += dedent_lines(edited.split("\n")[first - 1:last], node.body[0].col_offset - node.col_offset)
+            return "\n".join(replace_lines(lines, node.lineno, node.end_lineno, written))
+    return text
+
+
 def fold_constants(text, folds, readers=()):
     """(the source, {method name: class}): empty_registries_read, fold_ifs and propagate_locals, with the module's
     constant methods, until nothing changes (readers: the module's functions that read the flags of the studies
@@ -2026,10 +2162,13 @@ def fold_constants(text, folds, readers=()):
         folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
                                if name in methods_of(tree, StudyHost.__name__)})  # the class its calls fold for
         read = part_members_read(passive_loops_read(host_calls_read(text, folds), folds), folds)
-        read = neutral_operands_dropped(empty_registries_read(constant_keys_read(read), folds), module_folds, readers)
+        read = neutral_operands_dropped(empty_registries_read(constant_keys_read(constant_tuples_unrolled(
+            read, folds)), folds), module_folds, readers)
         folded = propagate_locals(fold_ifs(read, module_folds, readers), module_folds, readers)
-        if folded == text:
-            return text, folded_methods
+        if folded == text:  # what the folds left of the fixed fields: their other reads (rule 13), then again
+            folded = fixed_fields_read(text, folds, readers)
+            if folded == text:
+                return text, folded_methods
         text = folded
 
 
@@ -3117,6 +3256,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
                  FIXED_STUDIES=tuple((piece, tuple(depths.items())) for piece, depths in fixed_studies),
                  **({"OFFERED_STUDIES": ()} if fixed_arm or not active else {}),
                  RUNS_BASELINE=runs_baseline)
+    if fixed_studies:  # rule 25: the loops over them are written out, the file holds their values in place
+        folds[UNROLLED] = (("FIXED_STUDIES", repr(fixed_studies)),)
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions, fixed_arm))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
@@ -3166,7 +3307,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     placed = sorted(left_out, key=lambda flag: order.index(flag.dest) if flag.dest in order else len(order))
     left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in placed}
     out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
-    if fixed_studies:
+    if fixed_studies and any("FIXED_STUDIES" in s.refs for m in rest for s in program.kept_statements(m)):
         out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",
                 "# run's name, and the presets and layer counts where it runs as this file holds it.",
                 f"FIXED_STUDIES = {fixed_studies!r}"]

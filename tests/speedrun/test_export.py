@@ -81,7 +81,8 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     assert "speedrun/backout.py" in sections and "speedrun/laurel.py" in sections
     assert "speedrun/dlo.py" not in sections and "speedrun/rolling_skip.py" not in sections
     assert fixed_flags_of(text) == ()  # rule 16: the studies are fixed, their flags none of the file's
-    assert [piece for piece, _ in file_constant(text, "FIXED_STUDIES")] == ["backout-L4", "laurel-rw+lr+pa-r32-k3"]
+    # rule 25: the run's name pieces and depth checks written out where the file reads them, no FIXED_STUDIES
+    assert "parts += ['backout-L4', 'laurel-rw+lr+pa-r32-k3']" in text and "FIXED_STUDIES" not in text
     studies = next(n for n in ast.parse(text).body if isinstance(n, ast.Assign)
                    and ast.unparse(n.targets[0]) == "STUDIES")
     assert len(studies.value.elts) == 2
@@ -106,7 +107,7 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     sections = inlined_sections(text)
     assert project_imports(text) == [] and sections[-1] == "train_gpt_medium.py"
     assert "speedrun/r18/train.py" in sections and "speedrun/r18/model.py" in sections
-    assert fixed_flags_of(text) == () and [piece for piece, _ in file_constant(text, "FIXED_STUDIES")] == ["laurel-rw"]
+    assert fixed_flags_of(text) == () and "parts += ['laurel-rw']" in text  # rule 25
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
     script_part = text[text.rindex("# train_gpt_medium.py"):]
@@ -271,7 +272,7 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     out = tmp_path / "arm.py"
     assert script_module.main(["--export-script", str(out), "--force", *flags]) == 0
     text = out.read_text()
-    assert "model_config=lambda model_cfg, config: {" in text and file_constant(text, "FIXED_STUDIES")
+    assert "model_config=lambda model_cfg, config: {" in text and "check_fixed_depth(config, {" in text
     for command_line in ("fixed_resolution", "def refused_flags", "def flag_piece", "OFFERED_STUDIES"):
         assert command_line not in text, command_line
     for resolution in ("def resolve_backout_args", "def backout_variant_name", "BACKOUT_NAME_PIECES",
@@ -1539,6 +1540,21 @@ def test_rule_19_an_attribute_set_to_one_literal_and_a_hasattr_of_one_never_set_
     assert run_printed(text) == run_printed(ATTRIBUTES) == [((6, "sum"),)]
 
 
+def test_rule_19_an_attribute_set_to_one_tuple_of_constants_folds_and_its_loop_of_one_item_is_written_out():
+    """R18Backout's `self.sources = (11,)` (rule 13 on `tuple(cfg.backout_layers)`): its tests fold, the
+    comprehension over it is its one element (rule 25), and the program prints the same."""
+    from speedrun.export import without_constant_attributes
+    source = ("class Part:\n    def __init__(self):\n        self.sources = (3,)\n\n"
+              "    def mixed(self, outputs):\n        if not self.sources:\n            return outputs\n"
+              "        return [outputs[s] if s != 'embed' else None for s in self.sources], len(self.sources)\n\n\n"
+              "print(Part().mixed([0, 1, 2, 3, 4]))\n")
+    text = without_constant_attributes(source)
+    assert "self.sources" not in text and "return [outputs[3]], len((3,))" in text
+    assert run_printed(text) == run_printed(source) == [(([3], 1),)]
+    two = source.replace("(3,)", "(3, 1)")  # two items: the comprehension stays
+    assert "for s in (3, 1)]" in without_constant_attributes(two)
+
+
 @pytest.mark.parametrize("extra, kept", [
     ("setattr(part, input() if False else 'mode', 'x')\n", "every"),  # a name computed: nothing folds
     ("part.register_buffer('x_lambda', None) if False else None\n", "hasattr"),  # set by name
@@ -1869,6 +1885,110 @@ def test_rule_24_inert_calls_unread_locals_and_empty_loops_go():
     impure = INERT.replace("config = resolved(config, pattern)", "config = resolved(config, noisy(pattern))")
     assert "resolved(config, noisy(pattern))" in without_inert_code(impure)  # an argument that does something
 
+
+
+UNROLL = """TABLE = (('a', 1), ('b', 2))
+
+def names():
+    return [name for name, _ in TABLE]
+
+def checks(x):
+    for name, limit in TABLE:  # the file's studies
+        print(name, x <= limit)
+    return x
+
+def read_after():
+    for name, limit in TABLE:
+        pass
+    return name
+
+def breaks():
+    for name, limit in TABLE:
+        if limit > 1:
+            break
+        print(name)
+
+def late():
+    out = []
+    for name, limit in TABLE:
+        out.append(lambda: name)
+    return [f() for f in out]
+
+def stores():
+    for name, limit in TABLE:
+        name = name * 2
+        print(name)
+
+def filtered():
+    return [name for name, limit in TABLE if limit > 1]
+
+def inner():
+    return [[name for name in 'xy'] for name, _ in TABLE]
+
+print(names()); checks(1); print(read_after()); breaks(); print(late()); stores(); print(filtered()); print(inner())
+"""
+
+
+def test_rule_25_loops_over_a_constant_tuple_are_written_out():
+    """What the file's FIXED_STUDIES was read by: `[piece for piece, _ in FIXED_STUDIES]` and `for _, depths in
+    FIXED_STUDIES: check_fixed_depth(config, depths)`, written out per item with the values in place; a loop whose
+    target is read after it, that breaks, stores its target or reads it late (a lambda) stays, as does a filter."""
+    from speedrun.export import UNROLLED, constant_tuples_unrolled, to_fixed_point
+    folds = {UNROLLED: (("TABLE", "(('a', 1), ('b', 2))"),)}
+    text = to_fixed_point(lambda t: constant_tuples_unrolled(t, folds), UNROLL)
+    assert "    return ['a', 'b']\n" in text
+    assert "def checks(x):\n    print('a', x <= 1)\n    print('b', x <= 2)\n    return x\n" in text
+    assert text.count("for name, limit in TABLE:") == 4  # read after, breaks, late, stores
+    assert "[name for name, limit in TABLE if limit > 1]" in text
+    assert "[[name for name in 'xy'] for name, _ in TABLE]" in text  # the element binds the target again
+    assert run_printed(text) == run_printed(UNROLL) == [
+        (["a", "b"],), ("a", True), ("b", True), ("b",), ("a",), (["b", "b"],), ("aa",), ("bb",), (["b"],),
+        ([["x", "y"], ["x", "y"]],)]
+    assert constant_tuples_unrolled(UNROLL, {}) == UNROLL  # no constant held: nothing to write out
+    wrong_shape = {UNROLLED: (("TABLE", "(('a', 1, 0),)"),)}  # an item the target does not unpack to
+    assert constant_tuples_unrolled(UNROLL, wrong_shape) == UNROLL
+
+
+FIELDS = """class Part:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.sources = tuple(cfg.layers)
+
+    def mixed(self, outputs):
+        out = []
+        for name in self.cfg.layers:
+            out.append(outputs[name] if name != "embed" else 0)
+        count = len(self.cfg.layers)
+        return out, self.scale(self.cfg.mode), count, self.sources, self.cfg.mode == "sum"
+
+    def scale(self, mode):
+        return mode * 2
+
+def parse(args):
+    return args.layers
+
+class Cfg:
+    layers, mode = (3,), "sum"
+
+print(Part(Cfg()).mixed([10, 11, 12, 13]), parse(Cfg()))
+"""
+
+
+def test_rule_13_a_fixed_fields_other_reads_are_its_value_and_a_loop_of_one_item_is_its_body():
+    """What the record's backout read of its fields outside tests: `for j, name in enumerate(self.cfg.backout_layers)`
+    is the body at layer 11 (rule 25 on the one-item tuple, rule 5 on `11 == "embed"`); a field passed to a call
+    stays a read (rule 22 decides that parameter by it), but a builtin's; a function reading the parsed flags
+    (the study's resolve) keeps its reads."""
+    from speedrun.export import STUDY_FIELD, constant_tuples_unrolled, fixed_fields_read, fold_ifs, to_fixed_point
+    folds = {STUDY_FIELD + "layers": (3,), STUDY_FIELD + "mode": "sum"}
+    read = fixed_fields_read(FIELDS, folds, readers=("parse",))
+    assert "self.sources = (3,)" in read and "count = len((3,))" in read and "for name in (3,):" in read
+    # passed to a call, inside an expression (no `'sum' == "sum"`), or in the parsed flags' reader: still a read
+    assert "self.scale(self.cfg.mode)" in read and 'self.cfg.mode == "sum"' in read and "return args.layers" in read
+    text = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}), read)
+    assert "        out = []\n        out.append(outputs[3])\n        count = len((3,))\n" in text
+    assert run_printed(text) == run_printed(FIELDS) == [(([13], "sumsum", 1, (3,), True), (3,))]
+    assert fixed_fields_read(FIELDS, {}) == FIELDS  # no study on
 
 
 PURE = """def parts():
