@@ -145,11 +145,13 @@ TRACK_FLAGS = (
                                         "for r14 as its record, off for r18 as its record)",
          resume=False, kind=str, options=dict(choices=["on", "off"], default=None)),
     Flag("--base", "r14: the 2025-09-30 record this script reproduces; r18: the 2025-12-31 record (speedrun/r18: its "
-                   "model, optimisers, batches and schedules; the study flags by the rule in speedrun/r18/studies.py)",
+                   "model, optimisers, batches and schedules; the study flags by the rule in speedrun/r18/studies.py; "
+                   "--compile on compiles the whole model (fullgraph) for training and validation, regional is "
+                   "refused; --warmup-steps: one per graph its schedule compiles, or 0)",
          resume=True, kind=str, options=dict(choices=["r14", "r18"], default="r14")),
     # resume=False: another attention computes the same function, so a run may resume on another node; its log then
     # names both kernels and the step between (speedrun.r18.attention.kernel_history)
-    Flag("--attention", "--base r18's attention: auto = FA3 (the `kernels` package) when it loads, else PyTorch "
+    Flag("--attention", "record #18's attention (r18): auto = FA3 (the `kernels` package) when it loads, else PyTorch "
                         "varlen, else FlexAttention on CUDA; SDPA on CPU. The log says which ran; train_time is "
                         "comparable with the record's only on fa3",
          resume=False, kind=str, options=dict(choices=["auto", "fa3", "varlen", "flex", "sdpa"], default="auto")),

@@ -74,13 +74,12 @@ def make_parser(title, baseline, presets, track_flags=(), studies=OFFERED_STUDIE
                           f"layer_pattern)")
     run.add_argument("--compile", choices=["auto", "on", "regional", "off"], default="auto",
                      help="torch.compile the model (auto: on, on CUDA only). regional: each block and the head "
-                          "compiled apart, so gradient averages start during the backward (see compile_regions). "
-                          "--base r18: on compiles the whole model (fullgraph) for training and validation; "
-                          "regional is refused there")
+                          "compiled apart, so gradient averages start during the backward (see compile_regions)")
+    # what another base does with a shared flag is said in that base's own help (--base r18's), so a script or a
+    # file without it names no flag it does not have
     run.add_argument("--warmup-steps", type=int, default=None,
                      help="untimed kernel warm-up steps, every piece of state restored afterwards "
-                          "(default: 10 when compiled, else 0; --base r18: one per graph its schedule compiles, "
-                          "or 0)")
+                          "(default: 10 when compiled, else 0)")
     run.add_argument("--low-precision", choices=["auto", "bf16", "fp32"], default="auto",
                      help="dtype of embeddings, matrices and activations (auto: bf16 on CUDA, fp32 on CPU, "
                           "where bf16 matmuls are emulated and slow)")

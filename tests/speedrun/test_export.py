@@ -1066,8 +1066,12 @@ def test_an_exported_file_offers_only_the_flags_and_choices_its_base_runs(tmp_pa
     --num-layers; each refused them only after parsing. Its --help now lists neither, and the parser refuses them."""
     out = tmp_path / "exported.py"
     out.write_text(export(tmp_path, T, "--base", base))
-    usage = " ".join(run_file(out, "--help").stdout.split("options:")[0].split())
+    shown = run_file(out, "--help").stdout
+    usage = " ".join(shown.split("options:")[0].split())
     assert all(flag in usage for flag in offered) and not [flag for flag in not_offered if flag in usage]
+    # nor does its help name a flag it does not have (the other base's notes are in --base's help, not the file's)
+    options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", usage))
+    assert sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", shown)) - options - {"--help"}) == []
     for flags in (["--base", base], refused):
         result = run_file(out, *flags)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
