@@ -1157,7 +1157,7 @@ def without_constant_attributes(text):
     # rule 25 on a tuple so read (R18Backout's `for s in self.sources`), and the tests that leaves
     unrolled = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}),
                               without_statements(text, tree, gone))
-    return without_overwritten_locals(fold_ifs(unrolled, {}))
+    return without_overwritten_locals(unrolled)
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -2101,7 +2101,7 @@ def constant_tuples_unrolled(text, folds):
 
     def loop_items(node):
         """[(an item's source, its fields' sources or None)] of a sequence this rule writes loops over, or None."""
-        if isinstance(node, ast.Tuple) and len(node.elts) == 1 and isinstance(node.elts[0], ast.Constant):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 1 and is_constant_display(node):
             return [(ast.get_source_segment(text, node.elts[0]), None)]  # `for name in (11,)`
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "enumerate" \
                 and len(node.args) == 1 and not node.keywords:  # `enumerate((11,))`: (0, 11)
@@ -2121,9 +2121,12 @@ def constant_tuples_unrolled(text, folds):
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for node in ast.walk(tree):
-        if isinstance(node, ast.ListComp) and len(node.generators) == 1 and not node.generators[0].ifs \
-                and not node.generators[0].is_async and loop_items(node.generators[0].iter) is not None:
-            bound = [item_sources(node.generators[0].target, item) for item in loop_items(node.generators[0].iter)]
+        items = loop_items(node.generators[0].iter if isinstance(node, ast.ListComp) and len(node.generators) == 1
+                           else node.iter if isinstance(node, ast.For) else None)
+        if items is None:
+            continue
+        if isinstance(node, ast.ListComp) and not node.generators[0].ifs and not node.generators[0].is_async:
+            bound = [item_sources(node.generators[0].target, item) for item in items]
             rebound = names_in([node.generators[0].target]) & {
                 n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
             if None in bound or rebound:  # an inner comprehension's own target is no item
@@ -2134,8 +2137,8 @@ def constant_tuples_unrolled(text, folds):
             tree_of = ast.parse(element, mode="eval")
             written = [written_at(tree_of, set(values), values, element) for values in bound]
             return replace_spans(text, [(node, "[" + ", ".join(written) + "]")])
-        if isinstance(node, ast.For) and loop_items(node.iter) is not None and unrollable(node, innermost[id(node)]):
-            bound = [item_sources(node.target, item) for item in loop_items(node.iter)]
+        if isinstance(node, ast.For) and unrollable(node, innermost[id(node)]):
+            bound = [item_sources(node.target, item) for item in items]
             if None in bound:
                 continue
             lines = text.split("\n")

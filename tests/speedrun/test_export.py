@@ -12,7 +12,7 @@ from speedrun.cli import with_fixed_flags
 from speedrun.errors import UsageError
 from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
 from speedrun.studies import STUDIES
-from conftest import file_as_module, file_logged_config
+from conftest import file_as_module, file_logged_config, flags_named, flags_named_but_not_offered
 
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
@@ -1070,8 +1070,7 @@ def test_an_exported_file_offers_only_the_flags_and_choices_its_base_runs(tmp_pa
     usage = " ".join(shown.split("options:")[0].split())
     assert all(flag in usage for flag in offered) and not [flag for flag in not_offered if flag in usage]
     # nor does its help name a flag it does not have (the other base's notes are in --base's help, not the file's)
-    options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", usage))
-    assert sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", shown)) - options - {"--help"}) == []
+    assert flags_named_but_not_offered(shown, flags_named(usage) | {"--help"}) == []
     for flags in (["--base", base], refused):
         result = run_file(out, *flags)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
