@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.errors import UsageError
-from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
+from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS, choices_help
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
 from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, Study, StudyHost, is_set
@@ -2190,15 +2190,22 @@ def add_argument_calls(tree, names):
 
 def cut_choices(text, cuts):
     """The source with the choices of `cuts` ((flag, choices) pairs) cut from the literal `choices=[...]` of the
-    flag's add_argument: the file's parser does not offer them (a declaration of another form keeps them)."""
+    flag's add_argument, and their notes from a `help=choices_help(...)`: the file's parser does not offer them,
+    nor does its --help explain them (a declaration of another form keeps them)."""
     cuts = dict(cuts)
     edits = []
     for call in add_argument_calls(ast.parse(text), cuts):
+        cut = cuts[call.args[0].value]
         for keyword in call.keywords:
             if keyword.arg == "choices" and isinstance(keyword.value, (ast.List, ast.Tuple)):
                 items = keyword.value.elts
                 edits += cut_items(items, {i for i, item in enumerate(items) if isinstance(item, ast.Constant)
-                                           and item.value in cuts[call.args[0].value]})
+                                           and item.value in cut})
+            if keyword.arg == "help" and isinstance(keyword.value, ast.Call) \
+                    and isinstance(keyword.value.func, ast.Name) and keyword.value.func.id == choices_help.__name__:
+                notes = keyword.value.args + keyword.value.keywords
+                edits += cut_items(notes, {i for i, note in enumerate(notes)
+                                           if isinstance(note, ast.keyword) and note.arg in cut})
     return replace_spans(text, edits) if edits else text
 
 

@@ -1075,6 +1075,8 @@ def test_an_exported_file_offers_only_the_flags_and_choices_its_base_runs(tmp_pa
         result = run_file(out, *flags)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
         assert f"{flags[0]}" in result.stderr and result.stdout == ""
+    # nor explains a choice it does not offer (the r18 file's --compile help explained regional)
+    assert ("regional:" in shown) == ("regional" in offered[0])
     # the fields of the flags it does not offer are logged at the run's values, as the modular run logs them
     assert file_constant(out.read_text(), "LEFT_OUT_FIELDS")["base"] == base
 
@@ -1088,6 +1090,21 @@ def test_a_declared_base_only_choice_that_the_base_runs_is_refused(tmp_path, mon
     assert T.main(["--export-script", str(out), "--preset", "tiny", "--base", "r18"]) == 2
     err = capsys.readouterr().err
     assert "--compile on is declared another base's" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_cut_choice_leaves_the_help_with_its_note():
+    """cut_choices cuts a choice from choices=[...] and its note from help=choices_help(...), one note or several,
+    and keeps a help of another form whole."""
+    from speedrun.export import cut_choices
+    from speedrun.flag_scopes import choices_help
+    source = ('p.add_argument("--c", choices=["a", "b", "r"], help=choices_help("C.", a="A.", r="R.", b="B."))\n'
+              'p.add_argument("--d", choices=["a", "r"], help="r: kept")\n')
+    cut = cut_choices(source, [("--c", ("r", "b")), ("--d", ("r",))])
+    calls = [ast.parse(line).body[0].value for line in cut.splitlines()]
+    assert [ast.literal_eval(call.keywords[0].value) for call in calls] == [["a"], ["a"]]
+    assert eval(ast.unparse(calls[0].keywords[1].value), {"choices_help": choices_help}) == "C. a: A."
+    assert ast.unparse(calls[1].keywords[1].value) == "'r: kept'"
+    assert cut_choices(source, [("--c", ("a",))]).count("a=") == 0
 
 
 def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
