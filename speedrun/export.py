@@ -2209,12 +2209,42 @@ def cut_choices(text, cuts):
     return replace_spans(text, edits) if edits else text
 
 
+def choices_helps_written(text):
+    """The source with each `choices_help(...)` of literals (a help cut_choices has cut or not) written as the string
+    it makes, in lines of at most WIDTH: the file says its help without the helper."""
+    edits = []
+    for call in ast.walk(ast.parse(text)):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == choices_help.__name__):
+            continue
+        try:
+            value = choices_help(*map(ast.literal_eval, call.args),
+                                 **{k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg})
+        except ValueError:  # not a literal: the call stays, the helper with it
+            continue
+        if not any(k.arg is None for k in call.keywords):
+            edits.append((call, string_lines(value, call.col_offset)))
+    return replace_spans(text, edits) if edits else text
+
+
+def string_lines(value, column):
+    """A string literal of `value` in implicitly joined pieces, split after spaces, each line at `column` of at most
+    WIDTH characters (a piece of one word may be longer)."""
+    pieces = [""]
+    for word in value.split(" "):
+        if pieces[-1] and column + len(pieces[-1]) + len(word) + 3 > WIDTH:
+            pieces.append("")
+        pieces[-1] += word + " "
+    pieces[-1] = pieces[-1][:-1]
+    return ("\n" + " " * column).join(json.dumps(piece, ensure_ascii=False) for piece in pieces)
+
+
 def omit_arguments(text, omitted):
     """The source with each `parser.add_argument(FLAG, ...)` statement of an omitted flag replaced by
     `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value. One
     whose default is SUPPRESS (no config field: the export's own flags) goes whole. A (flag, choices) pair of
     `omitted` cuts those choices from the flag's (cut_choices)."""
-    text = cut_choices(text, [item for item in omitted if isinstance(item, tuple)])
+    text = choices_helps_written(cut_choices(text, [item for item in omitted if isinstance(item, tuple)]))
     omitted = {item for item in omitted if isinstance(item, str)}
     lines = text.split("\n")
     tree = ast.parse(text)

@@ -1107,6 +1107,22 @@ def test_a_cut_choice_leaves_the_help_with_its_note():
     assert cut_choices(source, [("--c", ("a",))]).count("a=") == 0
 
 
+def test_a_help_of_choice_notes_is_written_as_its_string():
+    """The file says a choices_help(...) of literals as the string it makes, within the line length, and carries no
+    helper; one with a computed part stays a call."""
+    from speedrun.export import WIDTH, choices_helps_written
+    from speedrun.flag_scopes import choices_help
+    long_note = "each block and the head compiled apart, " * 4
+    source = (f'def f(p, k):\n    p.add_argument("--c", help=choices_help("C.", auto="on CUDA.", r={long_note!r}))\n'
+              '    p.add_argument("--d", help=choices_help("D.", **k))\n')
+    written = choices_helps_written(source)
+    calls = [n for n in ast.walk(ast.parse(written)) if isinstance(n, ast.Call)
+             and ast.unparse(n.func) == "p.add_argument"]
+    assert ast.literal_eval(calls[0].keywords[0].value) == choices_help("C.", auto="on CUDA.", r=long_note)
+    assert max(map(len, written.splitlines())) <= WIDTH < max(map(len, source.splitlines()))
+    assert ast.unparse(calls[1].keywords[0].value) == "choices_help('D.', **k)"
+
+
 def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
     """Pruning cuts whole lines: an entry that shares one with `(`, `)` or another entry would take them along."""
     from speedrun.export import prune_registry
