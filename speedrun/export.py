@@ -1029,7 +1029,8 @@ NUMBER_CONVERSIONS = {"float": float, "int": int}
 
 def without_literal_residue(text):
     """The file's text with what folding leaves of a conversion or a loop written plainly (rule 23): a
-    NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), and `for j, x in
+    NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), `len` of a tuple or list
+    display of constants its number (r18's `len((11,))` is `1`), and `for j, x in
     enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
     name, for a global or nonlocal index, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
     tree = ast.parse(text)
@@ -1040,9 +1041,16 @@ def without_literal_residue(text):
             and node.func.id not in bound and len(node.args) == 1 and not node.keywords \
             and not isinstance(node.args[0], ast.Starred)
 
-    edits = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
-             if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
-             and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads as inf
+    literals = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
+                if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
+                and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads inf
+    literals += [(n, repr(len(n.args[0].elts))) for n in ast.walk(tree) if builtin_call(n, ("len",))
+                 and isinstance(n.args[0], (ast.Tuple, ast.List))
+                 and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
+    if literals:  # before the loops: a loop's sequence may hold one, and its edit spans the sequence's source
+        text = replace_spans(text, literals)
+        tree = ast.parse(text)
+    edits = []
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for scope in scopes:

@@ -1716,10 +1716,10 @@ def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_wi
 RESIDUE = '''def mixed(xs):
     out = []
     for j, x in enumerate(xs):
-        out.append(float(2) * x + int(3.7))
+        out.append(float(2) * x + int(3.7) + len((5, 6)) - len([7]))
     for i, y in enumerate(xs):
         out.append(i * y)
-    return out, float("inf") > float(1e999) - 1, float(True)
+    return out, float("inf") > float(1e999) - 1, float(True), len(xs), len((xs,))
 
 
 def spaced(xs):
@@ -1747,7 +1747,7 @@ bumped([9])
 '''
 
 
-@pytest.mark.parametrize("binding", ["", "float = int\n", "from math import floor as enumerate\n"])
+@pytest.mark.parametrize("binding", ["", "float = int\n", "len = sum\n", "from math import floor as enumerate\n"])
 def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(binding):
     """What the record's backout leaves: `torch.tensor(float(1.0))`, `for j, name in enumerate(layers)` with `j`
     read by a transform folded away; a builtin the file binds, and a function reading its locals, stay."""
@@ -1755,7 +1755,9 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     source = binding + RESIDUE
     text = without_literal_residue(source)
     assert ("for x in xs:" in text) == (binding != "from math import floor as enumerate\n")
-    assert ("2.0 * x + 3" in text) == (binding != "float = int\n")
+    assert ("2.0 * x + 3 + 2 - 1" in text) == (binding not in ("float = int\n", "len = sum\n"))
+    assert ("len((5, 6))" in text) == (binding == "len = sum\n")
+    assert "len(xs), len((xs,))" in text  # no display, or one of a name
     assert "for i, y in enumerate(xs):" in text  # its index is read
     assert "float(\"inf\")" in text and "float(True)" in text  # not a number literal
     assert "float(1e999)" in text  # a literal of no finite value: `inf` is no literal
@@ -1763,8 +1765,8 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     assert "for last, x in enumerate(xs):" in text  # a global index
     assert "for j, x in enumerate(xs):\n        j += 1" in text  # updated in place: read
     if not binding:
-        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], False, 1.0),), (5, 0), (1,),
-                                                            (9,)]
+        assert run_printed(text) == run_printed(source) == [(([2.0 + 4, 4.0 + 4, 0, 2], False, 1.0, 2, 1),), (5, 0),
+                                                            (1,), (9,)]
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
