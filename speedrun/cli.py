@@ -17,7 +17,7 @@ from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import exit_before_interpreter_teardown, setup_distributed
 from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
                              is_reporting_rank)
-from speedrun.flag_scopes import EXPORT_ONLY_FLAGS
+from speedrun.flag_scopes import EXPORT_ONLY_FLAGS, choices_help
 from speedrun.run_config import MAX_LAYERS, run_config_class
 from speedrun.studies import OFFERED_STUDIES
 from speedrun.study import FIXED_STUDIES, check_fixed_depth
@@ -73,8 +73,9 @@ def make_parser(title, baseline, presets, track_flags=(), studies=OFFERED_STUDIE
                      help=f"transformer layers, at most {MAX_LAYERS} (the layer patterns follow the rule in "
                           f"layer_pattern)")
     run.add_argument("--compile", choices=["auto", "on", "regional", "off"], default="auto",
-                     help="torch.compile the model (auto: on, on CUDA only). regional: each block and the head "
-                          "compiled apart, so gradient averages start during the backward (see compile_regions)")
+                     help=choices_help("torch.compile the model.", auto="on, on CUDA only.",
+                                       regional="each block and the head compiled apart, so gradient averages "
+                                                "start during the backward (see compile_regions)"))
     # what another base does with a shared flag is said in that base's own help (--base r18's), so a script or a
     # file without it names no flag it does not have
     run.add_argument("--warmup-steps", type=int, default=None,

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.errors import UsageError
-from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS
+from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS, choices_help
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
 from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, Study, StudyHost, is_set
@@ -1029,7 +1029,8 @@ NUMBER_CONVERSIONS = {"float": float, "int": int}
 
 def without_literal_residue(text):
     """The file's text with what folding leaves of a conversion or a loop written plainly (rule 23): a
-    NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), and `for j, x in
+    NUMBER_CONVERSIONS call of one number literal is its value (`float(1)` is `1.0`), `len` of a tuple or list
+    display of constants its number (r18's `len((11,))` is `1`), and `for j, x in
     enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
     name, for a global or nonlocal index, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
     tree = ast.parse(text)
@@ -1040,9 +1041,16 @@ def without_literal_residue(text):
             and node.func.id not in bound and len(node.args) == 1 and not node.keywords \
             and not isinstance(node.args[0], ast.Starred)
 
-    edits = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
-             if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
-             and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads as inf
+    literals = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
+                if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
+                and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads inf
+    literals += [(n, repr(len(n.args[0].elts))) for n in ast.walk(tree) if builtin_call(n, ("len",))
+                 and isinstance(n.args[0], (ast.Tuple, ast.List))
+                 and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
+    if literals:  # before the loops: a loop's sequence may hold one, and its edit spans the sequence's source
+        text = replace_spans(text, literals)
+        tree = ast.parse(text)
+    edits = []
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for scope in scopes:
@@ -1157,7 +1165,7 @@ def without_constant_attributes(text):
     # rule 25 on a tuple so read (R18Backout's `for s in self.sources`), and the tests that leaves
     unrolled = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}),
                               without_statements(text, tree, gone))
-    return without_overwritten_locals(fold_ifs(unrolled, {}))
+    return without_overwritten_locals(unrolled)
 
 
 # A function that asks the study parts a hook by its name -> the position of the argument that names it; it answers
@@ -2101,7 +2109,7 @@ def constant_tuples_unrolled(text, folds):
 
     def loop_items(node):
         """[(an item's source, its fields' sources or None)] of a sequence this rule writes loops over, or None."""
-        if isinstance(node, ast.Tuple) and len(node.elts) == 1 and isinstance(node.elts[0], ast.Constant):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 1 and is_constant_display(node):
             return [(ast.get_source_segment(text, node.elts[0]), None)]  # `for name in (11,)`
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "enumerate" \
                 and len(node.args) == 1 and not node.keywords:  # `enumerate((11,))`: (0, 11)
@@ -2121,9 +2129,12 @@ def constant_tuples_unrolled(text, folds):
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
     for node in ast.walk(tree):
-        if isinstance(node, ast.ListComp) and len(node.generators) == 1 and not node.generators[0].ifs \
-                and not node.generators[0].is_async and loop_items(node.generators[0].iter) is not None:
-            bound = [item_sources(node.generators[0].target, item) for item in loop_items(node.generators[0].iter)]
+        items = loop_items(node.generators[0].iter if isinstance(node, ast.ListComp) and len(node.generators) == 1
+                           else node.iter if isinstance(node, ast.For) else None)
+        if items is None:
+            continue
+        if isinstance(node, ast.ListComp) and not node.generators[0].ifs and not node.generators[0].is_async:
+            bound = [item_sources(node.generators[0].target, item) for item in items]
             rebound = names_in([node.generators[0].target]) & {
                 n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
             if None in bound or rebound:  # an inner comprehension's own target is no item
@@ -2134,8 +2145,8 @@ def constant_tuples_unrolled(text, folds):
             tree_of = ast.parse(element, mode="eval")
             written = [written_at(tree_of, set(values), values, element) for values in bound]
             return replace_spans(text, [(node, "[" + ", ".join(written) + "]")])
-        if isinstance(node, ast.For) and loop_items(node.iter) is not None and unrollable(node, innermost[id(node)]):
-            bound = [item_sources(node.target, item) for item in loop_items(node.iter)]
+        if isinstance(node, ast.For) and unrollable(node, innermost[id(node)]):
+            bound = [item_sources(node.target, item) for item in items]
             if None in bound:
                 continue
             lines = text.split("\n")
@@ -2187,16 +2198,53 @@ def add_argument_calls(tree, names):
 
 def cut_choices(text, cuts):
     """The source with the choices of `cuts` ((flag, choices) pairs) cut from the literal `choices=[...]` of the
-    flag's add_argument: the file's parser does not offer them (a declaration of another form keeps them)."""
+    flag's add_argument, and their notes from a `help=choices_help(...)`: the file's parser does not offer them,
+    nor does its --help explain them (a declaration of another form keeps them)."""
     cuts = dict(cuts)
     edits = []
     for call in add_argument_calls(ast.parse(text), cuts):
+        cut = cuts[call.args[0].value]
         for keyword in call.keywords:
             if keyword.arg == "choices" and isinstance(keyword.value, (ast.List, ast.Tuple)):
                 items = keyword.value.elts
                 edits += cut_items(items, {i for i, item in enumerate(items) if isinstance(item, ast.Constant)
-                                           and item.value in cuts[call.args[0].value]})
+                                           and item.value in cut})
+            if keyword.arg == "help" and isinstance(keyword.value, ast.Call) \
+                    and isinstance(keyword.value.func, ast.Name) and keyword.value.func.id == choices_help.__name__:
+                notes = keyword.value.args + keyword.value.keywords
+                edits += cut_items(notes, {i for i, note in enumerate(notes)
+                                           if isinstance(note, ast.keyword) and note.arg in cut})
     return replace_spans(text, edits) if edits else text
+
+
+def choices_helps_written(text):
+    """The source with each `choices_help(...)` of literals (a help cut_choices has cut or not) written as the string
+    it makes, in lines of at most WIDTH: the file says its help without the helper."""
+    edits = []
+    for call in ast.walk(ast.parse(text)):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == choices_help.__name__):
+            continue
+        try:
+            value = choices_help(*map(ast.literal_eval, call.args),
+                                 **{k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg})
+        except ValueError:  # not a literal: the call stays, the helper with it
+            continue
+        if not any(k.arg is None for k in call.keywords):
+            edits.append((call, string_lines(value, call.col_offset)))
+    return replace_spans(text, edits) if edits else text
+
+
+def string_lines(value, column):
+    """A string literal of `value` in implicitly joined pieces, split after spaces, each line at `column` of at most
+    WIDTH characters (a piece of one word may be longer)."""
+    pieces = [""]
+    for word in value.split(" "):
+        if pieces[-1] and column + len(pieces[-1]) + len(word) + 3 > WIDTH:
+            pieces.append("")
+        pieces[-1] += word + " "
+    pieces[-1] = pieces[-1][:-1]
+    return ("\n" + " " * column).join(json.dumps(piece, ensure_ascii=False) for piece in pieces)
 
 
 def omit_arguments(text, omitted):
@@ -2204,7 +2252,7 @@ def omit_arguments(text, omitted):
     `parser.set_defaults(dest=default)`: the file's command line lacks the flag, its config keeps the value. One
     whose default is SUPPRESS (no config field: the export's own flags) goes whole. A (flag, choices) pair of
     `omitted` cuts those choices from the flag's (cut_choices)."""
-    text = cut_choices(text, [item for item in omitted if isinstance(item, tuple)])
+    text = choices_helps_written(cut_choices(text, [item for item in omitted if isinstance(item, tuple)]))
     omitted = {item for item in omitted if isinstance(item, str)}
     lines = text.split("\n")
     tree = ast.parse(text)

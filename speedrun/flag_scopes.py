@@ -9,6 +9,12 @@ BASE_ONLY_FLAGS = {"--attention": "r18", "--num-layers": "r14"}
 # Choices of a shared flag, cut from its choices=[...]: {flag: {choice: that base}}.
 BASE_ONLY_CHOICES = {"--compile": {"regional": "r14"}}
 
+
+def choices_help(summary, **notes):
+    """A flag's help: its summary, then a note for each choice (a keyword) that needs one. A file that does not offer
+    a choice leaves its note out with it (speedrun/export.py, cut_choices): its --help explains only what it runs."""
+    return " ".join([summary] + [f"{choice}: {note}" for choice, note in notes.items()])
+
 # The export's own flags: a run's config has no field for them, and a run does not import the export (its log would
 # embed that module); in an exported file's parser for --help alone.
 EXPORT_ONLY_FLAGS = ("--export-script", "--from-log", "--force", "--export-check-dir")

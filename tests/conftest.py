@@ -142,6 +142,17 @@ def file_logged_config(exported, argv):
     return {**exported.LEFT_OUT_FIELDS, **exported.resolve_args(exported.with_fixed_flags(argv)).as_dict()}
 
 
+def flags_named(text):
+    """The `--flag`s a text (a --help) names."""
+    import re
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+
+
+def flags_named_but_not_offered(help_text, parser_options):
+    """The `--flag`s a --help text names that are none of its parser's options."""
+    return sorted(flags_named(help_text) - set(parser_options))
+
+
 def script_from_history(stored_name):
     """A file (or part of one) of an earlier commit, stored in tests/fixtures/history/ with a header naming the
     commit and why it is kept, imported as a module under its stored name. Fails the test, never skips it, when the

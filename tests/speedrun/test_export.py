@@ -12,7 +12,7 @@ from speedrun.cli import with_fixed_flags
 from speedrun.errors import UsageError
 from speedrun.export import fixed_flags, split_export_flags, study_parts_of_base
 from speedrun.studies import STUDIES
-from conftest import file_as_module, file_logged_config
+from conftest import file_as_module, file_logged_config, flags_named, flags_named_but_not_offered
 
 STUDY_MODULES = ("backout", "rolling_skip", "laurel", "dlo", "gated_skip")
 
@@ -1070,12 +1070,13 @@ def test_an_exported_file_offers_only_the_flags_and_choices_its_base_runs(tmp_pa
     usage = " ".join(shown.split("options:")[0].split())
     assert all(flag in usage for flag in offered) and not [flag for flag in not_offered if flag in usage]
     # nor does its help name a flag it does not have (the other base's notes are in --base's help, not the file's)
-    options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", usage))
-    assert sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", shown)) - options - {"--help"}) == []
+    assert flags_named_but_not_offered(shown, flags_named(usage) | {"--help"}) == []
     for flags in (["--base", base], refused):
         result = run_file(out, *flags)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
         assert f"{flags[0]}" in result.stderr and result.stdout == ""
+    # nor explains a choice it does not offer (the r18 file's --compile help explained regional)
+    assert ("regional:" in shown) == ("regional" in offered[0])
     # the fields of the flags it does not offer are logged at the run's values, as the modular run logs them
     assert file_constant(out.read_text(), "LEFT_OUT_FIELDS")["base"] == base
 
@@ -1089,6 +1090,37 @@ def test_a_declared_base_only_choice_that_the_base_runs_is_refused(tmp_path, mon
     assert T.main(["--export-script", str(out), "--preset", "tiny", "--base", "r18"]) == 2
     err = capsys.readouterr().err
     assert "--compile on is declared another base's" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_cut_choice_leaves_the_help_with_its_note():
+    """cut_choices cuts a choice from choices=[...] and its note from help=choices_help(...), one note or several,
+    and keeps a help of another form whole."""
+    from speedrun.export import cut_choices
+    from speedrun.flag_scopes import choices_help
+    source = ('p.add_argument("--c", choices=["a", "b", "r"], help=choices_help("C.", a="A.", r="R.", b="B."))\n'
+              'p.add_argument("--d", choices=["a", "r"], help="r: kept")\n')
+    cut = cut_choices(source, [("--c", ("r", "b")), ("--d", ("r",))])
+    calls = [ast.parse(line).body[0].value for line in cut.splitlines()]
+    assert [ast.literal_eval(call.keywords[0].value) for call in calls] == [["a"], ["a"]]
+    assert eval(ast.unparse(calls[0].keywords[1].value), {"choices_help": choices_help}) == "C. a: A."
+    assert ast.unparse(calls[1].keywords[1].value) == "'r: kept'"
+    assert cut_choices(source, [("--c", ("a",))]).count("a=") == 0
+
+
+def test_a_help_of_choice_notes_is_written_as_its_string():
+    """The file says a choices_help(...) of literals as the string it makes, within the line length, and carries no
+    helper; one with a computed part stays a call."""
+    from speedrun.export import WIDTH, choices_helps_written
+    from speedrun.flag_scopes import choices_help
+    long_note = "each block and the head compiled apart, " * 4
+    source = (f'def f(p, k):\n    p.add_argument("--c", help=choices_help("C.", auto="on CUDA.", r={long_note!r}))\n'
+              '    p.add_argument("--d", help=choices_help("D.", **k))\n')
+    written = choices_helps_written(source)
+    calls = [n for n in ast.walk(ast.parse(written)) if isinstance(n, ast.Call)
+             and ast.unparse(n.func) == "p.add_argument"]
+    assert ast.literal_eval(calls[0].keywords[0].value) == choices_help("C.", auto="on CUDA.", r=long_note)
+    assert max(map(len, written.splitlines())) <= WIDTH < max(map(len, source.splitlines()))
+    assert ast.unparse(calls[1].keywords[0].value) == "choices_help('D.', **k)"
 
 
 def test_a_registry_entry_sharing_a_line_is_refused_naming_the_rule():
@@ -1684,10 +1716,10 @@ def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_wi
 RESIDUE = '''def mixed(xs):
     out = []
     for j, x in enumerate(xs):
-        out.append(float(2) * x + int(3.7))
+        out.append(float(2) * x + int(3.7) + len((5, 6)) - len([7]))
     for i, y in enumerate(xs):
         out.append(i * y)
-    return out, float("inf") > float(1e999) - 1, float(True)
+    return out, float("inf") > float(1e999) - 1, float(True), len(xs), len((xs,))
 
 
 def spaced(xs):
@@ -1715,7 +1747,7 @@ bumped([9])
 '''
 
 
-@pytest.mark.parametrize("binding", ["", "float = int\n", "from math import floor as enumerate\n"])
+@pytest.mark.parametrize("binding", ["", "float = int\n", "len = sum\n", "from math import floor as enumerate\n"])
 def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(binding):
     """What the record's backout leaves: `torch.tensor(float(1.0))`, `for j, name in enumerate(layers)` with `j`
     read by a transform folded away; a builtin the file binds, and a function reading its locals, stay."""
@@ -1723,7 +1755,9 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     source = binding + RESIDUE
     text = without_literal_residue(source)
     assert ("for x in xs:" in text) == (binding != "from math import floor as enumerate\n")
-    assert ("2.0 * x + 3" in text) == (binding != "float = int\n")
+    assert ("2.0 * x + 3 + 2 - 1" in text) == (binding not in ("float = int\n", "len = sum\n"))
+    assert ("len((5, 6))" in text) == (binding == "len = sum\n")
+    assert "len(xs), len((xs,))" in text  # no display, or one of a name
     assert "for i, y in enumerate(xs):" in text  # its index is read
     assert "float(\"inf\")" in text and "float(True)" in text  # not a number literal
     assert "float(1e999)" in text  # a literal of no finite value: `inf` is no literal
@@ -1731,8 +1765,8 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     assert "for last, x in enumerate(xs):" in text  # a global index
     assert "for j, x in enumerate(xs):\n        j += 1" in text  # updated in place: read
     if not binding:
-        assert run_printed(text) == run_printed(source) == [(([2.0 + 3, 4.0 + 3, 0, 2], False, 1.0),), (5, 0), (1,),
-                                                            (9,)]
+        assert run_printed(text) == run_printed(source) == [(([2.0 + 4, 4.0 + 4, 0, 2], False, 1.0, 2, 1),), (5, 0),
+                                                            (1,), (9,)]
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():

@@ -13,6 +13,7 @@ from speedrun.run_config import RunConfig
 from speedrun.studies import STUDIES
 from speedrun.cli import make_parser, resolve_study_args
 from speedrun.study import Flag, ModelPart, Study
+from conftest import flags_named_but_not_offered
 
 TINY_DLO = T.resolve_args(["--preset", "tiny", "--init-from", __file__, "--dlo-groups", "2"])
 
@@ -82,12 +83,6 @@ def test_a_switch_with_a_part_is_declared_once():
     assert study.model_values(None, SimpleNamespace(logit_scale=False)) == {}
     # no count to declare: the added_params line measures the built model (test_study_added_params checks it)
     assert study.resolve(None, None) == {} and not hasattr(study, "added_params")
-
-
-def flags_named_but_not_offered(help_text, parser_options):
-    """The `--flag`s a --help text names that are none of its parser's options."""
-    import re
-    return sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text)) - set(parser_options))
 
 
 @pytest.mark.parametrize("track", [T, S], ids=["medium", "small"])
