@@ -2146,21 +2146,19 @@ def unrollable(loop, scope):
 FIELD_CONVERSIONS = ("tuple", "len", "bool", "enumerate")
 
 
-# The comparisons rule 13 decides of a fixed field and literals (identity is no value's: `is` stays).
-COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-               ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
-               ast.NotIn: lambda a, b: a not in b}
+# The comparisons rule 13 decides of a fixed field and literals: COMPARISONS but identity (no value's: `is` stays).
+VALUE_COMPARISONS = {op: compare for op, compare in COMPARISONS.items() if op not in (ast.Is, ast.IsNot)}
 
 
 def fixed_fields_read(text, folds, readers=()):
     """Rule 13 beyond tests: each read `X.FIELD` (X only reads names) of a field of a study that is on whose value the
     folds hold (STUDY_FIELD) and that is a whole value - a loop's sequence or an assignment's value (or its item of an
-    unpacking, unpacked_items), also as the one
-    argument of a FIELD_CONVERSIONS call there - is that value's literal (`for j, name in
-    enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)` of a tuple is the
-    tuple), outside the functions `readers` (which read the flags as parsed); a comparison of such reads and
-    literals is its truth (LAuReL's `self.whole_block = cfg.laurel_where == "block"` is False). Another read inside
-    an expression or passed to a call stays (rule 22 decides a parameter by the field a call passes). check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
+    unpacking, unpacked_items), also as the one argument of a FIELD_CONVERSIONS call there - is that value's
+    literal (`for j, name in enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)`
+    of a tuple is the tuple), outside the functions `readers` (which read the flags as parsed); a comparison of such
+    reads and literals is its truth (LAuReL's `self.whole_block = cfg.laurel_where == "block"` is False). Another read inside
+    an expression or passed to a call stays (rule 22 decides a parameter by the field a call passes).
+    check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
     fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
     if not fields:
         return text
@@ -2172,6 +2170,7 @@ def fixed_fields_read(text, folds, readers=()):
     converted = {id(n.args[0]): n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id in FIELD_CONVERSIONS and len(n.args) == 1
                  and not n.keywords}
+
     def field_value(node):
         """[the value] of a literal or of a read of a fixed field, else []."""
         if isinstance(node, ast.Constant):
@@ -2183,12 +2182,12 @@ def fixed_fields_read(text, folds, readers=()):
 
     # a comparison of a fixed field with literals is its truth (LAuReL's `cfg.laurel_where == "block"`)
     compared = [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and all(
-        type(op) in COMPARISONS for op in n.ops) and all(field_value(v) for v in [n.left, *n.comparators])
+        type(op) in VALUE_COMPARISONS for op in n.ops) and all(field_value(v) for v in [n.left, *n.comparators])
         and not all(isinstance(v, ast.Constant) for v in [n.left, *n.comparators])]
 
     def truth(n):
         values = [field_value(v)[0] for v in [n.left, *n.comparators]]
-        return all(COMPARISONS[type(op)](a, b) for op, a, b in zip(n.ops, values, values[1:]))
+        return all(VALUE_COMPARISONS[type(op)](a, b) for op, a, b in zip(n.ops, values, values[1:]))
 
     edits = [(n, repr(truth(n))) for n in compared]
     for n in ast.walk(tree):
