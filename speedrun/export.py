@@ -2155,9 +2155,10 @@ def fixed_fields_read(text, folds, readers=()):
     folds hold (STUDY_FIELD) and that is a whole value - a loop's sequence or an assignment's value (or its item of an
     unpacking, unpacked_items), also as the one argument of a FIELD_CONVERSIONS call there - is that value's
     literal (`for j, name in enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)`
-    of a tuple is the tuple), outside the functions `readers` (which read the flags as parsed); a comparison of such
-    reads and literals is its truth (LAuReL's `self.whole_block = cfg.laurel_where == "block"` is False). Another read inside
-    an expression or passed to a call stays (rule 22 decides a parameter by the field a call passes).
+    of a tuple is the tuple), outside the functions `readers` (which read the flags as parsed); so is a comparison of
+    such reads and literals that is a whole value its truth (LAuReL's `self.whole_block = cfg.laurel_where ==
+    "block"` is False). Another read inside an expression or passed to a call stays (rule 22 decides a parameter by
+    the field a call passes: `normed=cfg.backout_mode != "subtract"`).
     check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
     fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
     if not fields:
@@ -2180,8 +2181,9 @@ def fixed_fields_read(text, folds, readers=()):
             return [fields[node.attr]]
         return []
 
-    # a comparison of a fixed field with literals is its truth (LAuReL's `cfg.laurel_where == "block"`)
-    compared = [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and all(
+    # a comparison of a fixed field with literals that is a whole value is its truth (LAuReL's `self.whole_block =
+    # cfg.laurel_where == "block"`); passed to a call it stays, for rule 22 (`normed=cfg.backout_mode != "subtract"`)
+    compared = [n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Compare) and all(
         type(op) in VALUE_COMPARISONS for op in n.ops) and all(field_value(v) for v in [n.left, *n.comparators])
         and not all(isinstance(v, ast.Constant) for v in [n.left, *n.comparators])]
 

@@ -2056,6 +2056,7 @@ FIELDS = """class Part:
         self.cfg = cfg
         self.sources = tuple(cfg.layers)
         self.tag, self.seen = cfg.mode, cfg
+        self.summed = cfg.mode == "sum"
 
     def mixed(self, outputs):
         out = []
@@ -2087,9 +2088,10 @@ def test_rule_13_a_fixed_fields_other_reads_are_its_value_and_a_loop_of_one_item
     read = fixed_fields_read(FIELDS, folds, readers=("parse",))
     assert "self.sources = (3,)" in read and "count = len((3,))" in read and "for name in (3,):" in read
     assert "self.tag, self.seen = 'sum', cfg" in read  # an unpacking's item is a whole value
-    # passed to a call, or in the parsed flags' reader: still a read; compared with a literal: the comparison's truth
+    # passed to a call, inside an expression, or in the parsed flags' reader: still a read; a whole value comparing
+    # it with a literal: the comparison's truth
     assert "self.scale(self.cfg.mode)" in read and "return args.layers" in read
-    assert 'self.cfg.mode == "sum"' not in read and "count, self.sources, True" in read
+    assert 'self.cfg.mode == "sum"' in read and "self.summed = True" in read
     text = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}), read)
     assert "        out = []\n        out.append(outputs[3])\n        count = len((3,))\n" in text
     assert run_printed(text) == run_printed(FIELDS) == [(([13], "sumsum", 1, (3,), True), (3,))]
