@@ -969,6 +969,64 @@ def parenthesised(text, node):
     return source if atomic and not isinstance(node, ast.Tuple) else f"({source})"
 
 
+# Statements after which nothing more of their block runs.
+BLOCK_ENDS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+
+
+def operand_source(text, node, op):
+    """The source of an operand of an `and`/`or` (op) standing alone or in a new one: in parentheses where its own
+    were outside its span (a conditional, lambda or `:=`, an `or` inside an `and`)."""
+    source = ast.get_source_segment(text, node)
+    wrapped = isinstance(node, (ast.IfExp, ast.Lambda, ast.NamedExpr)) or (
+        isinstance(node, ast.BoolOp) and isinstance(op, ast.And) and isinstance(node.op, ast.Or))
+    return f"({source})" if wrapped else source
+
+
+def bound_names(statement):
+    """The names a statement binds or declares: stores and deletions, functions and classes it defines, imports,
+    `global`/`nonlocal`, `except ... as`."""
+    names = set()
+    for n in ast.walk(statement):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            names |= set(n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            names.add(n.name)
+    return names
+
+
+def without_decided_residue(text):
+    """Rule 26: what folding leaves decided goes (with rules 19, 22 and 24, until none changes the file):
+    - a block's statements after its `return`, `raise`, `continue` or `break` (LAuReL's `return sum_in_order(g,
+      parts)` after the return its `if self.uses_rw:` left unconditional);
+    - an `and`/`or` whose first operand is a literal: `False and X` is `False` and `True or X` is `True` (X was never
+      evaluated), `True and X` is X and `False or X` is X (LAuReL's `self.product_per_input = False and ...`)."""
+    tree = ast.parse(text)
+    gone = [s for block in statement_blocks(tree) for i, s in enumerate(block)
+            if any(isinstance(earlier, BLOCK_ENDS) for earlier in block[:i])]
+    # kept where they still decide something: a `yield` makes a generator; a name they bind is local to its
+    # function (or bound by a declaration), so a read of it elsewhere would read another variable without them
+    inside = {id(n) for s in gone for n in ast.walk(s)}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in inside}
+    gone = [s for s in gone if not bound_names(s) & read
+            and not any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in ast.walk(s))]
+    if gone:
+        return without_statements(text, tree, gone)
+    for node in ast.walk(tree):  # one at a time: an operand may hold another
+        if isinstance(node, ast.BoolOp) and isinstance(node.values[0], ast.Constant):
+            first, rest = node.values[0], node.values[1:]
+            if bool(first.value) == isinstance(node.op, ast.Or):  # it decides: the rest is never evaluated
+                return replace_spans(text, [(node, ast.get_source_segment(text, first))])
+            joined = " and " if isinstance(node.op, ast.And) else " or "
+            return replace_spans(text, [(node, joined.join(operand_source(text, v, node.op) for v in rest))])
+    return text
+
+
 def to_fixed_point(one_pass, text):
     """The text after `one_pass` is applied to it again and again until it changes it no more."""
     while True:
@@ -1114,14 +1172,25 @@ def is_constant_display(node):
         isinstance(item, ast.Constant) for item in node.elts)
 
 
+def unpacked_items(statement):
+    """[(target, value)] of an assignment `A, B = a, b` of as many values as targets (none starred), else []."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Tuple) and isinstance(statement.value, ast.Tuple)
+            and len(statement.targets[0].elts) == len(statement.value.elts)):
+        return []
+    pairs = list(zip(statement.targets[0].elts, statement.value.elts))
+    return [] if any(isinstance(n, ast.Starred) for pair in pairs for n in pair) else pairs
+
+
 def without_constant_attributes(text):
     """The file's text with what its attributes decide folded (rule 19), where nothing can set an attribute but by a
     statement the file shows (no NAMED_SETTERS call with a computed name, no WHOLESALE_ATTRIBUTES), the attribute's
     name is no member of a class of the file nor an attribute of torch's Module or Optimizer (library_attributes),
     and no other string is that name:
     - `A if hasattr(self, "N") else B` is B where nothing stores N (the frozen lambdas' buffers of another backout);
-    - an attribute every store of which is `self.N = LITERAL` (one literal: is_constant_display) and every read
-      `self.N` is read as that literal, its stores gone (`self.mode = 'sum'`), and the tests on it fold (fold_ifs),
+    - an attribute every store of which is `self.N = LITERAL` (one literal: is_constant_display), or its item of an
+      unpacking `self.A, self.N = a, LITERAL` (unpacked_items), and every read `self.N` is read as that literal, its
+      stores gone (`self.mode = 'sum'`; an unpacking keeps its other items), and the tests on it fold (fold_ifs),
       with the loops over a tuple of one item it leaves (constant_tuples_unrolled)."""
     tree = ast.parse(text)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
@@ -1146,22 +1215,32 @@ def without_constant_attributes(text):
              and ast.unparse(n.test.args[0]) == "self" and isinstance(n.test.args[1], ast.Constant)
              and n.test.args[1].value not in stored and n.test.args[1].value not in taken
              and strings[n.test.args[1].value] == tested[n.test.args[1].value]]
-    assigned = {id(s.targets[0]): s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1}
+    # the value each store is given: `self.N = value`, or its own item of `self.A, self.N = a, value`
+    assigned = {id(s.targets[0]): s.value for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1}
+    assigned.update({id(target): value for s in ast.walk(tree) for target, value in unpacked_items(s)})
     constants = {}
     for name, stores in stored.items():
-        statements = [assigned.get(id(n)) for n in stores]
-        values = {ast.unparse(s.value) for s in statements if s is not None and is_constant_display(s.value)}
-        if name not in taken and not strings[name] and len(values) == 1 and None not in statements \
-                and all(ast.unparse(n.value) == "self" for n in stores + read[name]) and read[name] \
-                and all(is_constant_display(s.value) for s in statements):
-            constants[name] = values.pop()
+        values = [assigned.get(id(n)) for n in stores]
+        if name not in taken and not strings[name] and None not in values \
+                and len({ast.unparse(value) for value in values}) == 1 and all(map(is_constant_display, values)) \
+                and all(ast.unparse(n.value) == "self" for n in stores + read[name]) and read[name]:
+            constants[name] = ast.unparse(values[0])
             edits += [(n, constants[name]) for n in read[name]]
     if not edits:
         return text
     text = replace_spans(text, edits)
+
+    def folded(target):
+        return isinstance(target, ast.Attribute) and target.attr in constants
+
+    tree = ast.parse(text)  # an unpacking that also stores others keeps their items alone
+    partly = [(s, [(t, v) for t, v in unpacked_items(s) if not folded(t)]) for s in ast.walk(tree)
+              if any(folded(t) for t, _ in unpacked_items(s)) and not all(folded(t) for t, _ in unpacked_items(s))]
+    text = replace_spans(text, [(s, ", ".join(ast.get_source_segment(text, t) for t, _ in kept) + " = "
+                                 + ", ".join(ast.get_source_segment(text, v) for _, v in kept)) for s, kept in partly])
     tree = ast.parse(text)
     gone = [s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1
-            and isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr in constants]
+            and folded(s.targets[0]) or unpacked_items(s) and all(folded(t) for t, _ in unpacked_items(s))]
     # rule 25 on a tuple so read (R18Backout's `for s in self.sources`), and the tests that leaves
     unrolled = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}),
                               without_statements(text, tree, gone))
@@ -2067,14 +2146,20 @@ def unrollable(loop, scope):
 FIELD_CONVERSIONS = ("tuple", "len", "bool", "enumerate")
 
 
+# The comparisons rule 13 decides of a fixed field and literals: COMPARISONS but identity (no value's: `is` stays).
+VALUE_COMPARISONS = {op: compare for op, compare in COMPARISONS.items() if op not in (ast.Is, ast.IsNot)}
+
+
 def fixed_fields_read(text, folds, readers=()):
     """Rule 13 beyond tests: each read `X.FIELD` (X only reads names) of a field of a study that is on whose value the
-    folds hold (STUDY_FIELD) and that is a whole value - a loop's sequence or an assignment's value, also as the one
-    argument of a FIELD_CONVERSIONS call there - is that value's literal (`for j, name in
-    enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)` of a tuple is the
-    tuple), outside the functions `readers` (which read the flags as parsed). A read inside an expression or passed
-    to a call stays (rule 22 decides a parameter by the field a call passes; `x == 'sum'` of a literal would be
-    residue). check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
+    folds hold (STUDY_FIELD) and that is a whole value - a loop's sequence or an assignment's value (or its item of an
+    unpacking, unpacked_items), also as the one argument of a FIELD_CONVERSIONS call there - is that value's
+    literal (`for j, name in enumerate(self.cfg.backout_layers)` reads `enumerate((11,))`; `tuple(cfg.backout_layers)`
+    of a tuple is the tuple), outside the functions `readers` (which read the flags as parsed); so is a comparison of
+    such reads and literals that is a whole value its truth (LAuReL's `self.whole_block = cfg.laurel_where ==
+    "block"` is False). Another read inside an expression or passed to a call stays (rule 22 decides a parameter by
+    the field a call passes: `normed=cfg.backout_mode != "subtract"`).
+    check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
     fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
     if not fields:
         return text
@@ -2082,10 +2167,31 @@ def fixed_fields_read(text, folds, readers=()):
     inside = parsed_readers_nodes(tree, readers)
     whole = {id(n.iter) for n in ast.walk(tree) if isinstance(n, (ast.For, ast.comprehension))}
     whole |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)}
+    whole |= {id(value) for n in ast.walk(tree) for _, value in unpacked_items(n)}  # `self.k, self.x = cfg.k, ...`
     converted = {id(n.args[0]): n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id in FIELD_CONVERSIONS and len(n.args) == 1
                  and not n.keywords}
-    edits = []
+
+    def field_value(node):
+        """[the value] of a literal or of a read of a fixed field, else []."""
+        if isinstance(node, ast.Constant):
+            return [node.value]
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in fields \
+                and reads_config(node.value) and id(node) not in inside:
+            return [fields[node.attr]]
+        return []
+
+    # a comparison of a fixed field with literals that is a whole value is its truth (LAuReL's `self.whole_block =
+    # cfg.laurel_where == "block"`); passed to a call it stays, for rule 22 (`normed=cfg.backout_mode != "subtract"`)
+    compared = [n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Compare) and all(
+        type(op) in VALUE_COMPARISONS for op in n.ops) and all(field_value(v) for v in [n.left, *n.comparators])
+        and not all(isinstance(v, ast.Constant) for v in [n.left, *n.comparators])]
+
+    def truth(n):
+        values = [field_value(v)[0] for v in [n.left, *n.comparators]]
+        return all(VALUE_COMPARISONS[type(op)](a, b) for op, a, b in zip(n.ops, values, values[1:]))
+
+    edits = [(n, repr(truth(n))) for n in compared]
     for n in ast.walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in fields \
                 and reads_config(n.value) and id(n) not in inside and (id(n) in whole or id(n) in converted):
@@ -3372,10 +3478,11 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(module, studies.get(module.name))
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    folded = without_constant_attributes(without_shadowed_methods(without_unread_study_fields(
-        "\n".join(out).rstrip("\n") + "\n")))
-    # rules 22 and 24 until neither changes the file: a parameter cut can leave a function inert, and the reverse
-    folded = to_fixed_point(lambda text: without_inert_code(without_literal_parameters(text)), folded)
+    folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
+    # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;
+    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`)
+    folded = to_fixed_point(lambda text: without_decided_residue(without_inert_code(without_literal_parameters(
+        without_constant_attributes(text)))), folded)
     spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(folded)))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here

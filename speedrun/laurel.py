@@ -86,7 +86,8 @@ class LaurelResiduals(ModelPart):
     def __init__(self, model, cfg):
         super().__init__()
         no_attention_layer = model.pattern["no_attention_layer"]
-        self.rw, self.lr, self.pa, self.pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
+        # uses_*: no string is their name, so an export reads them as the variant's literals (docs/export.md, rule 19)
+        self.uses_rw, self.uses_lr, self.uses_pa, self.pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
         self.k, self.rw_form, self.rw_scale = cfg.laurel_k, cfg.laurel_rw_form, cfg.laurel_rw_scale
         self.whole_block = cfg.laurel_where == "block"
         self.sites = laurel_sites(cfg.num_layers, no_attention_layer, cfg.laurel_where, cfg.laurel_layers)
@@ -94,12 +95,12 @@ class LaurelResiduals(ModelPart):
         self.layers = {layer for layer, _ in self.sites}
         # PA: site n reads the min(k, n + 1) inputs the history holds there; a gamma (or product) for an input that
         # is never there could never receive a gradient, so none is made.
-        self.history_lengths = [min(self.k, n + 1) for n in range(len(self.sites))] if self.pa else []
+        self.history_lengths = [min(self.k, n + 1) for n in range(len(self.sites))] if self.uses_pa else []
         self.gamma_start = [0, *accumulate(self.history_lengths)]
         # One product per site (LR, or PA's h shared by the k inputs, section 2.3) or per history entry (eq. 6).
         self.product_per_input = self.pa_lowrank and cfg.laurel_pa_h == "lowrank"
         counts = (self.history_lengths if self.product_per_input
-                  else [1] * len(self.sites) if self.lr or self.pa_lowrank else [])
+                  else [1] * len(self.sites) if self.uses_lr or self.pa_lowrank else [])
         self.product_start = [0, *accumulate(counts)]
         if counts:
             down, up = laurel_factors(sum(counts), cfg.laurel_rank, cfg.model_dim, cfg.laurel_factor_init,
@@ -110,9 +111,9 @@ class LaurelResiduals(ModelPart):
 
     def scalar_inits(self, dim):
         n, out = len(self.sites), {}
-        if self.rw:
+        if self.uses_rw:
             out["rw"] = torch.zeros({"single": (n, 1), "vector": (n, 2, dim)}.get(self.rw_form, (n, 2)))
-        if self.pa:
+        if self.uses_pa:
             # identity h: gamma = 0 (the term is zero and gamma's gradient h(x) is not). Low-rank h: the product is
             # already zero through its zero factor; gamma = 1 lets that factor's gradient through at the first
             # step (gamma = 0 with a zero factor would leave gamma, A and B at zero gradient forever).
@@ -127,20 +128,65 @@ class LaurelResiduals(ModelPart):
         """(alpha, beta, gamma) tensors from the model's scalar vector (None where the variant has none); gamma is
         flat, site n's entries start at gamma_start[n]."""
         alpha = beta = gamma = None
-        if self.rw:
+        if self.uses_rw:
             raw = model.scalar_slice("laurel.rw").view(self.rw_shape(model.cfg.model_dim))
             alpha, beta = laurel_rw_weights(raw, self.rw_form, self.rw_scale)
-        if self.pa:
+        if self.uses_pa:
             gamma = model.scalar_slice("laurel.gamma")
         return alpha, beta, gamma
 
     def residuals(self, model):
-        return LaurelPass(self, *self.weights(model)).for_layer
+        return self.new_pass(*self.weights(model)).for_layer
+
+    def new_pass(self, alpha, beta, gamma):
+        """A forward's LaurelPass with these weights and an empty PA history (None without PA)."""
+        return LaurelPass(self, alpha, beta, gamma, [] if self.uses_pa else None)
 
     def product(self, site, j, x):
         """B A x for the product of site `site` that reads its j-th history entry (LR and shared h: the one)."""
         index = self.product_start[site] + (j if self.product_per_input else 0)
         return F.linear(F.linear(x, self.down[index].type_as(x)), self.up[index].type_as(x))
+
+    def residual(self, laurel_pass, layer, site, x, parts):
+        """The LAuReL'd residual of f = the sum of `parts` (a tuple, added in order after g, so that at init the
+        sum is the baseline's, bit for bit), in the forward `laurel_pass` (its weights and PA history)."""
+        n = self.index.get((layer, site))
+        if n is None:  # the other site of a layer LAuReL'd at one site only
+            return sum_in_order(x, parts)
+        g = x
+        if self.uses_lr:  # eq. 3
+            g = x + self.product(n, 0, x)
+        if self.uses_pa:  # eq. 4: x_i + sum_j gamma_j h_j(x_{i-j}) over the inputs in the history
+            # A new list each time, never mutated in place: --compile regional hands the pass to compiled blocks,
+            # and a bounded deque mutated inside a trace outgrows its maxlen there.
+            laurel_pass.history = [x, *laurel_pass.history[:self.k - 1]]
+            extra = None
+            for j, earlier in enumerate(laurel_pass.history):
+                h = self.product(n, j, earlier) if self.pa_lowrank else earlier
+                term = laurel_pass.gamma[self.gamma_start[n] + j] * h
+                extra = term if extra is None else extra + term
+            g = x + extra
+        if self.uses_rw:  # eqs. 5 and 6: alpha f(x) + beta g
+            alpha, beta = laurel_pass.alpha[n], laurel_pass.beta[n]
+            if alpha.ndim:  # vector form: per-dimension weights in the activation dtype
+                alpha, beta = alpha.type_as(x), beta.type_as(x)
+            return sum_in_order(beta * g, [alpha * p for p in parts])
+        return sum_in_order(g, parts)
+
+    def site_residual(self, layer_residual, x, fx, site):
+        """A block's residual at `site` of layer_residual's layer (LayerResidual; here, so that whole_block is read
+        through self). With the whole-block site the attention residual stays plain and is remembered; the MLP's
+        then LAuReLs x_block + (attn + mlp)."""
+        laurel_pass, layer = layer_residual.laurel_pass, layer_residual.layer
+        if not self.whole_block:
+            return laurel_pass.residual(layer, site, x, (fx,))
+        if site == "attn":
+            layer_residual.attention = (x, fx)
+            return x + fx
+        if layer_residual.attention is None:
+            return laurel_pass.residual(layer, "block", x, (fx,))
+        x_block, attn = layer_residual.attention
+        return laurel_pass.residual(layer, "block", x_block, (attn, fx))
 
     @torch.no_grad()
     def named_scalars(self, model):
@@ -166,9 +212,8 @@ class LaurelPass:
     """One forward pass: the bounded weights, computed once, and the PA history (a list of at most k inputs, the
     newest first)."""
 
-    def __init__(self, module: LaurelResiduals, alpha, beta, gamma):
-        self.m, self.alpha, self.beta, self.gamma = module, alpha, beta, gamma
-        self.history = [] if module.pa else None
+    def __init__(self, module: LaurelResiduals, alpha, beta, gamma, history):
+        self.m, self.alpha, self.beta, self.gamma, self.history = module, alpha, beta, gamma, history
 
     def for_layer(self, layer):
         """The residual function a block calls as laurel(x, f(x), "attn" / "mlp"), or None (layer not LAuReL'd)."""
@@ -177,31 +222,7 @@ class LaurelPass:
         return LayerResidual(self, layer)
 
     def residual(self, layer, site, x, parts):
-        """The LAuReL'd residual of f = the sum of `parts` (a tuple, added in order after g, so that at init the
-        sum is the baseline's, bit for bit)."""
-        m = self.m
-        n = m.index.get((layer, site))
-        if n is None:  # the other site of a layer LAuReL'd at one site only
-            return sum_in_order(x, parts)
-        g = x
-        if m.lr:  # eq. 3
-            g = x + m.product(n, 0, x)
-        if m.pa:  # eq. 4: x_i + sum_j gamma_j h_j(x_{i-j}) over the inputs in the history
-            # A new list each time, never mutated in place: --compile regional hands the pass to compiled blocks,
-            # and a bounded deque mutated inside a trace outgrows its maxlen there.
-            self.history = [x, *self.history[:m.k - 1]]
-            extra = None
-            for j, earlier in enumerate(self.history):
-                h = m.product(n, j, earlier) if m.pa_lowrank else earlier
-                term = self.gamma[m.gamma_start[n] + j] * h
-                extra = term if extra is None else extra + term
-            g = x + extra
-        if m.rw:  # eqs. 5 and 6: alpha f(x) + beta g
-            alpha, beta = self.alpha[n], self.beta[n]
-            if alpha.ndim:  # vector form: per-dimension weights in the activation dtype
-                alpha, beta = alpha.type_as(x), beta.type_as(x)
-            return sum_in_order(beta * g, [alpha * p for p in parts])
-        return sum_in_order(g, parts)
+        return self.m.residual(self, layer, site, x, parts)
 
 
 def sum_in_order(first, rest):
@@ -211,24 +232,16 @@ def sum_in_order(first, rest):
 
 
 class LayerResidual:
-    """What a block calls at its residuals: laurel(x, fx, site) with site "attn" or "mlp". With the whole-block
-    site the attention residual stays plain and is remembered; the MLP call then LAuReLs
-    x_block + (attn + mlp), x_block being the attention's input (the MLP's own input in the layer without
+    """What a block calls at its residuals: laurel(x, fx, site) with site "attn" or "mlp"
+    (LaurelResiduals.site_residual); with the whole-block site it holds the layer's attention input and output
+    until the MLP's call, x_block being the attention's input (the MLP's own input in the layer without
     attention)."""
 
     def __init__(self, laurel_pass, layer):
         self.laurel_pass, self.layer, self.attention = laurel_pass, layer, None
 
     def __call__(self, x, fx, site):
-        if not self.laurel_pass.m.whole_block:
-            return self.laurel_pass.residual(self.layer, site, x, (fx,))
-        if site == "attn":
-            self.attention = (x, fx)
-            return x + fx
-        if self.attention is None:
-            return self.laurel_pass.residual(self.layer, "block", x, (fx,))
-        x_block, attn = self.attention
-        return self.laurel_pass.residual(self.layer, "block", x_block, (attn, fx))
+        return self.laurel_pass.m.site_residual(self, x, fx, site)
 
 
 LAUREL_FLAGS = (

@@ -1591,6 +1591,70 @@ def test_rule_19_an_attribute_set_to_one_tuple_of_constants_folds_and_its_loop_o
     assert "for s in (3, 1)]" in without_constant_attributes(two)
 
 
+DECIDED = """def mixed(a, b, c):
+    x = False and a.missing
+    z = True and (b or c) and (a if b else c)
+    w = False or a
+    v = c or True and (a or b)
+    if a:
+        return 1
+        print("never")
+    for i in (a, b):
+        if i:
+            continue
+            print("never")
+    return x, z, w, v
+    print("never")
+
+
+def generator():
+    return
+    yield 1
+
+
+def local_read():
+    return [seen for seen in ("no", "yes")]
+    seen = 1
+
+
+print(mixed(0, 2, 0), mixed(3, 0, 0), list(generator()), local_read())
+"""
+
+
+def test_rule_26_what_folding_leaves_decided_goes():
+    """LAuReL's file: `return sum_in_order(g, parts)` after the return `if self.uses_rw:` left unconditional, and
+    `self.product_per_input = False and ...`. A yield after a return (a generator) and a binding of a name read
+    elsewhere stay; the program prints the same."""
+    from speedrun.export import to_fixed_point, without_decided_residue
+    text = to_fixed_point(without_decided_residue, DECIDED)
+    assert text.count('print("never")') == 0 and "x = False\n" in text and "w = a\n" in text
+    assert "z = (b or c) and (a if b else c)\n" in text and "v = c or (a or b)\n" in text
+    assert "    yield 1\n" in text and "    seen = 1\n" in text
+    assert run_printed(text) == run_printed(DECIDED) == [((False, 0, 0, 2), 1, [], ["no", "yes"])]
+
+
+def test_rule_19_an_unpacking_of_literals_folds_its_attributes_and_keeps_its_other_items():
+    """LAuReL's `self.rw, self.lr, self.pa, self.pa_lowrank = (True, True, False, False)` (rule 24's value): each
+    attribute is its literal, its tests fold; an item that is no literal (or an attribute stored elsewhere too)
+    stays in an unpacking of the rest, and the program prints the same."""
+    from speedrun.export import without_constant_attributes
+    source = ("class Part:\n    def __init__(self, k):\n        self.uses_pa, self.k, self.dim = (False, k, 4)\n"
+              "        self.uses_rw, self.uses_lr = True, False\n\n"
+              "    def forward(self, x):\n        if self.uses_pa:\n            x = x * self.k\n"
+              "        if self.uses_rw:\n            x = x + self.dim\n"
+              "        return x if not self.uses_lr else -x\n\n\n"
+              "print(Part(3).forward(1))\n")
+    text = without_constant_attributes(source)
+    assert "        self.k = k\n" in text and "uses_" not in text and "self.dim" not in text
+    assert "    def forward(self, x):\n        x = x + 4\n        return x\n" in text
+    assert run_printed(text) == run_printed(source) == [(5,)]
+    elsewhere = source.replace("print(", "class Other:\n    def reset(self):\n        self.uses_pa = True\n\n\nprint(")
+    folded = without_constant_attributes(elsewhere)
+    assert "self.uses_pa, self.k = False, k" in folded and "if self.uses_pa:" in folded
+    starred = source.replace("self.uses_rw, self.uses_lr = True, False", "self.uses_rw, *rest = True, False")
+    assert "if self.uses_rw:" in without_constant_attributes(starred)
+
+
 @pytest.mark.parametrize("extra, kept", [
     ("setattr(part, input() if False else 'mode', 'x')\n", "every"),  # a name computed: nothing folds
     ("part.register_buffer('x_lambda', None) if False else None\n", "hasattr"),  # set by name
@@ -1991,6 +2055,8 @@ FIELDS = """class Part:
     def __init__(self, cfg):
         self.cfg = cfg
         self.sources = tuple(cfg.layers)
+        self.tag, self.seen = cfg.mode, cfg
+        self.summed = cfg.mode == "sum"
 
     def mixed(self, outputs):
         out = []
@@ -2021,8 +2087,11 @@ def test_rule_13_a_fixed_fields_other_reads_are_its_value_and_a_loop_of_one_item
     folds = {STUDY_FIELD + "layers": (3,), STUDY_FIELD + "mode": "sum"}
     read = fixed_fields_read(FIELDS, folds, readers=("parse",))
     assert "self.sources = (3,)" in read and "count = len((3,))" in read and "for name in (3,):" in read
-    # passed to a call, inside an expression (no `'sum' == "sum"`), or in the parsed flags' reader: still a read
-    assert "self.scale(self.cfg.mode)" in read and 'self.cfg.mode == "sum"' in read and "return args.layers" in read
+    assert "self.tag, self.seen = 'sum', cfg" in read  # an unpacking's item is a whole value
+    # passed to a call, inside an expression, or in the parsed flags' reader: still a read; a whole value comparing
+    # it with a literal: the comparison's truth
+    assert "self.scale(self.cfg.mode)" in read and "return args.layers" in read
+    assert 'self.cfg.mode == "sum"' in read and "self.summed = True" in read
     text = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}), read)
     assert "        out = []\n        out.append(outputs[3])\n        count = len((3,))\n" in text
     assert run_printed(text) == run_printed(FIELDS) == [(([13], "sumsum", 1, (3,), True), (3,))]

@@ -134,7 +134,7 @@ def test_each_variant_matches_the_reference_equation(flags):
     gamma = torch.randn(inits["gamma"].shape, generator=gen) if "gamma" in inits else None
     alpha, beta = (laurel_rw_weights(rw_raw, cfg.laurel_rw_form, cfg.laurel_rw_scale)
                    if rw_raw is not None else (None, None))
-    laurel_pass = LaurelPass(module, alpha, beta, gamma)
+    laurel_pass = module.new_pass(alpha, beta, gamma)
 
     histories = [[] for _ in range(tokens_per_seq)]
     checked = 0
@@ -422,7 +422,7 @@ def test_whole_block_site_weighs_attention_plus_mlp():
     gen = torch.Generator().manual_seed(3)
     raw = torch.randn(6, 2, generator=gen)
     alpha, beta = laurel_rw_weights(raw, "sigmoid", 2.0)
-    laurel_pass = LaurelPass(study, alpha, beta, None)
+    laurel_pass = study.new_pass(alpha, beta, None)
     x, attn, mlp = (torch.randn(1, 4, 64, generator=gen) for _ in range(3))
     residual = laurel_pass.for_layer(1)
     inner = residual(x, attn, "attn")
