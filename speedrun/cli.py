@@ -16,7 +16,7 @@ from speedrun.schedule import INIT_SCHEDULES
 from speedrun.data import VIRTUAL_RANKS
 from speedrun.distributed import exit_before_interpreter_teardown, setup_distributed
 from speedrun.errors import (HelpWithDefaults, OneLineErrorParser, ReportedByAnotherRank, UsageError,
-                             is_reporting_rank)
+                             end_quietly, is_reporting_rank)
 from speedrun.flag_scopes import EXPORT_ONLY_FLAGS, choices_help
 from speedrun.run_config import MAX_LAYERS, run_config_class
 from speedrun.studies import OFFERED_STUDIES
@@ -262,8 +262,9 @@ def run_main(resolve_args, run, argv=None, script=None, track_flags=()):
         args = resolve_args(with_fixed_flags(argv))
         proc = setup_distributed()
     except UsageError as e:  # every rank parses the same flags: rank 0 alone says what is wrong
-        if is_reporting_rank():
-            print(f"error: {e}", file=sys.stderr)
+        if not is_reporting_rank():
+            return end_quietly()
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         code = run_reporting_bad_input(run, args, proc)
@@ -280,7 +281,7 @@ def run_reporting_bad_input(run, args, proc):
     try:
         run(args, proc)
     except ReportedByAnotherRank:
-        return 2
+        return end_quietly()
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,11 @@
 
 import argparse
 import os
+import time
+
+# A rank that ends quietly on bad input another rank reports waits this long first: under torchrun the first worker
+# to exit makes the agent stop the others, and under load that could stop the reporting rank before its line.
+QUIET_RANK_GRACE_S = 5.0
 
 
 class UsageError(Exception):
@@ -15,6 +20,13 @@ class ReportedByAnotherRank(UsageError):
 def is_reporting_rank():
     """Whether this process prints the one line of bad input that every rank finds alike (torchrun's rank 0)."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def end_quietly(status=2):
+    """status, after QUIET_RANK_GRACE_S where other ranks run (the reporting rank's exit then ends this one first)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        time.sleep(QUIET_RANK_GRACE_S)
+    return status
 
 
 class HelpWithDefaults(argparse.HelpFormatter):
@@ -31,7 +43,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """Bad flags end the process with one line and exit 2 (not the whole usage text)."""
 
     def error(self, message):  # under torchrun every rank parses the same flags: rank 0 alone says what is wrong
-        self.exit(2, f"error: {message} (see --help)\n" if is_reporting_rank() else None)
+        self.exit(2, f"error: {message} (see --help)\n") if is_reporting_rank() else self.exit(end_quietly())
 
 
 def parse_int_flag(value, flag):

@@ -2158,7 +2158,7 @@ def fixed_fields_read(text, folds, readers=()):
     of a tuple is the tuple), outside the functions `readers` (which read the flags as parsed); so is a comparison of
     such reads and literals that is a whole value its truth (LAuReL's `self.whole_block = cfg.laurel_where ==
     "block"` is False). Another read inside an expression or passed to a call stays (rule 22 decides a parameter by
-    the field a call passes: `normed=cfg.backout_mode != "subtract"`).
+    the field a call passes: `normed=cfg.backout_mode == "sum"`).
     check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
     fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
     if not fields:
@@ -2182,16 +2182,20 @@ def fixed_fields_read(text, folds, readers=()):
         return []
 
     # a comparison of a fixed field with literals that is a whole value is its truth (LAuReL's `self.whole_block =
-    # cfg.laurel_where == "block"`); passed to a call it stays, for rule 22 (`normed=cfg.backout_mode != "subtract"`)
+    # cfg.laurel_where == "block"`); passed to a call it stays, for rule 22 (`normed=cfg.backout_mode == "sum"`)
     compared = [n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Compare) and all(
         type(op) in VALUE_COMPARISONS for op in n.ops) and all(field_value(v) for v in [n.left, *n.comparators])
         and not all(isinstance(v, ast.Constant) for v in [n.left, *n.comparators])]
 
     def truth(n):
+        """The comparison's value, or None where it raises (`None < 3`: the code that reads it never runs)."""
         values = [field_value(v)[0] for v in [n.left, *n.comparators]]
-        return all(VALUE_COMPARISONS[type(op)](a, b) for op, a, b in zip(n.ops, values, values[1:]))
+        try:
+            return all(VALUE_COMPARISONS[type(op)](a, b) for op, a, b in zip(n.ops, values, values[1:]))
+        except TypeError:
+            return None
 
-    edits = [(n, repr(truth(n))) for n in compared]
+    edits = [(n, repr(truth(n))) for n in compared if truth(n) is not None]
     for n in ast.walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in fields \
                 and reads_config(n.value) and id(n) not in inside and (id(n) in whole or id(n) in converted):

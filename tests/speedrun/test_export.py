@@ -2058,6 +2058,9 @@ FIELDS = """class Part:
         self.tag, self.seen = cfg.mode, cfg
         self.summed = cfg.mode == "sum"
 
+    def never_called(self):
+        self.ordered = self.cfg.mode < 3  # incomparable: kept as it is
+
     def mixed(self, outputs):
         out = []
         for name in self.cfg.layers:
@@ -2092,6 +2095,7 @@ def test_rule_13_a_fixed_fields_other_reads_are_its_value_and_a_loop_of_one_item
     # it with a literal: the comparison's truth
     assert "self.scale(self.cfg.mode)" in read and "return args.layers" in read
     assert 'self.cfg.mode == "sum"' in read and "self.summed = True" in read
+    assert "self.ordered = self.cfg.mode < 3" in read
     text = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}), read)
     assert "        out = []\n        out.append(outputs[3])\n        count = len((3,))\n" in text
     assert run_printed(text) == run_printed(FIELDS) == [(([13], "sumsum", 1, (3,), True), (3,))]
