@@ -43,7 +43,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """Bad flags end the process with one line and exit 2 (not the whole usage text)."""
 
     def error(self, message):  # under torchrun every rank parses the same flags: rank 0 alone says what is wrong
-        self.exit(2, f"error: {message} (see --help)\n") if is_reporting_rank() else self.exit(end_quietly())
+        if is_reporting_rank():
+            self.exit(2, f"error: {message} (see --help)\n")
+        self.exit(end_quietly())
 
 
 def parse_int_flag(value, flag):

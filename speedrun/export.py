@@ -38,7 +38,9 @@ import collections
 import builtins
 import functools
 import importlib
+import itertools
 import json
+import keyword
 import math
 import operator
 import re
@@ -982,38 +984,28 @@ def operand_source(text, node, op):
     return f"({source})" if wrapped else source
 
 
-def bound_names(statement):
-    """The names a statement binds or declares: stores and deletions, functions and classes it defines, imports,
-    `global`/`nonlocal`, `except ... as`."""
-    names = set()
-    for n in ast.walk(statement):
-        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
-            names.add(n.id)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(n.name)
-        elif isinstance(n, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
-        elif isinstance(n, (ast.Global, ast.Nonlocal)):
-            names |= set(n.names)
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            names.add(n.name)
-    return names
-
-
 def without_decided_residue(text):
     """Rule 26: what folding leaves decided goes (with rules 19, 22 and 24, until none changes the file):
     - a block's statements after its `return`, `raise`, `continue` or `break` (LAuReL's `return sum_in_order(g,
-      parts)` after the return its `if self.uses_rw:` left unconditional);
+      parts)` after the return its `if self.uses_rw:` left unconditional), not a `yield` nor a binding of a name read
+      elsewhere that no assignment before the block's end binds too;
     - an `and`/`or` whose first operand is a literal: `False and X` is `False` and `True or X` is `True` (X was never
       evaluated), `True and X` is X and `False or X` is X (LAuReL's `self.product_per_input = False and ...`)."""
     tree = ast.parse(text)
     gone = [s for block in statement_blocks(tree) for i, s in enumerate(block)
             if any(isinstance(earlier, BLOCK_ENDS) for earlier in block[:i])]
     # kept where they still decide something: a `yield` makes a generator; a name they bind is local to its
-    # function (or bound by a declaration), so a read of it elsewhere would read another variable without them
+    # function (or bound by a declaration), so a read of it elsewhere would read another variable without them,
+    # unless a plain assignment before the block's end binds it there too (`w = ...; return w[:, 0], ...; w = ...`)
     inside = {id(n) for s in gone for n in ast.walk(s)}
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in inside}
-    gone = [s for s in gone if not bound_names(s) & read
+    live = {id(block[0]): block[:next((i for i, s in enumerate(block) if isinstance(s, BLOCK_ENDS)), len(block))]
+            for block in statement_blocks(tree) if block}
+    still_bound = {id(s): {t.id for kept in live[id(block[0])] if isinstance(kept, (ast.Assign, ast.AnnAssign))
+                           for target in (kept.targets if isinstance(kept, ast.Assign) else [kept.target])
+                           for t in ast.walk(target) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+                   for block in statement_blocks(tree) for s in block}
+    gone = [s for s in gone if not (set(file_bindings(s)) & read) - still_bound[id(s)]
             and not any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in ast.walk(s))]
     if gone:
         return without_statements(text, tree, gone)
@@ -1105,6 +1097,7 @@ def without_literal_residue(text):
     literals += [(n, repr(len(n.args[0].elts))) for n in ast.walk(tree) if builtin_call(n, ("len",))
                  and isinstance(n.args[0], (ast.Tuple, ast.List))
                  and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
+    literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n)] if value is not None]
     if literals:  # before the loops: a loop's sequence may hold one, and its edit spans the sequence's source
         text = replace_spans(text, literals)
         tree = ast.parse(text)
@@ -1122,6 +1115,93 @@ def without_literal_residue(text):
                 edits += [(target, ast.get_source_segment(text, target.elts[1])),
                           (loop.iter, ast.get_source_segment(text, loop.iter.args[0]))]
     return replace_spans(text, edits) if edits else text
+
+
+def only_reads_displays(node):
+    """Whether an expression only reads (only_reads) or is a tuple or list display of such: building it has no
+    effect."""
+    return only_reads(node) or isinstance(node, (ast.Tuple, ast.List)) and all(map(only_reads_displays, node.elts))
+
+
+def display_lookup(text, node):
+    """The source of what a lookup by a constant key in a dict display of constant keys reads (`{"single": (n, 1),
+    "vector": (n, 2, dim)}.get('softmax', (n, 2))` reads `(n, 2)`: LAuReL's shapes once its form folded), or None
+    where the node is no such lookup or a value it drops would do something when built."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+            and not node.keywords and len(node.args) in (1, 2) and not isinstance(node.args[-1], ast.Starred):
+        table, key, default = node.func.value, node.args[0], node.args[1:]
+    elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        table, key, default = node.value, node.slice, None
+    else:
+        return None
+    if not (isinstance(table, ast.Dict) and isinstance(key, ast.Constant)
+            and all(isinstance(k, ast.Constant) for k in table.keys) and all(map(only_reads_displays, table.values))):
+        return None
+    found = [v for k, v in zip(table.keys, table.values) if k.value == key.value and hash(k.value) == hash(key.value)]
+    if found:
+        return parenthesised(text, found[-1])  # a display's later entry of a key replaces an earlier one
+    if default is None:  # `{...}[missing]` raises: it stays
+        return None
+    return parenthesised(text, default[0]) if default else "None"
+
+
+def without_redundant_parentheses(text):
+    """Rule 27: the parentheses folding leaves around one expression where they change nothing (`(laurel_column_
+    orthogonal)(count, 16, dim)` of a folded `(a if c else b)(...)`, `+ (0)`, `torch.zeros(((n, 2)))`, `counts = ([1]
+    * n)`): a pair on one line around an atom (a name, constant, attribute, call, item or display) or around an
+    assigned or returned value, opening after an operator, bracket or keyword (not a call's), the file's syntax tree
+    the same without it."""
+    while True:
+        tree = ast.parse(text)
+        lines = text.split("\n")
+        starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+
+        def offset(line, column):  # ast's columns count UTF-8 bytes
+            return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
+
+        whole = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                                                          ast.Return)) and n.value is not None}
+        in_strings = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+        pairs = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.expr) or id(node) in in_strings or node.lineno != node.end_lineno \
+                    or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
+                continue
+            start, end = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+            before = text[:start - 1].rstrip()
+            word = re.search(r"\w*$", before).group()
+            called = before and (before[-1] in ")]}'\"" or word and not keyword.iskeyword(word))  # `f(x)`, `d[k](x)`
+            if start and text[start - 1] == "(" and text[end:end + 1] == ")" and not called:
+                pairs.add((start - 1, end))
+        if not pairs:
+            return text
+        expected = ast.dump(tree)
+        if not parses_as(without_pairs(text, pairs), expected):  # one that mattered: each alone, then those together
+            pairs = [pair for pair in sorted(pairs) if parses_as(without_pairs(text, [pair]), expected)]
+            if len(pairs) > 1 and not parses_as(without_pairs(text, pairs), expected):
+                pairs = pairs[:1]
+        if not pairs:
+            return text
+        text = without_pairs(text, pairs)
+
+
+# Expressions that read the same with or without parentheses around them (rule 27).
+PAREN_FREE_ATOMS = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Dict, ast.Set,
+                    ast.ListComp, ast.DictComp, ast.SetComp, ast.Tuple)
+
+
+def without_pairs(text, pairs):
+    """The text without the characters at the positions of each (open, close) pair."""
+    cut = {i for pair in pairs for i in pair}
+    return "".join(c for i, c in enumerate(text) if i not in cut)
+
+
+def parses_as(text, expected):
+    """Whether the text parses to the syntax tree dumped as `expected`."""
+    try:
+        return ast.dump(ast.parse(text)) == expected
+    except SyntaxError:
+        return False
 
 
 def without_unread_definitions(text):
@@ -1234,8 +1314,9 @@ def without_constant_attributes(text):
         return isinstance(target, ast.Attribute) and target.attr in constants
 
     tree = ast.parse(text)  # an unpacking that also stores others keeps their items alone
-    partly = [(s, [(t, v) for t, v in unpacked_items(s) if not folded(t)]) for s in ast.walk(tree)
-              if any(folded(t) for t, _ in unpacked_items(s)) and not all(folded(t) for t, _ in unpacked_items(s))]
+    unpackings = [(s, unpacked_items(s)) for s in ast.walk(tree)]
+    partly = [(s, [(t, v) for t, v in pairs if not folded(t)]) for s, pairs in unpackings
+              if any(folded(t) for t, _ in pairs) and not all(folded(t) for t, _ in pairs)]
     text = replace_spans(text, [(s, ", ".join(ast.get_source_segment(text, t) for t, _ in kept) + " = "
                                  + ", ".join(ast.get_source_segment(text, v) for _, v in kept)) for s, kept in partly])
     tree = ast.parse(text)
@@ -1911,8 +1992,8 @@ def global_names(function):
 
 
 def file_bindings(tree):
-    """How many times the file binds each name: stores, parameters, global and nonlocal declarations, functions and
-    classes it defines and names it imports."""
+    """How many times the file (or a statement) binds each name: stores, parameters, global and nonlocal declarations,
+    functions and classes it defines, names it imports and `except ... as` names."""
     bindings = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
                                    and not isinstance(n.ctx, ast.Load))
     bindings.update(declared_names(tree))
@@ -1920,20 +2001,16 @@ def file_bindings(tree):
                                                                      ast.ClassDef)))
     bindings.update(a.asname or a.name.split(".")[0] for n in ast.walk(tree)
                     if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names)
+    bindings.update(n.name for n in ast.walk(tree) if isinstance(n, ast.ExceptHandler) and n.name)
     return bindings
 
 
 def assigned_locals(statement):
     """[(name, value node)] of `x = value` or `a, b = value_a, value_b` (names only); [] for any other statement."""
-    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
-        return []
-    target, value = statement.targets[0], statement.value
-    if isinstance(target, ast.Name):
-        return [(target.id, value)]
-    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts) \
-            and all(isinstance(t, ast.Name) for t in target.elts):
-        return [(t.id, v) for t, v in zip(target.elts, value.elts)]
-    return []
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        return [(statement.targets[0].id, statement.value)]
+    pairs = unpacked_items(statement)
+    return [(t.id, v) for t, v in pairs] if all(isinstance(t, ast.Name) for t, _ in pairs) else []
 
 
 def unpacked_locals(statement):
@@ -2195,7 +2272,7 @@ def fixed_fields_read(text, folds, readers=()):
         except TypeError:
             return None
 
-    edits = [(n, repr(truth(n))) for n in compared if truth(n) is not None]
+    edits = [(n, repr(value)) for n, value in ((n, truth(n)) for n in compared) if value is not None]
     for n in ast.walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in fields \
                 and reads_config(n.value) and id(n) not in inside and (id(n) in whole or id(n) in converted):
@@ -3487,7 +3564,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`)
     folded = to_fixed_point(lambda text: without_decided_residue(without_inert_code(without_literal_parameters(
         without_constant_attributes(text)))), folded)
-    spaced = without_unread_definitions(without_literal_residue(without_single_use_aliases(folded)))
+    spaced = without_redundant_parentheses(without_unread_definitions(without_literal_residue(
+        without_single_use_aliases(folded))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

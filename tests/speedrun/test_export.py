@@ -1617,20 +1617,34 @@ def local_read():
     seen = 1
 
 
-print(mixed(0, 2, 0), mixed(3, 0, 0), list(generator()), local_read())
+def rebound(raw):
+    w = raw * 2
+    return w + 1
+    w = raw * 3
+
+
+def only_dead_bindings():
+    return [w for w in (7,)]
+    w = 1
+    w = 2
+
+
+print(mixed(0, 2, 0), mixed(3, 0, 0), list(generator()), local_read(), rebound(1), only_dead_bindings())
 """
 
 
 def test_rule_26_what_folding_leaves_decided_goes():
     """LAuReL's file: `return sum_in_order(g, parts)` after the return `if self.uses_rw:` left unconditional, and
     `self.product_per_input = False and ...`. A yield after a return (a generator) and a binding of a name read
-    elsewhere stay; the program prints the same."""
+    elsewhere stay, unless the block binds the name before its end (LAuReL's `w = scale * torch.sigmoid(raw)` after
+    `return w[:, 0], w[:, 1]`); the program prints the same."""
     from speedrun.export import to_fixed_point, without_decided_residue
     text = to_fixed_point(without_decided_residue, DECIDED)
     assert text.count('print("never")') == 0 and "x = False\n" in text and "w = a\n" in text
     assert "z = (b or c) and (a if b else c)\n" in text and "v = c or (a or b)\n" in text
     assert "    yield 1\n" in text and "    seen = 1\n" in text
-    assert run_printed(text) == run_printed(DECIDED) == [((False, 0, 0, 2), 1, [], ["no", "yes"])]
+    assert "raw * 3" not in text and "    w = 1\n    w = 2\n" in text  # bound before the end; bound by dead ones only
+    assert run_printed(text) == run_printed(DECIDED) == [((False, 0, 0, 2), 1, [], ["no", "yes"], 3, [7])]
 
 
 def test_rule_19_an_unpacking_of_literals_folds_its_attributes_and_keeps_its_other_items():
@@ -1831,6 +1845,64 @@ def test_rule_23_a_number_conversion_of_a_literal_and_an_unread_loop_index_fold(
     if not binding:
         assert run_printed(text) == run_printed(source) == [(([2.0 + 4, 4.0 + 4, 0, 2], False, 1.0, 2, 1),), (5, 0),
                                                             (1,), (9,)]
+
+
+LOOKUPS = """def shapes(n, dim, form, made):
+    table = {"single": (n, 1), "vector": (n, 2, dim)}
+    return ({"single": (n, 1), "vector": (n, 2, dim)}.get('softmax', (n, 2)),
+            {"single": (n, 1), "single": (n, 3)}["single"], {"a": n}.get("b"), table.get("single"),
+            {"a": n, "b": made()}.get("a"), {"a": n}.get(form, dim), {"a": n, 1: dim}[1.0])
+
+
+print(shapes(4, 8, "a", list))
+"""
+
+
+def test_rule_23_a_lookup_by_a_literal_in_a_dict_display_is_its_value():
+    """LAuReL's `{"single": (n, 1), "vector": (n, 2, dim)}.get('softmax', (n, 2))` once its form folded: a lookup by a
+    literal key in a display of literal keys is the value it finds (the later of a key given twice; `1.0` finds `1`),
+    or the default; not in a display held by a name, one whose values call something, or by a key that is no
+    literal; the program prints the same."""
+    from speedrun.export import without_literal_residue
+    text = without_literal_residue(LOOKUPS)
+    assert "    return (((n, 2)),\n            ((n, 3)), None, table.get(\"single\"),\n" in text
+    assert '{"a": n, "b": made()}.get("a"), {"a": n}.get(form, dim), dim)' in text
+    assert run_printed(text) == run_printed(LOOKUPS) == [(((4, 2), (4, 3), None, (4, 1), 4, 4, 8),)]
+    missing = 'print({"a": 1}["b"])\n'  # raises: it stays
+    assert without_literal_residue(missing) == missing
+
+
+PARENTHESES = """def f(n, start, a, b, c, x, y):
+    made = (list)((n, 2))
+    counts = ([1] * n)
+    index = start[0] + (0)
+    shape = tuple(((n, 2)))
+    keep = (a + b) * c
+    pair, call = (x, y), max((x, y))
+    real = (1).real
+    text = f"{(a)}"
+    multi = (a +
+             b)
+    pair = pair if not (x) else (y)
+    return (made, counts, index, shape, keep, pair, call, real, text, multi)
+
+
+print(f(2, [5], 1, 2, 3, 4, 5))
+"""
+
+
+def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
+    """LAuReL's file kept `(laurel_column_orthogonal)(count, 16, dim)`, `counts = ([1] * len(self.sites))` and `+ (0)`
+    of folded conditional expressions: they go; a call's, a tuple's, a grouping's, a multi-line expression's, a
+    number's before its attribute and an f-string's stay; the program prints the same."""
+    from speedrun.export import without_redundant_parentheses
+    text = without_redundant_parentheses(PARENTHESES)
+    assert "made = list((n, 2))\n" in text and "counts = [1] * n\n" in text and "start[0] + 0\n" in text
+    assert "shape = tuple((n, 2))\n" in text and "keep = (a + b) * c\n" in text
+    assert "pair, call = (x, y), max((x, y))\n" in text and "(1).real" in text and 'f"{(a)}"' in text
+    assert "multi = (a +\n" in text and "if not x else y" in text and "return (made, counts" in text
+    assert run_printed(text) == run_printed(PARENTHESES)
+    assert without_redundant_parentheses(text) == text
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
