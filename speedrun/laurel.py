@@ -190,8 +190,8 @@ class LaurelResiduals(ModelPart):
 
     @torch.no_grad()
     def named_scalars(self, model):
-        """alpha, beta (bounded values; the mean for the vector form) and gamma_j per LAuReL'd residual."""
-        # tested by the switches, not by the values: an export folds them with the variant (docs/export.md, rule 19)
+        """alpha, beta (bounded values; the mean for the vector form) and gamma_j per LAuReL'd residual. Tested by the
+        switches, not by the values: an export folds them with the variant (docs/export.md, rule 19)."""
         out = {}
         alpha, beta, gamma = self.weights(model)
         if self.uses_rw:
