@@ -992,20 +992,20 @@ def without_decided_residue(text):
     - an `and`/`or` whose first operand is a literal: `False and X` is `False` and `True or X` is `True` (X was never
       evaluated), `True and X` is X and `False or X` is X (LAuReL's `self.product_per_input = False and ...`)."""
     tree = ast.parse(text)
-    gone = [s for block in statement_blocks(tree) for i, s in enumerate(block)
-            if any(isinstance(earlier, BLOCK_ENDS) for earlier in block[:i])]
+    ended = {}  # a block's statements after its first end -> the names its statements before that end assign
+    for block in statement_blocks(tree):
+        end = next((i for i, s in enumerate(block) if isinstance(s, BLOCK_ENDS)), len(block))
+        if end + 1 < len(block):
+            bound = {t.id for kept in block[:end] if isinstance(kept, (ast.Assign, ast.AnnAssign))
+                     for target in (kept.targets if isinstance(kept, ast.Assign) else [kept.target])
+                     for t in ast.walk(target) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+            ended.update({id(s): (s, bound) for s in block[end + 1:]})
     # kept where they still decide something: a `yield` makes a generator; a name they bind is local to its
     # function (or bound by a declaration), so a read of it elsewhere would read another variable without them,
     # unless a plain assignment before the block's end binds it there too (`w = ...; return w[:, 0], ...; w = ...`)
-    inside = {id(n) for s in gone for n in ast.walk(s)}
+    inside = {id(n) for s, _ in ended.values() for n in ast.walk(s)}
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in inside}
-    live = {id(block[0]): block[:next((i for i, s in enumerate(block) if isinstance(s, BLOCK_ENDS)), len(block))]
-            for block in statement_blocks(tree) if block}
-    still_bound = {id(s): {t.id for kept in live[id(block[0])] if isinstance(kept, (ast.Assign, ast.AnnAssign))
-                           for target in (kept.targets if isinstance(kept, ast.Assign) else [kept.target])
-                           for t in ast.walk(target) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
-                   for block in statement_blocks(tree) for s in block}
-    gone = [s for s in gone if not (set(file_bindings(s)) & read) - still_bound[id(s)]
+    gone = [s for s, bound in ended.values() if not (set(file_bindings(s)) & read) - bound
             and not any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in ast.walk(s))]
     if gone:
         return without_statements(text, tree, gone)
@@ -1168,10 +1168,11 @@ def without_redundant_parentheses(text):
                     or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
                 continue
             start, end = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
-            before = text[:start - 1].rstrip()
+            if not (start and text[start - 1] == "(" and text[end:end + 1] == ")"):
+                continue
+            before = text[max(0, start - 1 - LOOK_BACK):start - 1].rstrip()  # not the whole text for each node
             word = re.search(r"\w*$", before).group()
-            called = before and (before[-1] in ")]}'\"" or word and not keyword.iskeyword(word))  # `f(x)`, `d[k](x)`
-            if start and text[start - 1] == "(" and text[end:end + 1] == ")" and not called:
+            if not (before and (before[-1] in ")]}'\"" or word and not keyword.iskeyword(word))):  # `f(x)`, `d[k](x)`
                 pairs.add((start - 1, end))
         if not pairs:
             return text
@@ -1184,6 +1185,9 @@ def without_redundant_parentheses(text):
             return text
         text = without_pairs(text, pairs)
 
+
+# How far back rule 27 looks for what precedes an opening parenthesis (past blanks: a call's name, an operator).
+LOOK_BACK = 1000
 
 # Expressions that read the same with or without parentheses around them (rule 27).
 PAREN_FREE_ATOMS = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Dict, ast.Set,

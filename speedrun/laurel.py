@@ -190,19 +190,22 @@ class LaurelResiduals(ModelPart):
 
     @torch.no_grad()
     def named_scalars(self, model):
-        """alpha, beta (bounded values; the mean for the vector form) and gamma_j per LAuReL'd residual."""
+        """alpha, beta (bounded values; the mean for the vector form) and gamma_j per LAuReL'd residual. Tested by the
+        switches, not by the values: an export folds them with the variant (docs/export.md, rule 19)."""
         out = {}
         alpha, beta, gamma = self.weights(model)
-        if alpha is not None and alpha.ndim > 1:
-            alpha, beta = alpha.mean(dim=-1), beta.mean(dim=-1)
+        if self.uses_rw:
+            if self.rw_form == "vector":  # per-dimension alpha and beta: their mean
+                alpha, beta = alpha.mean(dim=-1), beta.mean(dim=-1)
+            alpha, beta = alpha.tolist(), beta.tolist()
+        if self.uses_pa:
+            gamma = gamma.tolist()
         suffix = ".mean" if self.rw_form == "vector" else ""
-        alpha, beta = (None, None) if alpha is None else (alpha.tolist(), beta.tolist())
-        gamma = None if gamma is None else gamma.tolist()
         for n, (layer, site) in enumerate(self.sites):
             key = f"laurel.L{layer}.{site}"
-            if alpha is not None:
+            if self.uses_rw:
                 out[f"{key}.alpha{suffix}"], out[f"{key}.beta{suffix}"] = alpha[n], beta[n]
-            if gamma is not None:
+            if self.uses_pa:
                 for j, value in enumerate(gamma[self.gamma_start[n]:self.gamma_start[n + 1]]):
                     out[f"{key}.gamma{j}"] = value
         return out
