@@ -1137,7 +1137,7 @@ def display_lookup(text, node):
     if not (isinstance(table, ast.Dict) and isinstance(key, ast.Constant)
             and all(isinstance(k, ast.Constant) for k in table.keys) and all(map(only_reads_displays, table.values))):
         return None
-    found = [v for k, v in zip(table.keys, table.values) if k.value == key.value and hash(k.value) == hash(key.value)]
+    found = [v for k, v in zip(table.keys, table.values) if k.value == key.value]
     if found:
         return parenthesised(text, found[-1])  # a display's later entry of a key replaces an earlier one
     if default is None:  # `{...}[missing]` raises: it stays
@@ -1153,12 +1153,7 @@ def without_redundant_parentheses(text):
     the same without it."""
     while True:
         tree = ast.parse(text)
-        lines = text.split("\n")
-        starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-
-        def offset(line, column):  # ast's columns count UTF-8 bytes
-            return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
-
+        span_of = source_spans(text)
         whole = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                           ast.Return)) and n.value is not None}
         in_strings = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
@@ -1167,7 +1162,7 @@ def without_redundant_parentheses(text):
             if not isinstance(node, ast.expr) or id(node) in in_strings or node.lineno != node.end_lineno \
                     or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
                 continue
-            start, end = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+            start, end = span_of(node)
             if not (start and text[start - 1] == "(" and text[end:end + 1] == ")"):
                 continue
             before = text[max(0, start - 1 - LOOK_BACK):start - 1].rstrip()  # not the whole text for each node
@@ -1878,17 +1873,21 @@ def only_statement(tree, node):
 
 
 def replace_spans(text, edits):
-    """The source with each expression node of `edits` [(node, its new source)] replaced (the nodes apart; ast's
-    columns count UTF-8 bytes)."""
-    encoded = text.encode()
-    starts = [0]
-    for line in encoded.split(b"\n"):
-        starts.append(starts[-1] + len(line) + 1)
-    spans = [(starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset, new.encode())
-             for n, new in edits]
-    for first, last, new in sorted(spans, key=lambda span: span[0], reverse=True):
-        encoded = encoded[:first] + new + encoded[last:]
-    return encoded.decode()
+    """The source with each expression node of `edits` [(node, its new source)] replaced (the nodes apart)."""
+    span_of = source_spans(text)
+    for (first, last), new in sorted(((span_of(n), new) for n, new in edits), key=lambda edit: edit[0], reverse=True):
+        text = text[:first] + new + text[last:]
+    return text
+
+
+def source_spans(text):
+    """The function giving an ast node's (start, end) character offsets in `text` (ast's columns count UTF-8 bytes)."""
+    lines = text.split("\n")
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+
+    def offset(line, column):
+        return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
+    return lambda node: (offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset))
 
 
 def study_parts_of_base(text, on_r18):
