@@ -1145,6 +1145,59 @@ def display_lookup(text, node):
     return parenthesised(text, default[0]) if default else "None"
 
 
+def without_unread_model_fields(text):
+    """Rule 28: of a declaration that gives its model fields as literals (rule 16's `model_fields=(...)` and
+    `model_config=lambda ...: {...}`), the fields after the first (Study.in_model reads that one by position) that
+    the file reads nowhere else - no attribute, string or keyword of the name but the keys of LEFT_OUT_FIELDS, which
+    log them - go from both (the record's backout_mode, ..., folded into its code). The model config then holds one
+    field less; nothing logs or saves it whole (the run's config line takes those values from LEFT_OUT_FIELDS)."""
+    tree = ast.parse(text)
+    declared = []  # (its model_fields tuple, its model_config dict, the names in the tuple's order)
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == Study.__name__):
+            continue
+        given = {k.arg: k.value for k in call.keywords}
+        fields, values = given.get("model_fields"), given.get("model_config")
+        if not (isinstance(fields, ast.Tuple) and isinstance(values, ast.Lambda) and isinstance(values.body, ast.Dict)
+                and all(isinstance(e, ast.Tuple) and e.elts and isinstance(e.elts[0], ast.Constant) for e in fields.elts)
+                and all(isinstance(k, ast.Constant) for k in values.body.keys)):
+            continue
+        declared.append((fields, values.body, [e.elts[0].value for e in fields.elts]))
+    if not declared:
+        return text
+    logged = next((s.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                   and isinstance(s.targets[0], ast.Name) and s.targets[0].id == "LEFT_OUT_FIELDS"
+                   and isinstance(s.value, ast.Dict)), None)
+    skipped = {id(n) for fields, values, _ in declared for node in (fields, values) for n in ast.walk(node)}
+    skipped |= {id(k) for k in (logged.keys if logged is not None else ())}
+    read = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Attribute):
+            read.add(node.attr)
+        elif isinstance(node, ast.keyword):
+            read.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            read.add(node.value)
+    edits, lines = [], text.split("\n")
+    for fields, values, names in declared:
+        unread = {name for name in names[1:] if name not in read}
+        if not unread:
+            continue
+        line = lines[fields.lineno - 1]
+        indent = " " * (len(line) - len(line.lstrip()) + 4)  # the declaration's continued lines
+        kept = [ast.get_source_segment(text, e) for e, name in zip(fields.elts, names) if name not in unread]
+        opening = " " * fields.col_offset + "("
+        edits.append((fields, "\n".join(packed_items(opening, kept, ",)" if len(kept) == 1 else ")", indent))
+                      [len(opening) - 1:]))
+        kept = [f"{ast.get_source_segment(text, k)}: {ast.get_source_segment(text, v)}"
+                for k, v in zip(values.keys, values.values) if k.value not in unread]
+        opening = " " * values.col_offset + "{"
+        edits.append((values, "\n".join(packed_items(opening, kept, "}", indent))[len(opening) - 1:]))
+    return replace_spans(text, edits) if edits else text
+
+
 def without_redundant_parentheses(text):
     """Rule 27: the parentheses folding leaves around one expression where they change nothing (`(laurel_column_
     orthogonal)(count, 16, dim)` of a folded `(a if c else b)(...)`, `+ (0)`, `torch.zeros(((n, 2)))`, `counts = ([1]
@@ -3567,8 +3620,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`)
     folded = to_fixed_point(lambda text: without_decided_residue(without_inert_code(without_literal_parameters(
         without_constant_attributes(text)))), folded)
-    spaced = without_redundant_parentheses(without_unread_definitions(without_literal_residue(
-        without_single_use_aliases(folded))))
+    spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
+        without_literal_residue(without_single_use_aliases(folded)))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

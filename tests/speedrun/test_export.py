@@ -1905,6 +1905,45 @@ def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
     assert without_redundant_parentheses(text) == text
 
 
+MODEL_FIELDS = """from dataclasses import dataclass, make_dataclass, field, replace
+
+LEFT_OUT_FIELDS = {'on': [3], 'mode': 'sum', 'scale': 2.0, 'width': 8, 'label': 'x'}
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    model_fields: tuple
+    model_config: object
+
+
+ARM = Study(
+    name="arm", model_fields=(('on', tuple, ()), ('mode', str, None), ('scale', float, None), ('width', int, None),
+        ('label', str, None)),
+    model_config=lambda model_cfg, config: {'on': (3,), 'mode': 'sum', 'scale': 2.0, 'width': 8, 'label': 'x'},
+)
+Config = make_dataclass("Config", [(n, k, field(default=d)) for n, k, d in ARM.model_fields])
+cfg = replace(Config(), **ARM.model_config(None, None))
+wider = replace(cfg, width=cfg.scale * 4)
+print(sorted(LEFT_OUT_FIELDS), wider.width, getattr(cfg, "label"), {n: d for n, _, d in ARM.model_fields})
+"""
+
+
+def test_rule_28_a_fixed_declarations_model_fields_the_file_reads_nowhere_go():
+    """The record's backout_mode, ..., folded into its code, leave its declaration: a field read by no attribute,
+    keyword or string but LEFT_OUT_FIELDS' keys goes from model_fields and model_config; the first stays (in_model
+    reads it by position), as do one read as an attribute (`scale`), a keyword (`width=`) or a string (`"label"`)."""
+    from speedrun.export import without_unread_model_fields
+    text = without_unread_model_fields(MODEL_FIELDS)
+    assert "    name=\"arm\", model_fields=(('on', tuple, ()), ('scale', float, None), ('width', int, None), ('label', " \
+        "str, None)),\n" in text
+    assert "model_config=lambda model_cfg, config: {'on': (3,), 'scale': 2.0, 'width': 8, 'label': 'x'},\n" in text
+    assert "'mode'" not in text.split("LEFT_OUT_FIELDS = {")[1].split("}", 1)[1]  # logged still
+    printed = run_printed(text)
+    assert printed[0][:3] == run_printed(MODEL_FIELDS)[0][:3] and "mode" not in printed[0][3]
+    assert without_unread_model_fields(text) == text
+
+
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
     from speedrun.export import without_literal_parameters
     source = ("def mixed(mode, x, scale):\n    if mode == 'subtract':\n        return -x\n"
