@@ -716,6 +716,65 @@ def without_single_use_aliases(text):
                                                           and n.col_offset == statement.col_offset])
 
 
+def without_string_locals(text):
+    """Rule 20: a local assigned one string literal in its function's own block, stored nowhere else and read only
+    as a whole replacement field of one-line f-strings after it (`{suffix}`: no conversion, no format spec) is
+    written into them, its assignment gone (LAuReL's `suffix = ""` of its other RW form: `f"{key}.alpha"`); not in
+    a function that reads its own namespace."""
+    tree = ast.parse(text)
+    edits, gone = [], []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if reads_own_namespace(function):
+            continue
+        names = [n for n in ast.walk(function) if isinstance(n, ast.Name)]
+        declared = declared_names(function)
+        fields = {id(n.value): n for n in ast.walk(function) if isinstance(n, ast.FormattedValue)
+                  and n.conversion == -1 and n.format_spec is None and isinstance(n.value, ast.Name)}
+        strings = {id(f): s for s in ast.walk(function) if isinstance(s, ast.JoinedStr) and s.lineno == s.end_lineno
+                   for f in s.values}
+        for statement in function.body:
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Constant)
+                    and isinstance(statement.value.value, str)):
+                continue
+            local, value = statement.targets[0].id, statement.value.value
+            reads = [n for n in names if n.id == local and n is not statement.targets[0]]
+            if local in declared or not reads or any(
+                    not isinstance(n.ctx, ast.Load) or id(n) not in fields or id(fields[id(n)]) not in strings
+                    or n.lineno <= statement.lineno for n in reads):
+                continue
+            gone.append(statement)
+            for joined in {id(strings[id(fields[id(n)])]): strings[id(fields[id(n)])] for n in reads}.values():
+                edits.append((joined, string_with_fields(joined, local, value)))
+    if not gone:
+        return text
+    lines = {(s.lineno, s.col_offset) for s in gone}
+    text = replace_spans(text, edits)  # each f-string on its own line: the statements keep their lines
+    tree = ast.parse(text)
+    return without_statements(text, tree, [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                           and (n.lineno, n.col_offset) in lines])
+
+
+def string_with_fields(joined, local, value):
+    """The source of an f-string with each `{local}` field its text `value` (a plain string where no field is left),
+    in double quotes where it holds none."""
+    parts = []
+    for part in joined.values:
+        if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id == local:
+            part = ast.Constant(value)
+        if isinstance(part, ast.Constant) and parts and isinstance(parts[-1], ast.Constant):
+            parts[-1] = ast.Constant(parts[-1].value + part.value)
+        else:
+            parts.append(part)
+    if all(isinstance(part, ast.Constant) for part in parts):
+        source = ast.unparse(ast.Constant("".join(part.value for part in parts)))
+    else:
+        source = ast.unparse(ast.JoinedStr(parts))
+    prefix = "f" if source.startswith("f") else ""
+    inner = source[len(prefix) + 1:-1]
+    return f'{prefix}"{inner}"' if source[len(prefix)] == "'" and '"' not in inner and "\\" not in inner else source
+
+
 def without_literal_parameters(text):
     """The file's text with each parameter of a top-level function that every call of it passes as one literal
     (by position, no `*` or `**` in any call, the function named nowhere but as called) and that the function reads
@@ -1159,7 +1218,8 @@ def without_unread_model_fields(text):
         given = {k.arg: k.value for k in call.keywords}
         fields, values = given.get("model_fields"), given.get("model_config")
         if not (isinstance(fields, ast.Tuple) and isinstance(values, ast.Lambda) and isinstance(values.body, ast.Dict)
-                and all(isinstance(e, ast.Tuple) and e.elts and isinstance(e.elts[0], ast.Constant) for e in fields.elts)
+                and all(isinstance(e, ast.Tuple) and e.elts and isinstance(e.elts[0], ast.Constant)
+                        for e in fields.elts)
                 and all(isinstance(k, ast.Constant) for k in values.body.keys)):
             continue
         declared.append((fields, values.body, [e.elts[0].value for e in fields.elts]))
@@ -3617,11 +3677,12 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
     folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
     # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;
-    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`)
-    folded = to_fixed_point(lambda text: without_decided_residue(without_inert_code(without_literal_parameters(
-        without_constant_attributes(text)))), folded)
+    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`);
+    # rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`)
+    folded = to_fixed_point(lambda text: without_literal_residue(without_decided_residue(without_inert_code(
+        without_literal_parameters(without_constant_attributes(text))))), folded)
     spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
-        without_literal_residue(without_single_use_aliases(folded)))))
+        without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

@@ -165,7 +165,7 @@ class LaurelResiduals(ModelPart):
             g = x + extra
         if self.uses_rw:  # eqs. 5 and 6: alpha f(x) + beta g
             alpha, beta = laurel_pass.alpha[n], laurel_pass.beta[n]
-            if alpha.ndim:  # vector form: per-dimension weights in the activation dtype
+            if self.rw_form == "vector":  # per-dimension weights, in the activation dtype
                 alpha, beta = alpha.type_as(x), beta.type_as(x)
             return sum_in_order(beta * g, [alpha * p for p in parts])
         return sum_in_order(g, parts)
