@@ -716,6 +716,65 @@ def without_single_use_aliases(text):
                                                           and n.col_offset == statement.col_offset])
 
 
+def without_string_locals(text):
+    """Rule 20: a local assigned one string literal in its function's own block, stored nowhere else and read only
+    as a whole replacement field of one-line f-strings after it (`{suffix}`: no conversion, no format spec) is
+    written into them, its assignment gone (LAuReL's `suffix = ""` of its other RW form: `f"{key}.alpha"`); not in
+    a function that reads its own namespace."""
+    tree = ast.parse(text)
+    edits, gone = [], []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if reads_own_namespace(function):
+            continue
+        names = [n for n in ast.walk(function) if isinstance(n, ast.Name)]
+        declared = declared_names(function)
+        fields = {id(n.value): n for n in ast.walk(function) if isinstance(n, ast.FormattedValue)
+                  and n.conversion == -1 and n.format_spec is None and isinstance(n.value, ast.Name)}
+        strings = {id(f): s for s in ast.walk(function) if isinstance(s, ast.JoinedStr) and s.lineno == s.end_lineno
+                   for f in s.values}
+        for statement in function.body:
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Constant)
+                    and isinstance(statement.value.value, str)):
+                continue
+            local, value = statement.targets[0].id, statement.value.value
+            reads = [n for n in names if n.id == local and n is not statement.targets[0]]
+            if local in declared or not reads or any(
+                    not isinstance(n.ctx, ast.Load) or id(n) not in fields or id(fields[id(n)]) not in strings
+                    or n.lineno <= statement.lineno for n in reads):
+                continue
+            gone.append(statement)
+            for joined in {id(strings[id(fields[id(n)])]): strings[id(fields[id(n)])] for n in reads}.values():
+                edits.append((joined, string_with_fields(joined, local, value)))
+    if not gone:
+        return text
+    lines = {(s.lineno, s.col_offset) for s in gone}
+    text = replace_spans(text, edits)  # each f-string on its own line: the statements keep their lines
+    tree = ast.parse(text)
+    return without_statements(text, tree, [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                           and (n.lineno, n.col_offset) in lines])
+
+
+def string_with_fields(joined, local, value):
+    """The source of an f-string with each `{local}` field its text `value` (a plain string where no field is left),
+    in double quotes where it holds none."""
+    parts = []
+    for part in joined.values:
+        if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id == local:
+            part = ast.Constant(value)
+        if isinstance(part, ast.Constant) and parts and isinstance(parts[-1], ast.Constant):
+            parts[-1] = ast.Constant(parts[-1].value + part.value)
+        else:
+            parts.append(part)
+    if all(isinstance(part, ast.Constant) for part in parts):
+        source = ast.unparse(ast.Constant("".join(part.value for part in parts)))
+    else:
+        source = ast.unparse(ast.JoinedStr(parts))
+    prefix = "f" if source.startswith("f") else ""
+    inner = source[len(prefix) + 1:-1]
+    return f'{prefix}"{inner}"' if source[len(prefix)] == "'" and '"' not in inner and "\\" not in inner else source
+
+
 def without_literal_parameters(text):
     """The file's text with each parameter of a top-level function that every call of it passes as one literal
     (by position, no `*` or `**` in any call, the function named nowhere but as called) and that the function reads
@@ -1137,12 +1196,66 @@ def display_lookup(text, node):
     if not (isinstance(table, ast.Dict) and isinstance(key, ast.Constant)
             and all(isinstance(k, ast.Constant) for k in table.keys) and all(map(only_reads_displays, table.values))):
         return None
-    found = [v for k, v in zip(table.keys, table.values) if k.value == key.value and hash(k.value) == hash(key.value)]
+    found = [v for k, v in zip(table.keys, table.values) if k.value == key.value]
     if found:
         return parenthesised(text, found[-1])  # a display's later entry of a key replaces an earlier one
     if default is None:  # `{...}[missing]` raises: it stays
         return None
     return parenthesised(text, default[0]) if default else "None"
+
+
+def without_unread_model_fields(text):
+    """Rule 28: of a declaration that gives its model fields as literals (rule 16's `model_fields=(...)` and
+    `model_config=lambda ...: {...}`), the fields after the first (Study.in_model reads that one by position) that
+    the file reads nowhere else - no attribute, string or keyword of the name but the keys of LEFT_OUT_FIELDS, which
+    log them - go from both (the record's backout_mode, ..., folded into its code). The model config then holds one
+    field less; nothing logs or saves it whole (the run's config line takes those values from LEFT_OUT_FIELDS)."""
+    tree = ast.parse(text)
+    declared = []  # (its model_fields tuple, its model_config dict, the names in the tuple's order)
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == Study.__name__):
+            continue
+        given = {k.arg: k.value for k in call.keywords}
+        fields, values = given.get("model_fields"), given.get("model_config")
+        if not (isinstance(fields, ast.Tuple) and isinstance(values, ast.Lambda) and isinstance(values.body, ast.Dict)
+                and all(isinstance(e, ast.Tuple) and e.elts and isinstance(e.elts[0], ast.Constant)
+                        for e in fields.elts)
+                and all(isinstance(k, ast.Constant) for k in values.body.keys)):
+            continue
+        declared.append((fields, values.body, [e.elts[0].value for e in fields.elts]))
+    if not declared:
+        return text
+    logged = next((s.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                   and isinstance(s.targets[0], ast.Name) and s.targets[0].id == "LEFT_OUT_FIELDS"
+                   and isinstance(s.value, ast.Dict)), None)
+    skipped = {id(n) for fields, values, _ in declared for node in (fields, values) for n in ast.walk(node)}
+    skipped |= {id(k) for k in (logged.keys if logged is not None else ())}
+    read = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Attribute):
+            read.add(node.attr)
+        elif isinstance(node, ast.keyword):
+            read.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            read.add(node.value)
+    edits, lines = [], text.split("\n")
+    for fields, values, names in declared:
+        unread = {name for name in names[1:] if name not in read}
+        if not unread:
+            continue
+        line = lines[fields.lineno - 1]
+        indent = " " * (len(line) - len(line.lstrip()) + 4)  # the declaration's continued lines
+        kept = [ast.get_source_segment(text, e) for e, name in zip(fields.elts, names) if name not in unread]
+        opening = " " * fields.col_offset + "("
+        edits.append((fields, "\n".join(packed_items(opening, kept, ",)" if len(kept) == 1 else ")", indent))
+                      [len(opening) - 1:]))
+        kept = [f"{ast.get_source_segment(text, k)}: {ast.get_source_segment(text, v)}"
+                for k, v in zip(values.keys, values.values) if k.value not in unread]
+        opening = " " * values.col_offset + "{"
+        edits.append((values, "\n".join(packed_items(opening, kept, "}", indent))[len(opening) - 1:]))
+    return replace_spans(text, edits) if edits else text
 
 
 def without_redundant_parentheses(text):
@@ -1153,12 +1266,7 @@ def without_redundant_parentheses(text):
     the same without it."""
     while True:
         tree = ast.parse(text)
-        lines = text.split("\n")
-        starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-
-        def offset(line, column):  # ast's columns count UTF-8 bytes
-            return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
-
+        span_of = source_spans(text)
         whole = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                           ast.Return)) and n.value is not None}
         in_strings = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
@@ -1167,7 +1275,7 @@ def without_redundant_parentheses(text):
             if not isinstance(node, ast.expr) or id(node) in in_strings or node.lineno != node.end_lineno \
                     or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
                 continue
-            start, end = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+            start, end = span_of(node)
             if not (start and text[start - 1] == "(" and text[end:end + 1] == ")"):
                 continue
             before = text[max(0, start - 1 - LOOK_BACK):start - 1].rstrip()  # not the whole text for each node
@@ -1878,17 +1986,21 @@ def only_statement(tree, node):
 
 
 def replace_spans(text, edits):
-    """The source with each expression node of `edits` [(node, its new source)] replaced (the nodes apart; ast's
-    columns count UTF-8 bytes)."""
-    encoded = text.encode()
-    starts = [0]
-    for line in encoded.split(b"\n"):
-        starts.append(starts[-1] + len(line) + 1)
-    spans = [(starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset, new.encode())
-             for n, new in edits]
-    for first, last, new in sorted(spans, key=lambda span: span[0], reverse=True):
-        encoded = encoded[:first] + new + encoded[last:]
-    return encoded.decode()
+    """The source with each expression node of `edits` [(node, its new source)] replaced (the nodes apart)."""
+    span_of = source_spans(text)
+    for (first, last), new in sorted(((span_of(n), new) for n, new in edits), key=lambda edit: edit[0], reverse=True):
+        text = text[:first] + new + text[last:]
+    return text
+
+
+def source_spans(text):
+    """The function giving an ast node's (start, end) character offsets in `text` (ast's columns count UTF-8 bytes)."""
+    lines = text.split("\n")
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+
+    def offset(line, column):
+        return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
+    return lambda node: (offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset))
 
 
 def study_parts_of_base(text, on_r18):
@@ -3565,11 +3677,12 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
     folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
     # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;
-    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`)
-    folded = to_fixed_point(lambda text: without_decided_residue(without_inert_code(without_literal_parameters(
-        without_constant_attributes(text)))), folded)
-    spaced = without_redundant_parentheses(without_unread_definitions(without_literal_residue(
-        without_single_use_aliases(folded))))
+    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`);
+    # rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`)
+    folded = to_fixed_point(lambda text: without_literal_residue(without_decided_residue(without_inert_code(
+        without_literal_parameters(without_constant_attributes(text))))), folded)
+    spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
+        without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(spaced)
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):

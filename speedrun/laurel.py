@@ -95,8 +95,9 @@ class LaurelResiduals(ModelPart):
         self.layers = {layer for layer, _ in self.sites}
         # PA: site n reads the min(k, n + 1) inputs the history holds there; a gamma (or product) for an input that
         # is never there could never receive a gradient, so none is made.
-        self.history_lengths = [min(self.k, n + 1) for n in range(len(self.sites))] if self.uses_pa else []
-        self.gamma_start = [0, *accumulate(self.history_lengths)]
+        if self.uses_pa:
+            self.history_lengths = [min(self.k, n + 1) for n in range(len(self.sites))]
+            self.gamma_start = [0, *accumulate(self.history_lengths)]
         # One product per site (LR, or PA's h shared by the k inputs, section 2.3) or per history entry (eq. 6).
         self.product_per_input = self.pa_lowrank and cfg.laurel_pa_h == "lowrank"
         counts = (self.history_lengths if self.product_per_input
@@ -127,13 +128,9 @@ class LaurelResiduals(ModelPart):
     def weights(self, model):
         """(alpha, beta, gamma) tensors from the model's scalar vector (None where the variant has none); gamma is
         flat, site n's entries start at gamma_start[n]."""
-        alpha = beta = gamma = None
-        if self.uses_rw:
-            raw = model.scalar_slice("laurel.rw").view(self.rw_shape(model.cfg.model_dim))
-            alpha, beta = laurel_rw_weights(raw, self.rw_form, self.rw_scale)
-        if self.uses_pa:
-            gamma = model.scalar_slice("laurel.gamma")
-        return alpha, beta, gamma
+        alpha, beta = laurel_rw_weights(model.scalar_slice("laurel.rw").view(self.rw_shape(model.cfg.model_dim)),
+                                        self.rw_form, self.rw_scale) if self.uses_rw else (None, None)
+        return alpha, beta, model.scalar_slice("laurel.gamma") if self.uses_pa else None
 
     def residuals(self, model):
         return self.new_pass(*self.weights(model)).for_layer
@@ -144,7 +141,7 @@ class LaurelResiduals(ModelPart):
 
     def product(self, site, j, x):
         """B A x for the product of site `site` that reads its j-th history entry (LR and shared h: the one)."""
-        index = self.product_start[site] + (j if self.product_per_input else 0)
+        index = self.product_start[site] + j if self.product_per_input else self.product_start[site]
         return F.linear(F.linear(x, self.down[index].type_as(x)), self.up[index].type_as(x))
 
     def residual(self, laurel_pass, layer, site, x, parts):
@@ -168,7 +165,7 @@ class LaurelResiduals(ModelPart):
             g = x + extra
         if self.uses_rw:  # eqs. 5 and 6: alpha f(x) + beta g
             alpha, beta = laurel_pass.alpha[n], laurel_pass.beta[n]
-            if alpha.ndim:  # vector form: per-dimension weights in the activation dtype
+            if self.rw_form == "vector":  # per-dimension weights, in the activation dtype
                 alpha, beta = alpha.type_as(x), beta.type_as(x)
             return sum_in_order(beta * g, [alpha * p for p in parts])
         return sum_in_order(g, parts)

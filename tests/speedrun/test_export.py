@@ -1773,6 +1773,45 @@ def test_rule_20_a_local_read_once_is_written_in_its_read():
     assert "    cfg = self.cfg\n    self.reset()\n    return cfg.a" in text  # a call between could change it
 
 
+STRING_LOCALS = """def named(sites, values):
+    suffix = ""
+    tag = '.m'
+    late = "x"
+    both = "y"
+    spec = "z"
+    out = {}
+    for n, site in enumerate(sites):
+        out[f"{site}.alpha{suffix}"], out[f'{site}.beta{tag}{{}}'] = values[n], f"{suffix}"
+        out[f"{site}.{spec:>3}"], out[both] = f"{both}", len(late)
+    suffix = "twice"
+    return out, f"{late}"
+
+
+def spaced(sites):
+    label = "s"
+    return [f"{label}{site}" for site in sites], locals()
+
+
+print(named(["a", "b"], [1, 2]), spaced(["c"])[0])
+"""
+
+
+def test_rule_20_a_string_local_read_only_in_f_strings_is_their_text():
+    """LAuReL's `suffix = ""` of its other RW forms, read in `f"{key}.alpha{suffix}"`: the f-strings hold its text and
+    it goes; not one stored twice, read otherwise (a format spec, a plain read), or in a function reading locals();
+    the program prints the same."""
+    from speedrun.export import without_string_locals
+    text = without_string_locals(STRING_LOCALS)
+    assert "tag =" not in text and "out[f\"{site}.beta.m{{}}\"]" in text
+    assert 'suffix = ""' in text and 'out[f"{site}.alpha{suffix}"]' in text  # stored twice
+    assert all(f"{name} = " in text for name in ("late", "both", "spec", "label"))
+    assert run_printed(text) == run_printed(STRING_LOCALS)
+    once = STRING_LOCALS.replace('    suffix = "twice"\n', "")
+    folded = without_string_locals(once)
+    assert "suffix" not in folded and 'out[f"{site}.alpha"], ' in folded and '= values[n], ""\n' in folded
+    assert run_printed(folded) == run_printed(once)
+
+
 def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_with_it():
     """`backout_on_r18` was read only by the declaration's on_r18= (cut by rule 17); a section header stays over
     the code left in its section and goes with the last of it."""
@@ -1903,6 +1942,45 @@ def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
     assert "multi = (a +\n" in text and "if not x else y" in text and "return (made, counts" in text
     assert run_printed(text) == run_printed(PARENTHESES)
     assert without_redundant_parentheses(text) == text
+
+
+MODEL_FIELDS = """from dataclasses import dataclass, make_dataclass, field, replace
+
+LEFT_OUT_FIELDS = {'on': [3], 'mode': 'sum', 'scale': 2.0, 'width': 8, 'label': 'x'}
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    model_fields: tuple
+    model_config: object
+
+
+ARM = Study(
+    name="arm", model_fields=(('on', tuple, ()), ('mode', str, None), ('scale', float, None), ('width', int, None),
+        ('label', str, None)),
+    model_config=lambda model_cfg, config: {'on': (3,), 'mode': 'sum', 'scale': 2.0, 'width': 8, 'label': 'x'},
+)
+Config = make_dataclass("Config", [(n, k, field(default=d)) for n, k, d in ARM.model_fields])
+cfg = replace(Config(), **ARM.model_config(None, None))
+wider = replace(cfg, width=cfg.scale * 4)
+print(sorted(LEFT_OUT_FIELDS), wider.width, getattr(cfg, "label"), {n: d for n, _, d in ARM.model_fields})
+"""
+
+
+def test_rule_28_a_fixed_declarations_model_fields_the_file_reads_nowhere_go():
+    """The record's backout_mode, ..., folded into its code, leave its declaration: a field read by no attribute,
+    keyword or string but LEFT_OUT_FIELDS' keys goes from model_fields and model_config; the first stays (in_model
+    reads it by position), as do one read as an attribute (`scale`), a keyword (`width=`) or a string (`"label"`)."""
+    from speedrun.export import without_unread_model_fields
+    text = without_unread_model_fields(MODEL_FIELDS)
+    assert "    name=\"arm\", model_fields=(('on', tuple, ()), ('scale', float, None), ('width', int, None), " \
+        "('label', str, None)),\n" in text
+    assert "model_config=lambda model_cfg, config: {'on': (3,), 'scale': 2.0, 'width': 8, 'label': 'x'},\n" in text
+    assert "'mode'" not in text.split("LEFT_OUT_FIELDS = {")[1].split("}", 1)[1]  # logged still
+    printed = run_printed(text)
+    assert printed[0][:3] == run_printed(MODEL_FIELDS)[0][:3] and "mode" not in printed[0][3]
+    assert without_unread_model_fields(text) == text
 
 
 def test_rule_22_a_parameter_every_call_passes_as_one_literal_and_only_tests_folds():
