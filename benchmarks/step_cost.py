@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import operator
 import sys
@@ -49,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.flop_counter import flop_registry  # noqa: E402
 
+from ablations.study import load_script  # noqa: E402
 from speedrun.data import VIRTUAL_RANKS  # noqa: E402
 from speedrun.distributed import Dist  # noqa: E402
 from speedrun.errors import UsageError  # noqa: E402
@@ -317,19 +317,12 @@ class StepCost:
                          self.sent_bytes / H100_NVLINK_BYTES_PER_S)
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(f"_step_cost_{Path(name).stem}", ROOT / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 _SCRIPTS = {}
 
 
 def script_module(name):
     if name not in _SCRIPTS:
-        _SCRIPTS[name] = load_script(name)
+        _SCRIPTS[name] = load_script(ROOT / name)
     return _SCRIPTS[name]
 
 

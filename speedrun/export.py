@@ -443,6 +443,27 @@ def library_classes(tree):
     return found
 
 
+def is_study_call(node):
+    """Whether an ast node is a `Study(...)` call: a declaration, or its rewrite by rule 16."""
+    return isinstance(node, ast.Call) and ast.unparse(node.func) == Study.__name__
+
+
+def names_read(tree, skipped, keywords=False):
+    """The names a syntax tree reads as attributes or strings (with keywords: as a call's keywords too), leaving
+    out the nodes whose id() is in skipped (what declares or passes the names asked about reads none of them)."""
+    read = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Attribute):
+            read.add(node.attr)
+        elif keywords and isinstance(node, ast.keyword):
+            read.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            read.add(node.value)
+    return read
+
+
 def without_unread_study_fields(text):
     """The file's text without the fields of Study (speedrun/study.py's class, the declarations' one form) that
     nothing in it reads (rule 17): each one's declaration with the comment lines above it, its keyword in every
@@ -462,7 +483,7 @@ def without_unread_study_fields(text):
     post_init = next((m for m in study.body if isinstance(m, ast.FunctionDef) and m.name == "__post_init__"), None)
     setters = {field: s for s in (post_init.body if post_init else ()) for field in [own_setter(s)]
                if field in declarations}
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == Study.__name__]
+    calls = [n for n in ast.walk(tree) if is_study_call(n)]
     positional = max((len(call.args) for call in calls), default=0)
     keywords = collections.defaultdict(list)  # field -> its keywords in the Study(...) calls (passing is no read)
     for call in calls:
@@ -487,14 +508,7 @@ def without_unread_study_fields(text):
         skipped = {id(n) for name in unread for owner in (declarations[name], setters.get(name),
                                                           *keywords.get(name, ())) if owner is not None
                    for n in ast.walk(owner)}
-        read = set()
-        for node in ast.walk(tree):
-            if id(node) in skipped or id(node) in foreign:
-                continue
-            if isinstance(node, ast.Attribute):
-                read.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                read.add(node.value)
+        read = names_read(tree, skipped | foreign)
         still = {name for name in unread if name not in read}
         if still == unread:
             break
@@ -748,11 +762,11 @@ def without_string_locals(text):
                 edits.append((joined, string_with_fields(joined, local, value)))
     if not gone:
         return text
-    lines = {(s.lineno, s.col_offset) for s in gone}
+    positions = {(s.lineno, s.col_offset) for s in gone}
     text = replace_spans(text, edits)  # each f-string on its own line: the statements keep their lines
     tree = ast.parse(text)
     return without_statements(text, tree, [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                                           and (n.lineno, n.col_offset) in lines])
+                                           and (n.lineno, n.col_offset) in positions])
 
 
 def string_with_fields(joined, local, value):
@@ -1213,7 +1227,7 @@ def without_unread_model_fields(text):
     tree = ast.parse(text)
     declared = []  # (its model_fields tuple, its model_config dict, the names in the tuple's order)
     for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == Study.__name__):
+        if not is_study_call(call):
             continue
         given = {k.arg: k.value for k in call.keywords}
         fields, values = given.get("model_fields"), given.get("model_config")
@@ -1230,16 +1244,7 @@ def without_unread_model_fields(text):
                    and isinstance(s.value, ast.Dict)), None)
     skipped = {id(n) for fields, values, _ in declared for node in (fields, values) for n in ast.walk(node)}
     skipped |= {id(k) for k in (logged.keys if logged is not None else ())}
-    read = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Attribute):
-            read.add(node.attr)
-        elif isinstance(node, ast.keyword):
-            read.add(node.arg)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            read.add(node.value)
+    read = names_read(tree, skipped, keywords=True)
     edits, lines = [], text.split("\n")
     for fields, values, names in declared:
         unread = {name for name in names[1:] if name not in read}
@@ -2010,7 +2015,7 @@ def study_parts_of_base(text, on_r18):
     tree = ast.parse(text)
     edits = []
     for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Study"):
+        if not is_study_call(call):
             continue
         keywords = {k.arg: k for k in call.keywords}
         r18_part = keywords.get("r18_model_part")

@@ -11,6 +11,7 @@ import torch
 import train_gpt as S
 from conftest import (SMALL_SCRIPT, embedded_sources, killed_run, launch_script, one_error_line,
                       script_from_history)
+from ablations.study import load_script
 from speedrun.muon import newton_schulz5
 from study_training import assert_each_parameter_in_one_optimizer, tiny_model_and_optimizers
 
@@ -92,12 +93,21 @@ def scaled_mm_runs_here():
         return False
 
 
+@pytest.fixture
+def fp8_head():
+    """train_gpt.py's fp8 head op as its model calls it, by the registered name, registered now by a copy of the
+    script: a process keeps only the last registration of a name, and other tests load copies of the script (each
+    registers it again, leaving the handle S took pointing at an entry that may be gone)."""
+    load_script(SMALL_SCRIPT)
+    return torch.ops.speedrun.fp8_head_matmul.default
+
+
 @pytest.mark.skipif(not scaled_mm_runs_here(), reason="torch._scaled_mm does not run on this CPU build")
-def test_fp8_head_matches_the_spec_casts_and_scales():
+def test_fp8_head_matches_the_spec_casts_and_scales(fp8_head):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g).bfloat16().requires_grad_()
     w = (torch.randn(128, 64, generator=g) * 0.05).requires_grad_()
-    out = S.fp8_head_matmul(x, w)[0]
+    out = fp8_head(x, w)[0]
     grad_out = torch.randn(32, 128, generator=g).bfloat16() * 1e-4
     out.backward(grad_out)
     assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
@@ -128,9 +138,9 @@ def fp8_head_case(seed):
 
 @pytest.mark.skipif(not scaled_mm_runs_here(), reason="torch._scaled_mm does not run on this CPU build")
 @pytest.mark.parametrize("seed", [0, 1])
-def test_fp8_head_custom_op_equals_the_autograd_function_bitwise(seed, autograd_function_head):
+def test_fp8_head_custom_op_equals_the_autograd_function_bitwise(seed, autograd_function_head, fp8_head):
     results = []
-    for head in (lambda x, w: autograd_function_head.apply(x, w), lambda x, w: S.fp8_head_matmul(x, w)[0]):
+    for head in (lambda x, w: autograd_function_head.apply(x, w), lambda x, w: fp8_head(x, w)[0]):
         x, w, grad_out = fp8_head_case(seed)
         x.requires_grad_(), w.requires_grad_()
         out = head(x, w)
