@@ -1321,20 +1321,43 @@ def parses_as(text, expected):
         return False
 
 
+def import_bound_names(statement):
+    """The names a top-level import statement binds (`import a.b` binds a), or None for one that must stay whatever
+    is read (`from __future__ import ...`, a `*` import) and for any other statement."""
+    if isinstance(statement, ast.Import):
+        return [alias.asname or alias.name.split(".")[0] for alias in statement.names]
+    if isinstance(statement, ast.ImportFrom) and statement.module != "__future__" \
+            and all(alias.name != "*" for alias in statement.names):
+        return [alias.asname or alias.name for alias in statement.names]
+    return None
+
+
 def without_unread_definitions(text):
-    """The file's text without each top-level function, class or constant whose name nothing in the file reads (no
-    name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read only by the
-    declaration's `on_r18=` that rule 17 cut), again until none is left."""
+    """The file's text without each top-level function, class, constant or import whose name nothing in the file
+    reads (no name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read
+    only by the declaration's `on_r18=` that rule 17 cut; LAuReL's `accumulate`, read only by PA's code), again
+    until none is left."""
     while True:
         tree = ast.parse(text)
         read = names_and_attributes_read(tree)
         gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                 and s.name not in read or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
-                    and not target.id.startswith("__") for target in s.targets)]
+                    and not target.id.startswith("__") for target in s.targets)
+                or import_bound_names(s) is not None and not set(import_bound_names(s)) & read]
         if not gone:
             break
         text = without_statements(text, tree, gone)
+    # `from x import a, b` with b unread: `from x import a`
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    for statement in reversed(tree.body):
+        bound = import_bound_names(statement)
+        if isinstance(statement, ast.ImportFrom) and bound and not set(bound) <= read \
+                and statement.lineno == statement.end_lineno:
+            kept = [alias for alias, name in zip(statement.names, bound) if name in read]
+            lines[statement.lineno - 1] = ast.unparse(ast.ImportFrom(statement.module, kept, statement.level))
+    text = "\n".join(lines)
     # a section left with no statement loses its header
     lines = text.split("\n")
     code = [i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]

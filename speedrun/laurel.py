@@ -28,9 +28,12 @@ LAUREL_DEFAULTS = dict(laurel_rank=32, laurel_k=3, laurel_rw_form="softmax", lau
 
 def laurel_sites(num_layers, no_attention_layer, where, layers=None):
     """The (layer, site) pairs that get LAuReL, in execution order; the no-attention layer has no attn site."""
-    names = ("attn", "mlp") if where == "both" else (where,)
     chosen = range(num_layers) if layers is None else sorted(layers)
-    return [(i, s) for i in chosen for s in names if not (s == "attn" and i == no_attention_layer)]
+    if where == "both":
+        return [(i, s) for i in chosen for s in ("attn", "mlp") if not (s == "attn" and i == no_attention_layer)]
+    if where == "attn":
+        return [(i, "attn") for i in chosen if i != no_attention_layer]
+    return [(i, where) for i in chosen]
 
 
 def laurel_parts(variant, pa_h):
@@ -85,12 +88,12 @@ class LaurelResiduals(ModelPart):
 
     def __init__(self, model, cfg):
         super().__init__()
-        no_attention_layer = model.pattern["no_attention_layer"]
         # uses_*: no string is their name, so an export reads them as the variant's literals (docs/export.md, rule 19)
         self.uses_rw, self.uses_lr, self.uses_pa, self.pa_lowrank = laurel_parts(cfg.laurel, cfg.laurel_pa_h)
         self.k, self.rw_form, self.rw_scale = cfg.laurel_k, cfg.laurel_rw_form, cfg.laurel_rw_scale
         self.whole_block = cfg.laurel_where == "block"
-        self.sites = laurel_sites(cfg.num_layers, no_attention_layer, cfg.laurel_where, cfg.laurel_layers)
+        self.sites = laurel_sites(cfg.num_layers, model.pattern["no_attention_layer"], cfg.laurel_where,
+                                  cfg.laurel_layers)
         self.index = {site: n for n, site in enumerate(self.sites)}
         self.layers = {layer for layer, _ in self.sites}
         # PA: site n reads the min(k, n + 1) inputs the history holds there; a gamma (or product) for an input that
@@ -98,14 +101,12 @@ class LaurelResiduals(ModelPart):
         if self.uses_pa:
             self.history_lengths = [min(self.k, n + 1) for n in range(len(self.sites))]
             self.gamma_start = [0, *accumulate(self.history_lengths)]
-        # One product per site (LR, or PA's h shared by the k inputs, section 2.3) or per history entry (eq. 6).
+        # One product per site (LR, or PA's h shared by the k inputs, section 2.3: site n's is product n) or per
+        # history entry (eq. 6: numbered as the gammas are, site n's from gamma_start[n]).
         self.product_per_input = self.pa_lowrank and cfg.laurel_pa_h == "lowrank"
-        counts = (self.history_lengths if self.product_per_input
-                  else [1] * len(self.sites) if self.uses_lr or self.pa_lowrank else [])
-        self.product_start = [0, *accumulate(counts)]
-        if counts:
-            down, up = laurel_factors(sum(counts), cfg.laurel_rank, cfg.model_dim, cfg.laurel_factor_init,
-                                      cfg.laurel_zero_factor)
+        if self.uses_lr or self.pa_lowrank:
+            down, up = laurel_factors(self.gamma_start[-1] if self.product_per_input else len(self.sites),
+                                      cfg.laurel_rank, cfg.model_dim, cfg.laurel_factor_init, cfg.laurel_zero_factor)
             self.down, self.up = nn.Parameter(down), nn.Parameter(up)
         for name, init in self.scalar_inits(cfg.model_dim).items():
             model.add_scalars(f"laurel.{name}", init)
@@ -141,7 +142,7 @@ class LaurelResiduals(ModelPart):
 
     def product(self, site, j, x):
         """B A x for the product of site `site` that reads its j-th history entry (LR and shared h: the one)."""
-        index = self.product_start[site] + j if self.product_per_input else self.product_start[site]
+        index = self.gamma_start[site] + j if self.product_per_input else site
         return F.linear(F.linear(x, self.down[index].type_as(x)), self.up[index].type_as(x))
 
     def residual(self, laurel_pass, layer, site, x, parts):

@@ -1817,17 +1817,24 @@ def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_wi
     the code left in its section and goes with the last of it."""
     from speedrun.export import without_unread_definitions
     header = "# speedrun/{}.py ".format
-    source = ("FIXED_FLAGS = ()\n\n" + header("a").ljust(120, "-") + "\n# what MODES are\nMODES = ('sum',)\n\n"
+    source = ("from __future__ import annotations\nimport math\nimport torch.nn as nn\nfrom itertools import "
+              "accumulate, chain\nfrom functools import cache\nfrom os.path import *\n"
+              "FIXED_FLAGS = ()\n\n" + header("a").ljust(120, "-") + "\n# what MODES are\nMODES = ('sum',)\n\n"
               "def check(config):\n    return config.mode in MODES\n\nKEPT = 1\n\n"
               + header("b").ljust(120, "-") + "\ndef unused():\n    return KEPT\n\n"
               "# speedrun/c.py: the c study, switched on in this file\ndef named():\n    return 2\n\n"
-              "def used():\n    return globals()['named']() + KEPT\n\nprint(used())\n")
+              "def used():\n    return globals()['named']() + KEPT + len(list(chain(nn.__name__)))\n\nprint(used())\n")
     text = without_unread_definitions(source)
     assert "MODES" not in text and "check" not in text and "what MODES" not in text
     assert header("a") in text and "KEPT = 1" in text  # its section keeps a statement
     assert header("b") not in text and "def unused" not in text  # its one statement went
     assert "# speedrun/c.py: the c study" in text and "def named" in text  # a string of its name reads it
     assert "FIXED_FLAGS = ()" in text  # the file's own constants are the exporter's to write
+    # an import nothing reads goes, one that binds several names keeps those read; __future__ and * imports stay
+    assert "import math" not in text and "from functools import cache" not in text
+    assert "\nimport torch.nn as nn\nfrom itertools import chain\n" in text
+    assert text.startswith("from __future__ import annotations\n") and "from os.path import *" in text
+    exec(compile(text, "unread", "exec"), {"print": lambda *a: None})  # still runs
 
 
 RESIDUE = '''def mixed(xs):

@@ -147,7 +147,12 @@ def test_each_variant_matches_the_reference_equation(flags):
             fx = torch.randn(1, tokens_per_seq, dim, generator=gen)
             got = residual(x, fx, site)
             n = module.index[(layer, site)]
-            products = range(module.product_start[n], module.product_start[n + 1]) if hasattr(module, "up") else []
+            if not hasattr(module, "up"):
+                products = []
+            elif module.product_per_input:  # one per history entry, numbered as the gammas are
+                products = range(module.gamma_start[n], module.gamma_start[n + 1])
+            else:  # one per site
+                products = [n]
             params = dict(
                 down=[module.down[i].tolist() for i in products], up=[module.up[i].tolist() for i in products],
                 gamma=gamma[module.gamma_start[n]:module.gamma_start[n + 1]].tolist() if gamma is not None else None,
