@@ -1340,11 +1340,11 @@ def without_unread_definitions(text):
     while True:
         tree = ast.parse(text)
         read = names_and_attributes_read(tree)
-        gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                and s.name not in read or isinstance(s, ast.Assign) and all(
+        gone = [s for s in tree.body if (bound := import_bound_names(s)) is not None and not set(bound) & read
+                or isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name not in read
+                or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
-                    and not target.id.startswith("__") for target in s.targets)
-                or import_bound_names(s) is not None and not set(import_bound_names(s)) & read]
+                    and not target.id.startswith("__") for target in s.targets)]
         if not gone:
             break
         text = without_statements(text, tree, gone)
@@ -1357,9 +1357,7 @@ def without_unread_definitions(text):
                 and statement.lineno == statement.end_lineno:
             kept = [alias for alias, name in zip(statement.names, bound) if name in read]
             lines[statement.lineno - 1] = ast.unparse(ast.ImportFrom(statement.module, kept, statement.level))
-    text = "\n".join(lines)
-    # a section left with no statement loses its header
-    lines = text.split("\n")
+    # a section left with no statement loses its header (each narrowing kept its one line: `lines` still holds)
     code = [i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]
     return "\n".join(line for i, line in enumerate(lines) if not (
         SECTION_HEADER.match(line) and not any(i < j < next((k for k in range(i + 1, len(lines))
