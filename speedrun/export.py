@@ -3671,8 +3671,12 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
-    out += ["", "# The study and track flags of the run this file was exported for, read before the command line",
-            "# (which refuses them and every other study flag)."]
+    def kept_code_reads(name):
+        return any(name in s.refs for m in rest for s in program.kept_statements(m))
+    out += [""]
+    if kept_code_reads("FIXED_FLAGS"):  # none fixed: the tests on them folded away, and the constant goes with them
+        out += ["# The study and track flags of the run this file was exported for, read before the command line",
+                "# (which refuses them and every other study flag).", f"FIXED_FLAGS = {tuple(varied)!r}"]
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
@@ -3683,8 +3687,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     order = [flag.dest for study in STUDIES for flag in study.flags]
     placed = sorted(left_out, key=lambda flag: order.index(flag.dest) if flag.dest in order else len(order))
     left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in placed}
-    out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
-    if fixed_studies and any("FIXED_STUDIES" in s.refs for m in rest for s in program.kept_statements(m)):
+    if fixed_studies and kept_code_reads("FIXED_STUDIES"):
         out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",
                 "# run's name, and the presets and layer counts where it runs as this file holds it.",
                 f"FIXED_STUDIES = {fixed_studies!r}"]
