@@ -1340,11 +1340,11 @@ def without_unread_definitions(text):
     while True:
         tree = ast.parse(text)
         read = names_and_attributes_read(tree)
-        gone = [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                and s.name not in read or isinstance(s, ast.Assign) and all(
+        gone = [s for s in tree.body if (bound := import_bound_names(s)) is not None and not set(bound) & read
+                or isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name not in read
+                or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
-                    and not target.id.startswith("__") for target in s.targets)
-                or import_bound_names(s) is not None and not set(import_bound_names(s)) & read]
+                    and not target.id.startswith("__") for target in s.targets)]
         if not gone:
             break
         text = without_statements(text, tree, gone)
@@ -1357,9 +1357,7 @@ def without_unread_definitions(text):
                 and statement.lineno == statement.end_lineno:
             kept = [alias for alias, name in zip(statement.names, bound) if name in read]
             lines[statement.lineno - 1] = ast.unparse(ast.ImportFrom(statement.module, kept, statement.level))
-    text = "\n".join(lines)
-    # a section left with no statement loses its header
-    lines = text.split("\n")
+    # a section left with no statement loses its header (each narrowing kept its one line: `lines` still holds)
     code = [i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")]
     return "\n".join(line for i, line in enumerate(lines) if not (
         SECTION_HEADER.match(line) and not any(i < j < next((k for k in range(i + 1, len(lines))
@@ -3673,8 +3671,12 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
-    out += ["", "# The study and track flags of the run this file was exported for, read before the command line",
-            "# (which refuses them and every other study flag)."]
+    def kept_code_reads(name):
+        return any(name in s.refs for m in rest for s in program.kept_statements(m))
+    out += [""]
+    if kept_code_reads("FIXED_FLAGS"):  # none fixed: the tests on them folded away, and the constant goes with them
+        out += ["# The study and track flags of the run this file was exported for, read before the command line",
+                "# (which refuses them and every other study flag).", f"FIXED_FLAGS = {tuple(varied)!r}"]
     if omitted:
         out += ["# Left out of the command line, as the run gave none (their code is folded away):",
                 f"# {', '.join(omitted)}."]
@@ -3685,8 +3687,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     order = [flag.dest for study in STUDIES for flag in study.flags]
     placed = sorted(left_out, key=lambda flag: order.index(flag.dest) if flag.dest in order else len(order))
     left_out = {flag.dest: as_logged(getattr(config, flag.dest)) for flag in placed}
-    out += [f"FIXED_FLAGS = {tuple(varied)!r}"]
-    if fixed_studies and any("FIXED_STUDIES" in s.refs for m in rest for s in program.kept_statements(m)):
+    if fixed_studies and kept_code_reads("FIXED_STUDIES"):
         out += ["# Its studies, fixed at the export (no flag of theirs is one of this file's): of each, its part of the",
                 "# run's name, and the presets and layer counts where it runs as this file holds it.",
                 f"FIXED_STUDIES = {fixed_studies!r}"]

@@ -32,9 +32,11 @@ def export(tmp_path, script_module, *flags):
 
 
 def fixed_flags_of(text):
+    """The file's FIXED_FLAGS, or None where it has none (none fixed: nothing in it reads them)."""
     tree = ast.parse(text)
-    assign = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "FIXED_FLAGS")
-    return ast.literal_eval(assign.value)
+    assign = next((n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "FIXED_FLAGS"),
+                  None)
+    return None if assign is None else ast.literal_eval(assign.value)
 
 
 def inlined_sections(text):
@@ -64,7 +66,8 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert not [s for s in sections if s.removeprefix("speedrun/").removesuffix(".py") in STUDY_MODULES]
     assert not [s for s in sections if s.startswith("speedrun/r18")]  # the base is folded to r14
     assert not [line for line in text.splitlines() if line.startswith("==> ")]  # no log-style module sections
-    assert fixed_flags_of(text) == ()  # the base is no flag of the file: it is the file's
+    assert fixed_flags_of(text) is None  # the base is no flag of the file: it is the file's (no empty FIXED_FLAGS)
+    assert "# The study and track flags of the run" not in text  # nor the comment over it
     # tree-shaken: the log readers of logformat.py and the exporter are not in the file
     assert "def parse_float" not in text and "def export_main" not in text and "def asks_for_export" not in text
     # the file's log embeds no project module (it imports none): the search for them is folded away
@@ -80,7 +83,7 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     sections = inlined_sections(text)
     assert "speedrun/backout.py" in sections and "speedrun/laurel.py" in sections
     assert "speedrun/dlo.py" not in sections and "speedrun/rolling_skip.py" not in sections
-    assert fixed_flags_of(text) == ()  # rule 16: the studies are fixed, their flags none of the file's
+    assert fixed_flags_of(text) is None  # rule 16: the studies are fixed, their flags none of the file's
     # rule 25: the run's name pieces and depth checks written out where the file reads them, no FIXED_STUDIES
     assert "parts += ['backout-L4', 'laurel-rw+lr+pa-r32-k3']" in text and "FIXED_STUDIES" not in text
     studies = next(n for n in ast.parse(text).body if isinstance(n, ast.Assign)
@@ -107,7 +110,7 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     sections = inlined_sections(text)
     assert project_imports(text) == [] and sections[-1] == "train_gpt_medium.py"
     assert "speedrun/r18/train.py" in sections and "speedrun/r18/model.py" in sections
-    assert fixed_flags_of(text) == () and "parts += ['laurel-rw']" in text  # rule 25
+    assert fixed_flags_of(text) is None and "parts += ['laurel-rw']" in text  # rule 25
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
     script_part = text[text.rindex("# train_gpt_medium.py"):]
@@ -850,7 +853,7 @@ def test_an_existing_file_is_replaced_only_with_force_and_atomically(tmp_path, m
     assert err.count("\n") == 1 and "No space left on device" in err
     assert out.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]  # no temp left
     assert T.main(["--export-script", str(out), "--preset", "tiny", "--force"]) == 0
-    assert "FIXED_FLAGS" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
+    assert "RUN_DEFAULTS" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["x.py"]
 
 
 @pytest.mark.slow
