@@ -7,8 +7,8 @@ command line refuses (e.g. a backout transform on --base r18) is listed as refus
 baseline checkpoint (--init-from): its forms run at the tiny preset from one the sweep trains first (2 steps). About
 40 s of CPU per export:
 
-    python benchmarks/export_sweep.py --bases r14                   # 36 exports
-    python benchmarks/export_sweep.py --bases r14 --studies dlo     # DLO's 13
+    python benchmarks/export_sweep.py --bases r14 --studies backout rolling laurel gated-skip   # 36 forms
+    python benchmarks/export_sweep.py --bases r14 --studies dlo     # DLO's 18
     python benchmarks/export_sweep.py                               # every study on every base
 
 Prints a line per form (ok / refused by the command line / FAILED with the export's last line), then the counts;
