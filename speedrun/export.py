@@ -45,7 +45,7 @@ import math
 import operator
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from speedrun.errors import UsageError
@@ -3311,22 +3311,64 @@ def imports_in_order(source):
     return tuple(dict.fromkeys(top + lazy))
 
 
-# Where a module goes in the file, in upstream's reading order: the model (a module named nowhere here), the
-# optimisers, the data, the training loop, then the run's infrastructure (CPU/gloo, checks, logs, the command line,
-# checkpoints), the script last; a module the code above needs as it is defined moves up to just before it
+# Where a module goes in the file, in upstream's reading order: the run's hyperparameters, the model (a module named
+# nowhere here), the optimisers, the data, the training loop, then the run's infrastructure (CPU/gloo, checks, logs,
+# the command line, checkpoints); a module the code above needs as it is defined moves up to just before it
 # (file_order).
-FILE_PARTS = (("optimisers", ("speedrun.muon", "speedrun.optimizers", "speedrun.r18.optim")),
+FILE_PARTS = (("hyperparameters", ("speedrun.presets",)),
+              ("model", ()),
+              ("optimisers", ("speedrun.muon", "speedrun.optimizers", "speedrun.r18.optim")),
               ("data", ("data.shard_format", "speedrun.schedule", "speedrun.data", "speedrun.r18.data",
                         "speedrun.r18.schedule")),
               ("training loop", ("speedrun.training", "speedrun.r18.train")),
               ("infrastructure", ("speedrun.compile_cache", "speedrun.errors", "speedrun.distributed",
                                   "speedrun.run_config", "speedrun.variants", "speedrun.logformat",
                                   "speedrun.checkpoint", "speedrun.cli", "speedrun.runlog", "speedrun.profiling")))
+PART_NAMES = [name for name, _ in FILE_PARTS]
+# A track script's sections (a line of dashes, then `# Name`) join the part of the same kind: its configuration leads the
+# file, its model follows the project's, and so on. Its statements before the first section go with that section;
+# a section of another name, and the script's last one, end the file (`main` and `if __name__` are there).
+SCRIPT_SECTION_PARTS = {"Configuration": "hyperparameters", "Model": "model", "Optimisers": "optimisers",
+                        "Command line": "infrastructure"}
+SCRIPT_SECTION = re.compile(r"^# -{10,}\n# ([A-Z][A-Za-z ]*)\n", re.MULTILINE)
 
 
 def file_part(module_name):
-    """The rank of a module's part of the file (FILE_PARTS; 0: the model)."""
-    return next((rank for rank, (_, names) in enumerate(FILE_PARTS, 1) if module_name in names), 0)
+    """The rank of a module's part of the file (FILE_PARTS; a module named there in no part: the model's)."""
+    return next((rank for rank, (_, names) in enumerate(FILE_PARTS) if module_name in names),
+                PART_NAMES.index("model"))
+
+
+@dataclass
+class FileUnit:
+    """A stretch of the file under one header: a module's kept statements, or one section of the script's."""
+    module: Module
+    statements: list  # kept Statement objects, in the source's order
+    part: int  # rank in FILE_PARTS; len(FILE_PARTS): after them all
+    section: str | None = None  # the script's section, None for a module
+
+
+def script_units(program, last_part):
+    """The script's kept statements as FileUnits, one per section it marks (SCRIPT_SECTION), the marking lines cut
+    from them (the unit's header names the section); one unit at the end for a script that marks none."""
+    script = program.script
+    labels, current = [], None
+    for original in script.statements:  # all of them: a section's marks stand before its first, kept or not
+        marks = SCRIPT_SECTION.findall(original.text)
+        current = marks[-1] if marks else current
+        if id(original) in program.kept[script.name]:  # kept_statements' order
+            labels.append(current)
+    first = next((label for label in labels if label is not None), None)
+    units = []
+    for label, statement in zip(labels, program.kept_statements(script)):
+        label = label or first
+        if not units or units[-1].section != label:
+            units.append(FileUnit(script, [], last_part, label))
+        units[-1].statements.append(replace(statement, text=SCRIPT_SECTION.sub("", statement.text)))
+    for unit in units[:-1]:
+        part = SCRIPT_SECTION_PARTS.get(unit.section)
+        unit.part = last_part if part is None else PART_NAMES.index(part)
+    return units
 
 
 def evaluated_when_defined(node):
@@ -3344,31 +3386,43 @@ def evaluated_when_defined(node):
 
 
 def file_order(program, modules):
-    """The modules (package __init__s aside) in the file's order: by their part (FILE_PARTS), the script last, each
-    after every module whose definitions its own need as they are defined (evaluated_when_defined), and otherwise in
-    `modules`' order (Program.order). A module that code of an earlier part needs so moves up to just before it."""
-    needs = {}
-    for module in modules:
-        names = names_in([part for s in program.kept_statements(module) for part in evaluated_when_defined(s.node)])
-        found = (program.resolve(module, name) for name in names)
-        needs[module.name] = {target.name for target, _ in filter(None, found) if target is not module}
-    below = {m.name: len(FILE_PARTS) + 1 if m is program.script else file_part(m.name) for m in modules}
+    """The file's units (FileUnit: the modules, package __init__s aside, and the script's sections) in the file's
+    order: by their part (FILE_PARTS), each after every unit whose definitions its own need as they are defined
+    (evaluated_when_defined), and otherwise in `modules`' order (Program.order), the script's sections in its own.
+    A unit that code of an earlier part needs so moves up to just before it."""
+    units = [FileUnit(m, program.kept_statements(m), file_part(m.name)) for m in modules if m is not program.script]
+    units += script_units(program, len(FILE_PARTS)) if program.script in modules else []
+    script_unit_of = {name: i for i, unit in enumerate(units) if unit.section is not None
+                      for s in unit.statements for name in s.defines}
+    module_unit_of = {unit.module.name: i for i, unit in enumerate(units) if unit.section is None}
+    needs = []
+    for i, unit in enumerate(units):
+        names = names_in([part for s in unit.statements for part in evaluated_when_defined(s.node)])
+        needed = set()
+        for target, statements in filter(None, (program.resolve(unit.module, name) for name in names)):
+            if target is program.script:
+                needed |= {script_unit_of[name] for s in statements for name in s.defines if name in script_unit_of}
+            elif target.name in module_unit_of:
+                needed.add(module_unit_of[target.name])
+        needs.append(needed - {i})
+    below = [unit.part for unit in units]
     changed = True
-    while changed:  # a module needed as others are defined is placed with the earliest of them
+    while changed:  # a unit needed as others are defined is placed with the earliest of them
         changed = False
-        for name, needed in needs.items():
-            for other in needed & set(below):
-                if below[other] > below[name]:
-                    below[other], changed = below[name], True
-    placed, left = [], list(modules)
+        for i, needed in enumerate(needs):
+            for other in needed:
+                if below[other] > below[i]:
+                    below[other], changed = below[i], True
+    placed, left = [], list(range(len(units)))
     while left:
-        ready = [m for m in left if needs[m.name] <= {p.name for p in placed} | {m.name}]
-        if not ready:  # needs in a circle: the modules' own order, as the modular program imports them
-            return placed + left
-        chosen = min(ready, key=lambda m: (below[m.name], left.index(m)))
+        ready = [i for i in left if needs[i] <= set(placed) | {i}]
+        if not ready:  # needs in a circle: the units' own order, as the modular program imports them
+            placed += left
+            break
+        chosen = min(ready, key=lambda i: (below[i], left.index(i)))
         placed.append(chosen)
         left.remove(chosen)
-    return placed
+    return [units[i] for i in placed]
 
 
 CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
@@ -3535,11 +3589,12 @@ def check_study_fields(modules, program, study_folds):
                                      f"rule 13)")
 
 
-def section_header(module, study_line):
-    """One comment line naming the source file (and, for a study's module, how the study enters)."""
+def section_header(module, study_line, ruled=False):
+    """One comment line naming the source file (and, for a study's module, how the study enters; for a section of
+    the script, which: `ruled`, the line runs to the RULE's length as a module's does)."""
     relative = module.path.relative_to(ROOT).as_posix()
     if study_line:
-        return ["", f"# {relative}: {study_line}"]
+        return ["", f"# {relative}: {study_line} ".ljust(len(RULE), "-") if ruled else f"# {relative}: {study_line}"]
     return ["", f"# {relative} ".ljust(len(RULE), "-")]
 
 
@@ -3667,7 +3722,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         body = [s.text for s in statements]
         if body:
             out += ["", f"# {module.path.relative_to(ROOT).as_posix()}"] + import_block(imports) + body
-    rest = file_order(program, [m for m in modules if m.path.name != "__init__.py"])
+    rest = [m for m in modules if m.path.name != "__init__.py"]
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
@@ -3695,14 +3750,14 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
             "# The fields its config does not hold (studies off or fixed, flags left out) at the run's values, logged.",
             *packed_assignment("LEFT_OUT_FIELDS", left_out)]
-    for module in rest:
-        statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
+    for unit in file_order(program, rest):
+        statements = [s for s in unit.statements if not s.defines & set(FILE_CONSTANTS)]
         if not statements:
             continue
-        if module is program.script:
-            out += section_header(module, "the track's model, optimisers and run")
+        if unit.module is not program.script:
+            out += section_header(unit.module, studies.get(unit.module.name))
         else:
-            out += section_header(module, studies.get(module.name))
+            out += section_header(unit.module, unit.section or "the track's model, optimisers and run", ruled=True)
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
     folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
     # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;

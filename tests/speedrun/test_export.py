@@ -44,6 +44,12 @@ def inlined_sections(text):
             and line.split()[1].rstrip(":").endswith(".py")]
 
 
+def script_sections(text, script):
+    """The text of each section of the file from the script (`# train_gpt_medium.py: Model ---...`), in order."""
+    parts = re.split(r"^(# \S+\.py(?:: | -).*)$", text, flags=re.MULTILINE)
+    return [body for header, body in zip(parts[1::2], parts[2::2]) if header.startswith(f"# {script}:")]
+
+
 def project_imports(text):
     return [ast.unparse(n) for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))
             and any(name.split(".")[0] in ("speedrun", "data", "train_gpt", "train_gpt_medium") for name in
@@ -60,6 +66,16 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert order == sorted(order) and sections.index("speedrun/distributed.py") > order[-2]
     # a module the code above needs as it is defined moves up (UsageError is the base class of ShardError)
     assert sections.index("speedrun/errors.py") < sections.index("data/shard_format.py") < order[2]
+    # the script's sections join their parts: its configuration (with the presets it builds on: the run's
+    # hyperparameters) opens the file, its model follows the project's, its optimisers theirs, its command line the
+    # rest of the command line's code, and its training (main) ends the file
+    at = {name: text.index(f"# train_gpt_medium.py: {name} -") for name in
+          ("Configuration", "Model", "Optimisers", "Command line", "Training")}
+    assert text.index("# speedrun/presets.py") < at["Configuration"] < text.index("# speedrun/layers.py")
+    assert text.index("# speedrun/model.py") < at["Model"] < text.index("# speedrun/muon.py")
+    assert text.index("# speedrun/optimizers.py") < at["Optimisers"] < text.index("# speedrun/data.py")
+    assert text.index("# speedrun/cli.py") < at["Command line"] < at["Training"] == text.rindex("\n# ") + 1
+    assert "# Configuration\n" not in text and "# Model\n" not in text  # each section named once, in its header
     # which needs the file's annotations left unevaluated (Dist is defined below the functions it annotates)
     future = ast.parse(text).body[1]
     assert isinstance(future, ast.ImportFrom) and future.module == "__future__"
@@ -113,7 +129,14 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     assert fixed_flags_of(text) is None and "parts += ['laurel-rw']" in text  # rule 25
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
-    script_part = text[text.rindex("# train_gpt_medium.py"):]
+    script_part = "\n".join(script_sections(text, "train_gpt_medium.py"))
+    # the Training section's first statement (r14's VAL_HEAD_CHUNKS) is folded away: its main still ends the file
+    # under its own header, not the Command line's
+    headers = re.findall(r"^# train_gpt_medium\.py: (\w[\w ]*) -", text, flags=re.MULTILINE)
+    assert headers == ["Configuration", "Command line", "Training"] and "VAL_HEAD_CHUNKS" not in text
+    last_header = re.findall(r"^# \S+\.py(?:: | -).*$", text, flags=re.MULTILINE)[-1]
+    assert last_header.startswith("# train_gpt_medium.py: Training -")
+    assert "def main(" in script_sections(text, "train_gpt_medium.py")[-1]
     assert "resolve_track_args(parsed, PRESETS, __file__, layer_pattern" not in script_part
     assert "r18_layer_pattern = layer_pattern" in text  # the renamed lazy import, bound where it stood
 
