@@ -921,14 +921,11 @@ def reads_own_namespace(scope):
                and not n.args and not n.keywords for n in ast.walk(scope))
 
 
-def inert_methods(tree):
-    """{name: ("literal", the literal it returns) or ("forwards", an attribute)} of each method of a class of the
-    file whose body is `pass` or one `return` of a literal with no name or of nothing (BaseRun's no-op hooks the
-    track's run does not override: `check_inputs`), or one `return self.ATTR(...)` of its parameters in their order
-    (Study's `model_values` where the file's declarations each give a model_config), where nothing but it can answer
-    `X.name(...)`: no other member of a class of the file has the name, no object of a library the file handles has
-    an attribute of it (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr),
-    and every read of it is the function of a call."""
+def sole_answerers(tree):
+    """The undecorated methods of the file's classes that alone can answer `X.name(...)` of their name: no other
+    member of a class of the file has the name, no object of a library the file handles has an attribute of it
+    (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr), and every read of
+    it is the function of a call."""
     members = collections.Counter(name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
                                   for name in class_members(cls))
     members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
@@ -937,12 +934,20 @@ def inert_methods(tree):
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     not_called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                   and (not isinstance(n.ctx, ast.Load) or id(n) not in called)}
+    return [method for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for method in cls.body
+            if isinstance(method, ast.FunctionDef) and not method.decorator_list and members[method.name] == 1
+            and method.name not in foreign_attributes() | strings | not_called]
+
+
+def inert_methods(tree):
+    """{name: ("literal", the literal it returns) or ("forwards", an attribute)} of each method of a class of the
+    file whose body is `pass` or one `return` of a literal with no name or of nothing (BaseRun's no-op hooks the
+    track's run does not override: `check_inputs`), or one `return self.ATTR(...)` of its parameters in their order
+    (Study's `model_values` where the file's declarations each give a model_config), where nothing but it can answer
+    `X.name(...)` (sole_answerers)."""
     found = {}
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        for method in cls.body:
-            if not isinstance(method, ast.FunctionDef) or method.decorator_list or len(method.body) != 1 \
-                    or members[method.name] != 1 or method.name in foreign_attributes() | strings | not_called:
-                continue
+    for method in sole_answerers(tree):
+        if len(method.body) == 1:
             body, parameters = method.body[0], [a.arg for a in method.args.args]
             value = body.value if isinstance(body, ast.Return) else None
             if isinstance(body, ast.Pass) or isinstance(body, ast.Return) and value is None:
@@ -1134,6 +1139,21 @@ def literal_parameters_folded(text):
                     and not any(isinstance(n, ast.Name) and n.id == parameter.arg and not isinstance(n.ctx, ast.Load)
                                 for n in ast.walk(function)):
                 fixed.append((name, parameter.arg, position, given.pop()))
+    # a method alone in answering its calls (sole_answerers): each parameter it never reads that every call passes an
+    # expression that only reads (BaseRun.settle's `init_state` in a file that resumes nothing). Bound calls only:
+    # `Class.method(obj, ...)` passes self by position.
+    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    for method in sole_answerers(tree):
+        arguments = method.args
+        called = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                  and c.func.attr == method.name]
+        if not called or arguments.vararg or arguments.kwarg or arguments.posonlyargs or arguments.kwonlyargs \
+                or arguments.defaults or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args)
+                                             or isinstance(c.func.value, ast.Name) and c.func.value.id in classes
+                                             for c in called):
+            continue
+        fixed += [(f".{method.name}", parameter, position, literal) for parameter, position, literal
+                  in decided_parameters(method, called, 1, lambda call: {}) if literal == "None"]
     return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
 
 
@@ -2771,7 +2791,8 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     """The source with each parameter of `fixed_parameters` ((function, parameter, its position, the literal every
     call of the program passes it: `()`, or one scalar the folds decide; decided_calls) read as that literal in its
     function and gone from its signature and its calls, and each call statement of a function of `no_ops` (its
-    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`."""
+    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`; one named `.name`
+    a method called by any receiver (`run.settle(...)`: sole_answerers)."""
     if not fixed_parameters and not no_ops:
         return text
     tree = ast.parse(text)
@@ -2783,6 +2804,8 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
     for call in ast.walk(tree):
         called = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if called not in fixed and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            called = f".{call.func.attr}"  # a method alone in answering its calls, by any receiver
         if called in fixed and isinstance(call.func, (ast.Name, ast.Attribute)):
             names = fixed[called]
             skipped = 1 if isinstance(call.func, ast.Attribute) else 0  # a method's call does not pass self
@@ -2795,8 +2818,8 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     edits = []
     tree = ast.parse(text)
     definitions = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
-    definitions += [(f"self.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body
-                    if isinstance(m, ast.FunctionDef)]
+    definitions += [(f"{receiver}.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                    for m in c.body if isinstance(m, ast.FunctionDef) for receiver in ("self", "")]
     for key, node in definitions:
         if key in fixed:
             names = fixed[key]

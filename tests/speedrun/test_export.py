@@ -2044,6 +2044,26 @@ def test_rule_22_a_parameter_never_read_leaves_the_signature_where_every_call_pa
     assert run_printed(text) == run_printed(source) == [("side",), (25, 1)]
 
 
+def test_rule_22_a_method_alone_in_answering_its_name_loses_a_parameter_it_never_reads():
+    """BaseRun.settle(config, compiled, init_state, resume_state) in a file that resumes nothing: the states are
+    never read, every call `run.settle(...)` passes a name; not where another class answers the name too, where a
+    call passes self by position (`Run.settle(run, ...)`), or where the name is a library object's attribute."""
+    from speedrun.export import without_inert_code, without_literal_parameters
+    source = ("class Run:\n    def settle(self, config, state):\n        return config + 1\n\n\n"
+              "def main(run, config):\n    state = None\n    return run.settle(config, state)\n\n\n"
+              "print(main(Run(), 1))\n")
+    text = without_literal_parameters(source)
+    assert "def settle(self, config):" in text and "return run.settle(config)" in text
+    assert "state = None" not in without_inert_code(text)
+    assert run_printed(text) == run_printed(source) == [(2,)]
+    another = source + "\n\nclass Other:\n    def settle(self, config, state):\n        return state\n"
+    assert without_literal_parameters(another) == another
+    unbound = source.replace("run.settle(config, state)", "Run.settle(run, config, state)")
+    assert without_literal_parameters(unbound) == unbound
+    library = source.replace("settle", "step")  # an optimiser's and a tensor's attribute: the call may reach one
+    assert without_literal_parameters(library) == library
+
+
 def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
     """decided_calls reads the folded `mixed_head_input(mode, x, ...)`, where the subtract branch that reads and
     stores `x` is gone, and cuts `x` from the source before folding: its reads there become the literal, its store
