@@ -1,22 +1,13 @@
 """benchmarks/export_size.py reads an export's sections as the exporter writes them."""
-import importlib.util
-
-from conftest import ROOT
+from conftest import ROOT, file_as_module
 
 RULE = "# " + "-" * 114
 
 
-def load_export_size():
-    spec = importlib.util.spec_from_file_location("export_size", ROOT / "benchmarks" / "export_size.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_each_section_of_the_script_is_its_own():
+def test_each_section_of_the_script_is_its_own(monkeypatch):
     """Guards: the script's sections (`# train_gpt.py: Model ---`) counted apart; keyed by the file name alone, the
     last one replaced the others and a line one arm's file adds in the script's model went uncounted."""
-    sizes = load_export_size()
+    sizes = file_as_module(ROOT / "benchmarks" / "export_size.py", monkeypatch)
     header = lambda name: f"# {name} ".ljust(len(RULE), "-")  # noqa: E731
     base = "\n".join([header("train_gpt.py: Configuration"), "A = 1", header("speedrun/model.py"), "def f():",
                       "    return 1", header("train_gpt.py: Model"), "B = 2", header("train_gpt.py: Training"),

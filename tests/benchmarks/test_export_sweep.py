@@ -1,20 +1,15 @@
 """benchmarks/export_sweep.py sweeps what it says: every registered study, each value of each choice flag."""
-import importlib.util
-
-from conftest import ROOT
+from conftest import ROOT, file_as_module
 from speedrun.studies import STUDIES
 
 
-def load_sweep():
-    spec = importlib.util.spec_from_file_location("export_sweep", ROOT / "benchmarks" / "export_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_sweep(monkeypatch):
+    return file_as_module(ROOT / "benchmarks" / "export_sweep.py", monkeypatch)
 
 
-def test_every_choice_value_and_switch_of_every_study_is_a_form():
+def test_every_choice_value_and_switch_of_every_study_is_a_form(monkeypatch):
     """Guards: study_forms' coverage (a choice value or a switch of any study no form gives is never swept)."""
-    sweep = load_sweep()
+    sweep = load_sweep(monkeypatch)
     assert set(sweep.SWITCHED_ON) == {study.name for study in STUDIES}
     for study in STUDIES:
         forms = sweep.study_forms(study, "11", "BASELINE.pt")
@@ -30,7 +25,7 @@ def test_every_choice_value_and_switch_of_every_study_is_a_form():
 def test_a_study_no_command_line_switches_on_is_reported_not_skipped(monkeypatch, capsys):
     """Guards: a study registered without a SWITCHED_ON entry fails the sweep in one line (it was silently left out),
     and the other studies asked for still run."""
-    sweep = load_sweep()
+    sweep = load_sweep(monkeypatch)
     left_out = STUDIES[0].name
     monkeypatch.setattr(sweep, "SWITCHED_ON", {k: v for k, v in sweep.SWITCHED_ON.items() if k != left_out})
 
