@@ -3348,9 +3348,9 @@ FILE_PARTS = (("hyperparameters", ("speedrun.presets",)),
                                   "speedrun.run_config", "speedrun.variants", "speedrun.logformat",
                                   "speedrun.checkpoint", "speedrun.cli", "speedrun.runlog", "speedrun.profiling")))
 PART_NAMES = [name for name, _ in FILE_PARTS]
-# A track script's sections (a line of dashes, then `# Name`) join the part of the same kind: its configuration leads the
-# file, its model follows the project's, and so on. Its statements before the first section go with that section;
-# a section of another name, and the script's last one, end the file (`main` and `if __name__` are there).
+# A track script's sections (a line of dashes, then `# Name`) join the part of the same kind: its configuration
+# leads the file, its model follows the project's, and so on. Its statements before the first section go with that
+# section; a section of another name, and the script's last one, end the file (`main` and `if __name__` are there).
 SCRIPT_SECTION_PARTS = {"Configuration": "hyperparameters", "Model": "model", "Optimisers": "optimisers",
                         "Command line": "infrastructure"}
 SCRIPT_SECTION = re.compile(r"^# -{10,}\n# ([A-Z][A-Za-z ]*)\n", re.MULTILINE)
@@ -3368,7 +3368,7 @@ class FileUnit:
     module: Module
     statements: list  # kept Statement objects, in the source's order
     part: int  # rank in FILE_PARTS; len(FILE_PARTS): after them all
-    section: str | None = None  # the script's section, None for a module
+    section: str | None = None  # the script's section; None: a module, or a script that marks none
 
 
 def script_units(program, last_part):
