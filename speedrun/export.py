@@ -2692,11 +2692,12 @@ def drop_docstrings(text):
             own_lines = (lines[doc.lineno - 1][:doc.col_offset].strip() == ""
                          and lines[doc.end_lineno - 1][doc.end_col_offset:].strip() == "")
             if own_lines:
+                alone = len(node.body) == 1 and not isinstance(node, ast.Module)  # the body becomes `pass`
                 last = doc.end_lineno
-                while last < len(lines) and not lines[last].strip():  # and the blank lines after it
+                # and the blank lines after it, but for a `pass`: they part it from the next statement
+                while last < len(lines) and not lines[last].strip() and not alone:
                     last += 1
-                cuts.append((doc.lineno, last, [" " * doc.col_offset + "pass"] if len(node.body) == 1
-                             and not isinstance(node, ast.Module) else []))
+                cuts.append((doc.lineno, last, [" " * doc.col_offset + "pass"] if alone else []))
     for first, last, new_lines in sorted(cuts, reverse=True):
         lines = replace_lines(lines, first, last, new_lines)
     return "\n".join(lines)

@@ -187,6 +187,27 @@ def test_the_file_has_no_docstrings_and_single_blank_lines(tmp_path):
                   and ast.get_docstring(n) is not None]
     assert documented == [] and ast.get_docstring(tree) is not None  # the file's own header stays
     assert "\n\n\n" not in text
+    # a definition follows another after one blank line (above its comments), a class whose docstring became
+    # `pass` too (UsageError)
+    lines = text.split("\n")
+
+    def blank_above(node):
+        above = node.lineno - 2
+        while lines[above].startswith("#"):
+            above -= 1
+        return not lines[above].strip()
+    assert [node.name for prev, node in zip(tree.body, tree.body[1:])
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.decorator_list
+            and isinstance(prev, (ast.FunctionDef, ast.ClassDef)) and not blank_above(node)] == []
+
+
+def test_a_body_that_was_its_docstring_keeps_the_blank_lines_after_it():
+    """drop_docstrings: blank lines after a docstring with code below it go (the code follows the signature);
+    after one that was the whole body, now `pass`, they stay (`class UsageError(Exception): pass` ran into the next
+    class)."""
+    from speedrun.export import drop_docstrings
+    source = 'class A(Exception):\n    """Doc."""\n\n\nclass B:\n    """Doc."""\n\n    x = 1\n'
+    assert drop_docstrings(source) == "class A(Exception):\n    pass\n\n\nclass B:\n    x = 1\n"
 
 
 @pytest.mark.parametrize("source, expected", [
