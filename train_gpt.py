@@ -17,13 +17,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speedrun.cli import make_parser, record_preset, resolve_track_args, run_main, tiny_preset
+from speedrun.cli import make_parser, resolve_track_args, run_main
 from speedrun.data import TokenStream, find_shards
 from speedrun.distributed import Dist
 from speedrun.errors import UsageError
 from speedrun.layers import chunked_cross_entropy, norm, window_in_blocks
 from speedrun.model import GPTConfig, StudyBlock, StudyGPT, model_config_from_args, preset_config
 from speedrun.optimizers import TrackOptimizers
+from speedrun.presets import record_preset, tiny_preset
 from speedrun.studies import STUDIES
 from speedrun.study import Flag
 # check_data: the study runner's

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from speedrun.logformat import code_section  # noqa: E402  (after the path: run from anywhere)
 
-SECTION = re.compile(r"^# ((?:speedrun|data)/\S+\.py|train_gpt\w*\.py)")
+# a module's section, or one of the script's (`# train_gpt_medium.py: Model ---`: each its own)
+SECTION = re.compile(r"^# ((?:speedrun|data)/\S+\.py|train_gpt\w*\.py(?:: [A-Z][a-z]*(?: [a-z]+)*)?)")
 KINDS = ("code", "doc", "comment", "blank")
 
 
@@ -55,7 +56,7 @@ def describe(name, text, sections=False):
         starts = [i for i, line in enumerate(lines) if SECTION.match(line)]
         for start, end in zip(starts, starts[1:] + [len(lines)]):
             part = kinds[start:end]
-            out.append(f"    {SECTION.match(lines[start]).group(1):28s} {end - start:5d} lines, "
+            out.append(f"    {SECTION.match(lines[start]).group(1):36s} {end - start:5d} lines, "
                        f"{part.count('code'):4d} code")
     return out, len(kinds)
 

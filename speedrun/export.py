@@ -45,7 +45,7 @@ import math
 import operator
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from speedrun.errors import UsageError
@@ -921,14 +921,11 @@ def reads_own_namespace(scope):
                and not n.args and not n.keywords for n in ast.walk(scope))
 
 
-def inert_methods(tree):
-    """{name: ("literal", the literal it returns) or ("forwards", an attribute)} of each method of a class of the
-    file whose body is `pass` or one `return` of a literal with no name or of nothing (BaseRun's no-op hooks the
-    track's run does not override: `check_inputs`), or one `return self.ATTR(...)` of its parameters in their order
-    (Study's `model_values` where the file's declarations each give a model_config), where nothing but it can answer
-    `X.name(...)`: no other member of a class of the file has the name, no object of a library the file handles has
-    an attribute of it (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr),
-    and every read of it is the function of a call."""
+def sole_answerers(tree):
+    """The undecorated methods of the file's classes that alone can answer `X.name(...)` of their name: no other
+    member of a class of the file has the name, no object of a library the file handles has an attribute of it
+    (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr), and every read of
+    it is the function of a call."""
     members = collections.Counter(name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
                                   for name in class_members(cls))
     members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
@@ -937,12 +934,20 @@ def inert_methods(tree):
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     not_called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                   and (not isinstance(n.ctx, ast.Load) or id(n) not in called)}
+    return [method for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for method in cls.body
+            if isinstance(method, ast.FunctionDef) and not method.decorator_list and members[method.name] == 1
+            and method.name not in foreign_attributes() | strings | not_called]
+
+
+def inert_methods(tree):
+    """{name: ("literal", the literal it returns) or ("forwards", an attribute)} of each method of a class of the
+    file whose body is `pass` or one `return` of a literal with no name or of nothing (BaseRun's no-op hooks the
+    track's run does not override: `check_inputs`), or one `return self.ATTR(...)` of its parameters in their order
+    (Study's `model_values` where the file's declarations each give a model_config), where nothing but it can answer
+    `X.name(...)` (sole_answerers)."""
     found = {}
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        for method in cls.body:
-            if not isinstance(method, ast.FunctionDef) or method.decorator_list or len(method.body) != 1 \
-                    or members[method.name] != 1 or method.name in foreign_attributes() | strings | not_called:
-                continue
+    for method in sole_answerers(tree):
+        if len(method.body) == 1:
             body, parameters = method.body[0], [a.arg for a in method.args.args]
             value = body.value if isinstance(body, ast.Return) else None
             if isinstance(body, ast.Pass) or isinstance(body, ast.Return) and value is None:
@@ -1134,6 +1139,21 @@ def literal_parameters_folded(text):
                     and not any(isinstance(n, ast.Name) and n.id == parameter.arg and not isinstance(n.ctx, ast.Load)
                                 for n in ast.walk(function)):
                 fixed.append((name, parameter.arg, position, given.pop()))
+    # a method alone in answering its calls (sole_answerers): each parameter it never reads that every call passes an
+    # expression that only reads (BaseRun.settle's `init_state` in a file that resumes nothing). Bound calls only:
+    # `Class.method(obj, ...)` passes self by position.
+    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    for method in sole_answerers(tree):
+        arguments = method.args
+        called = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                  and c.func.attr == method.name]
+        if not called or arguments.vararg or arguments.kwarg or arguments.posonlyargs or arguments.kwonlyargs \
+                or arguments.defaults or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args)
+                                             or isinstance(c.func.value, ast.Name) and c.func.value.id in classes
+                                             for c in called):
+            continue
+        fixed += [(f".{method.name}", parameter, position, literal) for parameter, position, literal
+                  in decided_parameters(method, called, 1, lambda call: {}) if literal == "None"]
     return fold_ifs(without_calls_decided(text, fixed, ()), {}) if fixed else text
 
 
@@ -2672,11 +2692,12 @@ def drop_docstrings(text):
             own_lines = (lines[doc.lineno - 1][:doc.col_offset].strip() == ""
                          and lines[doc.end_lineno - 1][doc.end_col_offset:].strip() == "")
             if own_lines:
+                alone = len(node.body) == 1 and not isinstance(node, ast.Module)  # the body becomes `pass`
                 last = doc.end_lineno
-                while last < len(lines) and not lines[last].strip():  # and the blank lines after it
+                # and the blank lines after it, but for a `pass`: they part it from the next statement
+                while last < len(lines) and not lines[last].strip() and not alone:
                     last += 1
-                cuts.append((doc.lineno, last, [" " * doc.col_offset + "pass"] if len(node.body) == 1
-                             and not isinstance(node, ast.Module) else []))
+                cuts.append((doc.lineno, last, [" " * doc.col_offset + "pass"] if alone else []))
     for first, last, new_lines in sorted(cuts, reverse=True):
         lines = replace_lines(lines, first, last, new_lines)
     return "\n".join(lines)
@@ -2771,7 +2792,8 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     """The source with each parameter of `fixed_parameters` ((function, parameter, its position, the literal every
     call of the program passes it: `()`, or one scalar the folds decide; decided_calls) read as that literal in its
     function and gone from its signature and its calls, and each call statement of a function of `no_ops` (its
-    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`."""
+    body does nothing) gone. A function named `self.name` is a method, called as `self.name(...)`; one named `.name`
+    a method called by any receiver (`run.settle(...)`: sole_answerers)."""
     if not fixed_parameters and not no_ops:
         return text
     tree = ast.parse(text)
@@ -2783,6 +2805,8 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
     for call in ast.walk(tree):
         called = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if called not in fixed and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            called = f".{call.func.attr}"  # a method alone in answering its calls, by any receiver
         if called in fixed and isinstance(call.func, (ast.Name, ast.Attribute)):
             names = fixed[called]
             skipped = 1 if isinstance(call.func, ast.Attribute) else 0  # a method's call does not pass self
@@ -2795,8 +2819,8 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     edits = []
     tree = ast.parse(text)
     definitions = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
-    definitions += [(f"self.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body
-                    if isinstance(m, ast.FunctionDef)]
+    definitions += [(f"{receiver}.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                    for m in c.body if isinstance(m, ast.FunctionDef) for receiver in ("self", "")]
     for key, node in definitions:
         if key in fixed:
             names = fixed[key]
@@ -3311,22 +3335,64 @@ def imports_in_order(source):
     return tuple(dict.fromkeys(top + lazy))
 
 
-# Where a module goes in the file, in upstream's reading order: the model (a module named nowhere here), the
-# optimisers, the data, the training loop, then the run's infrastructure (CPU/gloo, checks, logs, the command line,
-# checkpoints), the script last; a module the code above needs as it is defined moves up to just before it
+# Where a module goes in the file, in upstream's reading order: the run's hyperparameters, the model (a module named
+# nowhere here), the optimisers, the data, the training loop, then the run's infrastructure (CPU/gloo, checks, logs,
+# the command line, checkpoints); a module the code above needs as it is defined moves up to just before it
 # (file_order).
-FILE_PARTS = (("optimisers", ("speedrun.muon", "speedrun.optimizers", "speedrun.r18.optim")),
+FILE_PARTS = (("hyperparameters", ("speedrun.presets",)),
+              ("model", ()),
+              ("optimisers", ("speedrun.muon", "speedrun.optimizers", "speedrun.r18.optim")),
               ("data", ("data.shard_format", "speedrun.schedule", "speedrun.data", "speedrun.r18.data",
                         "speedrun.r18.schedule")),
               ("training loop", ("speedrun.training", "speedrun.r18.train")),
               ("infrastructure", ("speedrun.compile_cache", "speedrun.errors", "speedrun.distributed",
                                   "speedrun.run_config", "speedrun.variants", "speedrun.logformat",
                                   "speedrun.checkpoint", "speedrun.cli", "speedrun.runlog", "speedrun.profiling")))
+PART_NAMES = [name for name, _ in FILE_PARTS]
+# A track script's sections (a line of dashes, then `# Name`) join the part of the same kind: its configuration
+# leads the file, its model follows the project's, and so on. Its statements before the first section go with that
+# section; a section of another name, and the script's last one, end the file (`main` and `if __name__` are there).
+SCRIPT_SECTION_PARTS = {"Configuration": "hyperparameters", "Model": "model", "Optimisers": "optimisers",
+                        "Command line": "infrastructure"}
+SCRIPT_SECTION = re.compile(r"^# -{10,}\n# ([A-Z][A-Za-z ]*)\n", re.MULTILINE)
 
 
 def file_part(module_name):
-    """The rank of a module's part of the file (FILE_PARTS; 0: the model)."""
-    return next((rank for rank, (_, names) in enumerate(FILE_PARTS, 1) if module_name in names), 0)
+    """The rank of a module's part of the file (FILE_PARTS; a module named there in no part: the model's)."""
+    return next((rank for rank, (_, names) in enumerate(FILE_PARTS) if module_name in names),
+                PART_NAMES.index("model"))
+
+
+@dataclass
+class FileUnit:
+    """A stretch of the file under one header: a module's kept statements, or one section of the script's."""
+    module: Module
+    statements: list  # kept Statement objects, in the source's order
+    part: int  # rank in FILE_PARTS; len(FILE_PARTS): after them all
+    section: str | None = None  # the script's section; None: a module, or a script that marks none
+
+
+def script_units(program, last_part):
+    """The script's kept statements as FileUnits, one per section it marks (SCRIPT_SECTION), the marking lines cut
+    from them (the unit's header names the section); one unit at the end for a script that marks none."""
+    script = program.script
+    labels, current = [], None
+    for original in script.statements:  # all of them: a section's marks stand before its first, kept or not
+        marks = SCRIPT_SECTION.findall(original.text)
+        current = marks[-1] if marks else current
+        if id(original) in program.kept[script.name]:  # kept_statements' order
+            labels.append(current)
+    first = next((label for label in labels if label is not None), None)
+    units = []
+    for label, statement in zip(labels, program.kept_statements(script)):
+        label = label or first
+        if not units or units[-1].section != label:
+            units.append(FileUnit(script, [], last_part, label))
+        units[-1].statements.append(replace(statement, text=SCRIPT_SECTION.sub("", statement.text)))
+    for unit in units[:-1]:
+        part = SCRIPT_SECTION_PARTS.get(unit.section)
+        unit.part = last_part if part is None else PART_NAMES.index(part)
+    return units
 
 
 def evaluated_when_defined(node):
@@ -3344,31 +3410,43 @@ def evaluated_when_defined(node):
 
 
 def file_order(program, modules):
-    """The modules (package __init__s aside) in the file's order: by their part (FILE_PARTS), the script last, each
-    after every module whose definitions its own need as they are defined (evaluated_when_defined), and otherwise in
-    `modules`' order (Program.order). A module that code of an earlier part needs so moves up to just before it."""
-    needs = {}
-    for module in modules:
-        names = names_in([part for s in program.kept_statements(module) for part in evaluated_when_defined(s.node)])
-        found = (program.resolve(module, name) for name in names)
-        needs[module.name] = {target.name for target, _ in filter(None, found) if target is not module}
-    below = {m.name: len(FILE_PARTS) + 1 if m is program.script else file_part(m.name) for m in modules}
+    """The file's units (FileUnit: the modules, package __init__s aside, and the script's sections) in the file's
+    order: by their part (FILE_PARTS), each after every unit whose definitions its own need as they are defined
+    (evaluated_when_defined), and otherwise in `modules`' order (Program.order), the script's sections in its own.
+    A unit that code of an earlier part needs so moves up to just before it."""
+    units = [FileUnit(m, program.kept_statements(m), file_part(m.name)) for m in modules if m is not program.script]
+    units += script_units(program, len(FILE_PARTS)) if program.script in modules else []
+    script_unit_of = {name: i for i, unit in enumerate(units) if unit.section is not None
+                      for s in unit.statements for name in s.defines}
+    module_unit_of = {unit.module.name: i for i, unit in enumerate(units) if unit.section is None}
+    needs = []
+    for i, unit in enumerate(units):
+        names = names_in([part for s in unit.statements for part in evaluated_when_defined(s.node)])
+        needed = set()
+        for target, statements in filter(None, (program.resolve(unit.module, name) for name in names)):
+            if target is program.script:
+                needed |= {script_unit_of[name] for s in statements for name in s.defines if name in script_unit_of}
+            elif target.name in module_unit_of:
+                needed.add(module_unit_of[target.name])
+        needs.append(needed - {i})
+    below = [unit.part for unit in units]
     changed = True
-    while changed:  # a module needed as others are defined is placed with the earliest of them
+    while changed:  # a unit needed as others are defined is placed with the earliest of them
         changed = False
-        for name, needed in needs.items():
-            for other in needed & set(below):
-                if below[other] > below[name]:
-                    below[other], changed = below[name], True
-    placed, left = [], list(modules)
+        for i, needed in enumerate(needs):
+            for other in needed:
+                if below[other] > below[i]:
+                    below[other], changed = below[i], True
+    placed, left = [], list(range(len(units)))
     while left:
-        ready = [m for m in left if needs[m.name] <= {p.name for p in placed} | {m.name}]
-        if not ready:  # needs in a circle: the modules' own order, as the modular program imports them
-            return placed + left
-        chosen = min(ready, key=lambda m: (below[m.name], left.index(m)))
+        ready = [i for i in left if needs[i] <= set(placed) | {i}]
+        if not ready:  # needs in a circle: the units' own order, as the modular program imports them
+            placed += left
+            break
+        chosen = min(ready, key=lambda i: (below[i], left.index(i)))
         placed.append(chosen)
         left.remove(chosen)
-    return placed
+    return [units[i] for i in placed]
 
 
 CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
@@ -3535,11 +3613,12 @@ def check_study_fields(modules, program, study_folds):
                                      f"rule 13)")
 
 
-def section_header(module, study_line):
-    """One comment line naming the source file (and, for a study's module, how the study enters)."""
+def section_header(module, study_line, ruled=False):
+    """One comment line naming the source file (and, for a study's module, how the study enters; for a section of
+    the script, which: `ruled`, the line runs to the RULE's length as a module's does)."""
     relative = module.path.relative_to(ROOT).as_posix()
     if study_line:
-        return ["", f"# {relative}: {study_line}"]
+        return ["", f"# {relative}: {study_line} ".ljust(len(RULE), "-") if ruled else f"# {relative}: {study_line}"]
     return ["", f"# {relative} ".ljust(len(RULE), "-")]
 
 
@@ -3667,7 +3746,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         body = [s.text for s in statements]
         if body:
             out += ["", f"# {module.path.relative_to(ROOT).as_posix()}"] + import_block(imports) + body
-    rest = file_order(program, [m for m in modules if m.path.name != "__init__.py"])
+    rest = [m for m in modules if m.path.name != "__init__.py"]
     imports = [line for m in rest for line in used_imports(m, program.kept_statements(m)).values()
                if line not in emitted_imports]
     out += [""] + import_block(list(dict.fromkeys(imports)))
@@ -3695,14 +3774,14 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
             f"RUN_DEFAULTS = {tuple(defaults)!r}",
             "# The fields its config does not hold (studies off or fixed, flags left out) at the run's values, logged.",
             *packed_assignment("LEFT_OUT_FIELDS", left_out)]
-    for module in rest:
-        statements = [s for s in program.kept_statements(module) if not s.defines & set(FILE_CONSTANTS)]
+    for unit in file_order(program, rest):
+        statements = [s for s in unit.statements if not s.defines & set(FILE_CONSTANTS)]
         if not statements:
             continue
-        if module is program.script:
-            out += section_header(module, "the track's model, optimisers and run")
+        if unit.module is not program.script:
+            out += section_header(unit.module, studies.get(unit.module.name))
         else:
-            out += section_header(module, studies.get(module.name))
+            out += section_header(unit.module, unit.section or "the track's model, optimisers and run", ruled=True)
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
     folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
     # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;

@@ -175,7 +175,9 @@ class StudyHost:
     """The model side of the study contract, one for every base (the #14 and small tracks' StudyGPT, --base r18's
     R18GPT): the parts built into model.study and model.parts, the named study scalars, and the calls of the parts'
     hooks. A base keeps its study scalars in the vector named by `scalar_vector` (built from the slices the parts
-    reserve during __init__, after begin_scalars()) and calls the hooks below where its forward reaches them."""
+    reserve during __init__, after begin_scalars()) and calls the hooks below where its forward reaches them.
+    parts_residuals, parts_mlp_router and parts_mlp_extra test `self.parts` first: with no study on, an export folds
+    their calls to None."""
     scalar_vector = "scalars"
 
     def begin_scalars(self):
@@ -217,7 +219,6 @@ class StudyHost:
             head_in = part.head_input(self, head_in, outputs, x_embed, input_seq)
         return head_in
 
-    # `if self.parts`: with no study on, an export folds these hooks to None where they are called
     def parts_residuals(self):
         """This forward pass's residual functions (layer -> None or (x, f(x), site) -> residual), from the one part
         that augments the residuals, or None: every residual plain."""

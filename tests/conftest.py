@@ -126,8 +126,8 @@ HISTORY = FIXTURES / "history"
 
 
 def file_as_module(path, monkeypatch):
-    """An exported file imported as a module (importing it runs nothing), registered as Python registers a script
-    it runs (its dataclasses read their string annotations through sys.modules)."""
+    """A script imported as a module (an exported file, a benchmark: importing it runs nothing), registered as Python
+    registers a script it runs (its dataclasses read their string annotations through sys.modules)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(f"exported_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)

@@ -23,7 +23,7 @@ import train_gpt as small
 import train_gpt_medium as medium
 from conftest import ROOT, launch_script
 from ablations.study import available_studies, load_study
-from speedrun.cli import tiny_preset
+from speedrun.presets import tiny_preset
 from speedrun.data import VIRTUAL_RANKS
 
 DRIVER = ROOT / "tests" / "collective_order_driver.py"

@@ -44,6 +44,12 @@ def inlined_sections(text):
             and line.split()[1].rstrip(":").endswith(".py")]
 
 
+def script_sections(text, script):
+    """The text of each section of the file from the script (`# train_gpt_medium.py: Model ---...`), in order."""
+    parts = re.split(r"^(# \S+\.py(?:: | -).*)$", text, flags=re.MULTILINE)
+    return [body for header, body in zip(parts[1::2], parts[2::2]) if header.startswith(f"# {script}:")]
+
+
 def project_imports(text):
     return [ast.unparse(n) for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))
             and any(name.split(".")[0] in ("speedrun", "data", "train_gpt", "train_gpt_medium") for name in
@@ -60,6 +66,16 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert order == sorted(order) and sections.index("speedrun/distributed.py") > order[-2]
     # a module the code above needs as it is defined moves up (UsageError is the base class of ShardError)
     assert sections.index("speedrun/errors.py") < sections.index("data/shard_format.py") < order[2]
+    # the script's sections join their parts: its configuration (with the presets it builds on: the run's
+    # hyperparameters) opens the file, its model follows the project's, its optimisers theirs, its command line the
+    # rest of the command line's code, and its training (main) ends the file
+    at = {name: text.index(f"# train_gpt_medium.py: {name} -") for name in
+          ("Configuration", "Model", "Optimisers", "Command line", "Training")}
+    assert text.index("# speedrun/presets.py") < at["Configuration"] < text.index("# speedrun/layers.py")
+    assert text.index("# speedrun/model.py") < at["Model"] < text.index("# speedrun/muon.py")
+    assert text.index("# speedrun/optimizers.py") < at["Optimisers"] < text.index("# speedrun/data.py")
+    assert text.index("# speedrun/cli.py") < at["Command line"] < at["Training"] == text.rindex("\n# ") + 1
+    assert "# Configuration\n" not in text and "# Model\n" not in text  # each section named once, in its header
     # which needs the file's annotations left unevaluated (Dist is defined below the functions it annotates)
     future = ast.parse(text).body[1]
     assert isinstance(future, ast.ImportFrom) and future.module == "__future__"
@@ -113,7 +129,14 @@ def test_r18_export_holds_the_r18_package_and_not_the_r14_model(tmp_path):
     assert fixed_flags_of(text) is None and "parts += ['laurel-rw']" in text  # rule 25
     # the base folded to r18: r14's model and optimisers, and the r14 path after r18's return, are gone
     assert "class Optimizers(TrackOptimizers)" not in text and "MEDIUM = Track(" not in text
-    script_part = text[text.rindex("# train_gpt_medium.py"):]
+    script_part = "\n".join(script_sections(text, "train_gpt_medium.py"))
+    # the Training section's first statement (r14's VAL_HEAD_CHUNKS) is folded away: its main still ends the file
+    # under its own header, not the Command line's
+    headers = re.findall(r"^# train_gpt_medium\.py: (\w[\w ]*) -", text, flags=re.MULTILINE)
+    assert headers == ["Configuration", "Command line", "Training"] and "VAL_HEAD_CHUNKS" not in text
+    last_header = re.findall(r"^# \S+\.py(?:: | -).*$", text, flags=re.MULTILINE)[-1]
+    assert last_header.startswith("# train_gpt_medium.py: Training -")
+    assert "def main(" in script_sections(text, "train_gpt_medium.py")[-1]
     assert "resolve_track_args(parsed, PRESETS, __file__, layer_pattern" not in script_part
     assert "r18_layer_pattern = layer_pattern" in text  # the renamed lazy import, bound where it stood
 
@@ -164,6 +187,27 @@ def test_the_file_has_no_docstrings_and_single_blank_lines(tmp_path):
                   and ast.get_docstring(n) is not None]
     assert documented == [] and ast.get_docstring(tree) is not None  # the file's own header stays
     assert "\n\n\n" not in text
+    # a definition follows another after one blank line (above its comments), a class whose docstring became
+    # `pass` too (UsageError)
+    lines = text.split("\n")
+
+    def blank_above(node):
+        above = node.lineno - 2
+        while lines[above].startswith("#"):
+            above -= 1
+        return not lines[above].strip()
+    assert [node.name for prev, node in zip(tree.body, tree.body[1:])
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.decorator_list
+            and isinstance(prev, (ast.FunctionDef, ast.ClassDef)) and not blank_above(node)] == []
+
+
+def test_a_body_that_was_its_docstring_keeps_the_blank_lines_after_it():
+    """drop_docstrings: blank lines after a docstring with code below it go (the code follows the signature);
+    after one that was the whole body, now `pass`, they stay (`class UsageError(Exception): pass` ran into the next
+    class)."""
+    from speedrun.export import drop_docstrings
+    source = 'class A(Exception):\n    """Doc."""\n\n\nclass B:\n    """Doc."""\n\n    x = 1\n'
+    assert drop_docstrings(source) == "class A(Exception):\n    pass\n\n\nclass B:\n    x = 1\n"
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -2019,6 +2063,26 @@ def test_rule_22_a_parameter_never_read_leaves_the_signature_where_every_call_pa
     assert "def mixed(head_in, lam):" in text and "return mixed(h, 2) + mixed(h, 3)" in text
     assert "def g(a, b):" in text and "g(print('side'), 1)" in text
     assert run_printed(text) == run_printed(source) == [("side",), (25, 1)]
+
+
+def test_rule_22_a_method_alone_in_answering_its_name_loses_a_parameter_it_never_reads():
+    """BaseRun.settle(config, compiled, init_state, resume_state) in a file that resumes nothing: the states are
+    never read, every call `run.settle(...)` passes a name; not where another class answers the name too, where a
+    call passes self by position (`Run.settle(run, ...)`), or where the name is a library object's attribute."""
+    from speedrun.export import without_inert_code, without_literal_parameters
+    source = ("class Run:\n    def settle(self, config, state):\n        return config + 1\n\n\n"
+              "def main(run, config):\n    state = None\n    return run.settle(config, state)\n\n\n"
+              "print(main(Run(), 1))\n")
+    text = without_literal_parameters(source)
+    assert "def settle(self, config):" in text and "return run.settle(config)" in text
+    assert "state = None" not in without_inert_code(text)
+    assert run_printed(text) == run_printed(source) == [(2,)]
+    another = source + "\n\nclass Other:\n    def settle(self, config, state):\n        return state\n"
+    assert without_literal_parameters(another) == another
+    unbound = source.replace("run.settle(config, state)", "Run.settle(run, config, state)")
+    assert without_literal_parameters(unbound) == unbound
+    library = source.replace("settle", "step")  # an optimiser's and a tensor's attribute: the call may reach one
+    assert without_literal_parameters(library) == library
 
 
 def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
