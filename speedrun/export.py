@@ -1143,10 +1143,13 @@ def literal_parameters_folded(text):
     # expression that only reads (BaseRun.settle's `init_state` in a file that resumes nothing). Bound calls only:
     # `Class.method(obj, ...)` passes self by position.
     classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    attribute_calls = collections.defaultdict(list)  # one walk for every method, not one each
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            attribute_calls[call.func.attr].append(call)
     for method in sole_answerers(tree):
         arguments = method.args
-        called = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
-                  and c.func.attr == method.name]
+        called = attribute_calls[method.name]
         if not called or arguments.vararg or arguments.kwarg or arguments.posonlyargs or arguments.kwonlyargs \
                 or arguments.defaults or any(c.keywords or any(isinstance(a, ast.Starred) for a in c.args)
                                              or isinstance(c.func.value, ast.Name) and c.func.value.id in classes
