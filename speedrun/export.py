@@ -2921,8 +2921,10 @@ def drop_docstrings(text):
 
 
 def single_blank_lines(text):
-    """The text with every run of blank lines made one (upstream's spacing, not PEP 8's two between definitions)."""
-    return re.sub(r"\n(?:[ \t]*\n)+", "\n\n", text)
+    """The text with every run of blank lines made one (upstream's spacing, not PEP 8's two between definitions),
+    and none right under a one-line `class` or `def` header (what a cut docstring and members leave)."""
+    text = re.sub(r"\n(?:[ \t]*\n)+", "\n\n", text)
+    return re.sub(r"(\n[ \t]*(?:class|def) [^\n]*:\n)[ \t]*\n", r"\1", text)
 
 
 def without_nested_imports(text, first_line, node):
@@ -4001,11 +4003,13 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
             out += section_header(unit.module, unit.section or "the track's model, optimisers and run", ruled=True)
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
     folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
-    # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;
-    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`);
-    # rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`)
-    folded = to_fixed_point(lambda text: without_literal_residue(without_decided_residue(without_inert_code(
-        without_literal_parameters(without_unset_parameters(without_constant_attributes(text)))))), folded)
+    # rules 19, 22, 24, 26 and 29 until none changes the file: a parameter cut can leave a function inert, and the
+    # reverse; a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw,
+    # ... =`); rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`);
+    # rule 18's empty bases with them: a base whose no-op hooks rule 24 cut (BaseRun of a track's run)
+    folded = to_fixed_point(lambda text: without_empty_bases(without_literal_residue(without_decided_residue(
+        without_inert_code(without_literal_parameters(without_unset_parameters(without_constant_attributes(
+            text))))))), folded)
     spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
         without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(spaced)
