@@ -1504,20 +1504,25 @@ def without_redundant_parentheses(text):
     """Rule 27: the parentheses folding leaves around one expression where they change nothing (`(laurel_column_
     orthogonal)(count, 16, dim)` of a folded `(a if c else b)(...)`, `+ (0)`, `torch.zeros(((n, 2)))`, `counts = ([1]
     * n)`): a pair on one line around an atom (a name, constant, attribute, call, item or display) or around an
-    assigned or returned value, opening after an operator, bracket or keyword (not a call's), the file's syntax tree
-    the same without it."""
+    assigned or returned value, opening after an operator, bracket or keyword (not a call's), and the pair around a
+    tuple an assignment unpacks (`start_step, train_ms = (0, 0.0)`); the file's syntax tree the same without it."""
     while True:
         tree = ast.parse(text)
         span_of = source_spans(text)
         whole = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                           ast.Return)) and n.value is not None}
         in_strings = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+        unpacked = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and len(n.value.elts) > 1}
         pairs = set()
         for node in ast.walk(tree):
             if not isinstance(node, ast.expr) or id(node) in in_strings or node.lineno != node.end_lineno \
                     or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
                 continue
             start, end = span_of(node)
+            if id(node) in unpacked and text[start] == "(" and text[end - 1] == ")":
+                pairs.add((start, end - 1))  # `a, b = (0, 0.0)` of a folded `... if resume else (0, 0.0)`
+                continue
             if not (start and text[start - 1] == "(" and text[end:end + 1] == ")"):
                 continue
             before = text[max(0, start - 1 - LOOK_BACK):start - 1].rstrip()  # not the whole text for each node

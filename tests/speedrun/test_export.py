@@ -1980,7 +1980,8 @@ PARENTHESES = """def f(n, start, a, b, c, x, y):
     multi = (a +
              b)
     pair = pair if not (x) else (y)
-    return (made, counts, index, shape, keep, pair, call, real, text, multi)
+    first, second = (x, 0.0)
+    return (made, counts, index, shape, keep, pair, call, real, text, multi, first, second)
 
 
 print(f(2, [5], 1, 2, 3, 4, 5))
@@ -1989,7 +1990,8 @@ print(f(2, [5], 1, 2, 3, 4, 5))
 
 def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
     """LAuReL's file kept `(laurel_column_orthogonal)(count, 16, dim)`, `counts = ([1] * len(self.sites))` and `+ (0)`
-    of folded conditional expressions: they go; a call's, a tuple's, a grouping's, a multi-line expression's, a
+    of folded conditional expressions: they go, so do those around a tuple an assignment unpacks; a call's, a
+    returned tuple's, a grouping's, a multi-line expression's, a
     number's before its attribute and an f-string's stay; the program prints the same."""
     from speedrun.export import without_redundant_parentheses
     text = without_redundant_parentheses(PARENTHESES)
@@ -1997,6 +1999,7 @@ def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
     assert "shape = tuple((n, 2))\n" in text and "keep = (a + b) * c\n" in text
     assert "pair, call = (x, y), max((x, y))\n" in text and "(1).real" in text and 'f"{(a)}"' in text
     assert "multi = (a +\n" in text and "if not x else y" in text and "return (made, counts" in text
+    assert "first, second = x, 0.0\n" in text  # an unpacked tuple of a folded `... if resume else (0, 0.0)`
     assert run_printed(text) == run_printed(PARENTHESES)
     assert without_redundant_parentheses(text) == text
 
