@@ -801,8 +801,10 @@ def without_literal_parameters(text):
     return to_fixed_point(literal_parameters_folded, text)
 
 
-# The method torch's Module.__call__ hands a call's own arguments to: a call of a module instance is a call of it.
+# The method torch's Module.__call__ hands a call's own arguments to: a call of a module instance is a call of it,
+# unless a hook registered so may change them.
 MODULE_CALL_TARGET = "forward"
+FORWARD_PRE_HOOKS = ("register_forward_pre_hook", "register_module_forward_pre_hook")
 
 
 def signature_items(arguments):
@@ -827,7 +829,8 @@ def unset_parameters(tree):
     - of a module's `forward` (its calls are its instances', unknown here): a keyword-only parameter with a sentinel
       default where every keyword of the name to a callable not known so passes that default (to no library's or
       builtin's callable), every function such a call may reach that has the parameter has that default, and
-      nothing else could pass it (no string, attribute, stored name or lambda parameter of the name)."""
+      nothing else could pass it (no string, attribute, stored name or lambda parameter of the name; no forward
+      pre-hook)."""
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     methods = {id(m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
@@ -906,7 +909,9 @@ def unset_parameters(tree):
                 if where is not None:
                     cut[id(c)].add(where)
     # a module's forward: the keywords of calls of callables not known here
-    forwards = [f for f in functions if f.name == MODULE_CALL_TARGET and id(f) in methods]
+    # a forward pre-hook may rewrite the keywords a module's call hands its forward
+    hooked = any(isinstance(n, ast.Attribute) and n.attr in FORWARD_PRE_HOOKS for n in ast.walk(tree))
+    forwards = [f for f in functions if f.name == MODULE_CALL_TARGET and id(f) in methods and not hooked]
     unknown_calls = [c for c in calls if call_name(c) not in known]
     reachable = collections.defaultdict(set)  # name -> the defaults of it where an unknown call may land
     for function in functions:

@@ -2158,6 +2158,9 @@ def test_rule_29_a_sentinel_no_call_sets_folds_through_a_modules_forward_and_wha
       '        return math.floor(1, augment=None)\n\n\ndef save'), "def forward(self, x, *extra, augment=None"),
     # a lambda with the name, which an unknown call may land in
     (('print(Model()', 'f = lambda augment: augment\nprint(Model()'), "def forward(self, x, *extra, augment=None"),
+    # a forward pre-hook may hand forward other keywords than the call's
+    (('print(Model()', 'Block().register_forward_pre_hook(print)\nprint(Model()'),
+     "def forward(self, x, *extra, augment=None"),
     # run_block named otherwise than as called: a caller may pass anything
     (('print(Model()', 'g = Model.run_block\nprint(Model()'), "def run_block(self, block, x, augment=None):"),
 ])
