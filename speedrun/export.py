@@ -805,6 +805,7 @@ def without_literal_parameters(text):
 # unless a hook registered so may change them.
 MODULE_CALL_TARGET = "forward"
 FORWARD_PRE_HOOKS = ("register_forward_pre_hook", "register_module_forward_pre_hook")
+MAIN_GUARDS = ("__name__ == '__main__'", "'__main__' == __name__")
 
 
 def signature_items(arguments):
@@ -842,6 +843,9 @@ def unset_parameters(tree):
     library = {name for s in tree.body for name in import_bound_names(s) or ()} | set(dir(builtins))
     library -= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     strings = strings_in([tree])  # a name getattr may reach
+    # what the `if __name__ == "__main__":` block calls is the file's entry point: an importer calls it too
+    entry_points = {c.func.id for s in tree.body if isinstance(s, ast.If) and ast.unparse(s.test) in MAIN_GUARDS
+                    for c in ast.walk(s) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
 
     def defaults_of(arguments):
         positional = arguments.posonlyargs + arguments.args
@@ -857,7 +861,7 @@ def unset_parameters(tree):
     def known_calls(function):
         """Its calls, and how many leading parameters they skip; None where something else may call it."""
         static = [ast.unparse(d) for d in function.decorator_list] == ["staticmethod"]
-        if function.name in foreign_attributes() or function.name in strings \
+        if function.name in foreign_attributes() or function.name in strings | entry_points \
                 or named[function.name] != call_names[function.name] \
                 or function.decorator_list and not static or definitions[function.name] != 1:
             return None

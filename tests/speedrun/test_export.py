@@ -2161,6 +2161,9 @@ def test_rule_29_a_sentinel_no_call_sets_folds_through_a_modules_forward_and_wha
     # a forward pre-hook may hand forward other keywords than the call's
     (('print(Model()', 'Block().register_forward_pre_hook(print)\nprint(Model()'),
      "def forward(self, x, *extra, augment=None"),
+    # the entry point: whoever imports the file calls it too (`main(argv)`), whatever the file's own call passes
+    (('print(Model()', 'def main(argv=None):\n    return argv\n\n\nif __name__ == "__main__":\n    main()\n'
+      'print(Model()'), "def main(argv=None):"),
     # run_block named otherwise than as called: a caller may pass anything
     (('print(Model()', 'g = Model.run_block\nprint(Model()'), "def run_block(self, block, x, augment=None):"),
 ])
