@@ -88,7 +88,7 @@ class Block(StudyBlock):
     def __init__(self, cfg: GPTConfig, has_attention, max_seq_len):
         super().__init__(cfg, has_attention, max_seq_len, norm_v=False)
 
-    def mix_and_attend(self, x, x0, ve, mask, lambdas, v_lambdas, augment=None):
+    def mix_and_attend(self, x, x0, ve, mask, lambdas, v_lambdas, *, augment=None):
         """Everything before the MLP: the embedding re-injection and the attention residual (on norm(x))."""
         x = lambdas[0] * x + lambdas[1] * x0
         if self.attn is not None:

@@ -83,7 +83,7 @@ class Block(StudyBlock):
     def __init__(self, cfg: GPTConfig, has_attention, max_seq_len):
         super().__init__(cfg, has_attention, max_seq_len, norm_v=True)
 
-    def mix_and_attend(self, x, x_embed, x_embed2, ve, mask, lambdas, v_lambdas, augment=None):
+    def mix_and_attend(self, x, x_embed, x_embed2, ve, mask, lambdas, v_lambdas, *, augment=None):
         """Everything before the MLP: the embedding re-injection and the attention residual (on the raw x)."""
         x = lambdas[0] * x + lambdas[1] * x_embed + lambdas[2] * x_embed2
         if self.attn is not None:

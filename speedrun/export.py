@@ -801,6 +801,221 @@ def without_literal_parameters(text):
     return to_fixed_point(literal_parameters_folded, text)
 
 
+# The method torch's Module.__call__ hands a call's own arguments to: a call of a module instance is a call of it,
+# unless a hook registered so may change them.
+MODULE_CALL_TARGET = "forward"
+FORWARD_PRE_HOOKS = ("register_forward_pre_hook", "register_module_forward_pre_hook")
+MAIN_GUARDS = ("__name__ == '__main__'", "'__main__' == __name__")
+
+
+def signature_items(arguments):
+    """Nodes spanning a signature's items (`name`, `name=default`, `*name`, `**name`), in order, each with the
+    parameter's name (None for a bare `*`, which has no node and is not listed)."""
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+    items = [(a, d) for a, d in zip(positional, defaults)] + list(zip(arguments.kwonlyargs, arguments.kw_defaults))
+    items += [(a, None) for a in (arguments.vararg, arguments.kwarg) if a is not None]
+    return sorted(((span((a.lineno, a.col_offset), ((d or a).end_lineno, (d or a).end_col_offset)), a.arg)
+                   for a, d in items), key=lambda item: (item[0].lineno, item[0].col_offset))
+
+
+def unset_parameters(tree):
+    """The parameters the file's calls always leave at one sentinel (None, True, False; rule 29), as
+    ({id(function): {parameter: that literal}}, {id(call): the positions and keyword names of its arguments that pass
+    them}):
+    - of a function or method whose calls are the file's own and all known (its name read only as called, one
+      definition of the name, no library attribute; a static method by any receiver, another method by an instance):
+      a parameter every call passes the same sentinel, by position or by name, or leaves at a sentinel default (no
+      `*` or `**` argument in any call);
+    - of a module's `forward` (its calls are its instances', unknown here): a keyword-only parameter with a sentinel
+      default where every keyword of the name to a callable not known so passes that default (to no library's or
+      builtin's callable), every function such a call may reach that has the parameter has that default, and
+      nothing else could pass it (no string, attribute, stored name or lambda parameter of the name; no forward
+      pre-hook)."""
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    methods = {id(m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
+    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    definitions = collections.Counter(f.name for f in functions)
+    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    named.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute))
+    call_names = collections.Counter(call_name(c) for c in calls)
+    library = {name for s in tree.body for name in import_bound_names(s) or ()} | set(dir(builtins))
+    library -= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    strings = strings_in([tree])  # a name getattr may reach
+    # what the `if __name__ == "__main__":` block calls is the file's entry point: an importer calls it too
+    entry_points = {c.func.id for s in tree.body if isinstance(s, ast.If) and ast.unparse(s.test) in MAIN_GUARDS
+                    for c in ast.walk(s) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+
+    def defaults_of(arguments):
+        positional = arguments.posonlyargs + arguments.args
+        found = dict(zip((a.arg for a in positional[len(positional) - len(arguments.defaults):]),
+                         arguments.defaults))
+        found.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+        return {name: sentinel(d) for name, d in found.items() if sentinel(d) is not None}
+
+    def stores(function, name):
+        return any(isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+                   for stmt in function.body for n in ast.walk(stmt))
+
+    def known_calls(function):
+        """Its calls, and how many leading parameters they skip; None where something else may call it."""
+        static = [ast.unparse(d) for d in function.decorator_list] == ["staticmethod"]
+        if function.name in foreign_attributes() or function.name in strings | entry_points \
+                or named[function.name] != call_names[function.name] \
+                or function.decorator_list and not static or definitions[function.name] != 1:
+            return None
+        if id(function) in methods:
+            reach = [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == function.name]
+            if not static and any(isinstance(c.func.value, ast.Name) and c.func.value.id in classes for c in reach):
+                return None  # `Class.method(obj, ...)` passes self by position
+            return reach, 0 if static else 1
+        return [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == function.name], 0
+
+    folded, cut = {}, collections.defaultdict(set)
+    known = {}
+    for function in functions:
+        found = known_calls(function)
+        if found is None:
+            continue
+        known[function.name] = function
+        reach, skipped = found
+        arguments = function.args
+        if not reach or arguments.vararg or arguments.kwarg or any(k.arg is None for c in reach for k in c.keywords):
+            continue
+        starred = any(isinstance(a, ast.Starred) for c in reach for a in c.args)  # may reach any positional one
+        defaults = defaults_of(arguments)
+        positional = arguments.posonlyargs + arguments.args
+        decided = {}  # name -> (its literal, [(call, its position or name there, the literal)])
+        for index, parameter in enumerate(positional + arguments.kwonlyargs):
+            name = parameter.arg
+            if index < skipped or stores(function, name) or starred and index < len(positional):
+                continue
+            passed = []  # (the call, its argument's position or name, the literal it passes)
+            for c in reach:
+                by_name = next((k for k in c.keywords if k.arg == name), None)
+                if index < len(positional) and len(c.args) > index - skipped:
+                    passed.append((c, index - skipped, sentinel(c.args[index - skipped])))
+                elif by_name is not None and index >= len(arguments.posonlyargs):
+                    passed.append((c, name, sentinel(by_name.value)))
+                else:
+                    passed.append((c, None, defaults.get(name)))
+            literals = {literal for _, _, literal in passed}
+            if len(literals) == 1 and None not in literals:
+                decided[name] = (literals.pop(), passed)
+        keyword_only = {a.arg for a in arguments.kwonlyargs}
+        if keyword_only and keyword_only <= decided.keys() and arguments.kwonlyargs and not arguments.vararg:
+            # a bare `*` goes with its last parameter (unset_parameters_folded): no positional one this pass
+            decided = {name: d for name, d in decided.items() if name in keyword_only and positional}
+        for name, (literal, passed) in decided.items():
+            folded.setdefault(id(function), {})[name] = literal
+            for c, where, _ in passed:
+                if where is not None:
+                    cut[id(c)].add(where)
+    # a module's forward: the keywords of calls of callables not known here
+    # a forward pre-hook may rewrite the keywords a module's call hands its forward
+    hooked = any(isinstance(n, ast.Attribute) and n.attr in FORWARD_PRE_HOOKS for n in ast.walk(tree))
+    forwards = [f for f in functions if f.name == MODULE_CALL_TARGET and id(f) in methods and not hooked]
+    unknown_calls = [c for c in calls if call_name(c) not in known]
+    reachable = collections.defaultdict(set)  # name -> the defaults of it where an unknown call may land
+    for function in functions:
+        if function.name not in known:
+            given = defaults_of(function.args)
+            for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs:
+                reachable[a.arg].add(given.get(a.arg))
+            for a in (function.args.vararg, function.args.kwarg):
+                if a is not None:
+                    reachable[a.arg].add(None)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Lambda):
+            for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs:
+                reachable[a.arg].add(None)
+    # a forward passing its own parameter on (`augment=augment`) passes the default it is read as
+    passed_on = {id(k) for f in forwards for a in f.args.kwonlyargs for stmt in f.body for c in ast.walk(stmt)
+                 if isinstance(c, ast.Call) for k in c.keywords
+                 if isinstance(k.value, ast.Name) and k.value.id == a.arg == k.arg}
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    for function in forwards:
+        given = defaults_of(function.args)
+        if not function.args.vararg and not function.args.posonlyargs + function.args.args:
+            continue  # `forward(*, a=None)`: a bare `*` with nothing before it to cut from
+        for a in function.args.kwonlyargs:
+            literal = given.get(a.arg)
+            keywords = [(c, k) for c in unknown_calls for k in c.keywords if k.arg == a.arg]
+            if literal is None or reachable[a.arg] != {literal} or a.arg in strings | attributes | stored \
+                    or any(id(k) not in passed_on and sentinel(k.value) != literal or root_name(c.func) in library
+                           for c, k in keywords):
+                continue
+            folded.setdefault(id(function), {})[a.arg] = literal
+            for c, k in keywords:
+                cut[id(c)].add(a.arg)
+    return folded, cut
+
+
+def sentinel(node):
+    """`None`, `True` or `False` where the node is that constant, else None."""
+    return repr(node.value) if isinstance(node, ast.Constant) and type(node.value) in (bool, type(None)) else None
+
+
+def call_name(call):
+    """The name a call calls by (`f` of `f(x)` and of `obj.f(x)`), or None."""
+    return call.func.id if isinstance(call.func, ast.Name) else \
+        call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+
+def root_name(node):
+    """The name an expression's chain of attributes, items and calls starts from (`torch` of `torch.nn.f(x).g`), or
+    None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def unset_parameters_folded(text):
+    """without_unset_parameters, one pass."""
+    tree = ast.parse(text)
+    folded, cut = unset_parameters(tree)
+    if not folded:
+        return text
+    edits = []
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and cut.get(id(call)):
+            gone = [call.args[i] for i in cut[id(call)] if isinstance(i, int)]
+            gone += [k for k in call.keywords if k.arg in cut[id(call)]]
+            items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+            edits += cut_items(items, {i for i, item in enumerate(items) if any(item is g for g in gone)})
+    for function in ast.walk(tree):
+        unset = folded.get(id(function)) if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+        if not unset:
+            continue
+        arguments = function.args
+        positional = arguments.posonlyargs + arguments.args
+        if arguments.kwonlyargs and not arguments.vararg and {a.arg for a in arguments.kwonlyargs} <= unset.keys():
+            # a bare `*` goes with its last parameter: from the end of the last positional one (unset_parameters
+            # cuts none of those in the same pass)
+            last = signature_items(arguments)[-1][0]
+            edits.append((span((positional[-1].end_lineno, positional[-1].end_col_offset) if not arguments.defaults
+                               else (arguments.defaults[-1].end_lineno, arguments.defaults[-1].end_col_offset),
+                               (last.end_lineno, last.end_col_offset)), ""))
+        else:
+            items = signature_items(arguments)
+            edits += cut_items([node for node, _ in items], {i for i, (_, name) in enumerate(items) if name in unset})
+        receivers = {id(n.value) for n in ast.walk(function) if isinstance(n, ast.Attribute)}
+        edits += [(n, f"({unset[n.id]})" if id(n) in receivers else unset[n.id]) for stmt in function.body
+                  for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id in unset]
+    return drop_unreachable(fold_ifs(replace_spans(text, edits), {}))
+
+
+def without_unset_parameters(text):
+    """Rule 29: each parameter no call of the file sets (unset_parameters) read as its default in its function, and
+    gone from the signatures and from the calls that pass its default by name; then the tests on it folded (the
+    baseline's `augment=None` through the blocks: `if augment is None` is the plain residual). Again until none is
+    left: a folded parameter passed on (`run_block`'s `mlp_extra=mlp_extra`) becomes the literal its callee's
+    parameter is then set to."""
+    return to_fixed_point(unset_parameters_folded, text)
+
+
 def without_inert_code(text):
     """The file's text with what folding leaves inert gone (rule 24), again until none is left:
     - a call of a top-level function whose body is one `return` of a literal (the registry's `given_study_flags()`:
@@ -1194,6 +1409,14 @@ def without_literal_residue(text):
                  and isinstance(n.args[0], (ast.Tuple, ast.List))
                  and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
     literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n)] if value is not None]
+    # `dict({}, k=v)`, what rule 29 leaves of `dict(extra or {}, k=v)`: the keywords alone
+    literals += [(n, ast.get_source_segment(text, n)[:n.args[0].col_offset - n.col_offset]
+                  + ast.get_source_segment(text, n)[n.keywords[0].value.col_offset - n.col_offset
+                                                    - len(n.keywords[0].arg) - 1:])
+                 for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id == "dict" and "dict" not in bound and len(n.args) == 1 and n.keywords
+                 and all(k.arg for k in n.keywords) and isinstance(n.args[0], ast.Dict) and not n.args[0].keys
+                 and n.args[0].lineno == n.lineno == n.keywords[0].value.lineno]
     if literals:  # before the loops: a loop's sequence may hold one, and its edit spans the sequence's source
         text = replace_spans(text, literals)
         tree = ast.parse(text)
@@ -1290,20 +1513,25 @@ def without_redundant_parentheses(text):
     """Rule 27: the parentheses folding leaves around one expression where they change nothing (`(laurel_column_
     orthogonal)(count, 16, dim)` of a folded `(a if c else b)(...)`, `+ (0)`, `torch.zeros(((n, 2)))`, `counts = ([1]
     * n)`): a pair on one line around an atom (a name, constant, attribute, call, item or display) or around an
-    assigned or returned value, opening after an operator, bracket or keyword (not a call's), the file's syntax tree
-    the same without it."""
+    assigned or returned value, opening after an operator, bracket or keyword (not a call's), and the pair around a
+    tuple an assignment unpacks (`start_step, train_ms = (0, 0.0)`); the file's syntax tree the same without it."""
     while True:
         tree = ast.parse(text)
         span_of = source_spans(text)
         whole = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                           ast.Return)) and n.value is not None}
         in_strings = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+        unpacked = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and len(n.value.elts) > 1}
         pairs = set()
         for node in ast.walk(tree):
             if not isinstance(node, ast.expr) or id(node) in in_strings or node.lineno != node.end_lineno \
                     or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
                 continue
             start, end = span_of(node)
+            if id(node) in unpacked and text[start] == "(" and text[end - 1] == ")":
+                pairs.add((start, end - 1))  # `a, b = (0, 0.0)` of a folded `... if resume else (0, 0.0)`
+                continue
             if not (start and text[start - 1] == "(" and text[end:end + 1] == ")"):
                 continue
             before = text[max(0, start - 1 - LOOK_BACK):start - 1].rstrip()  # not the whole text for each node
@@ -2707,8 +2935,10 @@ def drop_docstrings(text):
 
 
 def single_blank_lines(text):
-    """The text with every run of blank lines made one (upstream's spacing, not PEP 8's two between definitions)."""
-    return re.sub(r"\n(?:[ \t]*\n)+", "\n\n", text)
+    """The text with every run of blank lines made one (upstream's spacing, not PEP 8's two between definitions),
+    and none right under a one-line `class` or `def` header (what a cut docstring and members leave)."""
+    text = re.sub(r"\n(?:[ \t]*\n)+", "\n\n", text)
+    return re.sub(r"(\n[ \t]*(?:class|def) [^\n]*:\n)[ \t]*\n", r"\1", text)
 
 
 def without_nested_imports(text, first_line, node):
@@ -3787,11 +4017,13 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
             out += section_header(unit.module, unit.section or "the track's model, optimisers and run", ruled=True)
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
     folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
-    # rules 19, 22, 24 and 26 until none changes the file: a parameter cut can leave a function inert, and the reverse;
-    # a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw, ... =`);
-    # rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`)
-    folded = to_fixed_point(lambda text: without_literal_residue(without_decided_residue(without_inert_code(
-        without_literal_parameters(without_constant_attributes(text))))), folded)
+    # rules 19, 22, 24, 26 and 29 until none changes the file: a parameter cut can leave a function inert, and the
+    # reverse; a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw,
+    # ... =`); rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`);
+    # rule 18's empty bases with them: a base whose no-op hooks rule 24 cut (BaseRun of a track's run)
+    folded = to_fixed_point(lambda text: without_empty_bases(without_literal_residue(without_decided_residue(
+        without_inert_code(without_literal_parameters(without_unset_parameters(without_constant_attributes(
+            text))))))), folded)
     spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
         without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(spaced)

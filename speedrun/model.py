@@ -75,7 +75,7 @@ TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline arch
 
 
 class StudyBlock(nn.Module):
-    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, augment) (its
+    """A block whose residuals the study variants reach: the track's mix_and_attend(x, *mix_inputs, augment=...) (its
     input mix and attention residual), then the MLP residual on norm(x).
     mlp_extra: features concatenated to the MLP input (ModelPart.mlp_extra); None for every baseline block.
     augment: None (plain residuals) or a function (x, f(x), site) -> the augmented residual (ModelPart.residuals)."""

@@ -206,9 +206,8 @@ class BaseRun:
       stream(train_files, config, proc) -> the training batches;
       validate(train_model, config, proc, step, state) -> the validation loss before `step`;
       forward_backward(train_model, stream, step, state, opt, proc); optimizer_step(opt, step);
+      val_decimals: the decimals of the logged validation loss;
     and may replace the no-ops below."""
-
-    val_decimals = 6
 
     def check_inputs(self, config, proc):
         """Checks of the base's own inputs, on every rank before any collective (UsageError)."""

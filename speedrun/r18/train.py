@@ -249,6 +249,8 @@ class R18Run(BaseRun):
     """One --base r18 run for run_training: R18GPT in bf16, NorMuon + odd-step Adam, BOS-aligned batches, the
     record's schedule and windows, a warm-up step per compiled graph and the attention kernels in the log."""
 
+    val_decimals = 6
+
     def __init__(self, config, proc):
         if config.checkpoint_every and config.checkpoint_every % 2:
             raise UsageError(f"--checkpoint-every {config.checkpoint_every}: --base r18 checkpoints after odd steps "

@@ -1090,6 +1090,9 @@ def test_exported_baselines_hold_no_empty_registry_nor_what_does_nothing_with_it
         for hook in ("parts_block_input", "parts_block_output", "parts_head_input", "parts_before_step",
                      "parts_after_step", "parts_named_scalars"):
             assert hook not in text, hook
+        # rule 29: the hook arguments no call of a baseline sets (the blocks' `augment`, `mlp_extra`, r18's
+        # `routed_mlp`) and the tests on them
+        assert not re.search(r"\b(augment|mlp_extra|routed_mlp)\b", text)
 
 
 def run_file(path, *flags):
@@ -1977,7 +1980,8 @@ PARENTHESES = """def f(n, start, a, b, c, x, y):
     multi = (a +
              b)
     pair = pair if not (x) else (y)
-    return (made, counts, index, shape, keep, pair, call, real, text, multi)
+    first, second = (x, 0.0)
+    return (made, counts, index, shape, keep, pair, call, real, text, multi, first, second)
 
 
 print(f(2, [5], 1, 2, 3, 4, 5))
@@ -1986,7 +1990,8 @@ print(f(2, [5], 1, 2, 3, 4, 5))
 
 def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
     """LAuReL's file kept `(laurel_column_orthogonal)(count, 16, dim)`, `counts = ([1] * len(self.sites))` and `+ (0)`
-    of folded conditional expressions: they go; a call's, a tuple's, a grouping's, a multi-line expression's, a
+    of folded conditional expressions: they go, so do those around a tuple an assignment unpacks; a call's, a
+    returned tuple's, a grouping's, a multi-line expression's, a
     number's before its attribute and an f-string's stay; the program prints the same."""
     from speedrun.export import without_redundant_parentheses
     text = without_redundant_parentheses(PARENTHESES)
@@ -1994,6 +1999,7 @@ def test_rule_27_parentheses_folding_leaves_around_one_expression_go():
     assert "shape = tuple((n, 2))\n" in text and "keep = (a + b) * c\n" in text
     assert "pair, call = (x, y), max((x, y))\n" in text and "(1).real" in text and 'f"{(a)}"' in text
     assert "multi = (a +\n" in text and "if not x else y" in text and "return (made, counts" in text
+    assert "first, second = x, 0.0\n" in text  # an unpacked tuple of a folded `... if resume else (0, 0.0)`
     assert run_printed(text) == run_printed(PARENTHESES)
     assert without_redundant_parentheses(text) == text
 
@@ -2083,6 +2089,89 @@ def test_rule_22_a_method_alone_in_answering_its_name_loses_a_parameter_it_never
     assert without_literal_parameters(unbound) == unbound
     library = source.replace("settle", "step")  # an optimiser's and a tensor's attribute: the call may reach one
     assert without_literal_parameters(library) == library
+
+
+UNSET = """class Block:
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, x, *extra, augment=None, routed=None):
+        x = self.mix(x, *extra, augment=augment)
+        if routed is not None:
+            return routed(x)
+        return self.residual(x, 1, augment)
+
+    def mix(self, x, y, *, augment=None):
+        return x + y if augment is None else augment(x, y)
+
+    @staticmethod
+    def residual(x, fx, augment):
+        return x + fx if augment is None else augment(x, fx)
+
+
+class Model:
+    def __init__(self):
+        self.blocks = [Block(), Block()]
+
+    def run_block(self, block, x, augment=None):
+        return block(x, 2, augment=augment)
+
+    def hidden(self, x):
+        for block in self.blocks:
+            x = self.run_block(block, x, augment=None)
+        return x
+
+
+def save(path, extra=None, scale=3):
+    return dict(extra or {}, path=path, scale=scale)
+
+
+print(Model().hidden(1), save("p", extra=None))
+"""
+
+
+def test_rule_29_a_sentinel_no_call_sets_folds_through_a_modules_forward_and_what_it_feeds():
+    """The baseline's `augment=None` from run_block through the blocks' forward (called as `block(...)`: unknown
+    callers) into mix_and_attend (keyword-only) and the static residual (by position): each reads None, the tests
+    fold, the program prints the same. A number default keeps its name; a positional parameter a `*args` call
+    reaches stays."""
+    from speedrun.export import without_unset_parameters
+    text = without_unset_parameters(UNSET)
+    assert "def forward(self, x, *extra):\n        x = self.mix(x, *extra)\n        return self.residual(x, 1)\n" \
+        in text
+    assert "def mix(self, x, y):\n        return x + y\n" in text  # the bare `*` went with its parameter
+    assert "def residual(x, fx):\n        return x + fx\n" in text
+    assert "def run_block(self, block, x):\n        return block(x, 2)\n" in text and "self.run_block(block, x)\n" in text
+    assert "def save(path, scale=3):" in text and 'save("p")' in text
+    assert run_printed(text) == run_printed(UNSET) == [(7, {"path": "p", "scale": 3})]
+
+
+@pytest.mark.parametrize("change, kept", [
+    # a call passes something else: neither run_block's nor forward's parameter is unset
+    (('self.run_block(block, x, augment=None)', 'self.run_block(block, x, augment=print)'),
+     "def run_block(self, block, x, augment=None):"),
+    # a string of the name: a `**` argument may carry it to forward; getattr may call run_block
+    (('print(Model()', 'NAMES = ["augment", "run_block"]\nprint(Model()'), "def forward(self, x, *extra, augment=None"),
+    (('print(Model()', 'NAMES = ["augment", "run_block"]\nprint(Model()'), "def run_block(self, block, x, augment"),
+    # a library's callable given the keyword (its default may be another): forward's stays
+    (('        return x\n\n\ndef save', '        return x\n\n    def other(self):\n'
+      '        return math.floor(1, augment=None)\n\n\ndef save'), "def forward(self, x, *extra, augment=None"),
+    # a lambda with the name, which an unknown call may land in
+    (('print(Model()', 'f = lambda augment: augment\nprint(Model()'), "def forward(self, x, *extra, augment=None"),
+    # a forward pre-hook may hand forward other keywords than the call's
+    (('print(Model()', 'Block().register_forward_pre_hook(print)\nprint(Model()'),
+     "def forward(self, x, *extra, augment=None"),
+    # the entry point: whoever imports the file calls it too (`main(argv)`), whatever the file's own call passes
+    (('print(Model()', 'def main(argv=None):\n    return argv\n\n\nif __name__ == "__main__":\n    main()\n'
+      'print(Model()'), "def main(argv=None):"),
+    # run_block named otherwise than as called: a caller may pass anything
+    (('print(Model()', 'g = Model.run_block\nprint(Model()'), "def run_block(self, block, x, augment=None):"),
+])
+def test_rule_29_a_parameter_something_else_may_set_stays(change, kept):
+    from speedrun.export import without_unset_parameters
+    source = UNSET.replace(*change)
+    assert source != UNSET
+    assert kept in without_unset_parameters("import math\n" + source)
 
 
 def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
