@@ -688,22 +688,40 @@ def without_single_use_aliases(text):
     - a name or an attribute chain (`cfg = self.cfg`, `moved = source`) read once, in a later statement of its
       block that runs it once, where the statements between only assign names it does not read, from values that
       evaluate nothing;
-    - any value assigned and then returned by the next statement (`out = f(x)` then `return out`)."""
+    - any value assigned and then returned by the next statement (`out = f(x)` then `return out`);
+    - a value that needs no brackets of its own (a call, an item, a display), read once in the next statement,
+      which evaluates it there first and once (moves_into), both on one line that stays within WIDTH, no comment
+      of the assignment's own lost (`source = outputs[11]` then `moved = norm(source)`);
+    - a list display of a local extended by the next statement's `.append(x)`, x reading neither the local nor
+      anything that could (`vectors = []` then `vectors.append(v)` is `vectors = [v]`)."""
     while True:
         tree = ast.parse(text)
+        lines = text.split("\n")
         found = None
         for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)] + declared_names(function)
             for block in own_blocks(function):
                 for i, statement in enumerate(block):
+                    then = block[i + 1] if i + 1 < len(block) else None
+                    appended = appended_item(function, statement, then, lines)
+                    if appended is not None:
+                        text = replace_spans(text, [(statement.value, appended)])
+                        text = without_statements(text, ast.parse(text), [
+                            n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr)
+                            and n.lineno == then.lineno and n.col_offset == then.col_offset])
+                        found = True
+                        break
                     single = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
                         and isinstance(statement.targets[0], ast.Name)
                     if not (single and names.count(statement.targets[0].id) == 2):
                         continue  # a local stored once and read once
                     local, value = statement.targets[0].id, statement.value
-                    then = block[i + 1] if i + 1 < len(block) else None
                     if isinstance(then, ast.Return) and isinstance(then.value, ast.Name) and then.value.id == local:
                         found = (statement, then.value, value)
+                        break
+                    use = [n for n in ast.walk(then) if isinstance(n, ast.Name) and n.id == local] if then else []
+                    if use and moves_into(then, use[0]) and fits_one_line(lines, statement, then, local):
+                        found = (statement, use[0], value)
                         break
                     if not (isinstance(value, (ast.Name, ast.Attribute)) and only_reads(value)):
                         continue
@@ -723,11 +741,87 @@ def without_single_use_aliases(text):
                 break
         if found is None:
             return text
+        if found is True:  # a list display extended in place
+            continue
         statement, use, value = found
         text = replace_spans(text, [(use, ast.get_source_segment(text, value))])
         text = without_statements(text, ast.parse(text), [n for n in ast.walk(ast.parse(text))
                                                           if isinstance(n, ast.Assign) and n.lineno == statement.lineno
                                                           and n.col_offset == statement.col_offset])
+
+
+# The nodes that evaluate each of their parts once, whatever the parts' values: a value of a local moved into the
+# next statement under these alone is evaluated there as it was (moves_into).
+UNCONDITIONAL_PARENTS = (ast.Call, ast.Attribute, ast.Subscript, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List,
+                         ast.keyword, ast.Starred, ast.Assign, ast.Expr, ast.Return)
+# A value with brackets of its own (or none needed): written in place of a name, it parses as one operand.
+SELF_BRACKETED = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Dict, ast.Set,
+                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+# What evaluating the rest of that statement may do: read names, attributes and constants, nothing else.
+PURE_READS = (ast.Name, ast.Attribute, ast.Constant, ast.keyword, ast.expr_context, ast.operator, ast.unaryop,
+              ast.cmpop)
+
+
+def moves_into(statement, use):
+    """Whether the value of a local assigned right before `statement` and read once, at `use` in it, may be written
+    there: the statement is an assignment, expression or return whose every other part only reads names, attributes
+    and constants (nothing evaluated before the value could see what it does), and `use` sits under nodes that each
+    evaluate it once, unconditionally (no `and`/`or`, conditional expression, comprehension, lambda or chained
+    comparison); the value needs no brackets of its own and starts nothing (no yield, await or walrus)."""
+    if not isinstance(statement, (ast.Assign, ast.Expr, ast.Return)):
+        return False
+    parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+    above, node = set(), use
+    while node is not statement:
+        node = parents[id(node)]
+        if not isinstance(node, UNCONDITIONAL_PARENTS) and not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+            return False
+        above.add(id(node))
+    return all(id(n) in above or n is use or isinstance(n, PURE_READS) for n in ast.walk(statement))
+
+
+def fits_one_line(lines, statement, then, local):
+    """Whether writing the value of `statement` (a local's one-line assignment, no comment of its own: none on its
+    line or right above it) in place of `local` in `then` (one line) keeps `then` one line within WIDTH."""
+    value = statement.value
+    if not isinstance(value, SELF_BRACKETED) or statement.lineno != statement.end_lineno \
+            or then.lineno != then.end_lineno or any(isinstance(n, (ast.NamedExpr, ast.Yield, ast.YieldFrom,
+                                                                    ast.Await)) for n in ast.walk(value)):
+        return False
+    after = lines[statement.lineno - 1].encode()[statement.end_col_offset:].decode()  # ast counts UTF-8 bytes
+    if after.strip() or first_line_with_comments(lines, statement) != statement.lineno:
+        return False
+    source = ast.get_source_segment("\n".join(lines), value)
+    return len(lines[then.lineno - 1]) - len(local) + len(source) <= WIDTH
+
+
+def appended_item(function, statement, then, lines):
+    """The new source of a list display `statement` assigns a local (`vectors = [...]`) where `then`, the next
+    statement, appends one item to it (`vectors.append(v)`): the display with that item last; else None. The item
+    reads no name of the local, and nothing it calls can (the local is the function's own: no global, nonlocal or
+    parameter of that name, no nested function or lambda naming it); both one line each, the result within WIDTH."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.List)
+            and isinstance(then, ast.Expr) and isinstance(then.value, ast.Call)):
+        return None
+    local, call = statement.targets[0].id, then.value
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "append"
+            and isinstance(call.func.value, ast.Name) and call.func.value.id == local
+            and len(call.args) == 1 and not call.keywords and not isinstance(call.args[0], (ast.Starred, ast.Tuple))):
+        return None
+    item = call.args[0]
+    nested = [n for scope in ast.walk(function) if scope is not function
+              and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+              for n in ast.walk(scope)]
+    if any(isinstance(n, ast.Name) and n.id == local for n in [*ast.walk(item), *nested]) \
+            or local in declared_names(function) or statement.lineno != statement.end_lineno \
+            or then.lineno != then.end_lineno:
+        return None
+    text = "\n".join(lines)
+    items = [ast.get_source_segment(text, e) for e in statement.value.elts] + [ast.get_source_segment(text, item)]
+    display = "[" + ", ".join(items) + "]"
+    line = lines[statement.lineno - 1]
+    return display if len(line) - len(ast.get_source_segment(text, statement.value)) + len(display) <= WIDTH else None
 
 
 def without_string_locals(text):
@@ -808,12 +902,18 @@ FORWARD_PRE_HOOKS = ("register_forward_pre_hook", "register_module_forward_pre_h
 MAIN_GUARDS = ("__name__ == '__main__'", "'__main__' == __name__")
 
 
+def parameters_and_defaults(arguments):
+    """(parameter, its default or None) of a signature's named parameters in order: the positional ones (the
+    defaults are the last ones'), then the keyword-only ones."""
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+    return list(zip(positional, defaults)) + list(zip(arguments.kwonlyargs, arguments.kw_defaults))
+
+
 def signature_items(arguments):
     """Nodes spanning a signature's items (`name`, `name=default`, `*name`, `**name`), in order, each with the
     parameter's name (None for a bare `*`, which has no node and is not listed)."""
-    positional = arguments.posonlyargs + arguments.args
-    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
-    items = [(a, d) for a, d in zip(positional, defaults)] + list(zip(arguments.kwonlyargs, arguments.kw_defaults))
+    items = parameters_and_defaults(arguments)
     items += [(a, None) for a in (arguments.vararg, arguments.kwarg) if a is not None]
     return sorted(((span((a.lineno, a.col_offset), ((d or a).end_lineno, (d or a).end_col_offset)), a.arg)
                    for a, d in items), key=lambda item: (item[0].lineno, item[0].col_offset))
@@ -848,11 +948,7 @@ def unset_parameters(tree):
                     for c in ast.walk(s) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
 
     def defaults_of(arguments):
-        positional = arguments.posonlyargs + arguments.args
-        found = dict(zip((a.arg for a in positional[len(positional) - len(arguments.defaults):]),
-                         arguments.defaults))
-        found.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
-        return {name: sentinel(d) for name, d in found.items() if sentinel(d) is not None}
+        return {a.arg: sentinel(d) for a, d in parameters_and_defaults(arguments) if sentinel(d) is not None}
 
     def stores(function, name):
         return any(isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
@@ -904,7 +1000,7 @@ def unset_parameters(tree):
             if len(literals) == 1 and None not in literals:
                 decided[name] = (literals.pop(), passed)
         keyword_only = {a.arg for a in arguments.kwonlyargs}
-        if keyword_only and keyword_only <= decided.keys() and arguments.kwonlyargs and not arguments.vararg:
+        if cuts_bare_star(arguments, decided):
             # a bare `*` goes with its last parameter (unset_parameters_folded): no positional one this pass
             decided = {name: d for name, d in decided.items() if name in keyword_only and positional}
         for name, (literal, passed) in decided.items():
@@ -953,6 +1049,12 @@ def unset_parameters(tree):
     return folded, cut
 
 
+def cuts_bare_star(arguments, names):
+    """Whether cutting the parameters `names` from a signature cuts every keyword-only one after a bare `*`, which
+    then goes with them."""
+    return bool(arguments.kwonlyargs) and not arguments.vararg and {a.arg for a in arguments.kwonlyargs} <= set(names)
+
+
 def sentinel(node):
     """`None`, `True` or `False` where the node is that constant, else None."""
     return repr(node.value) if isinstance(node, ast.Constant) and type(node.value) in (bool, type(None)) else None
@@ -991,7 +1093,7 @@ def unset_parameters_folded(text):
             continue
         arguments = function.args
         positional = arguments.posonlyargs + arguments.args
-        if arguments.kwonlyargs and not arguments.vararg and {a.arg for a in arguments.kwonlyargs} <= unset.keys():
+        if cuts_bare_star(arguments, unset):
             # a bare `*` goes with its last parameter: from the end of the last positional one (unset_parameters
             # cuts none of those in the same pass)
             last = signature_items(arguments)[-1][0]
@@ -3015,10 +3117,8 @@ def cut_items(items, removed):
 
 def parameter_items(function):
     """Nodes spanning a function's parameters (`name` or `name=default`), in order."""
-    args = function.args.args
-    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
     return [span((a.lineno, a.col_offset), ((d or a).end_lineno, (d or a).end_col_offset))
-            for a, d in zip(args, defaults)]
+            for a, d in parameters_and_defaults(function.args) if a in function.args.args]
 
 
 def without_calls_decided(text, fixed_parameters, no_ops):
@@ -3080,7 +3180,7 @@ def decided_parameters(function, called, skipped, folds_of, constants=frozenset(
     the name of one of `constants` (module_constants) that the function does not bind (literal: that name);
     `skipped`: the leading parameters the calls do not pass (a method's self)."""
     args = function.args.args
-    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+    defaults = [d for a, d in parameters_and_defaults(function.args) if a in args]
     stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args

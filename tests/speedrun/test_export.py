@@ -1817,10 +1817,88 @@ def test_rule_20_a_local_read_once_is_written_in_its_read():
     text = without_single_use_aliases(ALIASES)
     assert "def named(self, model):\n    return self.scalars(model, self.cfg.layers)\n" in text
     assert "    vectors = []\n    for name in self.cfg.layers:\n" in text  # past an assignment that evaluates nothing
-    assert "normed = moved * 2" in text  # an item read is not an alias
+    assert "normed = outputs[name] * 2" in text  # an item moves into the next statement, which reads it first
+    assert "vectors.append(normed)" in text  # a product needs brackets of its own: it stays a local
     assert "    scale = self.scale\n    for item in items:" in text  # read in a loop's body: each pass would re-read
     assert "cfg.a + cfg.b" in text  # read twice
     assert "    cfg = self.cfg\n    self.reset()\n    return cfg.a" in text  # a call between could change it
+
+
+MOVED_VALUES = """import math
+
+
+def norm(x):
+    return [v / math.hypot(*x) for v in x]
+
+
+def mixed(outputs):
+    vectors = []
+    source = outputs[1]
+    moved = norm(source)
+    vectors.append(moved)
+    return vectors
+
+
+def stays(outputs, flag, log):
+    a = norm(outputs[0])
+    first = a if flag else None
+    b = norm(outputs[1])
+    second = log.append(0) or b
+    c = outputs[0][0] + outputs[1][0]
+    third = c * 2
+    d = norm(outputs[1])  # the first source: its comment stays
+    sixth = [d]
+    # the second: so does this one
+    e = norm(outputs[0])
+    seventh = [e]
+    f = len(log)
+    log.append(f)
+    g = outputs[1][0]
+    fourth = 0 < g < 10
+    h = norm(outputs[0])
+    fifth = [log.pop(), h]
+    return first, second, third, fourth, fifth, sixth, seventh
+
+
+def grown(log):
+    out = [len(log)]
+    out.append(log)
+    seen = []
+    seen.append(len(seen))
+    late = []
+    late.append(1)
+    return out, seen, late, (lambda: late)()
+
+
+print(mixed([[3.0, 4.0], [6.0, 8.0]]), stays([[3.0, 4.0], [6.0, 8.0]], True, [5]), grown([1]))
+"""
+
+
+def test_rule_20_a_value_moves_into_the_next_statement_that_reads_it_first():
+    """A call or an item read once, first, in the next statement is written there; a list built by one append is
+    its display. Not where it would be evaluated conditionally, after another call, or needs brackets, nor where a
+    comment of its own would go, nor an append of an item that reads the list (or a lambda that can)."""
+    from speedrun.export import without_single_use_aliases
+    text = without_single_use_aliases(MOVED_VALUES)
+    assert "def mixed(outputs):\n    return [norm(outputs[1])]\n" in text
+    assert "    log.append(len(log))\n" in text  # the method is read before the call, as it was
+    for kept in ("a = norm(outputs[0])", "b = norm(outputs[1])", "third = c * 2", "its comment stays",
+                 "# the second: so does this one\n    e = norm(outputs[0])", "fourth = 0 < g < 10",
+                 "h = norm(outputs[0])", "out = [len(log), log]", "seen = []\n    seen.append(len(seen))",
+                 "late = []\n    late.append(1)"):
+        assert kept in text, kept
+    assert run_printed(text) == run_printed(MOVED_VALUES)
+
+
+def test_rule_20_a_moved_value_keeps_the_line_width():
+    from speedrun.export import WIDTH, without_single_use_aliases
+    def program(count):
+        call = "f(" + "x, " * count + "x)"
+        return f"def f(*a):\n    return a\n\n\ndef g(x):\n    value = {call}\n    return len(value), '{'p' * 40}'\n"
+    short, wide = program(3), program(30)
+    assert max(map(len, wide.split("\n"))) <= WIDTH
+    assert without_single_use_aliases(short).count("\n") == short.count("\n") - 1  # moved: a line fewer
+    assert without_single_use_aliases(wide) == wide  # it would not fit
 
 
 STRING_LOCALS = """def named(sites, values):
