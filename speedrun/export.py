@@ -750,34 +750,59 @@ def without_single_use_aliases(text):
                                                           and n.col_offset == statement.col_offset])
 
 
-# The nodes that evaluate each of their parts once, whatever the parts' values: a value of a local moved into the
-# next statement under these alone is evaluated there as it was (moves_into).
-UNCONDITIONAL_PARENTS = (ast.Call, ast.Attribute, ast.Subscript, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List,
-                         ast.keyword, ast.Starred, ast.Assign, ast.Expr, ast.Return)
 # A value with brackets of its own (or none needed): written in place of a name, it parses as one operand.
 SELF_BRACKETED = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Dict, ast.Set,
                   ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-# What evaluating the rest of that statement may do: read names, attributes and constants, nothing else.
+# What may be evaluated before a moved value without seeing what it does: reads of names, attributes and constants.
 PURE_READS = (ast.Name, ast.Attribute, ast.Constant, ast.keyword, ast.expr_context, ast.operator, ast.unaryop,
               ast.cmpop)
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def evaluated_before(parent, child):
+    """The parts of `parent` evaluated before its part `child` when `parent` is, or None where `child` is not
+    evaluated then once and unconditionally (a conditional expression, `and`/`or`, a chained comparison, a lambda,
+    a comprehension past its first sequence, an assignment's target)."""
+    if isinstance(parent, ast.Call):
+        order = [parent.func, *parent.args, *parent.keywords]  # positional arguments before keywords, each in order
+    elif isinstance(parent, ast.BinOp):
+        order = [parent.left, parent.right]
+    elif isinstance(parent, ast.Subscript):
+        order = [parent.value, parent.slice]
+    elif isinstance(parent, (ast.Tuple, ast.List)):
+        order = parent.elts
+    elif isinstance(parent, ast.Compare) and len(parent.ops) == 1:
+        order = [parent.left, *parent.comparators]
+    elif isinstance(parent, (ast.Attribute, ast.Starred, ast.keyword, ast.Expr, ast.Return, ast.Assign)):
+        order = [parent.value]
+    elif isinstance(parent, ast.UnaryOp):
+        order = [parent.operand]
+    elif isinstance(parent, COMPREHENSIONS):  # its first sequence is evaluated before the comprehension runs
+        order = parent.generators[:1]
+    elif isinstance(parent, ast.comprehension):
+        order = [parent.iter]
+    else:
+        return None
+    index = next((i for i, part in enumerate(order) if part is child), None)
+    return None if index is None else order[:index]
 
 
 def moves_into(statement, use):
     """Whether the value of a local assigned right before `statement` and read once, at `use` in it, may be written
-    there: the statement is an assignment, expression or return whose every other part only reads names, attributes
-    and constants (nothing evaluated before the value could see what it does), and `use` sits under nodes that each
-    evaluate it once, unconditionally (no `and`/`or`, conditional expression, comprehension, lambda or chained
-    comparison); the value needs no brackets of its own and starts nothing (no yield, await or walrus)."""
+    there: the statement is an assignment, expression or return that evaluates `use` once and unconditionally
+    (evaluated_before), and what it evaluates before it only reads names, attributes and constants (so cannot see
+    what the value does; what it evaluates after saw the value done before, as it will)."""
     if not isinstance(statement, (ast.Assign, ast.Expr, ast.Return)):
         return False
     parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
-    above, node = set(), use
+    node = use
     while node is not statement:
-        node = parents[id(node)]
-        if not isinstance(node, UNCONDITIONAL_PARENTS) and not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+        parent = parents[id(node)]
+        before = evaluated_before(parent, node)
+        if before is None or not all(isinstance(n, PURE_READS) for part in before for n in ast.walk(part)):
             return False
-        above.add(id(node))
-    return all(id(n) in above or n is use or isinstance(n, PURE_READS) for n in ast.walk(statement))
+        node = parent
+    return True
 
 
 def fits_one_line(lines, statement, then, local):

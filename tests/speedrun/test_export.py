@@ -1860,6 +1860,20 @@ def stays(outputs, flag, log):
     return first, second, third, fourth, fifth, sixth, seventh
 
 
+def sites(n, log):
+    chosen = range(n)
+    first = [(i, "mlp") for i in chosen]
+    count = len(first)
+    after = [count, log.pop()]
+    inner = range(2)
+    pairs = [(i, j) for i in range(n) for j in inner]
+    last = len(log)
+    scaled = [i * last for i in log]
+    slot = len(pairs)
+    log[slot % 3] = 7
+    return first, after, pairs, scaled, log
+
+
 def grown(log):
     out = [len(log)]
     out.append(log)
@@ -1870,7 +1884,8 @@ def grown(log):
     return out, seen, late, (lambda: late)()
 
 
-print(mixed([[3.0, 4.0], [6.0, 8.0]]), stays([[3.0, 4.0], [6.0, 8.0]], True, [5]), grown([1]))
+print(mixed([[3.0, 4.0], [6.0, 8.0]]), stays([[3.0, 4.0], [6.0, 8.0]], True, [5]), grown([1]),
+      sites(3, [4, 5, 6]))
 """
 
 
@@ -1882,6 +1897,10 @@ def test_rule_20_a_value_moves_into_the_next_statement_that_reads_it_first():
     text = without_single_use_aliases(MOVED_VALUES)
     assert "def mixed(outputs):\n    return [norm(outputs[1])]\n" in text
     assert "    log.append(len(log))\n" in text  # the method is read before the call, as it was
+    assert "first = [(i, 'mlp') for i in range(n)]" in text.replace('"', "'")  # a comprehension's first sequence
+    assert "after = [len(first), log.pop()]" in text  # a call evaluated after it sees it done, as it did
+    for kept in ("inner = range(2)", "last = len(log)", "slot = len(pairs)"):  # later sequence, element, target
+        assert kept in text, kept
     for kept in ("a = norm(outputs[0])", "b = norm(outputs[1])", "third = c * 2", "its comment stays",
                  "# the second: so does this one\n    e = norm(outputs[0])", "fourth = 0 < g < 10",
                  "h = norm(outputs[0])", "out = [len(log), log]", "seen = []\n    seen.append(len(seen))",
