@@ -1535,7 +1535,9 @@ def without_literal_residue(text):
     literals += [(n, repr(len(n.args[0].elts))) for n in ast.walk(tree) if builtin_call(n, ("len",))
                  and isinstance(n.args[0], (ast.Tuple, ast.List))
                  and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
-    literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n)] if value is not None]
+    tables = constant_tables(tree)
+    literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n, tables)]
+                 if value is not None]
     # `dict({}, k=v)`, what rule 29 leaves of `dict(extra or {}, k=v)`: the keywords alone
     literals += [(n, ast.get_source_segment(text, n)[:n.args[0].col_offset - n.col_offset]
                   + ast.get_source_segment(text, n)[n.keywords[0].value.col_offset - n.col_offset
@@ -1560,7 +1562,58 @@ def without_literal_residue(text):
                     and isinstance(target.elts[0], ast.Name) and target.elts[0].id not in read:
                 edits += [(target, ast.get_source_segment(text, target.elts[1])),
                           (loop.iter, ast.get_source_segment(text, loop.iter.args[0]))]
-    return replace_spans(text, edits) if edits else text
+    return loop_target_comparisons_decided(replace_spans(text, edits) if edits else text)
+
+
+def loop_target_comparisons_decided(text):
+    """Rule 23: in a `for` loop over a tuple or list display of constants (or `enumerate` of one), a comparison of a
+    target (stored nowhere in the body) with a constant that every item decides alike is that truth, and the tests
+    it decides fold (multi-layer backout's `name == "embed"` over `(9, 11)`); not inside a function or lambda the
+    body defines, nor where the file binds `enumerate`."""
+    tree = ast.parse(text)
+    bound = set(file_bindings(tree))
+    edits = []
+    for loop in (n for n in ast.walk(tree) if isinstance(n, ast.For)):
+        sequence, target = loop.iter, loop.target
+        numbered = isinstance(sequence, ast.Call) and isinstance(sequence.func, ast.Name) \
+            and sequence.func.id == "enumerate" and "enumerate" not in bound and len(sequence.args) == 1 \
+            and not sequence.keywords
+        items = sequence.args[0] if numbered else sequence
+        if not (isinstance(items, (ast.Tuple, ast.List)) and items.elts
+                and all(isinstance(item, ast.Constant) for item in items.elts)):
+            continue
+        values = [item.value for item in items.elts]
+        if numbered and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            possible = {getattr(target.elts[0], "id", None): list(range(len(values))),
+                        getattr(target.elts[1], "id", None): values}
+        elif not numbered and isinstance(target, ast.Name):
+            possible = {target.id: values}
+        else:
+            continue
+        possible.pop(None, None)
+        body = [n for statement in loop.body for n in ast.walk(statement)]
+        if any(isinstance(n, ast.Name) and n.id in possible and not isinstance(n.ctx, ast.Load) for n in body):
+            continue
+        nested = {id(n) for statement in loop.body for scope in ast.walk(statement)
+                  if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+                  for n in ast.walk(scope)}
+        for node in body:
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in VALUE_COMPARISONS
+                    and id(node) not in nested):
+                continue
+            left, right = node.left, node.comparators[0]
+            name, constant, flipped = (left, right, False) if isinstance(right, ast.Constant) else (right, left, True)
+            if not (isinstance(name, ast.Name) and name.id in possible and isinstance(constant, ast.Constant)):
+                continue
+            compare = VALUE_COMPARISONS[type(node.ops[0])]
+            try:
+                truths = {bool(compare(constant.value, v) if flipped else compare(v, constant.value))
+                          for v in possible[name.id]}
+            except TypeError:
+                continue
+            if len(truths) == 1:
+                edits.append((node, repr(truths.pop())))
+    return drop_unreachable(fold_ifs(replace_spans(text, edits), {})) if edits else text
 
 
 def only_reads_displays(node):
@@ -1569,17 +1622,50 @@ def only_reads_displays(node):
     return only_reads(node) or isinstance(node, (ast.Tuple, ast.List)) and all(map(only_reads_displays, node.elts))
 
 
-def display_lookup(text, node):
-    """The source of what a lookup by a constant key in a dict display of constant keys reads (`{"single": (n, 1),
-    "vector": (n, 2, dim)}.get('softmax', (n, 2))` reads `(n, 2)`: LAuReL's shapes once its form folded), or None
-    where the node is no such lookup or a value it drops would do something when built."""
+def lookup_parts(node):
+    """(table, key, [default] or [] of `.get`, or None of `[key]`) of a lookup `table[key]` (a load) or
+    `table.get(key[, default])`, or None."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
             and not node.keywords and len(node.args) in (1, 2) and not isinstance(node.args[-1], ast.Starred):
-        table, key, default = node.func.value, node.args[0], node.args[1:]
-    elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
-        table, key, default = node.value, node.slice, None
-    else:
+        return node.func.value, node.args[0], node.args[1:]
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        return node.value, node.slice, None
+    return None
+
+
+def constant_tables(tree):
+    """{name: its dict display} of the module's constants (module_constants) bound to a dict display whose every read
+    is a lookup (lookup_parts: nothing can change it) and whose values only read names the module binds once, at
+    its top level, or builtins it never binds (each means there what it means where the value was written)."""
+    constants = module_constants(tree)
+    bindings = file_bindings(tree)
+    top_level = {name for s in tree.body for name in [*(import_bound_names(s) or ()), *(
+        [s.name] if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else []), *(
+        names_in(s.targets) if isinstance(s, ast.Assign) else [])]}
+    tables = {s.targets[0].id: s.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+              and isinstance(s.targets[0], ast.Name) and s.targets[0].id in constants and isinstance(s.value, ast.Dict)}
+    looked_up = {id(parts[0]) for n in ast.walk(tree) for parts in [lookup_parts(n)] if parts is not None}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in tables and isinstance(node.ctx, ast.Load) \
+                and id(node) not in looked_up:
+            del tables[node.id]
+    return {name: table for name, table in tables.items()
+            if all(bindings[n.id] == 1 and n.id in top_level or not bindings[n.id] and hasattr(builtins, n.id)
+                   for value in table.values for n in ast.walk(value) if isinstance(n, ast.Name))}
+
+
+def display_lookup(text, node, tables=None):
+    """The source of what a lookup by a constant key in a dict display of constant keys reads (`{"single": (n, 1),
+    "vector": (n, 2, dim)}.get('softmax', (n, 2))` reads `(n, 2)`: LAuReL's shapes once its form folded), also of
+    one of `tables` ({name: dict display}: constant_tables) read by its name (multi-layer backout's
+    `BACKOUT_ACTIVATIONS['relu']` is `F.relu`), or None where the node is no such lookup or a value it drops would
+    do something when built."""
+    parts = lookup_parts(node)
+    if parts is None:
         return None
+    table, key, default = parts
+    if isinstance(table, ast.Name) and isinstance(table.ctx, ast.Load):
+        table = (tables or {}).get(table.id, table)
     if not (isinstance(table, ast.Dict) and isinstance(key, ast.Constant)
             and all(isinstance(k, ast.Constant) for k in table.keys) and all(map(only_reads_displays, table.values))):
         return None

@@ -2065,6 +2065,76 @@ def test_rule_23_a_lookup_by_a_literal_in_a_dict_display_is_its_value():
     assert without_literal_residue(missing) == missing
 
 
+TABLES = """import math
+
+ACTIVATIONS = {"sqrt": math.sqrt, "abs": abs, "floor": math.floor}
+CHANGED = {"a": math.sqrt}
+CHANGED["a"] = abs
+HANDED = {"a": math.sqrt}
+
+
+def floor(x):
+    return x
+
+
+SHADOWED = {"a": floor}
+
+
+def use(x, floor=math.floor):
+    return floor(x)
+
+
+def f(x, key):
+    return ACTIVATIONS["sqrt"](x), ACTIVATIONS.get("abs")(-x), ACTIVATIONS[key](x), CHANGED["a"](-x), \\
+        HANDED["a"](x), use(x), SHADOWED["a"](x)
+
+
+print(f(4.0, "floor"), len(HANDED))
+"""
+
+
+def test_rule_23_a_lookup_in_a_module_constant_table_is_its_value():
+    """Multi-layer backout's `BACKOUT_ACTIVATIONS['relu']`: a lookup by a literal in a module constant bound to a
+    dict display is the value, where every read of the name is a lookup (nothing can change it: not one stored
+    into or handed on) and the value's names are bound once, at the module's top level."""
+    from speedrun.export import without_literal_residue
+    text = without_literal_residue(TABLES)
+    assert "return math.sqrt(x), abs(-x), ACTIVATIONS[key](x), CHANGED[\"a\"](-x)," in text
+    assert 'HANDED["a"](x), use(x), SHADOWED["a"](x)' in text  # handed to len; `floor` bound twice
+    assert run_printed(text) == run_printed(TABLES)
+
+
+LOOP_TESTS = """def mixed(outputs, first):
+    out = []
+    for j, name in enumerate((9, 11)):
+        source = first if name == "embed" else outputs[name]
+        out.append((source, "lead" if j == 0 else "rest", name != "x", 10 < name))
+    for k in [1, 2]:
+        out.append(k == 1)
+        late = lambda: k == 3  # called once k is no item
+    k = 3
+    out.append(late())
+    for m in (3, 4):
+        m = m * 2
+        out.append(m == 6)
+    return out
+
+
+print(mixed(list(range(12)), -1))
+"""
+
+
+def test_rule_23_a_comparison_every_item_of_a_constant_loop_decides_alike_is_its_truth():
+    """Over `(9, 11)` a layer is never "embed": the conditional expression is its branch; a comparison the items
+    decide apart, one in a lambda, and one of a target the body stores stay."""
+    from speedrun.export import without_literal_residue
+    text = without_literal_residue(LOOP_TESTS)
+    assert "        source = outputs[name]\n" in text
+    assert 'out.append((source, "lead" if j == 0 else "rest", True, 10 < name))' in text
+    assert "out.append(k == 1)" in text and "late = lambda: k == 3" in text and "out.append(m == 6)" in text
+    assert run_printed(text) == run_printed(LOOP_TESTS)
+
+
 PARENTHESES = """def f(n, start, a, b, c, x, y):
     made = (list)((n, 2))
     counts = ([1] * n)
