@@ -791,11 +791,13 @@ def moves_into(statement, use):
     """Whether the value of a local assigned right before `statement` and read once, at `use` in it, may be written
     there: the statement is an assignment, expression or return that evaluates `use` once and unconditionally
     (evaluated_before), and what it evaluates before it only reads names, attributes and constants (so cannot see
-    what the value does; what it evaluates after saw the value done before, as it will)."""
+    what the value does; what it evaluates after saw the value done before, as it will); not as what a call calls."""
     if not isinstance(statement, (ast.Assign, ast.Expr, ast.Return)):
         return False
     parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
     node = use
+    if isinstance(parents[id(use)], ast.Call) and parents[id(use)].func is use:
+        return False  # `make(x)(y)` reads worse than the name it was given
     while node is not statement:
         parent = parents[id(node)]
         before = evaluated_before(parent, node)

@@ -1871,7 +1871,9 @@ def sites(n, log):
     scaled = [i * last for i in log]
     slot = len(pairs)
     log[slot % 3] = 7
-    return first, after, pairs, scaled, log
+    kind = type(log)
+    made = kind(log)
+    return first, after, pairs, scaled, log, made
 
 
 def grown(log):
@@ -1891,15 +1893,16 @@ print(mixed([[3.0, 4.0], [6.0, 8.0]]), stays([[3.0, 4.0], [6.0, 8.0]], True, [5]
 
 def test_rule_20_a_value_moves_into_the_next_statement_that_reads_it_first():
     """A call or an item read once, first, in the next statement is written there; a list built by one append is
-    its display. Not where it would be evaluated conditionally, after another call, or needs brackets, nor where a
-    comment of its own would go, nor an append of an item that reads the list (or a lambda that can)."""
+    its display. Not where it would be evaluated conditionally, after another call, in a comprehension's later
+    sequence or element, in an assignment's target or as what a call calls, or needs brackets, nor where a comment
+    of its own would go, nor an append of an item that reads the list (or a lambda that can)."""
     from speedrun.export import without_single_use_aliases
     text = without_single_use_aliases(MOVED_VALUES)
     assert "def mixed(outputs):\n    return [norm(outputs[1])]\n" in text
     assert "    log.append(len(log))\n" in text  # the method is read before the call, as it was
     assert "first = [(i, 'mlp') for i in range(n)]" in text.replace('"', "'")  # a comprehension's first sequence
     assert "after = [len(first), log.pop()]" in text  # a call evaluated after it sees it done, as it did
-    for kept in ("inner = range(2)", "last = len(log)", "slot = len(pairs)"):  # later sequence, element, target
+    for kept in ("inner = range(2)", "last = len(log)", "slot = len(pairs)", "kind = type(log)"):
         assert kept in text, kept
     for kept in ("a = norm(outputs[0])", "b = norm(outputs[1])", "third = c * 2", "its comment stays",
                  "# the second: so does this one\n    e = norm(outputs[0])", "fourth = 0 < g < 10",
