@@ -2138,6 +2138,42 @@ def test_rule_23_a_comparison_every_item_of_a_constant_loop_decides_alike_is_its
     assert run_printed(text) == run_printed(LOOP_TESTS)
 
 
+PACKED = """def study(**given):
+    return given
+
+
+SPREAD = study(
+    name="backout", fields=(("layers", tuple, ()),),
+    config=lambda cfg, run: {"layers": (11,)},
+    part=None,
+)
+NOTED = study(
+    name="a",  # why
+    part=1,
+)
+TALL = study(name="b", part={
+    "x": 1})
+DENSE = study(name="c",
+              part=2)
+LONG = study(name="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+             fields=(("layers", tuple, ()),), part=2)
+print(SPREAD["name"], NOTED, TALL, DENSE, LONG)
+"""
+
+
+def test_rule_30_a_module_call_on_lines_it_need_not_take_is_packed():
+    """A study's declaration once its keywords were rewritten and cut: packed under its first argument, fewer lines,
+    the same program; not one holding a comment, an argument on lines of its own, or one packing would not shorten."""
+    from speedrun.export import WIDTH, packed_module_calls
+    text = packed_module_calls(PACKED)
+    assert 'SPREAD = study(name="backout", fields=(("layers", tuple, ()),), config=lambda cfg, run: {"layers": (11,)}, ' \
+        'part=None)\n' in text and 'DENSE = study(name="c", part=2)\n' in text
+    for kept in ('NOTED = study(\n    name="a",  # why\n', 'TALL = study(name="b", part={\n', '\n             fields=(("layers", tuple, ()),), part=2)\n'):
+        assert kept in text, kept
+    assert max(map(len, text.split("\n"))) <= WIDTH
+    assert ast.dump(ast.parse(text)) == ast.dump(ast.parse(PACKED)) and run_printed(text) == run_printed(PACKED)
+
+
 PARENTHESES = """def f(n, start, a, b, c, x, y):
     made = (list)((n, 2))
     counts = ([1] * n)
