@@ -38,6 +38,7 @@ import collections
 import builtins
 import functools
 import importlib
+import io
 import itertools
 import json
 import keyword
@@ -45,6 +46,7 @@ import math
 import operator
 import re
 import sys
+import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -688,22 +690,40 @@ def without_single_use_aliases(text):
     - a name or an attribute chain (`cfg = self.cfg`, `moved = source`) read once, in a later statement of its
       block that runs it once, where the statements between only assign names it does not read, from values that
       evaluate nothing;
-    - any value assigned and then returned by the next statement (`out = f(x)` then `return out`)."""
+    - any value assigned and then returned by the next statement (`out = f(x)` then `return out`);
+    - a value that needs no brackets of its own (a call, an item, a display), read once in the next statement,
+      which evaluates it there first and once (moves_into), both on one line that stays within WIDTH, no comment
+      of the assignment's own lost (`source = outputs[11]` then `moved = norm(source)`);
+    - a list display of a local extended by the next statement's `.append(x)`, x reading neither the local nor
+      anything that could (`vectors = []` then `vectors.append(v)` is `vectors = [v]`)."""
     while True:
         tree = ast.parse(text)
+        lines = text.split("\n")
         found = None
         for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)] + declared_names(function)
             for block in own_blocks(function):
                 for i, statement in enumerate(block):
+                    then = block[i + 1] if i + 1 < len(block) else None
+                    appended = appended_item(function, statement, then, lines)
+                    if appended is not None:
+                        text = replace_spans(text, [(statement.value, appended)])
+                        text = without_statements(text, ast.parse(text), [
+                            n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr)
+                            and n.lineno == then.lineno and n.col_offset == then.col_offset])
+                        found = True
+                        break
                     single = isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
                         and isinstance(statement.targets[0], ast.Name)
                     if not (single and names.count(statement.targets[0].id) == 2):
                         continue  # a local stored once and read once
                     local, value = statement.targets[0].id, statement.value
-                    then = block[i + 1] if i + 1 < len(block) else None
                     if isinstance(then, ast.Return) and isinstance(then.value, ast.Name) and then.value.id == local:
                         found = (statement, then.value, value)
+                        break
+                    use = [n for n in ast.walk(then) if isinstance(n, ast.Name) and n.id == local] if then else []
+                    if use and moves_into(then, use[0]) and fits_one_line(lines, statement, then, local):
+                        found = (statement, use[0], value)
                         break
                     if not (isinstance(value, (ast.Name, ast.Attribute)) and only_reads(value)):
                         continue
@@ -723,11 +743,114 @@ def without_single_use_aliases(text):
                 break
         if found is None:
             return text
+        if found is True:  # a list display extended in place
+            continue
         statement, use, value = found
         text = replace_spans(text, [(use, ast.get_source_segment(text, value))])
         text = without_statements(text, ast.parse(text), [n for n in ast.walk(ast.parse(text))
                                                           if isinstance(n, ast.Assign) and n.lineno == statement.lineno
                                                           and n.col_offset == statement.col_offset])
+
+
+# A value with brackets of its own (or none needed): written in place of a name, it parses as one operand.
+SELF_BRACKETED = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Dict, ast.Set,
+                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+# What may be evaluated before a moved value without seeing what it does: reads of names, attributes and constants.
+PURE_READS = (ast.Name, ast.Attribute, ast.Constant, ast.keyword, ast.expr_context, ast.operator, ast.unaryop,
+              ast.cmpop)
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def evaluated_before(parent, child):
+    """The parts of `parent` evaluated before its part `child` when `parent` is, or None where `child` is not
+    evaluated then once and unconditionally (a conditional expression, `and`/`or`, a chained comparison, a lambda,
+    a comprehension past its first sequence, an assignment's target)."""
+    if isinstance(parent, ast.Call):
+        order = [parent.func, *parent.args, *parent.keywords]  # positional arguments before keywords, each in order
+    elif isinstance(parent, ast.BinOp):
+        order = [parent.left, parent.right]
+    elif isinstance(parent, ast.Subscript):
+        order = [parent.value, parent.slice]
+    elif isinstance(parent, (ast.Tuple, ast.List)):
+        order = parent.elts
+    elif isinstance(parent, ast.Compare) and len(parent.ops) == 1:
+        order = [parent.left, *parent.comparators]
+    elif isinstance(parent, (ast.Attribute, ast.Starred, ast.keyword, ast.Expr, ast.Return, ast.Assign)):
+        order = [parent.value]
+    elif isinstance(parent, ast.UnaryOp):
+        order = [parent.operand]
+    elif isinstance(parent, COMPREHENSIONS):  # its first sequence is evaluated before the comprehension runs
+        order = parent.generators[:1]
+    elif isinstance(parent, ast.comprehension):
+        order = [parent.iter]
+    else:
+        return None
+    index = next((i for i, part in enumerate(order) if part is child), None)
+    return None if index is None else order[:index]
+
+
+def moves_into(statement, use):
+    """Whether the value of a local assigned right before `statement` and read once, at `use` in it, may be written
+    there: the statement is an assignment, expression or return that evaluates `use` once and unconditionally
+    (evaluated_before), and what it evaluates before it only reads names, attributes and constants (so cannot see
+    what the value does; what it evaluates after saw the value done before, as it will); not as what a call calls."""
+    if not isinstance(statement, (ast.Assign, ast.Expr, ast.Return)):
+        return False
+    parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+    node = use
+    if isinstance(parents[id(use)], ast.Call) and parents[id(use)].func is use:
+        return False  # `make(x)(y)` reads worse than the name it was given
+    while node is not statement:
+        parent = parents[id(node)]
+        before = evaluated_before(parent, node)
+        if before is None or not all(isinstance(n, PURE_READS) for part in before for n in ast.walk(part)):
+            return False
+        node = parent
+    return True
+
+
+def fits_one_line(lines, statement, then, local):
+    """Whether writing the value of `statement` (a local's one-line assignment, no comment of its own: none on its
+    line or right above it) in place of `local` in `then` (one line) keeps `then` one line within WIDTH."""
+    value = statement.value
+    if not isinstance(value, SELF_BRACKETED) or statement.lineno != statement.end_lineno \
+            or then.lineno != then.end_lineno or any(isinstance(n, (ast.NamedExpr, ast.Yield, ast.YieldFrom,
+                                                                    ast.Await)) for n in ast.walk(value)):
+        return False
+    after = lines[statement.lineno - 1].encode()[statement.end_col_offset:].decode()  # ast counts UTF-8 bytes
+    if after.strip() or first_line_with_comments(lines, statement) != statement.lineno:
+        return False
+    source = ast.get_source_segment("\n".join(lines), value)
+    return len(lines[then.lineno - 1]) - len(local) + len(source) <= WIDTH
+
+
+def appended_item(function, statement, then, lines):
+    """The new source of a list display `statement` assigns a local (`vectors = [...]`) where `then`, the next
+    statement, appends one item to it (`vectors.append(v)`): the display with that item last; else None. The item
+    reads no name of the local, and nothing it calls can (the local is the function's own: no global, nonlocal or
+    parameter of that name, no nested function or lambda naming it); both one line each, the result within WIDTH."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.List)
+            and isinstance(then, ast.Expr) and isinstance(then.value, ast.Call)):
+        return None
+    local, call = statement.targets[0].id, then.value
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "append"
+            and isinstance(call.func.value, ast.Name) and call.func.value.id == local
+            and len(call.args) == 1 and not call.keywords and not isinstance(call.args[0], (ast.Starred, ast.Tuple))):
+        return None
+    item = call.args[0]
+    nested = [n for scope in ast.walk(function) if scope is not function
+              and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+              for n in ast.walk(scope)]
+    if any(isinstance(n, ast.Name) and n.id == local for n in [*ast.walk(item), *nested]) \
+            or local in declared_names(function) or statement.lineno != statement.end_lineno \
+            or then.lineno != then.end_lineno:
+        return None
+    text = "\n".join(lines)
+    items = [ast.get_source_segment(text, e) for e in statement.value.elts] + [ast.get_source_segment(text, item)]
+    display = "[" + ", ".join(items) + "]"
+    line = lines[statement.lineno - 1]
+    return display if len(line) - len(ast.get_source_segment(text, statement.value)) + len(display) <= WIDTH else None
 
 
 def without_string_locals(text):
@@ -808,12 +931,18 @@ FORWARD_PRE_HOOKS = ("register_forward_pre_hook", "register_module_forward_pre_h
 MAIN_GUARDS = ("__name__ == '__main__'", "'__main__' == __name__")
 
 
+def parameters_and_defaults(arguments):
+    """(parameter, its default or None) of a signature's named parameters in order: the positional ones (the
+    defaults are the last ones'), then the keyword-only ones."""
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+    return list(zip(positional, defaults)) + list(zip(arguments.kwonlyargs, arguments.kw_defaults))
+
+
 def signature_items(arguments):
     """Nodes spanning a signature's items (`name`, `name=default`, `*name`, `**name`), in order, each with the
     parameter's name (None for a bare `*`, which has no node and is not listed)."""
-    positional = arguments.posonlyargs + arguments.args
-    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
-    items = [(a, d) for a, d in zip(positional, defaults)] + list(zip(arguments.kwonlyargs, arguments.kw_defaults))
+    items = parameters_and_defaults(arguments)
     items += [(a, None) for a in (arguments.vararg, arguments.kwarg) if a is not None]
     return sorted(((span((a.lineno, a.col_offset), ((d or a).end_lineno, (d or a).end_col_offset)), a.arg)
                    for a, d in items), key=lambda item: (item[0].lineno, item[0].col_offset))
@@ -848,11 +977,7 @@ def unset_parameters(tree):
                     for c in ast.walk(s) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
 
     def defaults_of(arguments):
-        positional = arguments.posonlyargs + arguments.args
-        found = dict(zip((a.arg for a in positional[len(positional) - len(arguments.defaults):]),
-                         arguments.defaults))
-        found.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
-        return {name: sentinel(d) for name, d in found.items() if sentinel(d) is not None}
+        return {a.arg: sentinel(d) for a, d in parameters_and_defaults(arguments) if sentinel(d) is not None}
 
     def stores(function, name):
         return any(isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
@@ -904,7 +1029,7 @@ def unset_parameters(tree):
             if len(literals) == 1 and None not in literals:
                 decided[name] = (literals.pop(), passed)
         keyword_only = {a.arg for a in arguments.kwonlyargs}
-        if keyword_only and keyword_only <= decided.keys() and arguments.kwonlyargs and not arguments.vararg:
+        if cuts_bare_star(arguments, decided):
             # a bare `*` goes with its last parameter (unset_parameters_folded): no positional one this pass
             decided = {name: d for name, d in decided.items() if name in keyword_only and positional}
         for name, (literal, passed) in decided.items():
@@ -953,6 +1078,12 @@ def unset_parameters(tree):
     return folded, cut
 
 
+def cuts_bare_star(arguments, names):
+    """Whether cutting the parameters `names` from a signature cuts every keyword-only one after a bare `*`, which
+    then goes with them."""
+    return bool(arguments.kwonlyargs) and not arguments.vararg and {a.arg for a in arguments.kwonlyargs} <= set(names)
+
+
 def sentinel(node):
     """`None`, `True` or `False` where the node is that constant, else None."""
     return repr(node.value) if isinstance(node, ast.Constant) and type(node.value) in (bool, type(None)) else None
@@ -991,7 +1122,7 @@ def unset_parameters_folded(text):
             continue
         arguments = function.args
         positional = arguments.posonlyargs + arguments.args
-        if arguments.kwonlyargs and not arguments.vararg and {a.arg for a in arguments.kwonlyargs} <= unset.keys():
+        if cuts_bare_star(arguments, unset):
             # a bare `*` goes with its last parameter: from the end of the last positional one (unset_parameters
             # cuts none of those in the same pass)
             last = signature_items(arguments)[-1][0]
@@ -1408,7 +1539,9 @@ def without_literal_residue(text):
     literals += [(n, repr(len(n.args[0].elts))) for n in ast.walk(tree) if builtin_call(n, ("len",))
                  and isinstance(n.args[0], (ast.Tuple, ast.List))
                  and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
-    literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n)] if value is not None]
+    tables = constant_tables(tree)
+    literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n, tables)]
+                 if value is not None]
     # `dict({}, k=v)`, what rule 29 leaves of `dict(extra or {}, k=v)`: the keywords alone
     literals += [(n, ast.get_source_segment(text, n)[:n.args[0].col_offset - n.col_offset]
                   + ast.get_source_segment(text, n)[n.keywords[0].value.col_offset - n.col_offset
@@ -1433,7 +1566,58 @@ def without_literal_residue(text):
                     and isinstance(target.elts[0], ast.Name) and target.elts[0].id not in read:
                 edits += [(target, ast.get_source_segment(text, target.elts[1])),
                           (loop.iter, ast.get_source_segment(text, loop.iter.args[0]))]
-    return replace_spans(text, edits) if edits else text
+    return loop_target_comparisons_decided(replace_spans(text, edits) if edits else text)
+
+
+def loop_target_comparisons_decided(text):
+    """Rule 23: in a `for` loop over a tuple or list display of constants (or `enumerate` of one), a comparison of a
+    target (stored nowhere in the body) with a constant that every item decides alike is that truth, and the tests
+    it decides fold (multi-layer backout's `name == "embed"` over `(9, 11)`); not inside a function or lambda the
+    body defines, nor where the file binds `enumerate`."""
+    tree = ast.parse(text)
+    bound = set(file_bindings(tree))
+    edits = []
+    for loop in (n for n in ast.walk(tree) if isinstance(n, ast.For)):
+        sequence, target = loop.iter, loop.target
+        numbered = isinstance(sequence, ast.Call) and isinstance(sequence.func, ast.Name) \
+            and sequence.func.id == "enumerate" and "enumerate" not in bound and len(sequence.args) == 1 \
+            and not sequence.keywords
+        items = sequence.args[0] if numbered else sequence
+        if not (isinstance(items, (ast.Tuple, ast.List)) and items.elts
+                and all(isinstance(item, ast.Constant) for item in items.elts)):
+            continue
+        values = [item.value for item in items.elts]
+        if numbered and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            possible = {getattr(target.elts[0], "id", None): list(range(len(values))),
+                        getattr(target.elts[1], "id", None): values}
+        elif not numbered and isinstance(target, ast.Name):
+            possible = {target.id: values}
+        else:
+            continue
+        possible.pop(None, None)
+        body = [n for statement in loop.body for n in ast.walk(statement)]
+        if any(isinstance(n, ast.Name) and n.id in possible and not isinstance(n.ctx, ast.Load) for n in body):
+            continue
+        nested = {id(n) for statement in loop.body for scope in ast.walk(statement)
+                  if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+                  for n in ast.walk(scope)}
+        for node in body:
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in VALUE_COMPARISONS
+                    and id(node) not in nested):
+                continue
+            left, right = node.left, node.comparators[0]
+            name, constant, flipped = (left, right, False) if isinstance(right, ast.Constant) else (right, left, True)
+            if not (isinstance(name, ast.Name) and name.id in possible and isinstance(constant, ast.Constant)):
+                continue
+            compare = VALUE_COMPARISONS[type(node.ops[0])]
+            try:
+                truths = {bool(compare(constant.value, v) if flipped else compare(v, constant.value))
+                          for v in possible[name.id]}
+            except TypeError:
+                continue
+            if len(truths) == 1:
+                edits.append((node, repr(truths.pop())))
+    return drop_unreachable(fold_ifs(replace_spans(text, edits), {})) if edits else text
 
 
 def only_reads_displays(node):
@@ -1442,17 +1626,50 @@ def only_reads_displays(node):
     return only_reads(node) or isinstance(node, (ast.Tuple, ast.List)) and all(map(only_reads_displays, node.elts))
 
 
-def display_lookup(text, node):
-    """The source of what a lookup by a constant key in a dict display of constant keys reads (`{"single": (n, 1),
-    "vector": (n, 2, dim)}.get('softmax', (n, 2))` reads `(n, 2)`: LAuReL's shapes once its form folded), or None
-    where the node is no such lookup or a value it drops would do something when built."""
+def lookup_parts(node):
+    """(table, key, [default] or [] of `.get`, or None of `[key]`) of a lookup `table[key]` (a load) or
+    `table.get(key[, default])`, or None."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
             and not node.keywords and len(node.args) in (1, 2) and not isinstance(node.args[-1], ast.Starred):
-        table, key, default = node.func.value, node.args[0], node.args[1:]
-    elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
-        table, key, default = node.value, node.slice, None
-    else:
+        return node.func.value, node.args[0], node.args[1:]
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        return node.value, node.slice, None
+    return None
+
+
+def constant_tables(tree):
+    """{name: its dict display} of the module's constants (module_constants) bound to a dict display whose every read
+    is a lookup (lookup_parts: nothing can change it) and whose values only read names the module binds once, at
+    its top level, or builtins it never binds (each means there what it means where the value was written)."""
+    constants = module_constants(tree)
+    bindings = file_bindings(tree)
+    top_level = {name for s in tree.body for name in [*(import_bound_names(s) or ()), *(
+        [s.name] if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else []), *(
+        names_in(s.targets) if isinstance(s, ast.Assign) else [])]}
+    tables = {s.targets[0].id: s.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+              and isinstance(s.targets[0], ast.Name) and s.targets[0].id in constants and isinstance(s.value, ast.Dict)}
+    looked_up = {id(parts[0]) for n in ast.walk(tree) for parts in [lookup_parts(n)] if parts is not None}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in tables and isinstance(node.ctx, ast.Load) \
+                and id(node) not in looked_up:
+            del tables[node.id]
+    return {name: table for name, table in tables.items()
+            if all(bindings[n.id] == 1 and n.id in top_level or not bindings[n.id] and hasattr(builtins, n.id)
+                   for value in table.values for n in ast.walk(value) if isinstance(n, ast.Name))}
+
+
+def display_lookup(text, node, tables=None):
+    """The source of what a lookup by a constant key in a dict display of constant keys reads (`{"single": (n, 1),
+    "vector": (n, 2, dim)}.get('softmax', (n, 2))` reads `(n, 2)`: LAuReL's shapes once its form folded), also of
+    one of `tables` ({name: dict display}: constant_tables) read by its name (multi-layer backout's
+    `BACKOUT_ACTIVATIONS['relu']` is `F.relu`), or None where the node is no such lookup or a value it drops would
+    do something when built."""
+    parts = lookup_parts(node)
+    if parts is None:
         return None
+    table, key, default = parts
+    if isinstance(table, ast.Name) and isinstance(table.ctx, ast.Load):
+        table = (tables or {}).get(table.id, table)
     if not (isinstance(table, ast.Dict) and isinstance(key, ast.Constant)
             and all(isinstance(k, ast.Constant) for k in table.keys) and all(map(only_reads_displays, table.values))):
         return None
@@ -3015,10 +3232,8 @@ def cut_items(items, removed):
 
 def parameter_items(function):
     """Nodes spanning a function's parameters (`name` or `name=default`), in order."""
-    args = function.args.args
-    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
     return [span((a.lineno, a.col_offset), ((d or a).end_lineno, (d or a).end_col_offset))
-            for a, d in zip(args, defaults)]
+            for a, d in parameters_and_defaults(function.args) if a in function.args.args]
 
 
 def without_calls_decided(text, fixed_parameters, no_ops):
@@ -3080,7 +3295,7 @@ def decided_parameters(function, called, skipped, folds_of, constants=frozenset(
     the name of one of `constants` (module_constants) that the function does not bind (literal: that name);
     `skipped`: the leading parameters the calls do not pass (a method's self)."""
     args = function.args.args
-    defaults = [None] * (len(args) - len(function.args.defaults)) + function.args.defaults
+    defaults = [d for a, d in parameters_and_defaults(function.args) if a in args]
     stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
@@ -3905,6 +4120,36 @@ def packed_items(opening, items, closing, indent="    ", width=WIDTH):
     return lines
 
 
+def packed_module_calls(text):
+    """The file's text with each top-level `NAME = f(...)` that spans lines, holds no comment and has each argument
+    on one line written packed (packed_items, continued under the first argument) where that takes fewer lines
+    within WIDTH (a study's declaration once rules 16 and 28 rewrote and cut its keywords)."""
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    commented = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(text).readline)
+                 if token.type == tokenize.COMMENT}
+    edits = []
+    for statement in tree.body:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call)
+                and statement.end_lineno > statement.lineno):
+            continue
+        call = statement.value
+        items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
+        if not items or any(item.lineno != item.end_lineno for item in items) \
+                or commented & set(range(statement.lineno, statement.end_lineno + 1)) \
+                or call.func.end_lineno != statement.lineno:
+            continue
+        opening = f"{statement.targets[0].id} = {ast.get_source_segment(text, call.func)}("
+        packed = packed_items(opening, [ast.get_source_segment(text, item) for item in items], ")",
+                              " " * len(opening))
+        if len(packed) < statement.end_lineno - statement.lineno + 1 and max(map(len, packed)) <= WIDTH:
+            edits.append((statement, packed))
+    for statement, packed in reversed(edits):
+        lines = replace_lines(lines, statement.lineno, statement.end_lineno, packed)
+    return "\n".join(lines)
+
+
 def packed_dict(opening, values, indent="    ", width=WIDTH):
     """`opening` then `{...}` of a dict of literals (packed_items)."""
     return packed_items(f"{opening}{{", [f"{key!r}: {value!r}" for key, value in values.items()], "}", indent, width)
@@ -4026,7 +4271,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
             text))))))), folded)
     spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
         without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
-    text = single_blank_lines(spaced)
+    text = single_blank_lines(packed_module_calls(spaced))
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
     if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):
         raise UsageError(f"{EXPORT_FLAG}: a string literal holds blank lines; the file cannot be written")

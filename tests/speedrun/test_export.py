@@ -1817,10 +1817,110 @@ def test_rule_20_a_local_read_once_is_written_in_its_read():
     text = without_single_use_aliases(ALIASES)
     assert "def named(self, model):\n    return self.scalars(model, self.cfg.layers)\n" in text
     assert "    vectors = []\n    for name in self.cfg.layers:\n" in text  # past an assignment that evaluates nothing
-    assert "normed = moved * 2" in text  # an item read is not an alias
+    assert "normed = outputs[name] * 2" in text  # an item moves into the next statement, which reads it first
+    assert "vectors.append(normed)" in text  # a product needs brackets of its own: it stays a local
     assert "    scale = self.scale\n    for item in items:" in text  # read in a loop's body: each pass would re-read
     assert "cfg.a + cfg.b" in text  # read twice
     assert "    cfg = self.cfg\n    self.reset()\n    return cfg.a" in text  # a call between could change it
+
+
+MOVED_VALUES = """import math
+
+
+def norm(x):
+    return [v / math.hypot(*x) for v in x]
+
+
+def mixed(outputs):
+    vectors = []
+    source = outputs[1]
+    moved = norm(source)
+    vectors.append(moved)
+    return vectors
+
+
+def stays(outputs, flag, log):
+    a = norm(outputs[0])
+    first = a if flag else None
+    b = norm(outputs[1])
+    second = log.append(0) or b
+    c = outputs[0][0] + outputs[1][0]
+    third = c * 2
+    d = norm(outputs[1])  # the first source: its comment stays
+    sixth = [d]
+    # the second: so does this one
+    e = norm(outputs[0])
+    seventh = [e]
+    f = len(log)
+    log.append(f)
+    g = outputs[1][0]
+    fourth = 0 < g < 10
+    h = norm(outputs[0])
+    fifth = [log.pop(), h]
+    return first, second, third, fourth, fifth, sixth, seventh
+
+
+def sites(n, log):
+    chosen = range(n)
+    first = [(i, "mlp") for i in chosen]
+    count = len(first)
+    after = [count, log.pop()]
+    inner = range(2)
+    pairs = [(i, j) for i in range(n) for j in inner]
+    last = len(log)
+    scaled = [i * last for i in log]
+    slot = len(pairs)
+    log[slot % 3] = 7
+    kind = type(log)
+    made = kind(log)
+    return first, after, pairs, scaled, log, made
+
+
+def grown(log):
+    out = [len(log)]
+    out.append(log)
+    seen = []
+    seen.append(len(seen))
+    late = []
+    late.append(1)
+    return out, seen, late, (lambda: late)()
+
+
+print(mixed([[3.0, 4.0], [6.0, 8.0]]), stays([[3.0, 4.0], [6.0, 8.0]], True, [5]), grown([1]),
+      sites(3, [4, 5, 6]))
+"""
+
+
+def test_rule_20_a_value_moves_into_the_next_statement_that_reads_it_first():
+    """A call or an item read once, first, in the next statement is written there; a list built by one append is
+    its display. Not where it would be evaluated conditionally, after another call, in a comprehension's later
+    sequence or element, in an assignment's target or as what a call calls, or needs brackets, nor where a comment
+    of its own would go, nor an append of an item that reads the list (or a lambda that can)."""
+    from speedrun.export import without_single_use_aliases
+    text = without_single_use_aliases(MOVED_VALUES)
+    assert "def mixed(outputs):\n    return [norm(outputs[1])]\n" in text
+    assert "    log.append(len(log))\n" in text  # the method is read before the call, as it was
+    assert "first = [(i, 'mlp') for i in range(n)]" in text.replace('"', "'")  # a comprehension's first sequence
+    assert "after = [len(first), log.pop()]" in text  # a call evaluated after it sees it done, as it did
+    for kept in ("inner = range(2)", "last = len(log)", "slot = len(pairs)", "kind = type(log)"):
+        assert kept in text, kept
+    for kept in ("a = norm(outputs[0])", "b = norm(outputs[1])", "third = c * 2", "its comment stays",
+                 "# the second: so does this one\n    e = norm(outputs[0])", "fourth = 0 < g < 10",
+                 "h = norm(outputs[0])", "out = [len(log), log]", "seen = []\n    seen.append(len(seen))",
+                 "late = []\n    late.append(1)"):
+        assert kept in text, kept
+    assert run_printed(text) == run_printed(MOVED_VALUES)
+
+
+def test_rule_20_a_moved_value_keeps_the_line_width():
+    from speedrun.export import WIDTH, without_single_use_aliases
+    def program(count):
+        call = "f(" + "x, " * count + "x)"
+        return f"def f(*a):\n    return a\n\n\ndef g(x):\n    value = {call}\n    return len(value), '{'p' * 40}'\n"
+    short, wide = program(3), program(30)
+    assert max(map(len, wide.split("\n"))) <= WIDTH
+    assert without_single_use_aliases(short).count("\n") == short.count("\n") - 1  # moved: a line fewer
+    assert without_single_use_aliases(wide) == wide  # it would not fit
 
 
 STRING_LOCALS = """def named(sites, values):
@@ -1966,6 +2066,112 @@ def test_rule_23_a_lookup_by_a_literal_in_a_dict_display_is_its_value():
     assert run_printed(text) == run_printed(LOOKUPS) == [(((4, 2), (4, 3), None, (4, 1), 4, 4, 8),)]
     missing = 'print({"a": 1}["b"])\n'  # raises: it stays
     assert without_literal_residue(missing) == missing
+
+
+TABLES = """import math
+
+ACTIVATIONS = {"sqrt": math.sqrt, "abs": abs, "floor": math.floor}
+CHANGED = {"a": math.sqrt}
+CHANGED["a"] = abs
+HANDED = {"a": math.sqrt}
+
+
+def floor(x):
+    return x
+
+
+SHADOWED = {"a": floor}
+
+
+def use(x, floor=math.floor):
+    return floor(x)
+
+
+def f(x, key):
+    return ACTIVATIONS["sqrt"](x), ACTIVATIONS.get("abs")(-x), ACTIVATIONS[key](x), CHANGED["a"](-x), \\
+        HANDED["a"](x), use(x), SHADOWED["a"](x)
+
+
+print(f(4.0, "floor"), len(HANDED))
+"""
+
+
+def test_rule_23_a_lookup_in_a_module_constant_table_is_its_value():
+    """Multi-layer backout's `BACKOUT_ACTIVATIONS['relu']`: a lookup by a literal in a module constant bound to a
+    dict display is the value, where every read of the name is a lookup (nothing can change it: not one stored
+    into or handed on) and the value's names are bound once, at the module's top level."""
+    from speedrun.export import without_literal_residue
+    text = without_literal_residue(TABLES)
+    assert "return math.sqrt(x), abs(-x), ACTIVATIONS[key](x), CHANGED[\"a\"](-x)," in text
+    assert 'HANDED["a"](x), use(x), SHADOWED["a"](x)' in text  # handed to len; `floor` bound twice
+    assert run_printed(text) == run_printed(TABLES)
+
+
+LOOP_TESTS = """def mixed(outputs, first):
+    out = []
+    for j, name in enumerate((9, 11)):
+        source = first if name == "embed" else outputs[name]
+        out.append((source, "lead" if j == 0 else "rest", name != "x", 10 < name))
+    for k in [1, 2]:
+        out.append(k == 1)
+        late = lambda: k == 3  # called once k is no item
+    k = 3
+    out.append(late())
+    for m in (3, 4):
+        m = m * 2
+        out.append(m == 6)
+    return out
+
+
+print(mixed(list(range(12)), -1))
+"""
+
+
+def test_rule_23_a_comparison_every_item_of_a_constant_loop_decides_alike_is_its_truth():
+    """Over `(9, 11)` a layer is never "embed": the conditional expression is its branch; a comparison the items
+    decide apart, one in a lambda, and one of a target the body stores stay."""
+    from speedrun.export import without_literal_residue
+    text = without_literal_residue(LOOP_TESTS)
+    assert "        source = outputs[name]\n" in text
+    assert 'out.append((source, "lead" if j == 0 else "rest", True, 10 < name))' in text
+    assert "out.append(k == 1)" in text and "late = lambda: k == 3" in text and "out.append(m == 6)" in text
+    assert run_printed(text) == run_printed(LOOP_TESTS)
+
+
+PACKED = """def study(**given):
+    return given
+
+
+SPREAD = study(
+    name="backout", fields=(("layers", tuple, ()),),
+    config=lambda cfg, run: {"layers": (11,)},
+    part=None,
+)
+NOTED = study(
+    name="a",  # why
+    part=1,
+)
+TALL = study(name="b", part={
+    "x": 1})
+DENSE = study(name="c",
+              part=2)
+LONG = study(name="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+             fields=(("layers", tuple, ()),), part=2)
+print(SPREAD["name"], NOTED, TALL, DENSE, LONG)
+"""
+
+
+def test_rule_30_a_module_call_on_lines_it_need_not_take_is_packed():
+    """A study's declaration once its keywords were rewritten and cut: packed under its first argument, fewer lines,
+    the same program; not one holding a comment, an argument on lines of its own, or one packing would not shorten."""
+    from speedrun.export import WIDTH, packed_module_calls
+    text = packed_module_calls(PACKED)
+    assert 'SPREAD = study(name="backout", fields=(("layers", tuple, ()),), config=lambda cfg, run: {"layers": (11,)}, ' \
+        'part=None)\n' in text and 'DENSE = study(name="c", part=2)\n' in text
+    for kept in ('NOTED = study(\n    name="a",  # why\n', 'TALL = study(name="b", part={\n', '\n             fields=(("layers", tuple, ()),), part=2)\n'):
+        assert kept in text, kept
+    assert max(map(len, text.split("\n"))) <= WIDTH
+    assert ast.dump(ast.parse(text)) == ast.dump(ast.parse(PACKED)) and run_printed(text) == run_printed(PACKED)
 
 
 PARENTHESES = """def f(n, start, a, b, c, x, y):
