@@ -669,6 +669,20 @@ def without_overwritten_locals(text):
     return without_statements(text, tree, gone) if gone else text
 
 
+# An expression whose source parses as one operand wherever it is written: brackets of its own, or none needed (a
+# generator expression's span holds its parentheses, even as a call's one argument).
+ONE_OPERAND = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Dict, ast.Set,
+               ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def nodes_in_nested_scopes(node):
+    """The nodes inside a function, lambda or class that `node` defines within itself (node itself not counted):
+    their names are their own scope's, and they run when called, not where written."""
+    return [inner for scope in ast.walk(node) if scope is not node
+            and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+            for inner in ast.walk(scope)]
+
+
 def evaluated_once_in(statement, node):
     """Whether `node`, inside `statement`, is evaluated once when the statement runs: not in a loop's body, a
     lambda, a nested function or a comprehension past its first sequence."""
@@ -705,7 +719,7 @@ def without_single_use_aliases(text):
             for block in own_blocks(function):
                 for i, statement in enumerate(block):
                     then = block[i + 1] if i + 1 < len(block) else None
-                    appended = appended_item(function, statement, then, lines)
+                    appended = appended_item(function, statement, then, text, lines)
                     if appended is not None:
                         text = replace_spans(text, [(statement.value, appended)])
                         text = without_statements(text, ast.parse(text), [
@@ -722,7 +736,7 @@ def without_single_use_aliases(text):
                         found = (statement, then.value, value)
                         break
                     use = [n for n in ast.walk(then) if isinstance(n, ast.Name) and n.id == local] if then else []
-                    if use and moves_into(then, use[0]) and fits_one_line(lines, statement, then, local):
+                    if use and moves_into(then, use[0]) and fits_one_line(text, lines, statement, then, local):
                         found = (statement, use[0], value)
                         break
                     if not (isinstance(value, (ast.Name, ast.Attribute)) and only_reads(value)):
@@ -752,9 +766,6 @@ def without_single_use_aliases(text):
                                                           and n.col_offset == statement.col_offset])
 
 
-# A value with brackets of its own (or none needed): written in place of a name, it parses as one operand.
-SELF_BRACKETED = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Dict, ast.Set,
-                  ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 # What may be evaluated before a moved value without seeing what it does: reads of names, attributes and constants.
 PURE_READS = (ast.Name, ast.Attribute, ast.Constant, ast.keyword, ast.expr_context, ast.operator, ast.unaryop,
               ast.cmpop)
@@ -809,22 +820,22 @@ def moves_into(statement, use):
     return True
 
 
-def fits_one_line(lines, statement, then, local):
+def fits_one_line(text, lines, statement, then, local):
     """Whether writing the value of `statement` (a local's one-line assignment, no comment of its own: none on its
     line or right above it) in place of `local` in `then` (one line) keeps `then` one line within WIDTH."""
     value = statement.value
-    if not isinstance(value, SELF_BRACKETED) or statement.lineno != statement.end_lineno \
+    if not isinstance(value, ONE_OPERAND) or statement.lineno != statement.end_lineno \
             or then.lineno != then.end_lineno or any(isinstance(n, (ast.NamedExpr, ast.Yield, ast.YieldFrom,
                                                                     ast.Await)) for n in ast.walk(value)):
         return False
     after = lines[statement.lineno - 1].encode()[statement.end_col_offset:].decode()  # ast counts UTF-8 bytes
     if after.strip() or first_line_with_comments(lines, statement) != statement.lineno:
         return False
-    source = ast.get_source_segment("\n".join(lines), value)
+    source = ast.get_source_segment(text, value)
     return len(lines[then.lineno - 1]) - len(local) + len(source) <= WIDTH
 
 
-def appended_item(function, statement, then, lines):
+def appended_item(function, statement, then, text, lines):
     """The new source of a list display `statement` assigns a local (`vectors = [...]`) where `then`, the next
     statement, appends one item to it (`vectors.append(v)`): the display with that item last; else None. The item
     reads no name of the local, and nothing it calls can (the local is the function's own: no global, nonlocal or
@@ -839,14 +850,10 @@ def appended_item(function, statement, then, lines):
             and len(call.args) == 1 and not call.keywords and not isinstance(call.args[0], (ast.Starred, ast.Tuple))):
         return None
     item = call.args[0]
-    nested = [n for scope in ast.walk(function) if scope is not function
-              and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
-              for n in ast.walk(scope)]
-    if any(isinstance(n, ast.Name) and n.id == local for n in [*ast.walk(item), *nested]) \
+    if any(isinstance(n, ast.Name) and n.id == local for n in [*ast.walk(item), *nodes_in_nested_scopes(function)]) \
             or local in declared_names(function) or statement.lineno != statement.end_lineno \
             or then.lineno != then.end_lineno:
         return None
-    text = "\n".join(lines)
     items = [ast.get_source_segment(text, e) for e in statement.value.elts] + [ast.get_source_segment(text, item)]
     display = "[" + ", ".join(items) + "]"
     line = lines[statement.lineno - 1]
@@ -1388,11 +1395,9 @@ def dict_view_call(node):
 
 
 def parenthesised(text, node):
-    """The source of an expression, in parentheses unless it is an atom (a name, attribute, constant, call, item)."""
+    """The source of an expression, in parentheses unless it is one operand as it is (ONE_OPERAND)."""
     source = ast.get_source_segment(text, node)
-    atomic = isinstance(node, (ast.Name, ast.Attribute, ast.Constant, ast.Call, ast.Subscript, ast.List,
-                               ast.Tuple, ast.Dict))
-    return source if atomic and not isinstance(node, ast.Tuple) else f"({source})"
+    return source if isinstance(node, ONE_OPERAND) else f"({source})"
 
 
 # Statements after which nothing more of their block runs.
@@ -1598,9 +1603,7 @@ def loop_target_comparisons_decided(text):
         body = [n for statement in loop.body for n in ast.walk(statement)]
         if any(isinstance(n, ast.Name) and n.id in possible and not isinstance(n.ctx, ast.Load) for n in body):
             continue
-        nested = {id(n) for statement in loop.body for scope in ast.walk(statement)
-                  if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
-                  for n in ast.walk(scope)}
+        nested = {id(n) for n in nodes_in_nested_scopes(loop)}  # the loop's iter and target define no scope
         for node in body:
             if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in VALUE_COMPARISONS
                     and id(node) not in nested):
