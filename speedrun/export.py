@@ -656,9 +656,7 @@ def without_overwritten_locals(text):
     gone = []
     for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         shared = set(global_names(function))
-        shared |= {n.id for inner in ast.walk(function) if inner is not function
-                   and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                   for n in ast.walk(inner) if isinstance(n, ast.Name)}
+        shared |= {n.id for n in nodes_in_nested_scopes(function) if isinstance(n, ast.Name)}
         for block in own_blocks(function):
             for first, then in zip(block, block[1:]):
                 if isinstance(first, ast.Assign) and isinstance(then, ast.Assign) and len(first.targets) == 1 \

@@ -1761,9 +1761,11 @@ def test_a_nested_function_is_folded_once():
     assert run_printed(text) == run_printed(NESTED) == [(13,)]
     closure = "def f():\n    x = None\n    read = lambda: x\n    x = read()\n    return x\n\n\nprint(f())\n"
     declared = "def g():\n    global y\n    y = 1\n    y = h()\n\n\ndef h():\n    return y\n\n\ng()\nprint(y)\n"
-    for kept in (closure, declared):  # the second value reads the first through a lambda or the global
+    # the lambda, written before the pair, reads the first value when the second calls it
+    read_first = "def k():\n    read = lambda: x\n    x = None\n    x = read()\n    return x\n\n\nprint(k())\n"
+    for kept in (closure, declared, read_first):  # the second value reads the first through a lambda or the global
         assert without_overwritten_locals(kept) == kept
-        assert run_printed(kept) == ([(None,)] if kept is closure else [(1,)])
+        assert run_printed(kept) == ([(1,)] if kept is declared else [(None,)])
     aliased = without_single_use_aliases(text)
     assert "    def inner(a):\n        return a + 1\n" in aliased
     assert run_printed(aliased) == [(13,)]
