@@ -71,6 +71,33 @@ ARM_FLAGS = ("--variant", "--num-layers")
 RULE = "# " + "-" * 114
 
 
+# Each rule reads the text it folds afresh: one export parsed 3,557 texts (521 distinct) and walked ~26 million
+# nodes. No rule changes a tree in place (each edits text and parses the result; test_export checks it), so a text is
+# parsed once and a node's walk listed once, and every reader shares them: an export in half the time, for ~0.5 GB.
+@functools.lru_cache(maxsize=256)  # the distinct texts of most of an export (whole programs among them)
+def parse(source, mode="exec"):
+    """ast.parse(source, mode=mode), the same tree for the same text: a reader must not change it."""
+    return ast.parse(source, mode=mode)
+
+
+def walk(node):
+    """The nodes ast.walk(node) yields, in its order, listed at the first walk of the node and kept on it."""
+    try:
+        return iter(node._walked_nodes)
+    except AttributeError:
+        pass
+    nodes = [node]
+    for each in nodes:  # breadth first, as ast.walk: the list grows while it is read
+        for name in each._fields:
+            value = getattr(each, name, None)
+            if isinstance(value, ast.AST):
+                nodes.append(value)
+            elif isinstance(value, list):
+                nodes.extend(item for item in value if isinstance(item, ast.AST))
+    node._walked_nodes = nodes
+    return iter(nodes)
+
+
 def is_project(module_name):
     return module_name.split(".")[0] in PROJECT_PACKAGES
 
@@ -181,7 +208,7 @@ def folded_tests(config, omitted=(), active=(), not_varied=()):
     if not active:  # the registry is empty, and so is every model's list of study parts
         folds.update({"STUDIES": (), **{parts: () for parts in PARTS_LISTS}})
         # the study contract's hooks (speedrun/study.py's StudyHost, every base's) are then constants in each module
-        folds.update(constant_methods(ast.parse(module_path("speedrun.study").read_text()), folds)[0])
+        folds.update(constant_methods(parse(module_path("speedrun.study").read_text()), folds)[0])
     folds.update({f"{name}.{flag.dest}": hashable(getattr(config, flag.dest))
                   for flag in left_out_flags(active, not_varied) for name in CONFIG_NAMES})
     return folds
@@ -323,7 +350,7 @@ def rewritten_declarations(source, rewrites, where):
     """The source with the keyword arguments of FIXED_DECLARATIONS rewritten (each `NAME = Study(...)` at module
     level; a missing one is refused): each replaced by its new source, or cut where that is None; and the import of
     fixed_resolution where a new one calls it."""
-    tree, lines = ast.parse(source), source.split("\n")
+    tree, lines = parse(source), source.split("\n")
     edits = []
     for name, keyword, new in rewrites:
         call = study_declaration(tree, name)
@@ -350,7 +377,7 @@ def rewritten_declarations(source, rewrites, where):
     if not any(new and "fixed_resolution(" in new for _, _, new in rewrites):
         return text
     lines = text.split("\n")
-    lines.insert(declaration_statement(ast.parse(text), rewrites[0][0]).lineno - 1,
+    lines.insert(declaration_statement(parse(text), rewrites[0][0]).lineno - 1,
                  "from speedrun.study import fixed_resolution")
     return "\n".join(lines)
 
@@ -364,7 +391,7 @@ WIDTH = 118  # the project's line length
 
 def declared_where(study):
     """(module, name) of a registered study's `NAME = Study(...)`: where speedrun/studies.py imports it from."""
-    registry = ast.parse(module_path(STUDIES_MODULE).read_text())
+    registry = parse(module_path(STUDIES_MODULE).read_text())
     return next((node.module, alias.name) for node in registry.body if isinstance(node, ast.ImportFrom)
                 for alias in node.names if getattr(importlib.import_module(node.module), alias.name) is study)
 
@@ -387,14 +414,14 @@ def declared_flags(tree, call):
     if isinstance(flags, ast.Name):
         flags = next((node.value for node in tree.body if isinstance(node, ast.Assign)
                       and [ast.unparse(t) for t in node.targets] == [flags.id]), None)
-    return [] if flags is None else [n for n in ast.walk(flags) if isinstance(n, ast.Call)
+    return [] if flags is None else [n for n in walk(flags) if isinstance(n, ast.Call)
                                      and ast.unparse(n.func) == "Flag"]
 
 
 def quiet_declarations(source, names):
     """The source with the help texts of the studies `names` emptied: each of their Flag(...)s' help becomes ""
     (the call then on one line where it fits and holds no comment), and each Study's `description=` goes."""
-    tree = ast.parse(source)
+    tree = parse(source)
     edits = []
     for call in (study_declaration(tree, name) for name in names):
         if call is None:
@@ -407,14 +434,14 @@ def quiet_declarations(source, names):
             if isinstance(help_node, ast.Constant) and help_node.value != "":
                 edits.append((help_node, '""'))
     text = replace_spans(source, edits) if edits else source
-    tree, lines, edits = ast.parse(text), text.split("\n"), []
+    tree, lines, edits = parse(text), text.split("\n"), []
     for call in (study_declaration(tree, name) for name in names):
         for flag in declared_flags(tree, call) if call is not None else ():
             written = ast.get_source_segment(text, flag)
             joined = " ".join(part.strip() for part in written.split("\n")).replace("( ", "(")
             rest = len(lines[flag.end_lineno - 1].encode()) - flag.end_col_offset
             if "\n" in written and "#" not in written and flag.col_offset + len(joined.encode()) + rest <= WIDTH \
-                    and ast.dump(ast.parse(joined)) == ast.dump(ast.parse(written)):
+                    and ast.dump(parse(joined)) == ast.dump(parse(written)):
                 edits.append((flag, joined))
     return replace_spans(text, edits) if edits else text
 
@@ -454,7 +481,7 @@ def names_read(tree, skipped, keywords=False):
     """The names a syntax tree reads as attributes or strings (with keywords: as a call's keywords too), leaving
     out the nodes whose id() is in skipped (what declares or passes the names asked about reads none of them)."""
     read = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Attribute):
@@ -475,7 +502,7 @@ def without_unread_study_fields(text):
     field); one a positional argument of a call passes stays, as do all where a call
     passes `**` keywords or the file calls asdict, astuple or fields of anything but another class's `self`. A
     __post_init__ left setting nothing goes."""
-    tree = ast.parse(text)
+    tree = parse(text)
     study = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == Study.__name__), None)
     if study is None:
         return text
@@ -485,7 +512,7 @@ def without_unread_study_fields(text):
     post_init = next((m for m in study.body if isinstance(m, ast.FunctionDef) and m.name == "__post_init__"), None)
     setters = {field: s for s in (post_init.body if post_init else ()) for field in [own_setter(s)]
                if field in declarations}
-    calls = [n for n in ast.walk(tree) if is_study_call(n)]
+    calls = [n for n in walk(tree) if is_study_call(n)]
     positional = max((len(call.args) for call in calls), default=0)
     keywords = collections.defaultdict(list)  # field -> its keywords in the Study(...) calls (passing is no read)
     for call in calls:
@@ -494,22 +521,22 @@ def without_unread_study_fields(text):
     if None in keywords:  # Study(**given): which fields a call passes is not in its text
         return text
     # asdict, astuple and fields read every field of what they are given: allowed only of another class's self
-    whole = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1]
+    whole = [n for n in walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1]
              in ("asdict", "astuple", "fields")]
     if any(ast.unparse(n.args[0]) != "self" if n.args else True for n in whole) or \
-            any(n in whole for n in ast.walk(study)):
+            any(n in whole for n in walk(study)):
         return text
     # dataclasses.replace(study, title=...) builds a Study with the fields it names
-    replaced = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("replace")
+    replaced = {k.arg for n in walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("replace")
                 for k in n.keywords}
     unread = set(order[positional:]) - replaced
     # `Path(p).resolve()` reads a Path's attribute: an instance of a library class is no Study
-    foreign = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
+    foreign = {id(n) for n in walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
                and isinstance(n.value.func, ast.Name) and n.value.func.id in library_classes(tree)}
     while True:  # a field read only where another unread one is set or declared is unread too
         skipped = {id(n) for name in unread for owner in (declarations[name], setters.get(name),
                                                           *keywords.get(name, ())) if owner is not None
-                   for n in ast.walk(owner)}
+                   for n in walk(owner)}
         read = names_read(tree, skipped | foreign)
         still = {name for name in unread if name not in read}
         if still == unread:
@@ -522,7 +549,7 @@ def without_unread_study_fields(text):
         items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
         edits += cut_items(items, {i for i, item in enumerate(items) if getattr(item, "arg", None) in unread})
     text = replace_spans(text, edits) if edits else text
-    tree = ast.parse(text)
+    tree = parse(text)
     study = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == Study.__name__)
     post_init = next((m for m in study.body if isinstance(m, ast.FunctionDef) and m.name == "__post_init__"), None)
     gone = [item for item in study.body if isinstance(item, ast.AnnAssign) and item.target.id in unread]
@@ -548,15 +575,15 @@ def without_shadowed_methods(text):
     subclass answering, none is asked. So too one that no code asks of them: each read of it is `self.NAME` in a
     method of a class outside its family (none of them derives from that class; the model's own `head_input`
     where no part answers it), no string is the name, and no library object has it (nn.Module calls `forward`)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     only_bases = named_only_as_bases(tree, classes)
-    through_super = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
+    through_super = {n.attr for n in walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
                      and ast.unparse(n.value.func) == "super"}
     strings = strings_in([tree])
     own_reads = own_attribute_reads(classes)
     attribute_reads = collections.defaultdict(list)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Attribute):
             attribute_reads[node.attr].append(node)
     gone = []
@@ -584,7 +611,7 @@ def named_only_as_bases(tree, classes):
     called, instantiated or otherwise read)."""
     as_bases = {id(base) for cls in classes.values() for base in cls.bases}
     named = collections.defaultdict(list)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name) and node.id in classes:
             named[node.id].append(node)
     return {name for name, nodes in named.items() if all(id(n) in as_bases for n in nodes)}
@@ -606,9 +633,9 @@ def own_attribute_reads(classes):
     found = {}
     for name, cls in classes.items():
         for method in (m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            if any(isinstance(n, ast.ClassDef) for n in ast.walk(method)):
+            if any(isinstance(n, ast.ClassDef) for n in walk(method)):
                 continue
-            found.update({id(n): name for n in ast.walk(method) if isinstance(n, ast.Attribute)
+            found.update({id(n): name for n in walk(method) if isinstance(n, ast.Attribute)
                           and isinstance(n.value, ast.Name) and n.value.id == "self"})
     return found
 
@@ -618,7 +645,7 @@ def without_empty_bases(text):
     and the passive members have emptied it) and that has one base at most: each class deriving from it derives from
     that base in its place (none where it lists that base already); the order of the others is kept, so is the MRO
     less the empty class."""
-    tree = ast.parse(text)
+    tree = parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     only_bases = named_only_as_bases(tree, classes)
     edits = []
@@ -635,8 +662,8 @@ def without_empty_bases(text):
     if not edits:
         return text
     text = re.sub(r"^(class \w+)\(\):", r"\1:", replace_spans(text, edits), flags=re.M)  # no base left: no `()`
-    tree = ast.parse(text)
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    tree = parse(text)
+    read = {n.id for n in walk(tree) if isinstance(n, ast.Name)}
     return without_statements(text, tree, [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name not in read
                                            and n.name in classes and [type(s) for s in n.body] == [ast.Pass]])
 
@@ -652,9 +679,9 @@ def without_overwritten_locals(text):
     """The source without each assignment of a local that only reads (`x = None`) which the next statement of its
     block assigns again without reading it (what rule 19 leaves of `x = None` then `if self.mode == "sum": x = ...`);
     not a global or nonlocal, nor one a function or lambda inside reads (the second value may call it)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     gone = []
-    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         shared = set(global_names(function))
         shared |= {n.id for n in nodes_in_nested_scopes(function) if isinstance(n, ast.Name)}
         for block in own_blocks(function):
@@ -676,15 +703,15 @@ ONE_OPERAND = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, a
 def nodes_in_nested_scopes(node):
     """The nodes inside a function, lambda or class that `node` defines within itself (node itself not counted):
     their names are their own scope's, and they run when called, not where written."""
-    return [inner for scope in ast.walk(node) if scope is not node
+    return [inner for scope in walk(node) if scope is not node
             and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
-            for inner in ast.walk(scope)]
+            for inner in walk(scope)]
 
 
 def evaluated_once_in(statement, node):
     """Whether `node`, inside `statement`, is evaluated once when the statement runs: not in a loop's body, a
     lambda, a nested function or a comprehension past its first sequence."""
-    parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+    parents = {id(child): parent for parent in walk(statement) for child in ast.iter_child_nodes(parent)}
     child, parent = node, parents.get(id(node))
     while parent is not None:
         if isinstance(parent, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
@@ -709,19 +736,19 @@ def without_single_use_aliases(text):
     - a list display of a local extended by the next statement's `.append(x)`, x reading neither the local nor
       anything that could (`vectors = []` then `vectors.append(v)` is `vectors = [v]`)."""
     while True:
-        tree = ast.parse(text)
+        tree = parse(text)
         lines = text.split("\n")
         found = None
-        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name)] + declared_names(function)
+        for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            names = [n.id for n in walk(function) if isinstance(n, ast.Name)] + declared_names(function)
             for block in own_blocks(function):
                 for i, statement in enumerate(block):
                     then = block[i + 1] if i + 1 < len(block) else None
                     appended = appended_item(function, statement, then, text, lines)
                     if appended is not None:
                         text = replace_spans(text, [(statement.value, appended)])
-                        text = without_statements(text, ast.parse(text), [
-                            n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Expr)
+                        text = without_statements(text, parse(text), [
+                            n for n in walk(parse(text)) if isinstance(n, ast.Expr)
                             and n.lineno == then.lineno and n.col_offset == then.col_offset])
                         found = True
                         break
@@ -733,14 +760,14 @@ def without_single_use_aliases(text):
                     if isinstance(then, ast.Return) and isinstance(then.value, ast.Name) and then.value.id == local:
                         found = (statement, then.value, value)
                         break
-                    use = [n for n in ast.walk(then) if isinstance(n, ast.Name) and n.id == local] if then else []
+                    use = [n for n in walk(then) if isinstance(n, ast.Name) and n.id == local] if then else []
                     if use and moves_into(then, use[0]) and fits_one_line(text, lines, statement, then, local):
                         found = (statement, use[0], value)
                         break
                     if not (isinstance(value, (ast.Name, ast.Attribute)) and only_reads(value)):
                         continue
                     for later in block[i + 1:]:
-                        use = [n for n in ast.walk(later) if isinstance(n, ast.Name) and n.id == local]
+                        use = [n for n in walk(later) if isinstance(n, ast.Name) and n.id == local]
                         if use:
                             found = (statement, use[0], value) if evaluated_once_in(later, use[0]) else None
                             break
@@ -759,7 +786,7 @@ def without_single_use_aliases(text):
             continue
         statement, use, value = found
         text = replace_spans(text, [(use, ast.get_source_segment(text, value))])
-        text = without_statements(text, ast.parse(text), [n for n in ast.walk(ast.parse(text))
+        text = without_statements(text, parse(text), [n for n in walk(parse(text))
                                                           if isinstance(n, ast.Assign) and n.lineno == statement.lineno
                                                           and n.col_offset == statement.col_offset])
 
@@ -805,14 +832,14 @@ def moves_into(statement, use):
     what the value does; what it evaluates after saw the value done before, as it will); not as what a call calls."""
     if not isinstance(statement, (ast.Assign, ast.Expr, ast.Return)):
         return False
-    parents = {id(child): parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+    parents = {id(child): parent for parent in walk(statement) for child in ast.iter_child_nodes(parent)}
     node = use
     if isinstance(parents[id(use)], ast.Call) and parents[id(use)].func is use:
         return False  # `make(x)(y)` reads worse than the name it was given
     while node is not statement:
         parent = parents[id(node)]
         before = evaluated_before(parent, node)
-        if before is None or not all(isinstance(n, PURE_READS) for part in before for n in ast.walk(part)):
+        if before is None or not all(isinstance(n, PURE_READS) for part in before for n in walk(part)):
             return False
         node = parent
     return True
@@ -824,7 +851,7 @@ def fits_one_line(text, lines, statement, then, local):
     value = statement.value
     if not isinstance(value, ONE_OPERAND) or statement.lineno != statement.end_lineno \
             or then.lineno != then.end_lineno or any(isinstance(n, (ast.NamedExpr, ast.Yield, ast.YieldFrom,
-                                                                    ast.Await)) for n in ast.walk(value)):
+                                                                    ast.Await)) for n in walk(value)):
         return False
     after = lines[statement.lineno - 1].encode()[statement.end_col_offset:].decode()  # ast counts UTF-8 bytes
     if after.strip() or first_line_with_comments(lines, statement) != statement.lineno:
@@ -848,7 +875,7 @@ def appended_item(function, statement, then, text, lines):
             and len(call.args) == 1 and not call.keywords and not isinstance(call.args[0], (ast.Starred, ast.Tuple))):
         return None
     item = call.args[0]
-    if any(isinstance(n, ast.Name) and n.id == local for n in [*ast.walk(item), *nodes_in_nested_scopes(function)]) \
+    if any(isinstance(n, ast.Name) and n.id == local for n in [*walk(item), *nodes_in_nested_scopes(function)]) \
             or local in declared_names(function) or statement.lineno != statement.end_lineno \
             or then.lineno != then.end_lineno:
         return None
@@ -863,16 +890,16 @@ def without_string_locals(text):
     as a whole replacement field of one-line f-strings after it (`{suffix}`: no conversion, no format spec) is
     written into them, its assignment gone (LAuReL's `suffix = ""` of its other RW form: `f"{key}.alpha"`); not in
     a function that reads its own namespace."""
-    tree = ast.parse(text)
+    tree = parse(text)
     edits, gone = [], []
-    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
             continue
-        names = [n for n in ast.walk(function) if isinstance(n, ast.Name)]
+        names = [n for n in walk(function) if isinstance(n, ast.Name)]
         declared = declared_names(function)
-        fields = {id(n.value): n for n in ast.walk(function) if isinstance(n, ast.FormattedValue)
+        fields = {id(n.value): n for n in walk(function) if isinstance(n, ast.FormattedValue)
                   and n.conversion == -1 and n.format_spec is None and isinstance(n.value, ast.Name)}
-        strings = {id(f): s for s in ast.walk(function) if isinstance(s, ast.JoinedStr) and s.lineno == s.end_lineno
+        strings = {id(f): s for s in walk(function) if isinstance(s, ast.JoinedStr) and s.lineno == s.end_lineno
                    for f in s.values}
         for statement in function.body:
             if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
@@ -892,8 +919,8 @@ def without_string_locals(text):
         return text
     positions = {(s.lineno, s.col_offset) for s in gone}
     text = replace_spans(text, edits)  # each f-string on its own line: the statements keep their lines
-    tree = ast.parse(text)
-    return without_statements(text, tree, [n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+    tree = parse(text)
+    return without_statements(text, tree, [n for n in walk(tree) if isinstance(n, ast.Assign)
                                            and (n.lineno, n.col_offset) in positions])
 
 
@@ -966,27 +993,27 @@ def unset_parameters(tree):
       builtin's callable), every function such a call may reach that has the parameter has that default, and
       nothing else could pass it (no string, attribute, stored name or lambda parameter of the name; no forward
       pre-hook)."""
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    methods = {id(m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
-    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    functions = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call)]
+    methods = {id(m) for c in walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
+    classes = {n.name for n in walk(tree) if isinstance(n, ast.ClassDef)}
     definitions = collections.Counter(f.name for f in functions)
-    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
-    named.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute))
+    named = collections.Counter(n.id for n in walk(tree) if isinstance(n, ast.Name))
+    named.update(n.attr for n in walk(tree) if isinstance(n, ast.Attribute))
     call_names = collections.Counter(call_name(c) for c in calls)
     library = {name for s in tree.body for name in import_bound_names(s) or ()} | set(dir(builtins))
     library -= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     strings = strings_in([tree])  # a name getattr may reach
     # what the `if __name__ == "__main__":` block calls is the file's entry point: an importer calls it too
     entry_points = {c.func.id for s in tree.body if isinstance(s, ast.If) and ast.unparse(s.test) in MAIN_GUARDS
-                    for c in ast.walk(s) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                    for c in walk(s) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
 
     def defaults_of(arguments):
         return {a.arg: sentinel(d) for a, d in parameters_and_defaults(arguments) if sentinel(d) is not None}
 
     def stores(function, name):
         return any(isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
-                   for stmt in function.body for n in ast.walk(stmt))
+                   for stmt in function.body for n in walk(stmt))
 
     def known_calls(function):
         """Its calls, and how many leading parameters they skip; None where something else may call it."""
@@ -1044,7 +1071,7 @@ def unset_parameters(tree):
                     cut[id(c)].add(where)
     # a module's forward: the keywords of calls of callables not known here
     # a forward pre-hook may rewrite the keywords a module's call hands its forward
-    hooked = any(isinstance(n, ast.Attribute) and n.attr in FORWARD_PRE_HOOKS for n in ast.walk(tree))
+    hooked = any(isinstance(n, ast.Attribute) and n.attr in FORWARD_PRE_HOOKS for n in walk(tree))
     forwards = [f for f in functions if f.name == MODULE_CALL_TARGET and id(f) in methods and not hooked]
     unknown_calls = [c for c in calls if call_name(c) not in known]
     reachable = collections.defaultdict(set)  # name -> the defaults of it where an unknown call may land
@@ -1056,16 +1083,16 @@ def unset_parameters(tree):
             for a in (function.args.vararg, function.args.kwarg):
                 if a is not None:
                     reachable[a.arg].add(None)
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, ast.Lambda):
             for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs:
                 reachable[a.arg].add(None)
     # a forward passing its own parameter on (`augment=augment`) passes the default it is read as
-    passed_on = {id(k) for f in forwards for a in f.args.kwonlyargs for stmt in f.body for c in ast.walk(stmt)
+    passed_on = {id(k) for f in forwards for a in f.args.kwonlyargs for stmt in f.body for c in walk(stmt)
                  if isinstance(c, ast.Call) for k in c.keywords
                  if isinstance(k.value, ast.Name) and k.value.id == a.arg == k.arg}
-    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    attributes = {n.attr for n in walk(tree) if isinstance(n, ast.Attribute)}
+    stored = {n.id for n in walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     for function in forwards:
         given = defaults_of(function.args)
         if not function.args.vararg and not function.args.posonlyargs + function.args.args:
@@ -1110,18 +1137,18 @@ def root_name(node):
 
 def unset_parameters_folded(text):
     """without_unset_parameters, one pass."""
-    tree = ast.parse(text)
+    tree = parse(text)
     folded, cut = unset_parameters(tree)
     if not folded:
         return text
     edits = []
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if isinstance(call, ast.Call) and cut.get(id(call)):
             gone = [call.args[i] for i in cut[id(call)] if isinstance(i, int)]
             gone += [k for k in call.keywords if k.arg in cut[id(call)]]
             items = sorted(call.args + call.keywords, key=lambda n: (n.lineno, n.col_offset))
             edits += cut_items(items, {i for i, item in enumerate(items) if any(item is g for g in gone)})
-    for function in ast.walk(tree):
+    for function in walk(tree):
         unset = folded.get(id(function)) if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
         if not unset:
             continue
@@ -1137,9 +1164,9 @@ def unset_parameters_folded(text):
         else:
             items = signature_items(arguments)
             edits += cut_items([node for node, _ in items], {i for i, (_, name) in enumerate(items) if name in unset})
-        receivers = {id(n.value) for n in ast.walk(function) if isinstance(n, ast.Attribute)}
+        receivers = {id(n.value) for n in walk(function) if isinstance(n, ast.Attribute)}
         edits += [(n, f"({unset[n.id]})" if id(n) in receivers else unset[n.id]) for stmt in function.body
-                  for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id in unset]
+                  for n in walk(stmt) if isinstance(n, ast.Name) and n.id in unset]
     return drop_unreachable(fold_ifs(replace_spans(text, edits), {}))
 
 
@@ -1170,10 +1197,10 @@ def without_inert_code(text):
 
 def inert_code_folded(text):
     """without_inert_code, one pass."""
-    tree = ast.parse(text)
-    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    tree = parse(text)
+    named = collections.Counter(n.id for n in walk(tree) if isinstance(n, ast.Name))
     calls = collections.defaultdict(list)
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
             calls[call.func.id].append(call)
     edits, bindings = [], file_bindings(tree)
@@ -1191,10 +1218,10 @@ def inert_code_folded(text):
             found.append((call, returned if position is None else parenthesised(text, call.args[position])))
         else:
             edits += found
-    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    statements = {id(n.value): n for n in walk(tree) if isinstance(n, ast.Expr)}
     methods = inert_methods(tree)
     gone = []
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in methods \
                 and evaluates_nothing(call.func.value) and not call.keywords \
                 and all(evaluates_nothing(a) and not isinstance(a, ast.Starred) for a in call.args):
@@ -1206,16 +1233,16 @@ def inert_code_folded(text):
             else:
                 edits.append((call, value))
     if edits:  # a call inside another's argument waits for the next pass
-        inside = {id(inner) for call, _ in edits for inner in ast.walk(call) if inner is not call}
+        inside = {id(inner) for call, _ in edits for inner in walk(call) if inner is not call}
         return replace_spans(text, [(call, new) for call, new in edits if id(call) not in inside])
     if not gone:  # an inert method or function nothing calls any more
         read = names_and_attributes_read(tree)
-        gone = [member for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for member in cls.body
+        gone = [member for cls in walk(tree) if isinstance(cls, ast.ClassDef) for member in cls.body
                 if isinstance(member, ast.FunctionDef) and member.name in methods and member.name not in read]
         gone += [function for function in tree.body if isinstance(function, ast.FunctionDef)
                  and function.name not in read and inert_return(function, frozenset(bindings)) is not None]
     calls_kept = []
-    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
             continue
         read = function_reads(function)
@@ -1246,10 +1273,10 @@ def self_assignments(tree):
     """Each `x = x` of a local in the tree's functions (a parameter, or a name the function stores elsewhere too;
     not global or nonlocal): what a call folded to its argument leaves."""
     found = []
-    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         local = set(declared_names(function)) - set(global_names(function))
         local |= {name for name, count in collections.Counter(
-            n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)).items()
+            n.id for n in walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)).items()
             if count > 1 and name not in global_names(function)}
         found += [statement for block in own_blocks(function) for statement in block
                   if isinstance(statement, ast.Assign) and len(statement.targets) == 1
@@ -1261,15 +1288,15 @@ def self_assignments(tree):
 def function_reads(function):
     """The names a function (or a function inside it) may read: loaded, deleted or updated in place (`x += 1`),
     and those declared global or nonlocal (another scope reads them)."""
-    read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-    read |= {n.target.id for n in ast.walk(function) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+    read = {n.id for n in walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    read |= {n.target.id for n in walk(function) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
     return read | set(global_names(function))
 
 
 def reads_own_namespace(scope):
     """Whether a scope calls `locals()` or `vars()` with no argument: its locals are read by name there, unseen."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars")
-               and not n.args and not n.keywords for n in ast.walk(scope))
+               and not n.args and not n.keywords for n in walk(scope))
 
 
 def sole_answerers(tree):
@@ -1277,15 +1304,15 @@ def sole_answerers(tree):
     member of a class of the file has the name, no object of a library the file handles has an attribute of it
     (foreign_attributes), nothing stores the attribute or holds the name in a string (getattr), and every read of
     it is the function of a call."""
-    members = collections.Counter(name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+    members = collections.Counter(name for cls in walk(tree) if isinstance(cls, ast.ClassDef)
                                   for name in class_members(cls))
-    members.update(m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
+    members.update(m.target.id for cls in walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
                    if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name))  # a dataclass's fields
     strings = strings_in([tree])
-    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    not_called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+    called = {id(n.func) for n in walk(tree) if isinstance(n, ast.Call)}
+    not_called = {n.attr for n in walk(tree) if isinstance(n, ast.Attribute)
                   and (not isinstance(n.ctx, ast.Load) or id(n) not in called)}
-    return [method for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for method in cls.body
+    return [method for cls in walk(tree) if isinstance(cls, ast.ClassDef) for method in cls.body
             if isinstance(method, ast.FunctionDef) and not method.decorator_list and members[method.name] == 1
             and method.name not in foreign_attributes() | strings | not_called]
 
@@ -1330,8 +1357,8 @@ def foreign_attributes():
 
 def names_and_attributes_read(tree):
     """Every name and attribute the tree reads, and every string in it: what may reach a definition."""
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-    read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    read = {n.id for n in walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    read |= {n.attr for n in walk(tree) if isinstance(n, ast.Attribute)}
     return read | strings_in([tree])
 
 
@@ -1418,25 +1445,25 @@ def without_decided_residue(text):
       elsewhere that no assignment before the block's end binds too;
     - an `and`/`or` whose first operand is a literal: `False and X` is `False` and `True or X` is `True` (X was never
       evaluated), `True and X` is X and `False or X` is X (LAuReL's `self.product_per_input = False and ...`)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     ended = {}  # a block's statements after its first end -> the names its statements before that end assign
     for block in statement_blocks(tree):
         end = next((i for i, s in enumerate(block) if isinstance(s, BLOCK_ENDS)), len(block))
         if end + 1 < len(block):
             bound = {t.id for kept in block[:end] if isinstance(kept, (ast.Assign, ast.AnnAssign))
                      for target in (kept.targets if isinstance(kept, ast.Assign) else [kept.target])
-                     for t in ast.walk(target) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+                     for t in walk(target) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
             ended.update({id(s): (s, bound) for s in block[end + 1:]})
     # kept where they still decide something: a `yield` makes a generator; a name they bind is local to its
     # function (or bound by a declaration), so a read of it elsewhere would read another variable without them,
     # unless a plain assignment before the block's end binds it there too (`w = ...; return w[:, 0], ...; w = ...`)
-    inside = {id(n) for s, _ in ended.values() for n in ast.walk(s)}
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in inside}
+    inside = {id(n) for s, _ in ended.values() for n in walk(s)}
+    read = {n.id for n in walk(tree) if isinstance(n, ast.Name) and id(n) not in inside}
     gone = [s for s, bound in ended.values() if not (set(file_bindings(s)) & read) - bound
-            and not any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in ast.walk(s))]
+            and not any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in walk(s))]
     if gone:
         return without_statements(text, tree, gone)
-    for node in ast.walk(tree):  # one at a time: an operand may hold another
+    for node in walk(tree):  # one at a time: an operand may hold another
         if isinstance(node, ast.BoolOp) and isinstance(node.values[0], ast.Constant):
             first, rest = node.values[0], node.values[1:]
             if bool(first.value) == isinstance(node.op, ast.Or):  # it decides: the rest is never evaluated
@@ -1457,11 +1484,11 @@ def to_fixed_point(one_pass, text):
 
 def literal_parameters_folded(text):
     """without_literal_parameters, one pass."""
-    tree = ast.parse(text)
+    tree = parse(text)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     calls = {name: [] for name in functions}
-    named = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
-    for call in ast.walk(tree):
+    named = collections.Counter(n.id for n in walk(tree) if isinstance(n, ast.Name))
+    for call in walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in calls:
             calls[call.func.id].append(call)
     constants = module_constants(tree)
@@ -1475,10 +1502,10 @@ def literal_parameters_folded(text):
         decided = decided_parameters(function, calls[name], 0, lambda call: {}, constants)
         fixed += [(name, *found) for found in decided]
         decided_names = {parameter for parameter, _, _ in decided}
-        tested = {id(n) for node in ast.walk(function) if isinstance(node, (ast.If, ast.IfExp))
-                  for n in ast.walk(node.test)}
+        tested = {id(n) for node in walk(function) if isinstance(node, (ast.If, ast.IfExp))
+                  for n in walk(node.test)}
         for position, parameter in enumerate(arguments.args):
-            reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
+            reads = [n for n in walk(function) if isinstance(n, ast.Name) and n.id == parameter.arg]
             if parameter.arg in decided_names or not reads or not all(id(n) in tested for n in reads):
                 continue
             given = {ast.unparse(c.args[position]) if len(c.args) > position and isinstance(c.args[position],
@@ -1486,14 +1513,14 @@ def literal_parameters_folded(text):
                      for c in calls[name]}
             if len(given) == 1 and None not in given \
                     and not any(isinstance(n, ast.Name) and n.id == parameter.arg and not isinstance(n.ctx, ast.Load)
-                                for n in ast.walk(function)):
+                                for n in walk(function)):
                 fixed.append((name, parameter.arg, position, given.pop()))
     # a method alone in answering its calls (sole_answerers): each parameter it never reads that every call passes an
     # expression that only reads (BaseRun.settle's `init_state` in a file that resumes nothing). Bound calls only:
     # `Class.method(obj, ...)` passes self by position.
-    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    classes = {n.name for n in walk(tree) if isinstance(n, ast.ClassDef)}
     attribute_calls = collections.defaultdict(list)  # one walk for every method, not one each
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
             attribute_calls[call.func.attr].append(call)
     for method in sole_answerers(tree):
@@ -1528,7 +1555,7 @@ def without_literal_residue(text):
     display of constants its number (r18's `len((11,))` is `1`), and `for j, x in
     enumerate(xs)` whose `j` nothing in its function reads is `for x in xs`; not where the file binds the builtin's
     name, for a global or nonlocal index, nor in a function that reads its own namespace (`locals()`, `vars()`)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     bound = set(file_bindings(tree))
 
     def builtin_call(node, names):
@@ -1536,34 +1563,34 @@ def without_literal_residue(text):
             and node.func.id not in bound and len(node.args) == 1 and not node.keywords \
             and not isinstance(node.args[0], ast.Starred)
 
-    literals = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in ast.walk(tree)
+    literals = [(n, repr(NUMBER_CONVERSIONS[n.func.id](n.args[0].value))) for n in walk(tree)
                 if builtin_call(n, NUMBER_CONVERSIONS) and isinstance(n.args[0], ast.Constant)
                 and type(n.args[0].value) in (int, float) and math.isfinite(n.args[0].value)]  # `1e999` reads inf
-    literals += [(n, repr(len(n.args[0].elts))) for n in ast.walk(tree) if builtin_call(n, ("len",))
+    literals += [(n, repr(len(n.args[0].elts))) for n in walk(tree) if builtin_call(n, ("len",))
                  and isinstance(n.args[0], (ast.Tuple, ast.List))
                  and all(isinstance(item, ast.Constant) for item in n.args[0].elts)]
     tables = constant_tables(tree)
-    literals += [(n, value) for n in ast.walk(tree) for value in [display_lookup(text, n, tables)]
+    literals += [(n, value) for n in walk(tree) for value in [display_lookup(text, n, tables)]
                  if value is not None]
     # `dict({}, k=v)`, what rule 29 leaves of `dict(extra or {}, k=v)`: the keywords alone
     literals += [(n, ast.get_source_segment(text, n)[:n.args[0].col_offset - n.col_offset]
                   + ast.get_source_segment(text, n)[n.keywords[0].value.col_offset - n.col_offset
                                                     - len(n.keywords[0].arg) - 1:])
-                 for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                  and n.func.id == "dict" and "dict" not in bound and len(n.args) == 1 and n.keywords
                  and all(k.arg for k in n.keywords) and isinstance(n.args[0], ast.Dict) and not n.args[0].keys
                  and n.args[0].lineno == n.lineno == n.keywords[0].value.lineno]
     if literals:  # before the loops: a loop's sequence may hold one, and its edit spans the sequence's source
         text = replace_spans(text, literals)
-        tree = ast.parse(text)
+        tree = parse(text)
     edits = []
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    innermost = {id(node): scope for scope in scopes for node in walk(scope)}  # the walk visits outer ones first
     for scope in scopes:
         read = function_reads(scope) | set(declared_names(scope))  # a global or nonlocal index is read elsewhere
         if reads_own_namespace(scope):
             continue
-        for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):
+        for loop in (n for n in walk(scope) if isinstance(n, ast.For) and innermost[id(n)] is scope):
             target = loop.target
             if builtin_call(loop.iter, ("enumerate",)) and isinstance(target, ast.Tuple) and len(target.elts) == 2 \
                     and isinstance(target.elts[0], ast.Name) and target.elts[0].id not in read:
@@ -1577,10 +1604,10 @@ def loop_target_comparisons_decided(text):
     target (stored nowhere in the body) with a constant that every item decides alike is that truth, and the tests
     it decides fold (multi-layer backout's `name == "embed"` over `(9, 11)`); not inside a function or lambda the
     body defines, nor where the file binds `enumerate`."""
-    tree = ast.parse(text)
+    tree = parse(text)
     bound = set(file_bindings(tree))
     edits = []
-    for loop in (n for n in ast.walk(tree) if isinstance(n, ast.For)):
+    for loop in (n for n in walk(tree) if isinstance(n, ast.For)):
         sequence, target = loop.iter, loop.target
         numbered = isinstance(sequence, ast.Call) and isinstance(sequence.func, ast.Name) \
             and sequence.func.id == "enumerate" and "enumerate" not in bound and len(sequence.args) == 1 \
@@ -1598,7 +1625,7 @@ def loop_target_comparisons_decided(text):
         else:
             continue
         possible.pop(None, None)
-        body = [n for statement in loop.body for n in ast.walk(statement)]
+        body = [n for statement in loop.body for n in walk(statement)]
         if any(isinstance(n, ast.Name) and n.id in possible and not isinstance(n.ctx, ast.Load) for n in body):
             continue
         nested = {id(n) for n in nodes_in_nested_scopes(loop)}  # the loop's iter and target define no scope
@@ -1649,14 +1676,14 @@ def constant_tables(tree):
         names_in(s.targets) if isinstance(s, ast.Assign) else [])]}
     tables = {s.targets[0].id: s.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
               and isinstance(s.targets[0], ast.Name) and s.targets[0].id in constants and isinstance(s.value, ast.Dict)}
-    looked_up = {id(parts[0]) for n in ast.walk(tree) for parts in [lookup_parts(n)] if parts is not None}
-    for node in ast.walk(tree):
+    looked_up = {id(parts[0]) for n in walk(tree) for parts in [lookup_parts(n)] if parts is not None}
+    for node in walk(tree):
         if isinstance(node, ast.Name) and node.id in tables and isinstance(node.ctx, ast.Load) \
                 and id(node) not in looked_up:
             del tables[node.id]
     return {name: table for name, table in tables.items()
             if all(bindings[n.id] == 1 and n.id in top_level or not bindings[n.id] and hasattr(builtins, n.id)
-                   for value in table.values for n in ast.walk(value) if isinstance(n, ast.Name))}
+                   for value in table.values for n in walk(value) if isinstance(n, ast.Name))}
 
 
 def display_lookup(text, node, tables=None):
@@ -1688,9 +1715,9 @@ def without_unread_model_fields(text):
     the file reads nowhere else - no attribute, string or keyword of the name but the keys of LEFT_OUT_FIELDS, which
     log them - go from both (the record's backout_mode, ..., folded into its code). The model config then holds one
     field less; nothing logs or saves it whole (the run's config line takes those values from LEFT_OUT_FIELDS)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     declared = []  # (its model_fields tuple, its model_config dict, the names in the tuple's order)
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not is_study_call(call):
             continue
         given = {k.arg: k.value for k in call.keywords}
@@ -1706,7 +1733,7 @@ def without_unread_model_fields(text):
     logged = next((s.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
                    and isinstance(s.targets[0], ast.Name) and s.targets[0].id == "LEFT_OUT_FIELDS"
                    and isinstance(s.value, ast.Dict)), None)
-    skipped = {id(n) for fields, values, _ in declared for node in (fields, values) for n in ast.walk(node)}
+    skipped = {id(n) for fields, values, _ in declared for node in (fields, values) for n in walk(node)}
     skipped |= {id(k) for k in (logged.keys if logged is not None else ())}
     read = names_read(tree, skipped, keywords=True)
     edits, lines = [], text.split("\n")
@@ -1734,15 +1761,15 @@ def without_redundant_parentheses(text):
     assigned or returned value, opening after an operator, bracket or keyword (not a call's), and the pair around a
     tuple an assignment unpacks (`start_step, train_ms = (0, 0.0)`); the file's syntax tree the same without it."""
     while True:
-        tree = ast.parse(text)
+        tree = parse(text)
         span_of = source_spans(text)
-        whole = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
+        whole = {id(n.value) for n in walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                           ast.Return)) and n.value is not None}
-        in_strings = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
-        unpacked = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+        in_strings = {id(n) for f in walk(tree) if isinstance(f, ast.JoinedStr) for n in walk(f)}
+        unpacked = {id(n.value) for n in walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
                     and isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple) and len(n.value.elts) > 1}
         pairs = set()
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if not isinstance(node, ast.expr) or id(node) in in_strings or node.lineno != node.end_lineno \
                     or not (isinstance(node, PAREN_FREE_ATOMS) or id(node) in whole):
                 continue
@@ -1785,7 +1812,7 @@ def without_pairs(text, pairs):
 def parses_as(text, expected):
     """Whether the text parses to the syntax tree dumped as `expected`."""
     try:
-        return ast.dump(ast.parse(text)) == expected
+        return ast.dump(parse(text)) == expected
     except SyntaxError:
         return False
 
@@ -1807,7 +1834,7 @@ def without_unread_definitions(text):
     only by the declaration's `on_r18=` that rule 17 cut; LAuReL's `accumulate`, read only by PA's code), again
     until none is left."""
     while True:
-        tree = ast.parse(text)
+        tree = parse(text)
         read = names_and_attributes_read(tree)
         gone = [s for s in tree.body if (bound := import_bound_names(s)) is not None and not set(bound) & read
                 or isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name not in read
@@ -1818,7 +1845,7 @@ def without_unread_definitions(text):
             break
         text = without_statements(text, tree, gone)
     # `from x import a, b` with b unread: `from x import a`
-    tree = ast.parse(text)
+    tree = parse(text)
     lines = text.split("\n")
     for statement in reversed(tree.body):
         bound = import_bound_names(statement)
@@ -1879,32 +1906,32 @@ def without_constant_attributes(text):
       unpacking `self.A, self.N = a, LITERAL` (unpacked_items), and every read `self.N` is read as that literal, its
       stores gone (`self.mode = 'sum'`; an unpacking keeps its other items), and the tests on it fold (fold_ifs),
       with the loops over a tuple of one item it leaves (constant_tuples_unrolled)."""
-    tree = ast.parse(text)
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    tree = parse(text)
+    calls = [n for n in walk(tree) if isinstance(n, ast.Call)]
     if any(map(sets_a_computed_name, calls)) or any(ast.unparse(n) == "vars(self)" for n in calls) \
-            or any(isinstance(n, ast.Attribute) and n.attr in WHOLESALE_ATTRIBUTES for n in ast.walk(tree)):
+            or any(isinstance(n, ast.Attribute) and n.attr in WHOLESALE_ATTRIBUTES for n in walk(tree)):
         return text
-    strings = collections.Counter(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+    strings = collections.Counter(n.value for n in walk(tree) if isinstance(n, ast.Constant)
                                   and isinstance(n.value, str))
-    taken = {name for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for name in class_members(cls)}
-    taken |= {m.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
+    taken = {name for cls in walk(tree) if isinstance(cls, ast.ClassDef) for name in class_members(cls)}
+    taken |= {m.target.id for cls in walk(tree) if isinstance(cls, ast.ClassDef) for m in cls.body
               if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name)}
     taken |= library_attributes()
     stored = collections.defaultdict(list)
     read = collections.defaultdict(list)
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, ast.Attribute):
             (read if isinstance(n.ctx, ast.Load) else stored)[n.attr].append(n)
     tested = collections.Counter(n.args[1].value for n in calls if ast.unparse(n.func) == "hasattr"
                                  and len(n.args) == 2 and isinstance(n.args[1], ast.Constant))
-    edits = [(n, ast.get_source_segment(text, n.orelse)) for n in ast.walk(tree) if isinstance(n, ast.IfExp)
+    edits = [(n, ast.get_source_segment(text, n.orelse)) for n in walk(tree) if isinstance(n, ast.IfExp)
              and isinstance(n.test, ast.Call) and ast.unparse(n.test.func) == "hasattr" and len(n.test.args) == 2
              and ast.unparse(n.test.args[0]) == "self" and isinstance(n.test.args[1], ast.Constant)
              and n.test.args[1].value not in stored and n.test.args[1].value not in taken
              and strings[n.test.args[1].value] == tested[n.test.args[1].value]]
     # the value each store is given: `self.N = value`, or its own item of `self.A, self.N = a, value`
-    assigned = {id(s.targets[0]): s.value for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1}
-    assigned.update({id(target): value for s in ast.walk(tree) for target, value in unpacked_items(s)})
+    assigned = {id(s.targets[0]): s.value for s in walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1}
+    assigned.update({id(target): value for s in walk(tree) for target, value in unpacked_items(s)})
     constants = {}
     for name, stores in stored.items():
         values = [assigned.get(id(n)) for n in stores]
@@ -1920,14 +1947,14 @@ def without_constant_attributes(text):
     def folded(target):
         return isinstance(target, ast.Attribute) and target.attr in constants
 
-    tree = ast.parse(text)  # an unpacking that also stores others keeps their items alone
-    unpackings = [(s, unpacked_items(s)) for s in ast.walk(tree)]
+    tree = parse(text)  # an unpacking that also stores others keeps their items alone
+    unpackings = [(s, unpacked_items(s)) for s in walk(tree)]
     partly = [(s, [(t, v) for t, v in pairs if not folded(t)]) for s, pairs in unpackings
               if any(folded(t) for t, _ in pairs) and not all(folded(t) for t, _ in pairs)]
     text = replace_spans(text, [(s, ", ".join(ast.get_source_segment(text, t) for t, _ in kept) + " = "
                                  + ", ".join(ast.get_source_segment(text, v) for _, v in kept)) for s, kept in partly])
-    tree = ast.parse(text)
-    gone = [s for s in ast.walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1
+    tree = parse(text)
+    gone = [s for s in walk(tree) if isinstance(s, ast.Assign) and len(s.targets) == 1
             and folded(s.targets[0]) or unpacked_items(s) and all(folded(t) for t, _ in unpacked_items(s))]
     # rule 25 on a tuple so read (R18Backout's `for s in self.sources`), and the tests that leaves
     unrolled = to_fixed_point(lambda t: fold_ifs(constant_tuples_unrolled(t, {}), {}),
@@ -1954,13 +1981,13 @@ def part_hook_folds(active, folds, script_module):
     found = {}
     for (module, function), position in PART_HOOK_CALLS.items():
         source = module_path(module).read_text()
-        tree = ast.parse(source)
-        found.update({ast.unparse(call): None for call in ast.walk(tree) if isinstance(call, ast.Call)
+        tree = parse(source)
+        found.update({ast.unparse(call): None for call in walk(tree) if isinstance(call, ast.Call)
                       and isinstance(call.func, ast.Name) and call.func.id == function and len(call.args) > position
                       and isinstance(call.args[position], ast.Constant) and call.args[position].value in none_hooks})
         # folded as in the file: a loop that asks only passive members is over no part (`self.routes_mlp()`: False)
         hooks_folded = dict(folds, **found)
-        found.update(constant_methods(ast.parse(fold_constants(source, hooks_folded)[0]), hooks_folded)[0])
+        found.update(constant_methods(parse(fold_constants(source, hooks_folded)[0]), hooks_folded)[0])
     return found
 
 
@@ -2011,7 +2038,7 @@ def neutral_defaults():
     """{member: its default's form (neutral_form)} of each member of ModelPart that speedrun/study.py's
     NEUTRAL_DEFAULTS names, read from ModelPart's source; raises UsageError for one of another form."""
     path = module_path(ModelPart.__module__)
-    tree = ast.parse(path.read_text())
+    tree = parse(path.read_text())
     (part,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == ModelPart.__name__]
     members = {item.name: item for item in part.body if isinstance(item, ast.FunctionDef)}
     members.update({item.targets[0].id: item for item in part.body if isinstance(item, ast.Assign)
@@ -2053,7 +2080,7 @@ def part_owned_members(passive):
     owned = {name: form for name, form in passive
              if form[0] in ("flag", "returns") and name not in library_attributes()}
     for path in project_sources():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in walk(parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name not in part_classes:
                 defined = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
                 defined |= {target.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
@@ -2078,11 +2105,11 @@ def part_members_read(text, folds):
     owned = dict(folds.get(PART_OWNED_MEMBERS, ()))
     if not owned:
         return text
-    tree = ast.parse(text)
-    called = {id(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
-    statements = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # a call for its effect
+    tree = parse(text)
+    called = {id(node.func): node for node in walk(tree) if isinstance(node, ast.Call)}
+    statements = {id(node.value) for node in walk(tree) if isinstance(node, ast.Expr)}  # a call for its effect
     edits = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in owned
                 and only_reads(node.value)):
             continue
@@ -2143,7 +2170,7 @@ def passive_loops_read(text, folds):
     if not passive:
         return text
     edits = []
-    for node in ast.walk(ast.parse(text)):
+    for node in walk(parse(text)):
         if isinstance(node, ast.For) and ast.unparse(node.iter) in PARTS_LISTS and isinstance(node.target, ast.Name) \
                 and len(node.body) == 1 and not node.orelse and leaves_as_is(node.body[0], node.target.id, passive):
             edits.append((node.iter, "()"))
@@ -2164,7 +2191,7 @@ def host_method_folds(folds):
     -> x), do nothing (k None: parts_before_step) or return an empty dict (k "{}": parts_named_scalars with no
     part); host_calls_read folds their calls."""
     text, _ = fold_constants(module_path(StudyHost.__module__).read_text(), folds)
-    (host,) = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
+    (host,) = [n for n in parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
     found = []
     for method in host.body:
         form = neutral_form(method) if isinstance(method, ast.FunctionDef) else None
@@ -2183,15 +2210,15 @@ def host_calls_read(text, folds):
     passed = dict(folds.get(PASSED_THROUGH, ()))
     if not passed:
         return text
-    tree = ast.parse(text)
-    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    tree = parse(text)
+    statements = {id(n.value): n for n in walk(tree) if isinstance(n, ast.Expr)}
     # a dict updated with the call's value: `out.update(self.parts_named_scalars())`
-    statements.update({id(n.value.args[0]): n for n in ast.walk(tree) if isinstance(n, ast.Expr)
+    statements.update({id(n.value.args[0]): n for n in walk(tree) if isinstance(n, ast.Expr)
                        and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
                        and n.value.func.attr == "update" and only_reads(n.value.func.value)
                        and len(n.value.args) == 1 and not n.value.keywords})
     edits, gone = [], []
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in passed
                 and isinstance(call.func.value, ast.Name) and call.func.value.id in HOST_RECEIVERS
                 and not call.keywords and not any(isinstance(a, ast.Starred) for a in call.args)):
@@ -2231,9 +2258,9 @@ def source_constant_methods(module, source, folds):
     module, and a module of that name in another checkout is another source)."""
     folds = dict(folds)
     readers = tuple(function for name, function in folds.get(PARSED_READERS, ()) if name == module)
-    module_folds = dict(folds, **module_call_folds(module, ast.parse(source), folds))
+    module_folds = dict(folds, **module_call_folds(module, parse(source), folds))
     text, _ = fold_constants(source, module_folds, readers)
-    return constant_methods(ast.parse(text), module_folds)
+    return constant_methods(parse(text), module_folds)
 
 
 def offers_depth(fixed, config):
@@ -2263,7 +2290,7 @@ COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_
 def only_reads(node):
     """Whether an expression only reads names, attributes and constants (no call, no subscript)."""
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp,
-                              ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in ast.walk(node))
+                              ast.Load, ast.cmpop, ast.boolop, ast.unaryop)) for n in walk(node))
 
 
 def only_read_or_item(node):
@@ -2275,7 +2302,7 @@ def only_read_or_item(node):
 
 def reads_config(node):
     """Whether an expression only reads names, attributes, constants and items at a constant (`parsed["base"]`)."""
-    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Load)) for n in ast.walk(node))
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Load)) for n in walk(node))
 
 
 # Builtins folded_value evaluates on a decided argument (no module may rebind a builtin's name: check_names).
@@ -2389,7 +2416,7 @@ def without_study_fields(folds):
 
 def parsed_readers_nodes(tree, readers):
     """The ids of the nodes inside the module's top-level functions named in `readers`."""
-    return {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in readers for n in ast.walk(f)}
+    return {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in readers for n in walk(f)}
 
 
 def fold_ifs(text, folds, readers=()):
@@ -2398,9 +2425,9 @@ def fold_ifs(text, folds, readers=()):
     folds of the fields of the studies that are on (they read the flags as parsed)."""
     parsed_folds = without_study_fields(folds)
     while True:
-        tree = ast.parse(text)
+        tree = parse(text)
         inside = parsed_readers_nodes(tree, readers)
-        node = next((n for n in ast.walk(tree) if decided(n, parsed_folds if id(n) in inside else folds)), None)
+        node = next((n for n in walk(tree) if decided(n, parsed_folds if id(n) in inside else folds)), None)
         if node is None:
             return text
         folds_here = parsed_folds if id(node) in inside else folds
@@ -2433,7 +2460,7 @@ def fold_ifs(text, folds, readers=()):
 def evaluates_nothing(node):
     """Whether an expression only reads names and attributes, and builds constants and empty literals (`not {}`)."""
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Load,
-                              ast.cmpop, ast.boolop, ast.unaryop)) or is_empty_literal(n) for n in ast.walk(node))
+                              ast.cmpop, ast.boolop, ast.unaryop)) or is_empty_literal(n) for n in walk(node))
 
 
 def neutral_operands_dropped(text, folds, readers=()):
@@ -2441,11 +2468,11 @@ def neutral_operands_dropped(text, folds, readers=()):
     `while` left out where the folds decide it true (false) and it evaluates nothing, while another operand is left
     undecided: the test is true exactly when it was (`if a and not {}` reads `if a`). In the functions `readers`,
     without the folds of the fields of the studies that are on (fold_ifs)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     inside = parsed_readers_nodes(tree, readers)
     parsed_folds = without_study_fields(folds)
     edits = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         test = node.test if isinstance(node, (ast.If, ast.IfExp, ast.While)) else None
         if not isinstance(test, ast.BoolOp):
             continue
@@ -2502,9 +2529,9 @@ def study_parts_of_base(text, on_r18):
     """The source with each `Study(...)` call's part keywords kept for the export's base only: on r18, a
     `r18_model_part=X` becomes its `model_part=X`; elsewhere `on_r18=` and `r18_model_part=` go (speedrun/study.py:
     only --base r18 reads them). So an r14 file with backout on holds no R18Backout, an r18 file no #14 Backout."""
-    tree = ast.parse(text)
+    tree = parse(text)
     edits = []
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not is_study_call(call):
             continue
         keywords = {k.arg: k for k in call.keywords}
@@ -2540,7 +2567,7 @@ def constant_methods(tree, folds):
     else (StudyHost.parts_mlp_router is None with no study on). The value holds whatever arguments the call passes. A
     name two classes of the module define is left out (Program.check_constant_methods: nor may a class of another)."""
     found, owners = {}, {}
-    classes = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+    classes = [c for c in walk(tree) if isinstance(c, ast.ClassDef)]
     defined = [m.name for c in classes for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for owner, method in ((c, m) for c in classes for m in c.body
                           if isinstance(m, ast.FunctionDef) and not m.decorator_list and m.args.args
@@ -2569,7 +2596,7 @@ BLOCK_FIELDS = ("body", "orelse", "finalbody")
 
 def statement_blocks(tree):
     """Every statement list in `tree`, those of its nested functions and classes included."""
-    return [block for node in ast.walk(tree) for block in (getattr(node, name, None) for name in BLOCK_FIELDS)
+    return [block for node in walk(tree) for block in (getattr(node, name, None) for name in BLOCK_FIELDS)
             if isinstance(block, list)]
 
 
@@ -2592,27 +2619,27 @@ def own_blocks(function):
 def declared_names(function):
     """Each name a function (or a function or lambda in it) binds by a parameter or declares global or nonlocal,
     once for each: a count of a local's stores or reads that adds these sees a name that is not a plain local."""
-    return [a.arg for n in ast.walk(function) if isinstance(n, ast.arguments)
+    return [a.arg for n in walk(function) if isinstance(n, ast.arguments)
             for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None] \
         + global_names(function)
 
 
 def global_names(function):
     """The names a function (or a function in it) declares global or nonlocal: another scope reads and sets them."""
-    return [name for n in ast.walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
+    return [name for n in walk(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names]
 
 
 def file_bindings(tree):
     """How many times the file (or a statement) binds each name: stores, parameters, global and nonlocal declarations,
     functions and classes it defines, names it imports and `except ... as` names."""
-    bindings = collections.Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+    bindings = collections.Counter(n.id for n in walk(tree) if isinstance(n, ast.Name)
                                    and not isinstance(n.ctx, ast.Load))
     bindings.update(declared_names(tree))
-    bindings.update(n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+    bindings.update(n.name for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                      ast.ClassDef)))
-    bindings.update(a.asname or a.name.split(".")[0] for n in ast.walk(tree)
+    bindings.update(a.asname or a.name.split(".")[0] for n in walk(tree)
                     if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names)
-    bindings.update(n.name for n in ast.walk(tree) if isinstance(n, ast.ExceptHandler) and n.name)
+    bindings.update(n.name for n in walk(tree) if isinstance(n, ast.ExceptHandler) and n.name)
     return bindings
 
 
@@ -2649,13 +2676,13 @@ def propagate_locals(text, folds, readers=()):
     item read, but for a decided string as the receiver of a PURE_STR_METHODS call): the tests on it then fold, and
     the assignment is left unread (drop_dead_constants). A local assigned a literal in the source is left as it
     is. In the functions `readers`, the fields of the studies that are on are not folded (fold_ifs)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     edits = []
     inside = parsed_readers_nodes(tree, readers)
     parsed_folds = without_study_fields(folds)
-    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         function_folds = parsed_folds if id(function) in inside else folds
-        stores = [n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+        stores = [n.id for n in walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
         stores += declared_names(function)
         for block in own_blocks(function):
             for i, statement in enumerate(block):
@@ -2678,7 +2705,7 @@ def propagate_locals(text, folds, readers=()):
                         decided_names += list(zip(names, values))
                 if not decided_names:
                     continue
-                later = [n for s in block[i + 1:] for n in ast.walk(s)]
+                later = [n for s in block[i + 1:] for n in walk(s)]
                 call_funcs = [n.func for n in later if isinstance(n, ast.Call)]
                 for name, value in decided_names:
                     held = {id(n.value) for n in later if isinstance(n, (ast.Attribute, ast.Subscript))
@@ -2695,7 +2722,7 @@ def empty_tests(name, literal, later):
     iterates (as is or its items(), keys() or values(): `()`), where every read of it in the statements `later` is
     one of those or an item read: nothing can fill it, and those tests and loops fold (fold_ifs)."""
     edits, reads, item_reads = {}, [], set()
-    for node in (n for statement in later for n in ast.walk(statement)):
+    for node in (n for statement in later for n in walk(statement)):
         if isinstance(node, (ast.If, ast.IfExp, ast.While)) or \
                 isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             test = node.operand if isinstance(node, ast.UnaryOp) else node.test
@@ -2724,9 +2751,9 @@ def constant_keys_read(text):
     """The source with each `sorted(X, key=lambda ...: CONSTANT)` (what part_members_read leaves of a sort by a
     passive member) written as X, a list display or comprehension (the sort is stable), else `list(X)`; X's
     continuation lines move left with it."""
-    tree = ast.parse(text)
+    tree = parse(text)
     edits = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "sorted" and len(node.args) == 1 \
                 and [k.arg for k in node.keywords] == ["key"] and isinstance(node.keywords[0].value, ast.Lambda) \
                 and isinstance(node.keywords[0].value.body, ast.Constant):
@@ -2762,12 +2789,12 @@ def empty_registries_read(text, folds):
     """The source with each read of a name the folds hold as an empty tuple (the registry pruned to no study:
     `STUDIES`) written `()`, and each comprehension over an empty tuple written as its empty value: the loops and
     defaults over the registry then fold, and its definition is left unread (the file has no `STUDIES = ()`)."""
-    tree = ast.parse(text)
-    edits = [(n, "()") for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    tree = parse(text)
+    edits = [(n, "()") for n in walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
              and folds.get(n.id, UNKNOWN) == () and isinstance(folds[n.id], tuple)]
     if edits:
         return replace_spans(text, edits)
-    for node in ast.walk(tree):
+    for node in walk(tree):
         # `tuple(())`, `sorted((), key=...)`: what a registry passed on leaves; `tuple(x) + ()`
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EMPTY_CONSTRUCTORS \
                 and len(node.args) == 1 and is_empty_literal(node.args[0]) \
@@ -2778,12 +2805,12 @@ def empty_registries_read(text, folds):
                      and ast.unparse(node.left.func) == "tuple"):
             return replace_span(text, node, node.left)
     # `x |= set()`, `x += ()`: adds nothing
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.BitOr, ast.Add)) \
                 and is_empty_literal(node.value) and isinstance(node.target, ast.Name):
             return without_statements(text, tree, [node])
-    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    for node in ast.walk(tree):
+    parents = {id(child): node for node in walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in walk(tree):
         if type(node) in EMPTY_OF and (isinstance(node.generators[0].iter, ast.Tuple)
                                        and not node.generators[0].iter.elts or keeps_nothing(node, folds)):
             call = parents.get(id(node))
@@ -2820,14 +2847,14 @@ def unrollable(loop, scope):
     `break`, `continue` or `else`, no store of a target in it, no function or lambda in it (which would read a
     target late), and no read of a target anywhere else in its function (or module)."""
     targets = names_in([loop.target])
-    body = [n for statement in loop.body for n in ast.walk(statement)]
+    body = [n for statement in loop.body for n in walk(statement)]
     if loop.orelse or any(isinstance(n, (ast.Break, ast.Continue, ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef,
                                          ast.ClassDef, ast.Global, ast.Nonlocal)) for n in body):
         return False
     if any(isinstance(n, ast.Name) and n.id in targets and not isinstance(n.ctx, ast.Load) for n in body):
         return False
-    inside = {id(n) for n in body} | {id(n) for n in ast.walk(loop.target)}
-    return not any(isinstance(n, ast.Name) and n.id in targets and id(n) not in inside for n in ast.walk(scope))
+    inside = {id(n) for n in body} | {id(n) for n in walk(loop.target)}
+    return not any(isinstance(n, ast.Name) and n.id in targets and id(n) not in inside for n in walk(scope))
 
 
 # The builtins whose argument a fixed field's read is made a literal in (no module rebinds them: check_names).
@@ -2851,12 +2878,12 @@ def fixed_fields_read(text, folds, readers=()):
     fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
     if not fields:
         return text
-    tree = ast.parse(text)
+    tree = parse(text)
     inside = parsed_readers_nodes(tree, readers)
-    whole = {id(n.iter) for n in ast.walk(tree) if isinstance(n, (ast.For, ast.comprehension))}
-    whole |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)}
-    whole |= {id(value) for n in ast.walk(tree) for _, value in unpacked_items(n)}  # `self.k, self.x = cfg.k, ...`
-    converted = {id(n.args[0]): n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Call)
+    whole = {id(n.iter) for n in walk(tree) if isinstance(n, (ast.For, ast.comprehension))}
+    whole |= {id(n.value) for n in walk(tree) if isinstance(n, ast.Assign)}
+    whole |= {id(value) for n in walk(tree) for _, value in unpacked_items(n)}  # `self.k, self.x = cfg.k, ...`
+    converted = {id(n.args[0]): n for n in walk(tree) if id(n) in whole and isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id in FIELD_CONVERSIONS and len(n.args) == 1
                  and not n.keywords}
 
@@ -2871,7 +2898,7 @@ def fixed_fields_read(text, folds, readers=()):
 
     # a comparison of a fixed field with literals that is a whole value is its truth (LAuReL's `self.whole_block =
     # cfg.laurel_where == "block"`); passed to a call it stays, for rule 22 (`normed=cfg.backout_mode == "sum"`)
-    compared = [n for n in ast.walk(tree) if id(n) in whole and isinstance(n, ast.Compare) and all(
+    compared = [n for n in walk(tree) if id(n) in whole and isinstance(n, ast.Compare) and all(
         type(op) in VALUE_COMPARISONS for op in n.ops) and all(field_value(v) for v in [n.left, *n.comparators])
         and not all(isinstance(v, ast.Constant) for v in [n.left, *n.comparators])]
 
@@ -2884,7 +2911,7 @@ def fixed_fields_read(text, folds, readers=()):
             return None
 
     edits = [(n, repr(value)) for n, value in ((n, truth(n)) for n in compared) if value is not None]
-    for n in ast.walk(tree):
+    for n in walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in fields \
                 and reads_config(n.value) and id(n) not in inside and (id(n) in whole or id(n) in converted):
             call = converted.get(id(n))
@@ -2902,8 +2929,8 @@ def constant_tuples_unrolled(text, folds):
     in FIXED_STUDIES]` is `['backout-L11']`), a `for` statement (unrollable) its body once per item with the
     targets' values in place (`check_fixed_depth(config, {...})`); the constant is then read nowhere and the file
     does not hold it."""
-    constants = {name: (ast.parse(source, mode="eval").body, source) for name, source in folds.get(UNROLLED, ())}
-    tree = ast.parse(text)
+    constants = {name: (parse(source, mode="eval").body, source) for name, source in folds.get(UNROLLED, ())}
+    tree = parse(text)
 
     def loop_items(node):
         """[(an item's source, its fields' sources or None)] of a sequence this rule writes loops over, or None."""
@@ -2920,13 +2947,13 @@ def constant_tuples_unrolled(text, folds):
                  if isinstance(item, ast.Tuple) else None) for item in value.elts]
 
     def written_at(node, names, values, source_text):
-        edits = [(n, values[n.id]) for n in ast.walk(node)
+        edits = [(n, values[n.id]) for n in walk(node)
                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names]
         return replace_spans(source_text, edits)
 
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    innermost = {id(node): scope for scope in scopes for node in ast.walk(scope)}  # the walk visits outer ones first
-    for node in ast.walk(tree):
+    scopes = [tree] + [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    innermost = {id(node): scope for scope in scopes for node in walk(scope)}  # the walk visits outer ones first
+    for node in walk(tree):
         items = loop_items(node.generators[0].iter if isinstance(node, ast.ListComp) and len(node.generators) == 1
                            else node.iter if isinstance(node, ast.For) else None)
         if items is None:
@@ -2934,13 +2961,13 @@ def constant_tuples_unrolled(text, folds):
         if isinstance(node, ast.ListComp) and not node.generators[0].ifs and not node.generators[0].is_async:
             bound = [item_sources(node.generators[0].target, item) for item in items]
             rebound = names_in([node.generators[0].target]) & {
-                n.id for n in ast.walk(node.elt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+                n.id for n in walk(node.elt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
             if None in bound or rebound:  # an inner comprehension's own target is no item
                 continue
             element = ast.get_source_segment(text, node.elt)
             if "\n" in element:  # parsed alone, an element on lines of its own needs its brackets
                 continue
-            tree_of = ast.parse(element, mode="eval")
+            tree_of = parse(element, mode="eval")
             written = [written_at(tree_of, set(values), values, element) for values in bound]
             return replace_spans(text, [(node, "[" + ", ".join(written) + "]")])
         if isinstance(node, ast.For) and unrollable(node, innermost[id(node)]):
@@ -2963,9 +2990,9 @@ def fold_constants(text, folds, readers=()):
     that are on as parsed)."""
     folded_methods = {}
     while True:
-        tree = ast.parse(text)
+        tree = parse(text)
         methods, owners = constant_methods(tree, folds)
-        called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        called = {ast.unparse(n.func) for n in walk(tree) if isinstance(n, ast.Call)}
         folded_methods.update({name: owner for name, owner in owners.items() if f"self.{name}" in called})
         module_folds = dict(folds, **methods)
         folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
@@ -2983,13 +3010,13 @@ def fold_constants(text, folds, readers=()):
 
 def methods_of(tree, class_name):
     """The names of the methods of the module's classes named class_name."""
-    return {m.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == class_name
+    return {m.name for c in walk(tree) if isinstance(c, ast.ClassDef) and c.name == class_name
             for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def add_argument_calls(tree, names):
     """The `X.add_argument("--flag", ...)` calls of the tree whose flag (a literal) is in names."""
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    return [n for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
             and n.func.attr == "add_argument" and n.args and isinstance(n.args[0], ast.Constant)
             and n.args[0].value in names]
 
@@ -3000,7 +3027,7 @@ def cut_choices(text, cuts):
     nor does its --help explain them (a declaration of another form keeps them)."""
     cuts = dict(cuts)
     edits = []
-    for call in add_argument_calls(ast.parse(text), cuts):
+    for call in add_argument_calls(parse(text), cuts):
         cut = cuts[call.args[0].value]
         for keyword in call.keywords:
             if keyword.arg == "choices" and isinstance(keyword.value, (ast.List, ast.Tuple)):
@@ -3019,7 +3046,7 @@ def choices_helps_written(text):
     """The source with each `choices_help(...)` of literals (a help cut_choices has cut or not) written as the string
     it makes, in lines of at most WIDTH: the file says its help without the helper."""
     edits = []
-    for call in ast.walk(ast.parse(text)):
+    for call in walk(parse(text)):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
                 and call.func.id == choices_help.__name__):
             continue
@@ -3053,8 +3080,8 @@ def omit_arguments(text, omitted):
     text = choices_helps_written(cut_choices(text, [item for item in omitted if isinstance(item, tuple)]))
     omitted = {item for item in omitted if isinstance(item, str)}
     lines = text.split("\n")
-    tree = ast.parse(text)
-    statements = {id(n.value): n for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    tree = parse(text)
+    statements = {id(n.value): n for n in walk(tree) if isinstance(n, ast.Expr)}
     calls = [statements[id(call)] for call in add_argument_calls(tree, omitted) if id(call) in statements]
     for node in sorted(calls, key=lambda n: n.lineno, reverse=True):
         keywords = {k.arg: k.value for k in node.value.keywords}
@@ -3072,7 +3099,7 @@ def omit_arguments(text, omitted):
 def drop_unreachable(text):
     """The source without the statements that follow a `return` or `raise` in the same block (a folded `if` can
     leave them: `if base == "r18": return ...` kept whole)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     cuts = []
     for body in statement_blocks(tree):
         ends = [i for i, s in enumerate(body) if isinstance(s, (ast.Return, ast.Raise))]
@@ -3108,10 +3135,10 @@ def drop_dead_constants(text):
 
 def dead_constants_dropped(text):
     """drop_dead_constants, one pass (an empty literal is such a value too: `own = []`)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     lines = text.split("\n")
     cuts = {}  # (first line, last line) -> the lines in their place
-    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
             continue
         read = function_reads(function)
@@ -3131,10 +3158,10 @@ def dead_constants_dropped(text):
 def drop_docstrings(text):
     """The source without its docstrings (the module's, each class's and function's): the file keeps the comments
     only, as upstream's script; a body that was a docstring alone becomes `pass`."""
-    tree = ast.parse(text)
+    tree = parse(text)
     lines = text.split("\n")
     cuts = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
                 and ast.get_docstring(node, clean=False) is not None:
             doc = node.body[0]
@@ -3163,7 +3190,7 @@ def without_nested_imports(text, first_line, node):
     """A top-level statement's text (its first line is the module's line first_line) with the project imports
     inside it removed; a renamed one (`import x as y`) becomes `y = x` where it stood."""
     lines = text.split("\n")
-    nested = [n for n in ast.walk(node) if n is not node and isinstance(n, ast.ImportFrom) and n.module
+    nested = [n for n in walk(node) if n is not node and isinstance(n, ast.ImportFrom) and n.module
               and is_project(n.module)]
     for imp in sorted(nested, key=lambda n: n.lineno, reverse=True):
         indent = " " * imp.col_offset
@@ -3176,7 +3203,7 @@ def prune_registry(text, name, keep, where):
     """The source with the elements of the top-level tuple `name = (...)` kept where keep[i] (each element on
     whole lines of its own), under a note in place of the comments above it; on one line where the names it keeps
     fit (`STUDIES = (BACKOUT,)`)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     for node in tree.body:
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
             elements = node.value.elts
@@ -3245,14 +3272,14 @@ def without_calls_decided(text, fixed_parameters, no_ops):
     a method called by any receiver (`run.settle(...)`: sole_answerers)."""
     if not fixed_parameters and not no_ops:
         return text
-    tree = ast.parse(text)
+    tree = parse(text)
     fixed = {}
     literals = {}
     for function, parameter, position, literal in fixed_parameters:
         fixed.setdefault(function, {})[parameter] = position
         literals[function, parameter] = literal
     edits = []  # the calls first: an argument cut may be a read of another fixed parameter
-    for call in ast.walk(tree):
+    for call in walk(tree):
         called = ast.unparse(call.func) if isinstance(call, ast.Call) else None
         if called not in fixed and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
             called = f".{call.func.attr}"  # a method alone in answering its calls, by any receiver
@@ -3266,24 +3293,24 @@ def without_calls_decided(text, fixed_parameters, no_ops):
             edits += cut_items(items, removed)
     text = replace_spans(text, edits) if edits else text
     edits = []
-    tree = ast.parse(text)
+    tree = parse(text)
     definitions = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
-    definitions += [(f"{receiver}.{m.name}", m) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+    definitions += [(f"{receiver}.{m.name}", m) for c in walk(tree) if isinstance(c, ast.ClassDef)
                     for m in c.body if isinstance(m, ast.FunctionDef) for receiver in ("self", "")]
     for key, node in definitions:
         if key in fixed:
             names = fixed[key]
             edits += cut_items(parameter_items(node), set(names.values()))
-            receivers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            receivers = {id(n.value) for n in walk(node) if isinstance(n, ast.Attribute)}
             # `(1).bit_length()`: a number read as a receiver keeps its parentheses (a name needs none). A store
             # stays: decided_calls reads folded functions, so one here is in a branch the folding takes away.
             edits += [(n, f"({literals[key, n.id]})" if id(n) in receivers and not literals[key, n.id].isidentifier()
                        else literals[key, n.id])
-                      for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names
+                      for n in walk(node) if isinstance(n, ast.Name) and n.id in names
                       and isinstance(n.ctx, ast.Load)]
     text = replace_spans(text, edits) if edits else text
-    tree = ast.parse(text)
-    calls = [s for s in ast.walk(tree) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+    tree = parse(text)
+    calls = [s for s in walk(tree) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
              and isinstance(s.value.func, ast.Name) and s.value.func.id in no_ops]
     return without_statements(text, tree, calls)
 
@@ -3297,9 +3324,9 @@ def decided_parameters(function, called, skipped, folds_of, constants=frozenset(
     `skipped`: the leading parameters the calls do not pass (a method's self)."""
     args = function.args.args
     defaults = [d for a, d in parameters_and_defaults(function.args) if a in args]
-    stored = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    inner = {a.arg for n in ast.walk(function) if isinstance(n, ast.arguments) and n is not function.args
+    stored = {n.id for n in walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    inner = {a.arg for n in walk(function) if isinstance(n, ast.arguments) and n is not function.args
              for a in n.posonlyargs + n.args + n.kwonlyargs}
     found = []
     for position, (arg, default) in enumerate(zip(args, defaults)):
@@ -3341,7 +3368,7 @@ def decided_calls(program):
     (check_r18_studies with no study on)."""
     nodes = [s.node for m in program.modules.values() for s in program.kept_statements(m)]
     functions = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef) and not n.decorator_list}
-    every = [n for node in nodes for n in ast.walk(node)]
+    every = [n for node in nodes for n in walk(node)]
     loads = [n.id for n in every if isinstance(n, ast.Name)]
     bound = {a.arg for n in every if isinstance(n, ast.arguments) for a in n.posonlyargs + n.args + n.kwonlyargs}
     bound |= {n.name for n in every if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n not in nodes}
@@ -3354,7 +3381,7 @@ def decided_calls(program):
     readers = {(module, function) for module, function in program.folds.get(PARSED_READERS, ())}
     inside_readers = {id(n) for m in program.modules.values() for s in program.kept_statements(m)
                       if isinstance(s.node, ast.FunctionDef) and (m.name, s.node.name) in readers
-                      for n in ast.walk(s.node)}
+                      for n in walk(s.node)}
     parsed_folds = without_study_fields(program.folds)
 
     def folds_of(call):
@@ -3375,9 +3402,9 @@ def decided_calls(program):
         fixed += [(name, *found) for found in decided_parameters(function, called, 0, folds_of)]
     # methods: over every statement of the modules, kept or not (a class left out keeps its calls, cut alike)
     classes = [(m, s) for m in program.modules.values() for s in m.statements if isinstance(s.node, ast.ClassDef)]
-    anywhere = [n for _, s in classes for n in ast.walk(s.node)]
+    anywhere = [n for _, s in classes for n in walk(s.node)]
     anywhere += [n for m in program.modules.values() for s in m.statements if not isinstance(s.node, ast.ClassDef)
-                 for n in ast.walk(s.node)]
+                 for n in walk(s.node)]
     methods = {}
     for module, statement in classes:
         library = program.library_methods(module, statement)
@@ -3462,18 +3489,18 @@ def is_method(node):
 
 
 def names_in(nodes):
-    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for node in nodes for n in walk(node) if isinstance(n, ast.Name)}
 
 
 def attributes_in(nodes):
     """Every attribute name and string constant in these nodes: whatever can reach a method by its name
     (`x.step()`, `getattr(x, "step")`; a class body's own statements reach its methods by plain names too)."""
-    return {n.attr for node in nodes for n in ast.walk(node) if isinstance(n, ast.Attribute)} | strings_in(nodes)
+    return {n.attr for node in nodes for n in walk(node) if isinstance(n, ast.Attribute)} | strings_in(nodes)
 
 
 def strings_in(nodes):
     """Every string constant in these nodes: a name that getattr, a registry or a format may reach."""
-    return {n.value for node in nodes for n in ast.walk(node)
+    return {n.value for node in nodes for n in walk(node)
             if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
@@ -3500,14 +3527,14 @@ def library_class(module, dotted):
 def without_methods(statement, dropped):
     """A class statement with the methods named in `dropped` cut, with their decorators and comments."""
     lines = statement.text.split("\n")
-    node = ast.parse(statement.text).body[0]
+    node = parse(statement.text).body[0]
     cut = [item for item in node.body if is_method(item) and member_name(item) in dropped]
     for item in reversed(cut):
         empties = len(cut) == len(node.body) and item is cut[0]  # the body keeps a `pass`
         lines = replace_lines(lines, first_line_with_comments(lines, item), item.end_lineno,
                               [" " * item.col_offset + "pass"] if empties else [])
     text = "\n".join(lines)
-    node = ast.parse(text).body[0]
+    node = parse(text).body[0]
     return Statement(node, text, statement.defines, names_in([node]))
 
 
@@ -3527,7 +3554,7 @@ class Module:
 
 def assigned_names(node):
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return {n.id for t in targets for n in walk(t) if isinstance(n, ast.Name)}
 
 
 def import_line(node, alias):
@@ -3556,7 +3583,7 @@ def module_call_folds(name, tree, folds):
         value = folds[folded_call_key(module, function)]
         if module == name:
             found[f"{function}(*)"] = value
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == module:
                 found.update({f"{a.asname or a.name}(*)": value for a in node.names if a.name == function})
     return found
@@ -3572,21 +3599,21 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     quiet = [declared for module, declared in dict(folds).get(QUIET_DECLARATIONS, ()) if module == name]
     if quiet:
         source = quiet_declarations(source, quiet)
-    folds = dict(folds, **module_call_folds(name, ast.parse(source), dict(folds)))
+    folds = dict(folds, **module_call_folds(name, parse(source), dict(folds)))
     readers = tuple(function for module, function in folds.get(PARSED_READERS, ()) if module == name)
     text, folded_methods = fold_constants(without_calls_decided(omit_arguments(source, omitted), *decided), folds,
                                           readers)
     text = study_parts_of_base(drop_dead_constants(drop_unreachable(text)), folds.get(R18_BASE, False))
     for registry, keep in registries:
         text = prune_registry(text, registry, list(keep), where)
-    docstring = ast.get_docstring(ast.parse(text), clean=True)
+    docstring = ast.get_docstring(parse(text), clean=True)
     text = drop_docstrings(text)
-    tree = ast.parse(text)
+    tree = parse(text)
     lines = text.split("\n")
     body = list(tree.body)
     previous_end = 0
     module = Module(name, path, docstring, [], {}, {}, folded_methods)
-    for node in ast.walk(tree):  # project imports at any depth: lazy ones resolve names too
+    for node in walk(tree):  # project imports at any depth: lazy ones resolve names too
         if isinstance(node, ast.ImportFrom) and node.module and is_project(node.module):
             for alias in node.names:
                 module.project_imports[alias.asname or alias.name] = (node.module, alias.name)
@@ -3614,7 +3641,7 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
             statement.defines = {node.name}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and all(
                 isinstance(n, (ast.Name, ast.Tuple, ast.Store)) for t in
-                (node.targets if isinstance(node, ast.Assign) else [node.target]) for n in ast.walk(t)):
+                (node.targets if isinstance(node, ast.Assign) else [node.target]) for n in walk(t)):
             statement.defines = assigned_names(node)
         statement.refs = names_in([node])
         if isinstance(node, ast.ClassDef):
@@ -3776,10 +3803,10 @@ def source_import_order(name):
 def imports_in_order(source):
     """source_import_order of a source text (cached by the text, not the module's name: a process that exports
     from two checkouts, as the tests do, must not read one's order for the other's)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     top = [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
            and is_project(node.module)]
-    lazy = [node.module for node in sorted((node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)),
+    lazy = [node.module for node in sorted((node for node in walk(tree) if isinstance(node, ast.ImportFrom)),
                                            key=lambda node: node.lineno) if node.module and is_project(node.module)]
     return tuple(dict.fromkeys(top + lazy))
 
@@ -3908,7 +3935,7 @@ def class_constants(program):
     values, assigned = {}, set()
     for module in program.modules.values():
         for statement in program.kept_statements(module):
-            for node in ast.walk(statement.node):
+            for node in walk(statement.node):
                 if isinstance(node, ast.ClassDef):
                     for item in node.body:
                         targets = item.targets if isinstance(item, ast.Assign) else []
@@ -4004,7 +4031,7 @@ def check_kept_code(modules, program):
     for module in modules:
         where = module.path.relative_to(ROOT).as_posix()
         for statement in program.kept_statements(module):
-            for node in ast.walk(statement.node):
+            for node in walk(statement.node):
                 if hand_base_test(node):
                     raise UsageError(f"{EXPORT_FLAG}: {where} tests the base as `{ast.unparse(node)}`: call "
                                      f"speedrun.cli.runs_r18, the test the export folds (docs/export.md, rule 4)")
@@ -4019,7 +4046,7 @@ def check_off_study_fields(modules, program, active):
     off = {flag.dest for study in STUDIES if study not in active for flag in study.flags}
     for module in modules:
         for statement in program.kept_statements(module):
-            for node in ast.walk(statement.node):
+            for node in walk(statement.node):
                 if isinstance(node, ast.Attribute) and node.attr in off and isinstance(node.value, ast.Name) \
                         and node.value.id in CONFIG_NAMES:
                     where = module.path.relative_to(ROOT).as_posix()
@@ -4037,7 +4064,7 @@ def check_study_fields(modules, program, study_folds):
     for module in modules:
         where = module.path.relative_to(ROOT).as_posix()
         kept = program.kept_statements(module)
-        for node in (n for statement in kept for n in ast.walk(statement.node)):
+        for node in (n for statement in kept for n in walk(statement.node)):
             members = [member_name(item) or (item.target.id if isinstance(item, ast.AnnAssign)
                                              and isinstance(item.target, ast.Name) else None)
                        for item in (node.body if isinstance(node, ast.ClassDef) else [])]
@@ -4053,10 +4080,10 @@ def check_study_fields(modules, program, study_folds):
             if reader is None:
                 raise UsageError(f"{EXPORT_FLAG}: {where}: the study's resolve ({name}) must be a top-level "
                                  f"function of its module (docs/export.md, rule 13)")
-            for call in (n for n in ast.walk(reader) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+            for call in (n for n in walk(reader) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
                 callee = functions.get(call.func.id)
                 if callee is not None and callee is not reader and any(
-                        isinstance(n, ast.Attribute) and n.attr in fields for n in ast.walk(callee)):
+                        isinstance(n, ast.Attribute) and n.attr in fields for n in walk(callee)):
                     raise UsageError(f"{EXPORT_FLAG}: {where}: {name} passes the parsed flags to {callee.name}, "
                                      f"which reads a field the export folds: read it in {name} (docs/export.md, "
                                      f"rule 13)")
@@ -4125,7 +4152,7 @@ def packed_module_calls(text):
     """The file's text with each top-level `NAME = f(...)` that spans lines, holds no comment and has each argument
     on one line written packed (packed_items, continued under the first argument) where that takes fewer lines
     within WIDTH (a study's declaration once rules 16 and 28 rewrote and cut its keywords)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     lines = text.split("\n")
     commented = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(text).readline)
                  if token.type == tokenize.COMMENT}
@@ -4274,7 +4301,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(packed_module_calls(spaced))
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here
-    if ast.dump(ast.parse(text)) != ast.dump(ast.parse(spaced)):
+    if ast.dump(parse(text)) != ast.dump(parse(spaced)):
         raise UsageError(f"{EXPORT_FLAG}: a string literal holds blank lines; the file cannot be written")
     return text
 

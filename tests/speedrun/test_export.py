@@ -94,6 +94,43 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert text.index("PYTORCH_ALLOC_CONF") < text.index("import torch")
 
 
+
+def test_the_shared_parse_and_walk_read_every_project_source_as_ast_does():
+    from speedrun.export import parse, project_sources, walk
+    for path in project_sources():
+        text = path.read_text()
+        tree = parse(text)
+        assert parse(text) is tree  # one tree per text
+        expected = [(type(n).__name__, getattr(n, "lineno", None), getattr(n, "col_offset", None))
+                    for n in ast.walk(ast.parse(text))]
+        first = list(walk(tree))
+        assert [(type(n).__name__, getattr(n, "lineno", None), getattr(n, "col_offset", None))
+                for n in first] == expected, path
+        assert list(walk(tree)) == first  # the listed walk, in the same order
+        for function in [n for n in first if isinstance(n, ast.FunctionDef)][:1]:
+            assert list(walk(function)) == list(ast.walk(function))  # a subtree's walk: its own nodes only
+    assert parse("x") is not parse("y") and ast.dump(parse("x + 1", mode="eval")) == ast.dump(
+        ast.parse("x + 1", mode="eval"))
+
+
+def test_no_rule_changes_a_tree_another_reader_shares(tmp_path, monkeypatch):
+    """The exporter hands every reader of a text one shared tree (speedrun.export.parse): a rule that changed it in
+    place would change what every later rule reads. After an export with a study on (most rules fire), each tree it
+    was given still dumps as a fresh parse of its text."""
+    from speedrun import export as export_module
+    given, shared_parse = {}, export_module.parse
+
+    def recorded_parse(source, mode="exec"):
+        tree = shared_parse(source, mode)
+        given[id(tree)] = (source, mode, tree)
+        return tree
+    monkeypatch.setattr(export_module, "parse", recorded_parse)
+    export(tmp_path, T, "--backout-layers", "3", "--backout-transform", "relu")
+    assert len(given) > 100
+    changed = [source[:60] for source, mode, tree in given.values()
+               if ast.dump(tree) != ast.dump(ast.parse(source, mode=mode))]
+    assert changed == []
+
 def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_path):
     text = export(tmp_path, T, "--backout-layers", "4", "--laurel", "rw+lr+pa")
     sections = inlined_sections(text)
