@@ -94,6 +94,9 @@ def test_baseline_export_is_one_file_without_project_imports_or_study_modules(tm
     assert text.index("PYTORCH_ALLOC_CONF") < text.index("import torch")
 
 
+def node_place(node):
+    return type(node).__name__, getattr(node, "lineno", None), getattr(node, "col_offset", None)
+
 
 def test_the_shared_parse_and_walk_read_every_project_source_as_ast_does():
     from speedrun.export import parse, project_sources, walk
@@ -101,11 +104,8 @@ def test_the_shared_parse_and_walk_read_every_project_source_as_ast_does():
         text = path.read_text()
         tree = parse(text)
         assert parse(text) is tree  # one tree per text
-        expected = [(type(n).__name__, getattr(n, "lineno", None), getattr(n, "col_offset", None))
-                    for n in ast.walk(ast.parse(text))]
         first = list(walk(tree))
-        assert [(type(n).__name__, getattr(n, "lineno", None), getattr(n, "col_offset", None))
-                for n in first] == expected, path
+        assert list(map(node_place, first)) == list(map(node_place, ast.walk(ast.parse(text)))), path
         assert list(walk(tree)) == first  # the listed walk, in the same order
         for function in [n for n in first if isinstance(n, ast.FunctionDef)][:1]:
             assert list(walk(function)) == list(ast.walk(function))  # a subtree's walk: its own nodes only
@@ -130,6 +130,7 @@ def test_no_rule_changes_a_tree_another_reader_shares(tmp_path, monkeypatch):
     changed = [source[:60] for source, mode, tree in given.values()
                if ast.dump(tree) != ast.dump(ast.parse(source, mode=mode))]
     assert changed == []
+
 
 def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_path):
     text = export(tmp_path, T, "--backout-layers", "4", "--laurel", "rw+lr+pa")
