@@ -95,7 +95,7 @@ def walk(node):
             elif isinstance(value, list):
                 nodes.extend(item for item in value if isinstance(item, ast.AST))
     # Not the node itself: a tree then holds no reference cycle, and one the parse cache lets go is freed at once (in
-    # a cycle, each waited for a full collection; the test suite makes one where a module ends: 25-85 s there).
+    # a cycle, each waited for a full collection; the test suite makes one where a module ends: 24-85 CPU-s).
     node._walked_descendants = nodes[1:]
     return iter(nodes)
 

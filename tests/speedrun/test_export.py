@@ -116,13 +116,13 @@ def test_the_shared_parse_and_walk_read_every_project_source_as_ast_does():
 
 def test_a_walked_tree_is_freed_when_dropped_without_waiting_for_a_collection():
     """The listed walks a tree keeps make no reference cycle: a tree the parse cache lets go is freed at once. In a
-    cycle, each waited for a full collection, which the test suite makes only at a module's end (25-85 s there)."""
+    cycle, each waited for a full collection, which the test suite makes only at a module's end (24-85 CPU-s there)."""
     import gc
     import weakref
     from speedrun import export as export_module
     tree = ast.parse(Path(export_module.__file__).read_text())
     inner = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)][0]
-    list(export_module.walk(tree)), list(export_module.walk(inner))  # the root's walk and a subtree's, both listed and kept
+    list(export_module.walk(tree)), list(export_module.walk(inner))  # a root's walk and a subtree's, listed and kept
     freed = [weakref.ref(tree), weakref.ref(inner)]
     gc.disable()
     try:
