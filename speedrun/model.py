@@ -50,12 +50,6 @@ def model_config_class(studies):
                           bases=(GPTConfig,), kw_only=True)
 
 
-def studies_off(cfg):
-    """The config fields that switch every study off (and count no extra layers)."""
-    return dict({name: default for study in cfg.studies for name, _, default in study.model_fields},
-                baseline_layers=None)
-
-
 def preset_config(preset, studies):
     """The model config with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
     return partial(model_config_class(tuple(studies)), studies=tuple(studies), num_layers=preset["num_layers"],
@@ -155,10 +149,8 @@ class StudyGPT(StudyHost, nn.Module):
         del self._scalar_inits
 
     def added_params(self):
-        """Parameters added by each study variant: its modules plus its scalar slices ("name" or "name.*")."""
-        counts = added_params_by_study(self.study, self.scalar_layout, TRACK_SCALARS)
-        for variant, n in self.extra_param_counts.items():
-            counts[variant] = counts.get(variant, 0) + n
+        """Parameters added by each study variant (study_params), and by the layers beyond the preset's."""
+        counts = self.study_params()
         # A part that grows the model from a base config counts everything beyond it, its new layers included.
         grown = {name: part.base_config(self.cfg) for name, part in self.study.items()
                  if part.base_config(self.cfg) is not None}
@@ -173,11 +165,25 @@ class StudyGPT(StudyHost, nn.Module):
         with torch.device("meta"):
             return sum(p.numel() for p in type(self)(cfg, max_seq_len=1).parameters())
 
+    def study_params(self):
+        """What each study variant adds to the flagless model of this depth: its modules, its scalar slices ("name"
+        or "name.*") and what it changes outside self.study (extra_param_counts)."""
+        counts = added_params_by_study(self.study, self.scalar_layout, TRACK_SCALARS)
+        for variant, n in self.extra_param_counts.items():
+            counts[variant] = counts.get(variant, 0) + n
+        return counts
+
+    def flagless_params(self):
+        """Parameters of the flagless model of this depth: this model's, less what its studies add."""
+        return sum(p.numel() for p in self.parameters()) - sum(self.study_params().values())
+
     def extra_layer_params(self):
-        """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling)."""
-        base = replace(self.cfg, **studies_off(self.cfg))
-        return self.param_count(replace(base, num_layers=self.cfg.num_layers)) - self.param_count(
-            replace(base, num_layers=self.cfg.baseline_layers))
+        """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling).
+        The model at the preset's depth is this run's model, its studies included (built on the meta device), so
+        that every model a run builds holds the run's study parts: in an exported file they are constants."""
+        with torch.device("meta"):
+            at_preset_depth = type(self)(replace(self.cfg, num_layers=self.cfg.baseline_layers), max_seq_len=1)
+        return self.flagless_params() - at_preset_depth.flagless_params()
 
     def cast_low_precision(self, dtype):
         """Embeddings and hidden matrices stored in the low-precision dtype (a track may keep more in fp32)."""

@@ -1,7 +1,8 @@
 """The run log's added_params line (model.added_params(), measured on the built model: no study declares a count)
 is what each study adds: for every bundled study arm at tiny size, as the compile matrix resolves it, its entries
 name only the studies the arm switches on, once each, and sum to what the built model has beyond the flagless model
-of the same depth (the checkpoint's depth for DLO), less the extra layers it reports against the preset."""
+of the same depth (the checkpoint's depth for DLO), less the extra layers it reports against the preset; and the
+extra layers are what the flagless model gains from the preset's depth to the run's."""
 import importlib
 from dataclasses import replace
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from speedrun.errors import UsageError
-from speedrun.model import studies_off
+from speedrun.study import StudyHost
 from speedrun.studies import STUDIES
 from test_compile_matrix import bundled_arms, graph_structure, resolve
 
@@ -39,13 +40,19 @@ def arm_cases():
     return list(cases.values())
 
 
+def flagless(cfg, num_layers):
+    """The model config with every study off (each model field at its default), at num_layers."""
+    return replace(cfg, num_layers=num_layers,
+                   **{name: default for study in cfg.studies for name, _, default in study.model_fields})
+
+
 def measured(model_class, cfg):
     """(the added_params line's entries less the extra layers, what the built model has beyond its flagless
     model of the same depth)."""
     model = build(model_class, cfg)
     logged = model.added_params()
     logged.pop("layers", None)
-    baseline = replace(cfg, **studies_off(cfg), num_layers=cfg.dlo_base_layers or cfg.num_layers)
+    baseline = flagless(cfg, cfg.dlo_base_layers or cfg.num_layers)
     return logged, sum(p.numel() for p in model.parameters()) - params(model_class, baseline)
 
 
@@ -58,6 +65,44 @@ def test_every_bundled_study_arm_logs_what_its_studies_add():
         assert logged.keys() <= {study.name for study in cfg.studies if study.in_model(cfg)}, (arm, logged)
         seen |= {name for name, n in logged.items() if n}
     assert seen == {study.name for study in STUDIES}  # the arms exercise every study
+
+
+def test_extra_layers_are_what_the_flagless_model_gains_and_their_count_builds_only_the_runs_studies(monkeypatch):
+    """Every bundled arm that keeps its depth's meaning (not DLO, whose parts grow the model from a checkpoint's
+    depth), 2 layers deeper than it runs at tiny size: the added_params line's "layers" entry is the flagless
+    model's parameters at that depth less at the preset's; and every model the count builds holds the run's study
+    parts, none with the studies off (what lets an exported file hold its parts as constants)."""
+    built, build_parts = [], StudyHost.build_parts
+
+    def recording_build_parts(self, studies, cfg, part_class):
+        built.append([study.name for study in studies])
+        return build_parts(self, studies, cfg, part_class)
+
+    monkeypatch.setattr(StudyHost, "build_parts", recording_build_parts)
+    checked, seen = set(), set()
+    for (script, flags, init_from), names in bundled_arms().items():
+        if init_from:
+            continue
+        track = importlib.import_module(script)
+        shallow = resolve(track, list(flags), ["--preset", "tiny"], None)
+        if getattr(shallow, "base", None) == "r18":  # #18's depth is the record's (no extra layers)
+            continue
+        cfg = track.model_config(track.resolve_args(["--preset", "tiny", *flags, "--num-layers",
+                                                     str(shallow.num_layers + 2)]))
+        key = (script, graph_structure(cfg), cfg.num_layers)
+        if key in checked:
+            continue
+        checked.add(key)
+        model = build(track.GPT, cfg)
+        if any(part.base_config(cfg) is not None for part in model.study.values()):
+            continue
+        built.clear()
+        added = model.added_params()
+        assert built and all(parts == list(model.study) for parts in built), (names[0], built)
+        assert added["layers"] == (params(track.GPT, flagless(cfg, cfg.num_layers))
+                                   - params(track.GPT, flagless(cfg, cfg.baseline_layers))), names[0]
+        seen |= set(model.study)
+    assert seen == {study.name for study in STUDIES if not study.rebuilds_model}  # all but DLO's
 
 
 @pytest.mark.parametrize("flags", [["--backout-layers", "3,embed,new-embed", "--backout-mode", "subtract",
