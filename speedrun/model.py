@@ -67,8 +67,9 @@ def model_config_from_args(preset, args, studies):
 
 def study_parts(cfg):
     """The study parts a model of this config holds: (study name, ModelPart class) of each study on in it, in build
-    order (registry order, built_last parts after the others). Every model a run builds holds the run's parts (or,
-    grown by a part, none: ModelPart.base_config), so an export writes this list for the run (docs/export.md, rule 26)."""
+    order (registry order, built_last parts after the others). Every model a run builds holds the run's parts but a
+    part's base (ModelPart.base_config: DLO's has no DLO part), so an export writes this list for the run where no
+    part has a base (docs/export.md, rule 31)."""
     on = sorted([study for study in cfg.studies if study.in_model(cfg)], key=lambda study: study.model_part.built_last)
     return [(study.name, study.model_part) for study in on]
 
