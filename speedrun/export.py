@@ -52,6 +52,7 @@ from pathlib import Path
 
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS, choices_help
+from speedrun.model import study_parts
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
 from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, Study, StudyHost, is_set
@@ -346,6 +347,44 @@ def declaration_rewrites(resolutions, fixed_arm):
         return {}
     given = {OWN_MODEL_CONFIG: True} if fixed_arm else {}
     return {FIXED_DECLARATIONS: tuple(rewrites), **given, **({FIELDS_DERIVED: False} if every_gives_fields else {})}
+
+
+# The fold key of the functions a file holds as the run's value (rule 31): ((module, function, the source of its
+# value, ((class, its module), ...) the value names), ...).
+WRITTEN_FUNCTIONS = "(functions written as the run's value)"
+
+
+def built_parts_written(active, fixed_arm):
+    """Rule 31: the WRITTEN_FUNCTIONS fold of speedrun.model.study_parts, the parts a model builds, as the run's where
+    every model the file builds holds them: its command line turns no study on or off (none on, or every one fixed:
+    rule 16), and no part builds a model of another config (ModelPart.base_config: DLO counts and expands from its
+    base, which holds no DLO part). The model then builds them by name, and the registry is not read for it."""
+    parts = sorted([study for study in active if study.model_part is not None],
+                   key=lambda study: study.model_part.built_last)
+    if (active and not fixed_arm) or any(study.model_part.base_config is not ModelPart.base_config for study in parts):
+        return {}
+    if any(not is_project(study.model_part.__module__) for study in parts):
+        return {}
+    value = "[" + ", ".join(f"({study.name!r}, {study.model_part.__name__})" for study in parts) + "]"
+    classes = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
+    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, classes),)}
+
+
+def written_functions(source, written, where):
+    """The source with each function of WRITTEN_FUNCTIONS (a top-level def; a missing one is refused) returning its
+    value: its body a lazy import of each class the value names and `return VALUE`."""
+    tree, edits = parse(source), []
+    for name, value, classes in written:
+        found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        if not found:
+            raise UsageError(f"{EXPORT_FLAG}: {where}: no top-level function {name}, which the export writes as the "
+                             f"run's value (docs/export.md, rule 31)")
+        body = found[0].body
+        indent = "\n" + " " * body[0].col_offset
+        lines = [f"from {module} import {cls}" for cls, module in classes] + [f"return {value}"]
+        edits.append((span((body[0].lineno, body[0].col_offset), (body[-1].end_lineno, body[-1].end_col_offset)),
+                      indent.join(lines)))
+    return replace_spans(source, edits)
 
 
 def rewritten_declarations(source, rewrites, where):
@@ -1206,8 +1245,9 @@ def inert_code_folded(text):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
             calls[call.func.id].append(call)
     edits, bindings = [], file_bindings(tree)
+    classes = frozenset(n.name for n in tree.body if isinstance(n, ast.ClassDef) and bindings[n.name] == 1)
     for function in tree.body:
-        returned = inert_return(function, frozenset(bindings))
+        returned = inert_return(function, frozenset(bindings), classes)
         if returned is None or named[function.name] != len(calls[function.name]) or bindings[function.name] != 1:
             continue
         position = next((i for i, a in enumerate(function.args.args) if a.arg == returned), None)
@@ -1242,7 +1282,7 @@ def inert_code_folded(text):
         gone = [member for cls in walk(tree) if isinstance(cls, ast.ClassDef) for member in cls.body
                 if isinstance(member, ast.FunctionDef) and member.name in methods and member.name not in read]
         gone += [function for function in tree.body if isinstance(function, ast.FunctionDef)
-                 and function.name not in read and inert_return(function, frozenset(bindings)) is not None]
+                 and function.name not in read and inert_return(function, frozenset(bindings), classes) is not None]
     calls_kept = []
     for function in (n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
         if reads_own_namespace(function):
@@ -1364,9 +1404,11 @@ def names_and_attributes_read(tree):
     return read | strings_in([tree])
 
 
-def inert_return(function, shadowed=frozenset()):
+def inert_return(function, shadowed=frozenset(), classes=frozenset()):
     """What a top-level function returns whatever its arguments are, or None: the source of its literal (one with
-    no name: `[]`, `None`, `(1, 'a')`) or the name of the parameter it returns, where its body is that one `return`
+    no name: `[]`, `None`, `(1, 'a')`; or a list or tuple display of literals and of `classes`, the file's classes
+    no other binding of their name shadows: rule 31's `[('backout', Backout)]`) or the name of the parameter it
+    returns, where its body is that one `return`
     and its parameters are plain positional ones without defaults; or, of one without parameters whose body computes
     from literals alone (evaluated_body; no PURE_BUILTINS in `shadowed`, the names the file binds), the literal of
     its value (LAuReL's `laurel_parts()` over its folded `'rw+lr'`: `(True, True, False, False)`)."""
@@ -1384,6 +1426,10 @@ def inert_return(function, shadowed=frozenset()):
     value = function.body[0].value
     if isinstance(value, ast.Name):
         return value.id if value.id in [a.arg for a in arguments.args] else None
+    if isinstance(value, (ast.List, ast.Tuple)) and all(
+            isinstance(n, (ast.List, ast.Tuple, ast.Constant, ast.Load))
+            or (isinstance(n, ast.Name) and n.id in classes) for n in walk(value)):
+        return ast.unparse(value)
     try:
         ast.literal_eval(value)
     except ValueError:
@@ -3598,6 +3644,9 @@ def parsed_module(name, source, folds, registries, omitted, decided=((), ())):
     rewrites = [rewrite[1:] for rewrite in dict(folds).get(FIXED_DECLARATIONS, ()) if rewrite[0] == name]
     if rewrites:
         source = rewritten_declarations(source, rewrites, where)
+    written = [function[1:] for function in dict(folds).get(WRITTEN_FUNCTIONS, ()) if function[0] == name]
+    if written:
+        source = written_functions(source, written, where)
     quiet = [declared for module, declared in dict(folds).get(QUIET_DECLARATIONS, ()) if module == name]
     if quiet:
         source = quiet_declarations(source, quiet)
@@ -4224,6 +4273,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         folds[UNROLLED] = (("FIXED_STUDIES", repr(fixed_studies)),)
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions, fixed_arm))
+    folds.update(built_parts_written(active, fixed_arm))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))

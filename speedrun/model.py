@@ -65,6 +65,15 @@ def model_config_from_args(preset, args, studies):
     return cfg
 
 
+def study_parts(cfg):
+    """The study parts a model of this config holds: (study name, ModelPart class) of each study on in it, in build
+    order (registry order, built_last parts after the others). Every model a run builds holds the run's parts but a
+    part's base (ModelPart.base_config: DLO's has no DLO part), so an export writes this list for the run where no
+    part has a base (docs/export.md, rule 31)."""
+    on = sorted([study for study in cfg.studies if study.in_model(cfg)], key=lambda study: study.model_part.built_last)
+    return [(study.name, study.model_part) for study in on]
+
+
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)
 
 
@@ -113,8 +122,8 @@ class StudyGPT(StudyHost, nn.Module):
         super().__init__()
         self.cfg = cfg
         # A study part may change the depth and each layer's structure (ModelPart.model_layer_pattern).
-        own = [pattern for pattern in (study.model_part.model_layer_pattern(cfg, self.layer_pattern)
-                                       for study in cfg.studies if study.in_model(cfg)) if pattern is not None]
+        own = [pattern for pattern in (part.model_layer_pattern(cfg, self.layer_pattern)
+                                       for _, part in study_parts(cfg)) if pattern is not None]
         self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
         # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
@@ -142,9 +151,7 @@ class StudyGPT(StudyHost, nn.Module):
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules in self.study (key = variant name) and their scalars in the shared
         # vector, so parameter counts, optimiser groups and logging find them without special cases.
-        self.build_parts(sorted([study for study in self.cfg.studies if study.in_model(self.cfg)],
-                                key=lambda study: study.model_part.built_last), self.cfg,
-                         lambda study: study.model_part)
+        self.build_parts(study_parts(self.cfg), self.cfg)
         self.scalars = nn.Parameter(torch.cat(self._scalar_inits))
         del self._scalar_inits
 

@@ -196,13 +196,13 @@ class StudyHost:
         a, b = self.scalar_layout[name]
         return getattr(self, self.scalar_vector).grad[a:b]
 
-    def build_parts(self, studies, cfg, part_class):
-        """Builds the part (part_class(study)) of each study in `studies` into self.study, in their order (the
-        caller's: registry order, built_last parts after the others)."""
+    def build_parts(self, parts, cfg):
+        """Builds each part of `parts` ((study name, its ModelPart class), in build order: registry order, built_last
+        parts after the others) into self.study and self.parts."""
         self.study, self.parts = nn.ModuleDict(), []
-        for study in studies:
-            self.study[study.name] = part_class(study)(self, cfg)
-            self.parts.append(self.study[study.name])
+        for name, part_class in parts:
+            self.study[name] = part_class(self, cfg)
+            self.parts.append(self.study[name])
 
     def parts_block_input(self, i, x, outputs, x_embed):
         for part in self.parts:

@@ -288,7 +288,7 @@ class R18GPT(StudyHost, nn.Module):
         self.split_embed = False
         self._label_parameters()
         self.begin_scalars()
-        self.build_parts(in_model, self.study_cfg, lambda study: study.r18_part)
+        self.build_parts([(study.name, study.r18_part) for study in in_model], self.study_cfg)
         for part in self.parts:  # what a study adds trains by its shape (speedrun.r18.studies)
             for p in part.parameters():
                 p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS

@@ -2787,3 +2787,70 @@ def test_rule_24_a_no_op_method_nothing_else_can_answer_is_its_literal():
     # a method that passes its parameters on to an attribute's call (Study's model_values) is that call
     assert "print(declared.given(1, 2), declared.swapped(1, 2))" in text and "def summed" not in text
     assert run_printed(text) == run_printed(INERT_METHODS) == [(None, 6, 1, (), 2), (-1, 1)]
+
+
+CLASS_DISPLAY = '''class Part:
+    pass
+
+
+class Other:
+    pass
+
+
+def parts():
+    return [('part', Part), ('other', Other)]
+
+
+def shadowed():
+    return (Other,)
+
+
+def named(value):
+    Other = value + 1
+    return Other * 2
+
+
+print([name for name, _ in parts()], [cls.__name__ for cls in shadowed()], named(1))
+'''
+UNSHADOWED = CLASS_DISPLAY.replace("    Other = value + 1\n    return Other * 2\n", "    return (value + 1) * 2\n")
+
+
+def test_rule_31_a_function_returning_a_display_of_the_files_classes_is_that_display_where_called():
+    """The model's `study_parts()` once rule 31 wrote it: `[('backout', Backout)]` at its call; a class name the file
+    binds again (here a parameter) may read that binding at the call, so its function stays."""
+    from speedrun.export import without_inert_code
+    assert UNSHADOWED != CLASS_DISPLAY
+    text = without_inert_code(UNSHADOWED)
+    assert "def parts" not in text and "def shadowed" not in text
+    assert "print([name for name, _ in [('part', Part), ('other', Other)]], [cls.__name__ for cls in (Other,)]" in text
+    assert run_printed(text) == run_printed(CLASS_DISPLAY) == [(["part", "other"], ["Other"], 4)]
+    kept = without_inert_code(CLASS_DISPLAY)  # `Other` is also a local of `named`
+    assert "def parts" in kept and "def shadowed" in kept
+
+
+def test_rule_31_the_parts_are_written_where_every_model_the_file_builds_holds_the_runs():
+    """No study on, or every one fixed: the model builds the run's parts by name, not from the registry; a study on
+    that the file's command line varies, or a part that builds its model from another config (DLO's base: no DLO
+    part), keeps the registry's."""
+    from speedrun.export import WRITTEN_FUNCTIONS, built_parts_written
+    backout, laurel, dlo = (next(s for s in STUDIES if s.name == name) for name in ("backout", "laurel", "dlo"))
+    assert laurel.model_part.built_last and not backout.model_part.built_last
+    (written,) = built_parts_written([laurel, backout], fixed_arm=True)[WRITTEN_FUNCTIONS]
+    assert written == ("speedrun.model", "study_parts", "[('backout', Backout), ('laurel', LaurelResiduals)]",
+                       (("Backout", "speedrun.backout"), ("LaurelResiduals", "speedrun.laurel")))
+    assert built_parts_written([], fixed_arm=False)[WRITTEN_FUNCTIONS][0][2] == "[]"
+    assert built_parts_written([backout], fixed_arm=False) == {}
+    assert built_parts_written([dlo, backout], fixed_arm=True) == {}
+
+
+@pytest.mark.parametrize("script_module, flags, built", [
+    (T, [], "()"),
+    (T, ["--backout-layers", "11", "--preset", "full"], "[('backout', Backout)]"),
+    (S, ["--rolling-skip"], None),
+])
+def test_rule_31_the_file_builds_its_parts_by_name_and_reads_no_registry_for_them(tmp_path, script_module, flags,
+                                                                                  built):
+    text = export(tmp_path, script_module, *flags)
+    assert not re.search(r"\bstudy_parts\b|\bin_model\b|\bcfg\.studies\b", text)
+    if built is not None:
+        assert f"self.build_parts({built}, self.cfg)" in text
