@@ -370,6 +370,33 @@ def built_parts_written(active, fixed_arm):
     return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, classes),)}
 
 
+# The fold key of rule 32: every read of a field of a study that is on is its literal (the model config has none).
+FIELDS_EVERYWHERE = "(study fields read as literals everywhere)"
+
+
+def registry_unread(active, folds):
+    """Rule 32: whether the file's model config can hold no study field, so that its registry goes (the model config
+    is the baseline's): rule 31 wrote the parts the model builds, on the #14 or small track's model (r18's builds its
+    parts from the registry), and every model field of each study that is on holds one value in every probe config
+    (STUDY_FIELD), which every read of it then is."""
+    return bool(active) and WRITTEN_FUNCTIONS in folds and not folds.get(R18_BASE, False) and all(
+        STUDY_FIELD + name in folds for study in active for name, _, _ in study.model_fields)
+
+
+def study_fields_read_as_literals(text, folds):
+    """Rule 32 on the whole file, once the modules' rules have decided what they do with a study field's reads (rule
+    22 decides a parameter by the field a call passes): each read `X.FIELD` left of a field the folds hold
+    (STUDY_FIELD) is its literal, the model config holding no such field."""
+    if not folds.get(FIELDS_EVERYWHERE, False):
+        return text
+    fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
+    tree = parse(text)
+    called = {id(n.func) for n in walk(tree) if isinstance(n, ast.Call)}  # a method of that name is no field
+    edits = [(n, repr(fields[n.attr])) for n in walk(tree) if isinstance(n, ast.Attribute)
+             and isinstance(n.ctx, ast.Load) and n.attr in fields and reads_config(n.value) and id(n) not in called]
+    return replace_spans(text, edits) if edits else text
+
+
 def written_functions(source, written, where):
     """The source with each function of WRITTEN_FUNCTIONS (a top-level def; a missing one is refused) returning its
     value: its body a lazy import of each class the value names and `return VALUE`."""
@@ -4276,6 +4303,9 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     folds.update(built_parts_written(active, fixed_arm))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
+    if registry_unread(active, folds):  # rule 32: the model config holds no study field either
+        registries[STUDIES_MODULE]["STUDIES"] = [False for _ in STUDIES]
+        folds.update({"STUDIES": (), FIELDS_EVERYWHERE: True})
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
     folds[PART_OWNED_MEMBERS] = part_owned_members(folds[PASSIVE_MEMBERS])
     folds.update(part_hook_folds(active, folds, script_module))
@@ -4341,7 +4371,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(unit.module, unit.section or "the track's model, optimisers and run", ruled=True)
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
+    folded = without_shadowed_methods(without_unread_study_fields(study_fields_read_as_literals(
+        "\n".join(out).rstrip("\n") + "\n", folds)))
     # rules 19, 22, 24, 26 and 29 until none changes the file: a parameter cut can leave a function inert, and the
     # reverse; a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw,
     # ... =`); rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`);

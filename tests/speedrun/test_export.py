@@ -2854,3 +2854,43 @@ def test_rule_31_the_file_builds_its_parts_by_name_and_reads_no_registry_for_the
     assert not re.search(r"\bstudy_parts\b|\bin_model\b|\bcfg\.studies\b", text)
     if built is not None:
         assert f"self.build_parts({built}, self.cfg)" in text
+
+
+def test_rule_32_the_registry_goes_only_where_the_parts_are_written_and_every_field_of_a_study_on_folds():
+    from speedrun.export import (FIELDS_EVERYWHERE, R18_BASE, STUDY_FIELD, WRITTEN_FUNCTIONS, built_parts_written,
+                                 registry_unread, study_fields_read_as_literals)
+    backout = next(s for s in STUDIES if s.name == "backout")
+    every_field = {STUDY_FIELD + name: None for name, _, _ in backout.model_fields}
+    written = built_parts_written([backout], fixed_arm=True)
+    assert registry_unread([backout], {**every_field, **written})
+    assert not registry_unread([], {**every_field, **written})  # no study on: the registry is already empty
+    assert not registry_unread([backout], every_field)  # the parts come from the registry
+    assert not registry_unread([backout], {**every_field, **written, R18_BASE: True})  # R18GPT reads it
+    one_short = {key: value for key, value in every_field.items() if key != STUDY_FIELD + "backout_concat_dim"}
+    assert not registry_unread([backout], {**one_short, **written})  # a field that differs between probe configs
+    source = "def f(cfg, config):\n    return g(cfg.backout_layers, self.cfg.backout_mode, other.backout_mode())\n"
+    folds = {STUDY_FIELD + "backout_layers": (11,), STUDY_FIELD + "backout_mode": "sum"}
+    assert study_fields_read_as_literals(source, folds) == source
+    assert study_fields_read_as_literals(source, {**folds, FIELDS_EVERYWHERE: True}) == \
+        "def f(cfg, config):\n    return g((11,), 'sum', other.backout_mode())\n"
+
+
+def model_config_code(text):
+    """The file's GPTConfig, model_config_class, preset_config and model_config_from_args, as source."""
+    tree = ast.parse(text)
+    return [ast.unparse(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name in ("GPTConfig", "model_config_class", "preset_config", "model_config_from_args")]
+
+
+@pytest.mark.parametrize("script_module, flags", [
+    (T, ["--backout-layers", "11", "--preset", "full"]),
+    (T, ["--backout-layers", "9", "11", "--backout-transform", "relu", "--preset", "full"]),
+    (S, ["--rolling-skip"]),
+])
+def test_rule_32_a_record_file_configures_its_model_as_its_baseline_does(tmp_path, script_module, flags):
+    """No registry, no Study and no study field in the model config: the record's model config code is the
+    baseline file's, its study's settings are literals in its part."""
+    record, baseline = export(tmp_path, script_module, *flags), export(tmp_path, script_module)
+    assert "STUDIES" not in {n.id for n in ast.walk(ast.parse(record)) if isinstance(n, ast.Name)}
+    assert not re.search(r"class Study\b|\bcfg\.(backout|rolling)_", record)
+    assert len(model_config_code(record)) >= 3 and model_config_code(record) == model_config_code(baseline)
