@@ -360,7 +360,7 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
                    # the model's branches for the hooks no part of the file answers: MLP routers, widened MLPs
                    "def parts_mlp_router", "def layer_before_mlp", "def parts_mlp_extra", "def mlp_extra"):
         assert marker not in text, marker
-    assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
+    assert "def head_input" in text  # the hook backout answers, its one part called there (rule 33)
 
 
 @pytest.mark.parametrize("script_module, flags, refused_depth, other_depth", [
@@ -457,22 +457,25 @@ def parts_loops(text):
             if isinstance(n, (ast.For, ast.comprehension)) and ast.unparse(n.iter) == "self.parts"}
 
 
-@pytest.mark.parametrize("script, flags, loops", [
-    # backout answers head_input and named_scalars alone: the loops for the other hooks and routes_mlp go
-    (T, ["--backout-layers", "4"], {"parts_head_input", "parts_named_scalars"}),
-    (S, ["--backout-layers", "8"], {"parts_head_input", "parts_named_scalars"}),
-    # #18's backout also replaces the base's head input (a flag it sets): that loop stays
+@pytest.mark.parametrize("script, flags, loops, answered", [
+    # backout answers head_input and named_scalars alone: the loops for the other hooks and routes_mlp go, and the
+    # model calls its one part for those two (rule 33)
+    (T, ["--backout-layers", "4"], set(), {"head_input", "named_scalars"}),
+    (S, ["--backout-layers", "8"], set(), {"head_input", "named_scalars"}),
+    # #18's backout also replaces the base's head input (a flag it sets): that loop stays; r18 builds its parts
+    # from the registry (no rule 31), so its loops over them stay
     (T, ["--base", "r18", "--backout-layers", "11"], {"parts_head_input", "parts_named_scalars",
-                                                      "replaces_base_head_input"}),
-    # the rolling skip overrides block_input: its loop stays, block_output's goes
-    (T, ["--rolling-skip"], {"parts_block_input", "parts_named_scalars"}),
+                                                      "replaces_base_head_input"}, {"head_input", "named_scalars"}),
+    # the rolling skip overrides block_input: its hook stays, block_output's goes
+    (T, ["--rolling-skip"], set(), {"block_input", "named_scalars"}),
 ])
-def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, flags, loops):
+def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, flags, loops, answered):
     """The backout record file kept StudyHost's loops over its one part for every hook (block_input, block_output,
     before_step, after_step, routes_mlp) and ModelPart's default methods, which change nothing."""
     text = export(tmp_path, script, *flags)
     assert parts_loops(text) == loops
-    assert ("def block_input" in text) == ("parts_block_input" in loops)
+    assert all(f"def {hook}(" in text for hook in answered)
+    assert ("def block_input" in text) == ("block_input" in answered)
     assert "def block_output" not in text and "def before_step" not in text and "def after_step" not in text
     # no part routes the MLPs: the model's compile branch for a router goes with routes_mlp
     assert "routes_mlp" not in text and "capture_dynamic_output_shape_ops" not in text
@@ -788,16 +791,24 @@ def test_an_override_of_a_folded_method_is_refused_when_the_file_would_drop_it(t
         exported_program(tmp_path, monkeypatch, library, script)
 
 
-def test_an_override_of_a_host_method_folded_to_its_argument_is_refused(tmp_path, monkeypatch):
-    """StudyHost.parts_block_input folds to `x` where it is called: a model class defining its own would be
-    dropped with the calls, and the file would train without it."""
-    from speedrun.export import PASSED_THROUGH
-    library = "class StudyHost:\n    def through(self, i, x):\n        return x\n"
+@pytest.mark.parametrize("library, folds", [
+    # rule 7: it returns its argument
+    ("class StudyHost:\n    def through(self, i, x):\n        return x\n", {"PASSED_THROUGH": (("through", 1),)}),
+    # rule 33: it asks the parts in turn, and one part of the file's model answers
+    ("class StudyHost:\n    def through(self, i, x):\n        for part in self.parts:\n"
+     "            x = part.block_input(self, i, x)\n        return x\n",
+     {"FORWARDED": (("through", "block_input", "rolling", "chain", 2),)}),
+])
+def test_an_override_of_a_host_method_folded_where_called_is_refused(tmp_path, monkeypatch, library, folds):
+    """StudyHost.parts_block_input folds to `x` (no part answers it) or to the one part's call where it is called: a
+    model class defining its own would be dropped with the calls, and the file would train without it."""
+    from speedrun import export as export_module
+    folds = {getattr(export_module, key): value for key, value in folds.items()}
     script = ("from speedrun.lib import StudyHost\n\n\nclass Mine(StudyHost):\n    def through(self, i, x):\n"
               "        return x + 1\n\n    def used(self):\n        return self.through(0, 2)\n\n\n"
               "if __name__ == '__main__':\n    print(Mine().used())\n")
     with pytest.raises(UsageError, match="StudyHost.through was folded to its value, but script.py's Mine defines"):
-        exported_program(tmp_path, monkeypatch, library, script, {PASSED_THROUGH: (("through", 1),)})
+        exported_program(tmp_path, monkeypatch, library, script, folds)
 
 
 def test_a_left_out_run_flag_folds_to_the_parsers_default_not_a_number_of_the_exporters():
@@ -2894,3 +2905,69 @@ def test_rule_32_a_record_file_configures_its_model_as_its_baseline_does(tmp_pat
     assert "STUDIES" not in {n.id for n in ast.walk(ast.parse(record)) if isinstance(n, ast.Name)}
     assert not re.search(r"class Study\b|\bcfg\.(backout|rolling)_", record)
     assert len(model_config_code(record)) >= 3 and model_config_code(record) == model_config_code(baseline)
+
+
+DISPATCH_HOST = '''class Host:
+    def chain(self, v, extra):
+        for part in self.parts:
+            v = part.head_input(self, v, extra)
+        return v
+
+    def merge(self):
+        out = {}
+        for part in self.parts:
+            out.update(part.named_scalars(self))
+        return out
+
+    def reordered(self, v, extra):
+        for part in self.parts:
+            v = part.head_input(self, extra, v)
+        return v
+
+    def kept(self, v):
+        for part in self.parts:
+            v = part.head_input(self, v) + 1
+        return v
+'''
+
+
+def test_rule_33_the_host_methods_that_ask_each_part_in_turn_are_recognised_by_their_form():
+    from speedrun.export import dispatch_form
+    methods = {n.name: n for n in ast.parse(DISPATCH_HOST).body[0].body}
+    assert dispatch_form(methods["chain"]) == ("head_input", "chain")
+    assert dispatch_form(methods["merge"]) == ("named_scalars", "merge")
+    assert dispatch_form(methods["reordered"]) is None and dispatch_form(methods["kept"]) is None
+
+
+def test_rule_33_a_call_of_a_host_method_whose_hook_one_part_answers_is_that_parts_call():
+    """Where the file's model holds the backout part alone, `self.parts_head_input(norm(x), ...)` is backout's
+    head_input; a merging method only as update()'s argument (its own dict would otherwise be a new one)."""
+    from speedrun.export import FORWARDED, forwarded_calls_read
+    folds = {FORWARDED: (("chain", "head_input", "backout", "chain", 2), ("merge", "named_scalars", "backout", "merge",
+                                                                        0))}
+    source = ("def f(self, model, x, e):\n    y = self.chain(norm(x), e) + model.chain(x, e)\n"
+              "    out.update(self.merge())\n    kept = self.merge()\n    return other.chain(x, e), self.chain(x)\n")
+    assert forwarded_calls_read(source, folds) == (
+        "def f(self, model, x, e):\n    y = self.study['backout'].head_input(self, norm(x), e) + "
+        "model.study['backout'].head_input(model, x, e)\n    out.update(self.study['backout'].named_scalars(self))\n"
+        "    kept = self.merge()\n    return other.chain(x, e), self.chain(x)\n")
+    assert forwarded_calls_read(source, {}) == source
+
+
+def test_rule_33_only_a_hook_one_built_part_alone_overrides_is_forwarded():
+    from speedrun.export import BUILT_PARTS, FORWARDED, forwarded_host_methods
+    one = forwarded_host_methods({BUILT_PARTS: (("backout", "speedrun.backout", "Backout"),)})[FORWARDED]
+    assert {(method, hook, kind) for method, hook, _, kind, _ in one} == {
+        ("parts_head_input", "head_input", "chain"), ("parts_named_scalars", "named_scalars", "merge")}
+    # with LAuReL's part too: both answer named_scalars, backout alone head_input
+    both = forwarded_host_methods({BUILT_PARTS: (("backout", "speedrun.backout", "Backout"),
+                                                 ("laurel", "speedrun.laurel", "LaurelResiduals"))})[FORWARDED]
+    assert [method for method, *_ in both] == ["parts_head_input"]
+    assert forwarded_host_methods({}) == {}
+
+
+def test_rule_33_the_backout_record_calls_its_part_where_the_model_asks_it(tmp_path):
+    text = export(tmp_path, T, "--backout-layers", "11", "--preset", "full")
+    assert "return self.study['backout'].head_input(self, norm(x), outputs, x_embed, input_seq)" in text
+    assert "out.update(self.study['backout'].named_scalars(self))" in text
+    assert "def parts_head_input" not in text and "def parts_named_scalars" not in text
