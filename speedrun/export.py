@@ -354,21 +354,24 @@ def declaration_rewrites(resolutions, fixed_arm):
 WRITTEN_FUNCTIONS = "(functions written as the run's value)"
 
 
-def built_parts_written(active, fixed_arm):
+def built_parts_written(active, fixed_arm, on_r18=False):
     """Rule 31: the WRITTEN_FUNCTIONS fold of speedrun.model.study_parts, the parts a model builds, as the run's where
     every model the file builds holds them: its command line turns no study on or off (none on, or every one fixed:
     rule 16), and no part builds a model of another config (ModelPart.base_config: DLO counts and expands from its
-    base, which holds no DLO part). The model then builds them by name, and the registry is not read for it."""
+    base, which holds no DLO part). The model then builds them by name, and the registry is not read for it. With
+    them, BUILT_PARTS: the parts' classes on the run's base (on_r18: Study.r18_part; R18GPT builds them itself)."""
     parts = sorted([study for study in active if study.model_part is not None],
                    key=lambda study: study.model_part.built_last)
-    if (active and not fixed_arm) or any(study.model_part.base_config is not ModelPart.base_config for study in parts):
+    classes = [study.r18_part if on_r18 else study.model_part for study in parts]
+    if (active and not fixed_arm) or any(cls is None or cls.base_config is not ModelPart.base_config
+                                         for cls in [*classes, *(study.model_part for study in parts)]):
         return {}
-    if any(not is_project(study.model_part.__module__) for study in parts):
+    if any(not is_project(cls.__module__) for cls in [*classes, *(study.model_part for study in parts)]):
         return {}
     value = "[" + ", ".join(f"({study.name!r}, {study.model_part.__name__})" for study in parts) + "]"
-    classes = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
-    built = tuple((study.name, study.model_part.__module__, study.model_part.__name__) for study in parts)
-    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, classes),), BUILT_PARTS: built}
+    written = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
+    built = tuple((study.name, cls.__module__, cls.__name__) for study, cls in zip(parts, classes))
+    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, written),), BUILT_PARTS: built}
 
 
 # The fold holding (study name, module, class) of each part the file's model builds, in build order, where rule 31
@@ -4404,7 +4407,7 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         folds[UNROLLED] = (("FIXED_STUDIES", repr(fixed_studies)),)
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions, fixed_arm))
-    folds.update(built_parts_written(active, fixed_arm))
+    folds.update(built_parts_written(active, fixed_arm, folds.get(R18_BASE, False)))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
     if registry_unread(active, folds):  # rule 32: the model config holds no study field either

@@ -462,10 +462,8 @@ def parts_loops(text):
     # model calls its one part for those two (rule 33)
     (T, ["--backout-layers", "4"], set(), {"head_input", "named_scalars"}),
     (S, ["--backout-layers", "8"], set(), {"head_input", "named_scalars"}),
-    # #18's backout also replaces the base's head input (a flag it sets): that loop stays; r18 builds its parts
-    # from the registry (no rule 31), so its loops over them stay
-    (T, ["--base", "r18", "--backout-layers", "11"], {"parts_head_input", "parts_named_scalars",
-                                                      "replaces_base_head_input"}, {"head_input", "named_scalars"}),
+    # #18's backout also replaces the base's head input (a flag it sets): that loop stays
+    (T, ["--base", "r18", "--backout-layers", "11"], {"replaces_base_head_input"}, {"head_input", "named_scalars"}),
     # the rolling skip overrides block_input: its hook stays, block_output's goes
     (T, ["--rolling-skip"], set(), {"block_input", "named_scalars"}),
 ])
@@ -2955,7 +2953,8 @@ def test_rule_33_a_call_of_a_host_method_whose_hook_one_part_answers_is_that_par
 
 
 def test_rule_33_only_a_hook_one_built_part_alone_overrides_is_forwarded():
-    from speedrun.export import BUILT_PARTS, FORWARDED, forwarded_host_methods
+    from speedrun.export import BUILT_PARTS, FORWARDED, built_parts_written, forwarded_host_methods
+    backout = next(s for s in STUDIES if s.name == "backout")
     one = forwarded_host_methods({BUILT_PARTS: (("backout", "speedrun.backout", "Backout"),)})[FORWARDED]
     assert {(method, hook, kind) for method, hook, _, kind, _ in one} == {
         ("parts_head_input", "head_input", "chain"), ("parts_named_scalars", "named_scalars", "merge")}
@@ -2964,6 +2963,9 @@ def test_rule_33_only_a_hook_one_built_part_alone_overrides_is_forwarded():
                                                  ("laurel", "speedrun.laurel", "LaurelResiduals"))})[FORWARDED]
     assert [method for method, *_ in both] == ["parts_head_input"]
     assert forwarded_host_methods({}) == {}
+    # on --base r18 the parts are the studies' r18 parts (#18's backout: R18Backout)
+    (r18,) = built_parts_written([backout], fixed_arm=True, on_r18=True)[BUILT_PARTS]
+    assert r18 == ("backout", "speedrun.backout", "R18Backout") and backout.r18_part.__name__ == "R18Backout"
 
 
 def test_rule_33_the_backout_record_calls_its_part_where_the_model_asks_it(tmp_path):
