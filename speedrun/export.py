@@ -363,10 +363,9 @@ def built_parts_written(active, fixed_arm, on_r18=False):
     parts = sorted([study for study in active if study.model_part is not None],
                    key=lambda study: study.model_part.built_last)
     classes = [study.r18_part if on_r18 else study.model_part for study in parts]
+    every_class = [*classes, *(study.model_part for study in parts)]
     if (active and not fixed_arm) or any(cls is None or cls.base_config is not ModelPart.base_config
-                                         for cls in [*classes, *(study.model_part for study in parts)]):
-        return {}
-    if any(not is_project(cls.__module__) for cls in [*classes, *(study.model_part for study in parts)]):
+                                         or not is_project(cls.__module__) for cls in every_class):
         return {}
     value = "[" + ", ".join(f"({study.name!r}, {study.model_part.__name__})" for study in parts) + "]"
     written = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
@@ -2311,7 +2310,8 @@ def dispatch_form(method):
 
     def hook_of(call, part):
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and not call.keywords \
-                and ast.unparse(call.func.value) == part and [ast.unparse(a) for a in call.args] == ["self", *parameters]:
+                and ast.unparse(call.func.value) == part \
+                and [ast.unparse(a) for a in call.args] == ["self", *parameters]:
             return call.func.attr
         return None
 

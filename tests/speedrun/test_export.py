@@ -2833,7 +2833,8 @@ def test_rule_31_a_function_returning_a_display_of_the_files_classes_is_that_dis
     assert UNSHADOWED != CLASS_DISPLAY
     text = without_inert_code(UNSHADOWED)
     assert "def parts" not in text and "def shadowed" not in text
-    assert "print([name for name, _ in [('part', Part), ('other', Other)]], [cls.__name__ for cls in (Other,)]" in text
+    assert "print([name for name, _ in [('part', Part), ('other', Other)]], " \
+           "[cls.__name__ for cls in (Other,)]" in text
     assert run_printed(text) == run_printed(CLASS_DISPLAY) == [(["part", "other"], ["Other"], 4)]
     kept = without_inert_code(CLASS_DISPLAY)  # `Other` is also a local of `named`
     assert "def parts" in kept and "def shadowed" in kept
@@ -2943,8 +2944,8 @@ def test_rule_33_a_call_of_a_host_method_whose_hook_one_part_answers_is_that_par
     """Where the file's model holds the backout part alone, `self.parts_head_input(norm(x), ...)` is backout's
     head_input; a merging method only as update()'s argument (its own dict would otherwise be a new one)."""
     from speedrun.export import FORWARDED, forwarded_calls_read
-    folds = {FORWARDED: (("chain", "head_input", "backout", "chain", 2), ("merge", "named_scalars", "backout", "merge",
-                                                                        0))}
+    folds = {FORWARDED: (("chain", "head_input", "backout", "chain", 2),
+                         ("merge", "named_scalars", "backout", "merge", 0))}
     source = ("def f(self, model, x, e):\n    y = self.chain(norm(x), e) + model.chain(x, e)\n"
               "    out.update(self.merge())\n    kept = self.merge()\n    return other.chain(x, e), self.chain(x)\n")
     assert forwarded_calls_read(source, folds) == (
