@@ -354,20 +354,55 @@ def declaration_rewrites(resolutions, fixed_arm):
 WRITTEN_FUNCTIONS = "(functions written as the run's value)"
 
 
-def built_parts_written(active, fixed_arm):
+def built_parts_written(active, fixed_arm, on_r18=False):
     """Rule 31: the WRITTEN_FUNCTIONS fold of speedrun.model.study_parts, the parts a model builds, as the run's where
     every model the file builds holds them: its command line turns no study on or off (none on, or every one fixed:
     rule 16), and no part builds a model of another config (ModelPart.base_config: DLO counts and expands from its
-    base, which holds no DLO part). The model then builds them by name, and the registry is not read for it."""
+    base, which holds no DLO part). The model then builds them by name, and the registry is not read for it. With
+    them, BUILT_PARTS: the parts' classes on the run's base (on_r18: Study.r18_part; R18GPT builds them itself)."""
     parts = sorted([study for study in active if study.model_part is not None],
                    key=lambda study: study.model_part.built_last)
-    if (active and not fixed_arm) or any(study.model_part.base_config is not ModelPart.base_config for study in parts):
-        return {}
-    if any(not is_project(study.model_part.__module__) for study in parts):
+    classes = [study.r18_part if on_r18 else study.model_part for study in parts]
+    every_class = [*classes, *(study.model_part for study in parts)]
+    if (active and not fixed_arm) or any(cls is None or cls.base_config is not ModelPart.base_config
+                                         or not is_project(cls.__module__) for cls in every_class):
         return {}
     value = "[" + ", ".join(f"({study.name!r}, {study.model_part.__name__})" for study in parts) + "]"
-    classes = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
-    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, classes),)}
+    written = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
+    built = tuple((study.name, cls.__module__, cls.__name__) for study, cls in zip(parts, classes))
+    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, written),), BUILT_PARTS: built}
+
+
+# The fold holding (study name, module, class) of each part the file's model builds, in build order, where rule 31
+# wrote them (none: the registry decides).
+BUILT_PARTS = "(the parts the file's model builds)"
+
+
+# The fold key of rule 32: every read of a field of a study that is on is its literal (the model config has none).
+FIELDS_EVERYWHERE = "(study fields read as literals everywhere)"
+
+
+def registry_unread(active, folds):
+    """Rule 32: whether the file's model config can hold no study field, so that its registry goes (the model config
+    is the baseline's): rule 31 wrote the parts the model builds, on the #14 or small track's model (r18's builds its
+    parts from the registry), and every model field of each study that is on holds one value in every probe config
+    (STUDY_FIELD), which every read of it then is."""
+    return bool(active) and WRITTEN_FUNCTIONS in folds and not folds.get(R18_BASE, False) and all(
+        STUDY_FIELD + name in folds for study in active for name, _, _ in study.model_fields)
+
+
+def study_fields_read_as_literals(text, folds):
+    """Rule 32 on the whole file, once the modules' rules have decided what they do with a study field's reads (rule
+    22 decides a parameter by the field a call passes): each read `X.FIELD` left of a field the folds hold
+    (STUDY_FIELD) is its literal, the model config holding no such field."""
+    if not folds.get(FIELDS_EVERYWHERE, False):
+        return text
+    fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
+    tree = parse(text)
+    called = {id(n.func) for n in walk(tree) if isinstance(n, ast.Call)}  # a method of that name is no field
+    edits = [(n, repr(fields[n.attr])) for n in walk(tree) if isinstance(n, ast.Attribute)
+             and isinstance(n.ctx, ast.Load) and n.attr in fields and reads_config(n.value) and id(n) not in called]
+    return replace_spans(text, edits) if edits else text
 
 
 def written_functions(source, written, where):
@@ -2250,6 +2285,102 @@ def host_method_folds(folds):
     return {PASSED_THROUGH: tuple(found)}
 
 
+# The fold holding (method, hook, study name, form, parameters) of each StudyHost method that asks every part's `hook`
+# in turn where one part of the file's model alone overrides it (rule 33: forwarded_host_methods).
+FORWARDED = "(StudyHost methods whose hook one part answers)"
+
+
+def dispatch_form(method):
+    """(hook, form) of a StudyHost method that asks each of self.parts in turn with its own parameters: "chain",
+    `for part in self.parts: v = part.HOOK(self, *parameters)` then `return v` (v a parameter: parts_head_input);
+    "merge", `out = {}`, `for part in self.parts: out.update(part.HOOK(self, *parameters))`, `return out`
+    (parts_named_scalars); else None."""
+    if not isinstance(method, ast.FunctionDef):
+        return None
+    arguments = method.args
+    if method.decorator_list or arguments.vararg or arguments.kwarg \
+            or arguments.kwonlyargs or arguments.posonlyargs or arguments.defaults or not arguments.args:
+        return None
+    parameters = [a.arg for a in arguments.args[1:]]
+    body = method.body
+
+    def parts_loop(node):
+        return isinstance(node, ast.For) and ast.unparse(node.iter) == "self.parts" and not node.orelse \
+            and isinstance(node.target, ast.Name) and len(node.body) == 1
+
+    def hook_of(call, part):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and not call.keywords \
+                and ast.unparse(call.func.value) == part \
+                and [ast.unparse(a) for a in call.args] == ["self", *parameters]:
+            return call.func.attr
+        return None
+
+    if len(body) == 2 and parts_loop(body[0]) and isinstance(body[1], ast.Return) \
+            and isinstance(body[1].value, ast.Name) and body[1].value.id in parameters:
+        step = body[0].body[0]
+        if isinstance(step, ast.Assign) and [ast.unparse(t) for t in step.targets] == [body[1].value.id]:
+            hook = hook_of(step.value, body[0].target.id)
+            return None if hook is None else (hook, "chain")
+    if len(body) == 3 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1 \
+            and isinstance(body[0].targets[0], ast.Name) and ast.unparse(body[0].value) == "{}" \
+            and parts_loop(body[1]) and isinstance(body[2], ast.Return) \
+            and ast.unparse(body[2].value) == body[0].targets[0].id:
+        step = body[1].body[0]
+        if isinstance(step, ast.Expr) and isinstance(step.value, ast.Call) and len(step.value.args) == 1 \
+                and ast.unparse(step.value.func) == f"{body[0].targets[0].id}.update" and not step.value.keywords:
+            hook = hook_of(step.value.args[0], body[1].target.id)
+            return None if hook is None else (hook, "merge")
+    return None
+
+
+def forwarded_host_methods(folds):
+    """Rule 33: {FORWARDED: ...} of the StudyHost methods (folded as in the file) of a dispatch_form whose hook one
+    part of the file's model (BUILT_PARTS, rule 31) alone overrides, the others leaving it at ModelPart's default
+    (NEUTRAL_DEFAULTS: the input as it is, or {}); forwarded_calls_read writes their calls as that part's."""
+    built = folds.get(BUILT_PARTS, ())
+    if not built:
+        return {}
+    classes = {name: getattr(importlib.import_module(module), cls) for name, module, cls in built}
+    text, _ = fold_constants(module_path(StudyHost.__module__).read_text(), folds)
+    (host,) = [n for n in parse(text).body if isinstance(n, ast.ClassDef) and n.name == StudyHost.__name__]
+    found = []
+    for method in host.body:
+        form = dispatch_form(method)
+        if form is None or form[0] not in NEUTRAL_DEFAULTS:
+            continue
+        hook, kind = form
+        owners = [name for name, cls in classes.items() if getattr(cls, hook) is not getattr(ModelPart, hook)]
+        if len(owners) == 1:
+            found.append((method.name, hook, owners[0], kind, len(method.args.args) - 1))
+    return {FORWARDED: tuple(found)} if found else {}
+
+
+def forwarded_calls_read(text, folds):
+    """Rule 33 at the calls: `self.M(args)` or `model.M(args)` (HOST_RECEIVERS) of a FORWARDED method is
+    `self.study['NAME'].HOOK(self, args)`, the one part's answer (the parts list is fixed once built); a "merge"
+    method only as the argument of `X.update(...)`, which then merges the part's dict itself."""
+    forwarded = {method: rest for method, *rest in folds.get(FORWARDED, ())}
+    if not forwarded:
+        return text
+    tree = parse(text)
+    updated = {id(n.args[0]) for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "update" and len(n.args) == 1 and not n.keywords}
+    edits = []
+    for call in walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in forwarded
+                and isinstance(call.func.value, ast.Name) and call.func.value.id in HOST_RECEIVERS
+                and not call.keywords and not any(isinstance(a, ast.Starred) for a in call.args)):
+            continue
+        hook, name, kind, count = forwarded[call.func.attr]
+        if len(call.args) != count or (kind == "merge" and id(call) not in updated):
+            continue
+        receiver = call.func.value.id
+        arguments = ", ".join([receiver, *(ast.get_source_segment(text, a, padded=False) or ast.unparse(a)
+                                           for a in call.args)])
+        edits.append((call, f"{receiver}.study[{name!r}].{hook}({arguments})"))
+    return replace_spans(text, edits) if edits else text
+
+
 def host_calls_read(text, folds):
     """The source with each call `self.method(...)` or `model.method(...)` (HOST_RECEIVERS) of a method of
     PASSED_THROUGH, its other arguments only reading names, read as the argument it returns, and each such call of
@@ -3045,7 +3176,10 @@ def fold_constants(text, folds, readers=()):
         module_folds = dict(folds, **methods)
         folded_methods.update({name: StudyHost.__name__ for name, _ in folds.get(PASSED_THROUGH, ())
                                if name in methods_of(tree, StudyHost.__name__)})  # the class its calls fold for
-        read = part_members_read(passive_loops_read(host_calls_read(text, folds), folds), folds)
+        folded_methods.update({name: StudyHost.__name__ for name, *_ in folds.get(FORWARDED, ())
+                               if name in methods_of(tree, StudyHost.__name__)})
+        read = part_members_read(passive_loops_read(forwarded_calls_read(host_calls_read(text, folds), folds),
+                                                    folds), folds)
         read = neutral_operands_dropped(empty_registries_read(constant_keys_read(constant_tuples_unrolled(
             read, folds)), folds), module_folds, readers)
         folded = propagate_locals(fold_ifs(read, module_folds, readers), module_folds, readers)
@@ -4273,13 +4407,17 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         folds[UNROLLED] = (("FIXED_STUDIES", repr(fixed_studies)),)
     study_folds = study_field_folds(active, probes or [config], script_module, resolutions)
     folds.update(declaration_rewrites(resolutions, fixed_arm))
-    folds.update(built_parts_written(active, fixed_arm))
+    folds.update(built_parts_written(active, fixed_arm, folds.get(R18_BASE, False)))
     folds[QUIET_DECLARATIONS] = tuple(declared_where(study) for study in active)
     folds.update(study_folds)
+    if registry_unread(active, folds):  # rule 32: the model config holds no study field either
+        registries[STUDIES_MODULE]["STUDIES"] = [False for _ in STUDIES]
+        folds.update({"STUDIES": (), FIELDS_EVERYWHERE: True})
     folds[PASSIVE_MEMBERS] = passive_members(active, folds.get(R18_BASE, False))
     folds[PART_OWNED_MEMBERS] = part_owned_members(folds[PASSIVE_MEMBERS])
     folds.update(part_hook_folds(active, folds, script_module))
     folds.update(host_method_folds(folds))
+    folds.update(forwarded_host_methods(folds))
     program = folded_program(script_module, folds, registries,
                              (*omitted, *EXPORT_ONLY_FLAGS, *shared, *choices_not_run(config)))
     modules = program.order()
@@ -4341,7 +4479,8 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
         else:
             out += section_header(unit.module, unit.section or "the track's model, optimisers and run", ruled=True)
         out += [s.text.strip("\n") if i == 0 else s.text for i, s in enumerate(statements)]
-    folded = without_shadowed_methods(without_unread_study_fields("\n".join(out).rstrip("\n") + "\n"))
+    folded = without_shadowed_methods(without_unread_study_fields(study_fields_read_as_literals(
+        "\n".join(out).rstrip("\n") + "\n", folds)))
     # rules 19, 22, 24, 26 and 29 until none changes the file: a parameter cut can leave a function inert, and the
     # reverse; a function rule 24 reads as its value can leave attributes set to literals (LAuReL's `self.uses_rw,
     # ... =`); rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`);

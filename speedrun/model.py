@@ -70,8 +70,8 @@ def study_parts(cfg):
     order (registry order, built_last parts after the others). Every model a run builds holds the run's parts but a
     part's base (ModelPart.base_config: DLO's has no DLO part), so an export writes this list for the run where no
     part has a base (docs/export.md, rule 31)."""
-    on = sorted([study for study in cfg.studies if study.in_model(cfg)], key=lambda study: study.model_part.built_last)
-    return [(study.name, study.model_part) for study in on]
+    on = [study for study in cfg.studies if study.in_model(cfg)]
+    return [(study.name, study.model_part) for study in sorted(on, key=lambda study: study.model_part.built_last)]
 
 
 TRACK_SCALARS = ("unet", "block", "value")  # scalar slices of the baseline architecture (not added params)

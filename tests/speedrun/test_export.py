@@ -159,9 +159,9 @@ def test_export_inlines_only_the_studies_switched_on_with_their_flags_fixed(tmp_
     assert fixed_flags_of(text) is None  # rule 16: the studies are fixed, their flags none of the file's
     # rule 25: the run's name pieces and depth checks written out where the file reads them, no FIXED_STUDIES
     assert "parts += ['backout-L4', 'laurel-rw+lr+pa-r32-k3']" in text and "FIXED_STUDIES" not in text
-    studies = next(n for n in ast.parse(text).body if isinstance(n, ast.Assign)
-                   and ast.unparse(n.targets[0]) == "STUDIES")
-    assert len(studies.value.elts) == 2
+    # rules 31, 32: the model builds the two parts by name (LAuReL's last), the file holds no registry
+    assert "self.build_parts([('backout', Backout), ('laurel', LaurelResiduals)], self.cfg)" in text
+    assert not re.search(r"\bSTUDIES\b", text)
     assert "the backout study (--backout-layers 4)" in text  # the comment where the study enters
     # backout's r18 part and refusals are --base r18's only: not in an r14 file
     assert "R18Backout" not in text and "backout_on_r18" not in text and "class Backout(" in text
@@ -360,7 +360,7 @@ def test_the_backout_record_file_holds_the_code_of_its_own_mode_alone(tmp_path):
                    # the model's branches for the hooks no part of the file answers: MLP routers, widened MLPs
                    "def parts_mlp_router", "def layer_before_mlp", "def parts_mlp_extra", "def mlp_extra"):
         assert marker not in text, marker
-    assert "def parts_head_input" in text and "def head_input" in text  # the hook backout answers
+    assert "def head_input" in text  # the hook backout answers, its one part called there (rule 33)
 
 
 @pytest.mark.parametrize("script_module, flags, refused_depth, other_depth", [
@@ -376,7 +376,10 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     out = tmp_path / "arm.py"
     assert script_module.main(["--export-script", str(out), "--force", *flags]) == 0
     text = out.read_text()
-    assert "model_config=lambda model_cfg, config: {" in text and "check_fixed_depth(config, {" in text
+    assert "check_fixed_depth(config, {" in text
+    # rule 32: every field of the study holds one value in each probe config, so the file has no registry and no
+    # declaration (the model config is the baseline's; the part reads the values as literals)
+    assert not re.search(r"\bSTUDIES\b|\bmodel_config=lambda|\bmodel_fields=", text)
     for command_line in ("fixed_resolution", "def refused_flags", "def flag_piece", "OFFERED_STUDIES"):
         assert command_line not in text, command_line
     for resolution in ("def resolve_backout_args", "def backout_variant_name", "BACKOUT_NAME_PIECES",
@@ -397,9 +400,8 @@ def test_a_switched_on_study_resolves_in_the_file_to_the_runs_values_at_the_dept
     # rule 15: the file refuses every flag of the study, so their help and the study's description are not in it
     on = [study for study in STUDIES if study.active(script_module.resolve_args(flags))]
     assert on and all(flag.help not in text for study in on for flag in study.flags)
-    # rule 16: nor their declarations; the model fields they give are literals of the study's declaration
+    # rule 16: nor their declarations
     assert not [flag.name for study in on for flag in study.flags if f'Flag("{flag.name}"' in text]
-    assert "model_fields=((" in text and " flags=()," not in text  # rule 17: the file reads no declaration's flags
     assert all(study.description not in text for study in on if study.description)
 
 
@@ -457,22 +459,23 @@ def parts_loops(text):
             if isinstance(n, (ast.For, ast.comprehension)) and ast.unparse(n.iter) == "self.parts"}
 
 
-@pytest.mark.parametrize("script, flags, loops", [
-    # backout answers head_input and named_scalars alone: the loops for the other hooks and routes_mlp go
-    (T, ["--backout-layers", "4"], {"parts_head_input", "parts_named_scalars"}),
-    (S, ["--backout-layers", "8"], {"parts_head_input", "parts_named_scalars"}),
+@pytest.mark.parametrize("script, flags, loops, answered", [
+    # backout answers head_input and named_scalars alone: the loops for the other hooks and routes_mlp go, and the
+    # model calls its one part for those two (rule 33)
+    (T, ["--backout-layers", "4"], set(), {"head_input", "named_scalars"}),
+    (S, ["--backout-layers", "8"], set(), {"head_input", "named_scalars"}),
     # #18's backout also replaces the base's head input (a flag it sets): that loop stays
-    (T, ["--base", "r18", "--backout-layers", "11"], {"parts_head_input", "parts_named_scalars",
-                                                      "replaces_base_head_input"}),
-    # the rolling skip overrides block_input: its loop stays, block_output's goes
-    (T, ["--rolling-skip"], {"parts_block_input", "parts_named_scalars"}),
+    (T, ["--base", "r18", "--backout-layers", "11"], {"replaces_base_head_input"}, {"head_input", "named_scalars"}),
+    # the rolling skip overrides block_input: its hook stays, block_output's goes
+    (T, ["--rolling-skip"], set(), {"block_input", "named_scalars"}),
 ])
-def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, flags, loops):
+def test_a_hook_no_switched_on_part_overrides_leaves_the_file(tmp_path, script, flags, loops, answered):
     """The backout record file kept StudyHost's loops over its one part for every hook (block_input, block_output,
     before_step, after_step, routes_mlp) and ModelPart's default methods, which change nothing."""
     text = export(tmp_path, script, *flags)
     assert parts_loops(text) == loops
-    assert ("def block_input" in text) == ("parts_block_input" in loops)
+    assert all(f"def {hook}(" in text for hook in answered)
+    assert ("def block_input" in text) == ("block_input" in answered)
     assert "def block_output" not in text and "def before_step" not in text and "def after_step" not in text
     # no part routes the MLPs: the model's compile branch for a router goes with routes_mlp
     assert "routes_mlp" not in text and "capture_dynamic_output_shape_ops" not in text
@@ -788,16 +791,24 @@ def test_an_override_of_a_folded_method_is_refused_when_the_file_would_drop_it(t
         exported_program(tmp_path, monkeypatch, library, script)
 
 
-def test_an_override_of_a_host_method_folded_to_its_argument_is_refused(tmp_path, monkeypatch):
-    """StudyHost.parts_block_input folds to `x` where it is called: a model class defining its own would be
-    dropped with the calls, and the file would train without it."""
-    from speedrun.export import PASSED_THROUGH
-    library = "class StudyHost:\n    def through(self, i, x):\n        return x\n"
+@pytest.mark.parametrize("library, folds", [
+    # rule 7: it returns its argument
+    ("class StudyHost:\n    def through(self, i, x):\n        return x\n", {"PASSED_THROUGH": (("through", 1),)}),
+    # rule 33: it asks the parts in turn, and one part of the file's model answers
+    ("class StudyHost:\n    def through(self, i, x):\n        for part in self.parts:\n"
+     "            x = part.block_input(self, i, x)\n        return x\n",
+     {"FORWARDED": (("through", "block_input", "rolling", "chain", 2),)}),
+])
+def test_an_override_of_a_host_method_folded_where_called_is_refused(tmp_path, monkeypatch, library, folds):
+    """StudyHost.parts_block_input folds to `x` (no part answers it) or to the one part's call where it is called: a
+    model class defining its own would be dropped with the calls, and the file would train without it."""
+    from speedrun import export as export_module
+    folds = {getattr(export_module, key): value for key, value in folds.items()}
     script = ("from speedrun.lib import StudyHost\n\n\nclass Mine(StudyHost):\n    def through(self, i, x):\n"
               "        return x + 1\n\n    def used(self):\n        return self.through(0, 2)\n\n\n"
               "if __name__ == '__main__':\n    print(Mine().used())\n")
     with pytest.raises(UsageError, match="StudyHost.through was folded to its value, but script.py's Mine defines"):
-        exported_program(tmp_path, monkeypatch, library, script, {PASSED_THROUGH: (("through", 1),)})
+        exported_program(tmp_path, monkeypatch, library, script, folds)
 
 
 def test_a_left_out_run_flag_folds_to_the_parsers_default_not_a_number_of_the_exporters():
@@ -2822,7 +2833,8 @@ def test_rule_31_a_function_returning_a_display_of_the_files_classes_is_that_dis
     assert UNSHADOWED != CLASS_DISPLAY
     text = without_inert_code(UNSHADOWED)
     assert "def parts" not in text and "def shadowed" not in text
-    assert "print([name for name, _ in [('part', Part), ('other', Other)]], [cls.__name__ for cls in (Other,)]" in text
+    assert "print([name for name, _ in [('part', Part), ('other', Other)]], " \
+           "[cls.__name__ for cls in (Other,)]" in text
     assert run_printed(text) == run_printed(CLASS_DISPLAY) == [(["part", "other"], ["Other"], 4)]
     kept = without_inert_code(CLASS_DISPLAY)  # `Other` is also a local of `named`
     assert "def parts" in kept and "def shadowed" in kept
@@ -2854,3 +2866,113 @@ def test_rule_31_the_file_builds_its_parts_by_name_and_reads_no_registry_for_the
     assert not re.search(r"\bstudy_parts\b|\bin_model\b|\bcfg\.studies\b", text)
     if built is not None:
         assert f"self.build_parts({built}, self.cfg)" in text
+
+
+def test_rule_32_the_registry_goes_only_where_the_parts_are_written_and_every_field_of_a_study_on_folds():
+    from speedrun.export import (FIELDS_EVERYWHERE, R18_BASE, STUDY_FIELD, WRITTEN_FUNCTIONS, built_parts_written,
+                                 registry_unread, study_fields_read_as_literals)
+    backout = next(s for s in STUDIES if s.name == "backout")
+    every_field = {STUDY_FIELD + name: None for name, _, _ in backout.model_fields}
+    written = built_parts_written([backout], fixed_arm=True)
+    assert registry_unread([backout], {**every_field, **written})
+    assert not registry_unread([], {**every_field, **written})  # no study on: the registry is already empty
+    assert not registry_unread([backout], every_field)  # the parts come from the registry
+    assert not registry_unread([backout], {**every_field, **written, R18_BASE: True})  # R18GPT reads it
+    one_short = {key: value for key, value in every_field.items() if key != STUDY_FIELD + "backout_concat_dim"}
+    assert not registry_unread([backout], {**one_short, **written})  # a field that differs between probe configs
+    source = "def f(cfg, config):\n    return g(cfg.backout_layers, self.cfg.backout_mode, other.backout_mode())\n"
+    folds = {STUDY_FIELD + "backout_layers": (11,), STUDY_FIELD + "backout_mode": "sum"}
+    assert study_fields_read_as_literals(source, folds) == source
+    assert study_fields_read_as_literals(source, {**folds, FIELDS_EVERYWHERE: True}) == \
+        "def f(cfg, config):\n    return g((11,), 'sum', other.backout_mode())\n"
+
+
+def model_config_code(text):
+    """The file's GPTConfig, model_config_class, preset_config and model_config_from_args, as source."""
+    tree = ast.parse(text)
+    return [ast.unparse(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name in ("GPTConfig", "model_config_class", "preset_config", "model_config_from_args")]
+
+
+@pytest.mark.parametrize("script_module, flags", [
+    (T, ["--backout-layers", "11", "--preset", "full"]),
+    (T, ["--backout-layers", "9", "11", "--backout-transform", "relu", "--preset", "full"]),
+    (S, ["--rolling-skip"]),
+])
+def test_rule_32_a_record_file_configures_its_model_as_its_baseline_does(tmp_path, script_module, flags):
+    """No registry, no Study and no study field in the model config: the record's model config code is the
+    baseline file's, its study's settings are literals in its part."""
+    record, baseline = export(tmp_path, script_module, *flags), export(tmp_path, script_module)
+    assert "STUDIES" not in {n.id for n in ast.walk(ast.parse(record)) if isinstance(n, ast.Name)}
+    assert not re.search(r"class Study\b|\bcfg\.(backout|rolling)_", record)
+    assert len(model_config_code(record)) >= 3 and model_config_code(record) == model_config_code(baseline)
+
+
+DISPATCH_HOST = '''class Host:
+    def chain(self, v, extra):
+        for part in self.parts:
+            v = part.head_input(self, v, extra)
+        return v
+
+    def merge(self):
+        out = {}
+        for part in self.parts:
+            out.update(part.named_scalars(self))
+        return out
+
+    def reordered(self, v, extra):
+        for part in self.parts:
+            v = part.head_input(self, extra, v)
+        return v
+
+    def kept(self, v):
+        for part in self.parts:
+            v = part.head_input(self, v) + 1
+        return v
+'''
+
+
+def test_rule_33_the_host_methods_that_ask_each_part_in_turn_are_recognised_by_their_form():
+    from speedrun.export import dispatch_form
+    methods = {n.name: n for n in ast.parse(DISPATCH_HOST).body[0].body}
+    assert dispatch_form(methods["chain"]) == ("head_input", "chain")
+    assert dispatch_form(methods["merge"]) == ("named_scalars", "merge")
+    assert dispatch_form(methods["reordered"]) is None and dispatch_form(methods["kept"]) is None
+
+
+def test_rule_33_a_call_of_a_host_method_whose_hook_one_part_answers_is_that_parts_call():
+    """Where the file's model holds the backout part alone, `self.parts_head_input(norm(x), ...)` is backout's
+    head_input; a merging method only as update()'s argument (its own dict would otherwise be a new one)."""
+    from speedrun.export import FORWARDED, forwarded_calls_read
+    folds = {FORWARDED: (("chain", "head_input", "backout", "chain", 2),
+                         ("merge", "named_scalars", "backout", "merge", 0))}
+    source = ("def f(self, model, x, e):\n    y = self.chain(norm(x), e) + model.chain(x, e)\n"
+              "    out.update(self.merge())\n    kept = self.merge()\n    return other.chain(x, e), self.chain(x)\n")
+    assert forwarded_calls_read(source, folds) == (
+        "def f(self, model, x, e):\n    y = self.study['backout'].head_input(self, norm(x), e) + "
+        "model.study['backout'].head_input(model, x, e)\n    out.update(self.study['backout'].named_scalars(self))\n"
+        "    kept = self.merge()\n    return other.chain(x, e), self.chain(x)\n")
+    assert forwarded_calls_read(source, {}) == source
+
+
+def test_rule_33_only_a_hook_one_built_part_alone_overrides_is_forwarded():
+    from speedrun.export import BUILT_PARTS, FORWARDED, built_parts_written, forwarded_host_methods
+    backout = next(s for s in STUDIES if s.name == "backout")
+    one = forwarded_host_methods({BUILT_PARTS: (("backout", "speedrun.backout", "Backout"),)})[FORWARDED]
+    assert {(method, hook, kind) for method, hook, _, kind, _ in one} == {
+        ("parts_head_input", "head_input", "chain"), ("parts_named_scalars", "named_scalars", "merge")}
+    # with LAuReL's part too: both answer named_scalars, backout alone head_input
+    both = forwarded_host_methods({BUILT_PARTS: (("backout", "speedrun.backout", "Backout"),
+                                                 ("laurel", "speedrun.laurel", "LaurelResiduals"))})[FORWARDED]
+    assert [method for method, *_ in both] == ["parts_head_input"]
+    assert forwarded_host_methods({}) == {}
+    # on --base r18 the parts are the studies' r18 parts (#18's backout: R18Backout)
+    (r18,) = built_parts_written([backout], fixed_arm=True, on_r18=True)[BUILT_PARTS]
+    assert r18 == ("backout", "speedrun.backout", "R18Backout") and backout.r18_part.__name__ == "R18Backout"
+
+
+def test_rule_33_the_backout_record_calls_its_part_where_the_model_asks_it(tmp_path):
+    text = export(tmp_path, T, "--backout-layers", "11", "--preset", "full")
+    assert "return self.study['backout'].head_input(self, norm(x), outputs, x_embed, input_seq)" in text
+    assert "out.update(self.study['backout'].named_scalars(self))" in text
+    assert "def parts_head_input" not in text and "def parts_named_scalars" not in text

@@ -74,9 +74,9 @@ def test_extra_layers_are_what_the_flagless_model_gains_and_their_count_builds_o
     parts, none with the studies off (what lets an exported file hold its parts as constants)."""
     built, build_parts = [], StudyHost.build_parts
 
-    def recording_build_parts(self, studies, cfg, part_class):
-        built.append([study.name for study in studies])
-        return build_parts(self, studies, cfg, part_class)
+    def recording_build_parts(self, parts, cfg):
+        built.append([name for name, _ in parts])
+        return build_parts(self, parts, cfg)
 
     monkeypatch.setattr(StudyHost, "build_parts", recording_build_parts)
     checked, seen = set(), set()
