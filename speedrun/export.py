@@ -378,6 +378,11 @@ def built_parts_written(active, fixed_arm, on_r18=False):
 BUILT_PARTS = "(the parts the file's model builds)"
 
 
+def fixed_field_values(folds):
+    """{field: value} of the study fields the folds hold (STUDY_FIELD: study_field_folds)."""
+    return {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
+
+
 # The fold key of rule 32: every read of a field of a study that is on is its literal (the model config has none).
 FIELDS_EVERYWHERE = "(study fields read as literals everywhere)"
 
@@ -397,7 +402,7 @@ def study_fields_read_as_literals(text, folds):
     (STUDY_FIELD) is its literal, the model config holding no such field."""
     if not folds.get(FIELDS_EVERYWHERE, False):
         return text
-    fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
+    fields = fixed_field_values(folds)
     tree = parse(text)
     called = {id(n.func) for n in walk(tree) if isinstance(n, ast.Call)}  # a method of that name is no field
     edits = [(n, repr(fields[n.attr])) for n in walk(tree) if isinstance(n, ast.Attribute)
@@ -3054,7 +3059,7 @@ def fixed_fields_read(text, folds, readers=()):
     "block"` is False). Another read inside an expression or passed to a call stays (rule 22 decides a parameter by
     the field a call passes: `normed=cfg.backout_mode == "sum"`).
     check_study_fields refuses a kept binding of such a name, so every such read is of a config."""
-    fields = {key[len(STUDY_FIELD):]: value for key, value in folds.items() if key.startswith(STUDY_FIELD)}
+    fields = fixed_field_values(folds)
     if not fields:
         return text
     tree = parse(text)
@@ -4244,7 +4249,7 @@ def check_study_fields(modules, program, study_folds):
     otherwise than as the run's value (docs/export.md, rule 13): an attribute of that name assigned, or a member of a
     kept class; a resolve function that is no top-level function of its module (its reads of the parsed flags would
     be folded), or that calls one of its module's that reads a folded field (as parsed, there)."""
-    fields = {key[len(STUDY_FIELD):] for key in study_folds if key.startswith(STUDY_FIELD)}
+    fields = set(fixed_field_values(study_folds))
     readers = study_folds.get(PARSED_READERS, ())
     for module in modules:
         where = module.path.relative_to(ROOT).as_posix()
