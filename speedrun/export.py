@@ -1920,7 +1920,7 @@ def without_unread_definitions(text):
     """The file's text without each top-level function, class, constant or import whose name nothing in the file
     reads (no name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read
     only by the declaration's `on_r18=` that rule 17 cut; LAuReL's `accumulate`, read only by PA's code), again
-    until none is left."""
+    until none is left; with them the members no code names (unnamed_members)."""
     while True:
         tree = parse(text)
         read = names_and_attributes_read(tree)
@@ -1929,6 +1929,7 @@ def without_unread_definitions(text):
                 or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
                     and not target.id.startswith("__") for target in s.targets)]
+        gone += unnamed_members(tree)
         if not gone:
             break
         text = without_statements(text, tree, gone)
@@ -1947,6 +1948,46 @@ def without_unread_definitions(text):
         SECTION_HEADER.match(line) and not any(i < j < next((k for k in range(i + 1, len(lines))
                                                               if SECTION_HEADER.match(lines[k])), len(lines))
                                                for j in code)))
+
+
+# The library bases whose instances a library asks no member by name but those of torch's Module (`forward`)
+MEMBER_SAFE_BASES = ("nn.Module", "torch.nn.Module", "object")
+
+
+def unnamed_members(tree):
+    """Rule 8 once the final rules have cut their readers: each method (undecorated, a staticmethod or classmethod)
+    and plain class attribute of a class of the file that nothing in the file reads (no attribute or string of its
+    name, nor the name in a class body), not a dunder nor a name torch's Module or Optimizer has (library_attributes:
+    torch asks those), of a class whose every base is such a class of the file or MEMBER_SAFE_BASES and whose
+    decorators are dataclass's (nothing outside the file asks it members by name): the baselines'
+    StudyHost.build_parts, whose one call went with the test on the run's empty list of parts. None where the file
+    lists a class's members (`__dict__`, `dir`, `vars` of a class of the file) or asks a member by a name it builds
+    (getattr/hasattr/setattr/delattr of an f-string, a sum, a call or an item): a name it reads
+    (`getattr(self, self.scalar_vector)`) is a string the file holds."""
+    nodes = list(walk(tree))
+    classes = {cls.name: cls for cls in nodes if isinstance(cls, ast.ClassDef)}
+    calls = [n for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    if any(isinstance(n, ast.Attribute) and n.attr in WHOLESALE_ATTRIBUTES for n in nodes) or any(
+            call.func.id == "dir" or call.func.id == "vars" and any(ast.unparse(a) in classes for a in call.args)
+            or call.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(call.args) > 1
+            and not isinstance(call.args[1], (ast.Constant, ast.Name, ast.Attribute)) for call in calls):
+        return []
+    safe = set()
+    while True:  # the classes whose every base is safe, grown until none joins
+        joined = {name for name, cls in classes.items() if name not in safe and all(
+            ast.unparse(base) in MEMBER_SAFE_BASES or ast.unparse(base) in safe for base in cls.bases)
+                  and not cls.keywords and all(ast.unparse(d).startswith("dataclass") for d in cls.decorator_list)}
+        if not joined:
+            break
+        safe |= joined
+    # a member is reached by an attribute, a string, or its name in a class body (not a method's: another scope)
+    read = {n.attr for n in nodes if isinstance(n, ast.Attribute)} | strings_in([tree]) | {
+        n.id for cls in classes.values() for statement in cls.body if not isinstance(statement, ast.FunctionDef)
+        for n in walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    plain = ("staticmethod", "classmethod")
+    return [member for name in sorted(safe) for member_name, member in class_members(classes[name]).items()
+            if member_name not in read and not member_name.startswith("__") and member_name not in library_attributes()
+            and all(ast.unparse(d) in plain for d in getattr(member, "decorator_list", ()))]
 
 
 @functools.cache
@@ -2507,6 +2548,11 @@ def folded_value(node, folds, test=True):
     text = ast.unparse(node)
     if text in folds:
         return folds[text]
+    if test and text in PARTS_LISTS and folds.get(BUILT_PARTS):
+        return True  # rule 31: every model of the file holds the run's parts, one at least
+    if test and isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+            isinstance(n, (ast.Tuple, ast.List, ast.Name, ast.Attribute, ast.Constant, ast.Load)) for n in walk(node)):
+        return True  # a display of items that evaluate nothing: `if [('backout', Backout)]:`
     if isinstance(node, ast.Attribute) and STUDY_FIELD + node.attr in folds and reads_config(node.value):
         return folds[STUDY_FIELD + node.attr]  # a field of a study that is on, in the run or the model config
     if isinstance(node, ast.Constant):
