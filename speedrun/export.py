@@ -53,6 +53,7 @@ from pathlib import Path
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS, choices_help
 from speedrun.model import study_parts
+from speedrun.r18.studies import r18_study_parts
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
 from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, Study, StudyHost, is_set
@@ -367,10 +368,14 @@ def built_parts_written(active, fixed_arm, on_r18=False):
     if (active and not fixed_arm) or any(cls is None or cls.base_config is not ModelPart.base_config
                                          or not is_project(cls.__module__) for cls in every_class):
         return {}
-    value = "[" + ", ".join(f"({study.name!r}, {study.model_part.__name__})" for study in parts) + "]"
-    written = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
+    functions = [(study_parts, [study.model_part for study in parts])]
+    if on_r18:  # R18GPT builds the studies' r18 parts, by speedrun.r18.studies.r18_study_parts
+        functions.append((r18_study_parts, classes))
+    written = tuple((function.__module__, function.__name__,
+                     "[" + ", ".join(f"({study.name!r}, {cls.__name__})" for study, cls in zip(parts, built)) + "]",
+                     tuple((cls.__name__, cls.__module__) for cls in built)) for function, built in functions)
     built = tuple((study.name, cls.__module__, cls.__name__) for study, cls in zip(parts, classes))
-    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, written),), BUILT_PARTS: built}
+    return {WRITTEN_FUNCTIONS: written, BUILT_PARTS: built}
 
 
 # The fold holding (study name, module, class) of each part the file's model builds, in build order, where rule 31
@@ -1078,6 +1083,14 @@ def unset_parameters(tree):
     calls = [n for n in walk(tree) if isinstance(n, ast.Call)]
     methods = {id(m) for c in walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
     classes = {n.name for n in walk(tree) if isinstance(n, ast.ClassDef)}
+    # a class's __init__ is known where its one definition's name is read only as called (no base of another class,
+    # no isinstance, no alias, no `module.Class(...)`) and nothing builds an object of a class it reads off one
+    # (`type(self)(...)`, `self.__class__(...)`, a classmethod's `cls(...)`)
+    owners = {id(m): c.name for c in walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
+    class_names = collections.Counter(n.name for n in walk(tree) if isinstance(n, ast.ClassDef))
+    rebuilt = any(isinstance(c.func, ast.Call) and ast.unparse(c.func.func) == "type"
+                  or isinstance(c.func, ast.Attribute) and c.func.attr == "__class__"
+                  or isinstance(c.func, ast.Name) and c.func.id == "cls" for c in calls)
     definitions = collections.Counter(f.name for f in functions)
     named = collections.Counter(n.id for n in walk(tree) if isinstance(n, ast.Name))
     named.update(n.attr for n in walk(tree) if isinstance(n, ast.Attribute))
@@ -1098,6 +1111,13 @@ def unset_parameters(tree):
 
     def known_calls(function):
         """Its calls, and how many leading parameters they skip; None where something else may call it."""
+        if function.name == "__init__" and id(function) in owners:  # `Class(...)` calls it, where nothing else can
+            owner = owners[id(function)]
+            reach = [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == owner]
+            if owner not in strings and class_names[owner] == 1 and named[owner] == call_names[owner] == len(reach) \
+                    and not function.decorator_list and not rebuilt:
+                return reach, 1
+            return None
         static = [ast.unparse(d) for d in function.decorator_list] == ["staticmethod"]
         if function.name in foreign_attributes() or function.name in strings | entry_points \
                 or named[function.name] != call_names[function.name] \
@@ -1524,6 +1544,12 @@ def operand_source(text, node, op):
     wrapped = isinstance(node, (ast.IfExp, ast.Lambda, ast.NamedExpr)) or (
         isinstance(node, ast.BoolOp) and isinstance(op, ast.And) and isinstance(node.op, ast.Or))
     return f"({source})" if wrapped else source
+
+
+def without_empty_locals(text):
+    """What the final rules leave of a local assigned an empty literal (rule 19's `parts = []` of R18GPT's unpacked
+    `self.study_cfg, parts = (None, [])`): its tests and loops fold as at the modules' (propagate_locals)."""
+    return fold_ifs(propagate_locals(text, {}), {})
 
 
 def without_decided_residue(text):
@@ -2950,9 +2976,13 @@ def empty_tests(name, literal, later):
     """(read, its replacement) for each read of a local assigned an empty literal that only its truth counts in
     (the test of an `if`, a conditional expression or `while`, the operand of `not`: the literal) or that a `for`
     iterates (as is or its items(), keys() or values(): `()`), where every read of it in the statements `later` is
-    one of those or an item read: nothing can fill it, and those tests and loops fold (fold_ifs)."""
+    one of those or an item read, or inside the body of an `if NAME:` (which then never runs: R18GPT's `if parts:`
+    that builds them): nothing can fill it, and those tests and loops fold (fold_ifs)."""
     edits, reads, item_reads = {}, [], set()
-    for node in (n for statement in later for n in walk(statement)):
+    skipped = {id(n) for statement in later for test in walk(statement) if isinstance(test, ast.If)
+               and isinstance(test.test, ast.Name) and test.test.id == name
+               for inner in test.body for n in walk(inner)}
+    for node in (n for statement in later for n in walk(statement) if id(n) not in skipped):
         if isinstance(node, (ast.If, ast.IfExp, ast.While)) or \
                 isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             test = node.operand if isinstance(node, ast.UnaryOp) else node.test
@@ -4537,9 +4567,11 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     # ... =`); rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`);
     # rule 18's empty bases with them: a base whose no-op hooks rule 24 cut (BaseRun of a track's run)
     folded = to_fixed_point(lambda text: without_empty_bases(without_literal_residue(without_decided_residue(
-        without_inert_code(without_literal_parameters(without_unset_parameters(without_constant_attributes(
-            text))))))), folded)
-    spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
+        without_empty_locals(without_inert_code(without_literal_parameters(without_unset_parameters(
+            without_constant_attributes(text)))))))), folded)
+    # rule 18's empty bases again: a base whose members no code names (rule 8 at the end: r18's StudyHost)
+    spaced = without_redundant_parentheses(without_unread_model_fields(to_fixed_point(
+        lambda text: without_empty_bases(without_unread_definitions(text)),
         without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(packed_module_calls(spaced))
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here

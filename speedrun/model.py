@@ -119,7 +119,6 @@ class StudyGPT(StudyHost, nn.Module):
       blocks whose forward / mix_and_attend take (x, *embeds, ve, mask, block lambdas, value lambdas).
     The "block" scalars hold the same number of lambdas per layer (named a, b, c, ...), "value" two per layer.
     """
-    parts = ()  # the study parts built (StudyHost.build_parts); a model with none holds no `study` container
 
     def __init__(self, cfg, max_seq_len):
         super().__init__()

@@ -1649,6 +1649,18 @@ def test_a_member_another_class_defines_sets_or_reads_by_name_is_not_a_parts_alo
     assert "model_layer_pattern" not in owned and "built_last" in owned
 
 
+def test_an_empty_local_read_in_the_body_of_a_test_on_it_folds_with_that_body():
+    """R18GPT's `parts = []` (what rule 19 leaves of its unpacking): `if parts:` never runs, so what its body does with
+    the list does not count; a read outside it still does."""
+    from speedrun.export import without_empty_locals
+    source = ("def f(build):\n    parts = []\n    if parts:\n        build(parts)\n        print(parts)\n"
+              "    return 1\n")
+    assert without_empty_locals(source) == "def f(build):\n    parts = []\n    return 1\n"  # rule 24 cuts the rest
+    for outside in ("    build(parts)\n", "    if not parts:\n        build(parts)\n"):
+        kept = source.replace("    return 1\n", outside + "    return 1\n")
+        assert "if parts:" in without_empty_locals(kept)
+
+
 def test_an_empty_local_folds_only_where_nothing_can_fill_it():
     """`own = []` read in a test folds; one passed to a call (which may append to it) is left as it is."""
     from speedrun.export import fold_constants, drop_dead_constants
@@ -2524,6 +2536,45 @@ def test_rule_29_a_parameter_something_else_may_set_stays(change, kept):
     assert kept in without_unset_parameters("import math\n" + source)
 
 
+INIT_SENTINEL = '''class Model:
+    def __init__(self, size, registry=None):
+        self.size = size if registry is None else size + len(registry)
+
+
+class Loader:
+    def __init__(self, load=None):
+        self.load = load or print
+
+
+print(Model(3).size, Model(4).size, Loader().load is print)
+'''
+
+
+@pytest.mark.parametrize("change", [
+    None,
+    ("print(Model(3)", "class Deeper(Model):\n    pass\n\n\nprint(Model(3)"),  # a subclass's __init__ reaches it
+    ("print(Model(3)", "print(isinstance(1, Model))\nprint(Model(3)"),  # the class read as a value
+    ("print(Model(3)", "print(type(Model(1))(2, registry=[1]).size)\nprint(Model(3)"),  # an object's class built
+    ("print(Model(3)", "NAMES = ['Model']\nprint(Model(3)"),  # a string: getattr(module, 'Model')
+    ("class Loader:", "    @classmethod\n    def made(cls):\n        return cls(1, registry=[1])\n\n\n"
+                      "class Loader:"),  # a classmethod builds one
+    ("print(Model(3)", "import types\nprint(types.SimpleNamespace(Model=Model).Model(1, [2]).size)\n"
+                       "print(Model(3)"),  # called through an attribute
+    ("Model(4).size", "Model(4, [1]).size"),  # a call sets it
+])
+def test_rule_29_a_class_whose_calls_all_leave_an_init_parameter_at_its_sentinel_folds_it(change):
+    """`Class(...)` calls its __init__: where the class is read only as called (and no object's class is built, no
+    subclass), a parameter every call leaves at None is read as None (r18's `registry`, the loaders' `load`)."""
+    from speedrun.export import without_unset_parameters
+    source = INIT_SENTINEL if change is None else INIT_SENTINEL.replace(*change)
+    assert change is None or source != INIT_SENTINEL
+    text = without_unset_parameters(source)
+    assert ("def __init__(self, size):" in text) == (change is None)
+    if change is None:
+        assert "def __init__(self):" in text and "self.load = None or print" in text  # Loader's: always unset
+    assert run_printed(text) == run_printed(source)
+
+
 def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
     """decided_calls reads the folded `mixed_head_input(mode, x, ...)`, where the subtract branch that reads and
     stores `x` is gone, and cuts `x` from the source before folding: its reads there become the literal, its store
@@ -2932,6 +2983,7 @@ def test_rule_31_the_parts_are_written_where_every_model_the_file_builds_holds_t
 @pytest.mark.parametrize("script_module, flags, built", [
     (T, [], None),
     (S, [], None),
+    (T, ["--base", "r18"], None),
     (T, ["--backout-layers", "11", "--preset", "full"], "[('backout', Backout)]"),
     (S, ["--rolling-skip"], "[('rolling', RollingSkip)]"),
 ])
@@ -2950,10 +3002,13 @@ def test_rule_31_the_file_builds_its_parts_by_name_and_reads_no_registry_for_the
                 for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) for n in ast.walk(t)
                 if isinstance(n, ast.Name)})
     bookkeeping = {"build_parts", "study", "parts", "study_params", "added_params_by_study", "TRACK_SCALARS",
-                   "extra_param_counts", "model_config_class", "studies", "named_parts"}
+                   "extra_param_counts", "model_config_class", "studies", "named_parts", "r18_parts", "part_config",
+                   "study_cfg", "study_scalars", "r18_study_parts"}
+    if "--base" in flags:  # #18's model keeps its own scalars: of the study host it holds nothing
+        bookkeeping |= {"StudyHost", "begin_scalars", "add_scalars", "scalar_slice"}
     if built is None:
         assert not named & bookkeeping, named & bookkeeping
-        assert "\n        counts = {}\n" in text  # added_params starts from no study's count
+        assert "added_params_line({})" in text or "\n        counts = {}\n" in text  # no study's count
     else:
         assert f"        self.build_parts({built}, self.cfg)\n" in text
         assert {"study_params", "added_params_by_study"} <= named

@@ -172,6 +172,15 @@ def r18_model(*flags):
         return R18GPT(r18_config(config), studies=config)
 
 
+def test_an_r18_model_with_no_study_on_holds_no_study_container():
+    """#18's record model: no part, no `study` or study scalar vector, nothing added; with a study on, its part."""
+    plain = r18_model()
+    assert plain.parts == () and plain.added_params() == {}
+    assert not any(hasattr(plain, name) for name in ("study", "study_scalars", "scalar_layout"))
+    lambdas = r18_model("--backout-layers", "11")
+    assert [name for name, _ in lambdas.named_parts()] == ["backout"] and hasattr(lambdas, "study_scalars")
+
+
 def test_every_bundled_study_is_named_once_on_r18():
     """The added_params line on --base r18 names the study once, under its name, with everything it adds beyond the
     record's model (the naming rule is the #14 model's: speedrun.study.added_params_by_study)."""
