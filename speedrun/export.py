@@ -53,6 +53,7 @@ from pathlib import Path
 from speedrun.errors import UsageError
 from speedrun.flag_scopes import BASE_ONLY_CHOICES, BASE_ONLY_FLAGS, EXPORT_ONLY_FLAGS, choices_help
 from speedrun.model import study_parts
+from speedrun.r18.studies import r18_study_parts
 from speedrun.run_config import MAX_LAYERS
 from speedrun.studies import STUDIES
 from speedrun.study import NEUTRAL_DEFAULTS, ModelPart, Study, StudyHost, is_set
@@ -367,10 +368,14 @@ def built_parts_written(active, fixed_arm, on_r18=False):
     if (active and not fixed_arm) or any(cls is None or cls.base_config is not ModelPart.base_config
                                          or not is_project(cls.__module__) for cls in every_class):
         return {}
-    value = "[" + ", ".join(f"({study.name!r}, {study.model_part.__name__})" for study in parts) + "]"
-    written = tuple((study.model_part.__name__, study.model_part.__module__) for study in parts)
+    functions = [(study_parts, [study.model_part for study in parts])]
+    if on_r18:  # R18GPT builds the studies' r18 parts, by speedrun.r18.studies.r18_study_parts
+        functions.append((r18_study_parts, classes))
+    written = tuple((function.__module__, function.__name__,
+                     "[" + ", ".join(f"({study.name!r}, {cls.__name__})" for study, cls in zip(parts, built)) + "]",
+                     tuple((cls.__name__, cls.__module__) for cls in built)) for function, built in functions)
     built = tuple((study.name, cls.__module__, cls.__name__) for study, cls in zip(parts, classes))
-    return {WRITTEN_FUNCTIONS: ((study_parts.__module__, study_parts.__name__, value, written),), BUILT_PARTS: built}
+    return {WRITTEN_FUNCTIONS: written, BUILT_PARTS: built}
 
 
 # The fold holding (study name, module, class) of each part the file's model builds, in build order, where rule 31
@@ -1078,6 +1083,14 @@ def unset_parameters(tree):
     calls = [n for n in walk(tree) if isinstance(n, ast.Call)]
     methods = {id(m) for c in walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
     classes = {n.name for n in walk(tree) if isinstance(n, ast.ClassDef)}
+    # a class's __init__ is known where its one definition's name is read only as called (no base of another class,
+    # no isinstance, no alias, no `module.Class(...)`) and nothing builds an object of a class it reads off one
+    # (`type(self)(...)`, `self.__class__(...)`, a classmethod's `cls(...)`)
+    owners = {id(m): c.name for c in walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
+    class_names = collections.Counter(n.name for n in walk(tree) if isinstance(n, ast.ClassDef))
+    rebuilt = any(isinstance(c.func, ast.Call) and ast.unparse(c.func.func) == "type"
+                  or isinstance(c.func, ast.Attribute) and c.func.attr == "__class__"
+                  or isinstance(c.func, ast.Name) and c.func.id == "cls" for c in calls)
     definitions = collections.Counter(f.name for f in functions)
     named = collections.Counter(n.id for n in walk(tree) if isinstance(n, ast.Name))
     named.update(n.attr for n in walk(tree) if isinstance(n, ast.Attribute))
@@ -1098,6 +1111,13 @@ def unset_parameters(tree):
 
     def known_calls(function):
         """Its calls, and how many leading parameters they skip; None where something else may call it."""
+        if function.name == "__init__" and id(function) in owners:  # `Class(...)` calls it, where nothing else can
+            owner = owners[id(function)]
+            reach = [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == owner]
+            if owner not in strings and class_names[owner] == 1 and named[owner] == call_names[owner] == len(reach) \
+                    and not function.decorator_list and not rebuilt:
+                return reach, 1
+            return None
         static = [ast.unparse(d) for d in function.decorator_list] == ["staticmethod"]
         if function.name in foreign_attributes() or function.name in strings | entry_points \
                 or named[function.name] != call_names[function.name] \
@@ -1526,6 +1546,12 @@ def operand_source(text, node, op):
     return f"({source})" if wrapped else source
 
 
+def without_empty_locals(text):
+    """What the final rules leave of a local assigned an empty literal (rule 19's `parts = []` of R18GPT's unpacked
+    `self.study_cfg, parts = (None, [])`): its tests and loops fold as at the modules' (propagate_locals)."""
+    return fold_ifs(propagate_locals(text, {}), {})
+
+
 def without_decided_residue(text):
     """Rule 26: what folding leaves decided goes (with rules 19, 22 and 24, until none changes the file):
     - a block's statements after its `return`, `raise`, `continue` or `break` (LAuReL's `return sum_in_order(g,
@@ -1920,7 +1946,7 @@ def without_unread_definitions(text):
     """The file's text without each top-level function, class, constant or import whose name nothing in the file
     reads (no name, attribute or string of it) once the final rules have cut what read it (`backout_on_r18`, read
     only by the declaration's `on_r18=` that rule 17 cut; LAuReL's `accumulate`, read only by PA's code), again
-    until none is left."""
+    until none is left; with them the members no code names (unnamed_members)."""
     while True:
         tree = parse(text)
         read = names_and_attributes_read(tree)
@@ -1929,6 +1955,7 @@ def without_unread_definitions(text):
                 or isinstance(s, ast.Assign) and all(
                     isinstance(target, ast.Name) and target.id not in read and target.id not in FILE_CONSTANTS
                     and not target.id.startswith("__") for target in s.targets)]
+        gone += unnamed_members(tree)
         if not gone:
             break
         text = without_statements(text, tree, gone)
@@ -1947,6 +1974,46 @@ def without_unread_definitions(text):
         SECTION_HEADER.match(line) and not any(i < j < next((k for k in range(i + 1, len(lines))
                                                               if SECTION_HEADER.match(lines[k])), len(lines))
                                                for j in code)))
+
+
+# The library bases whose instances a library asks no member by name but those of torch's Module (`forward`)
+MEMBER_SAFE_BASES = ("nn.Module", "torch.nn.Module", "object")
+
+
+def unnamed_members(tree):
+    """Rule 8 once the final rules have cut their readers: each method (undecorated, a staticmethod or classmethod)
+    and plain class attribute of a class of the file that nothing in the file reads (no attribute or string of its
+    name, nor the name in a class body), not a dunder nor a name torch's Module or Optimizer has (library_attributes:
+    torch asks those), of a class whose every base is such a class of the file or MEMBER_SAFE_BASES and whose
+    decorators are dataclass's (nothing outside the file asks it members by name): the baselines'
+    StudyHost.build_parts, whose one call went with the test on the run's empty list of parts. None where the file
+    lists a class's members (`__dict__`, `dir`, `vars` of a class of the file) or asks a member by a name it builds
+    (getattr/hasattr/setattr/delattr of an f-string, a sum, a call or an item): a name it reads
+    (`getattr(self, self.scalar_vector)`) is a string the file holds."""
+    nodes = list(walk(tree))
+    classes = {cls.name: cls for cls in nodes if isinstance(cls, ast.ClassDef)}
+    calls = [n for n in nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    if any(isinstance(n, ast.Attribute) and n.attr in WHOLESALE_ATTRIBUTES for n in nodes) or any(
+            call.func.id == "dir" or call.func.id == "vars" and any(ast.unparse(a) in classes for a in call.args)
+            or call.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(call.args) > 1
+            and not isinstance(call.args[1], (ast.Constant, ast.Name, ast.Attribute)) for call in calls):
+        return []
+    safe = set()
+    while True:  # the classes whose every base is safe, grown until none joins
+        joined = {name for name, cls in classes.items() if name not in safe and all(
+            ast.unparse(base) in MEMBER_SAFE_BASES or ast.unparse(base) in safe for base in cls.bases)
+                  and not cls.keywords and all(ast.unparse(d).startswith("dataclass") for d in cls.decorator_list)}
+        if not joined:
+            break
+        safe |= joined
+    # a member is reached by an attribute, a string, or its name in a class body (not a method's: another scope)
+    read = {n.attr for n in nodes if isinstance(n, ast.Attribute)} | strings_in([tree]) | {
+        n.id for cls in classes.values() for statement in cls.body if not isinstance(statement, ast.FunctionDef)
+        for n in walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    plain = ("staticmethod", "classmethod")
+    return [member for name in sorted(safe) for member_name, member in class_members(classes[name]).items()
+            if member_name not in read and not member_name.startswith("__") and member_name not in library_attributes()
+            and all(ast.unparse(d) in plain for d in getattr(member, "decorator_list", ()))]
 
 
 @functools.cache
@@ -2507,6 +2574,11 @@ def folded_value(node, folds, test=True):
     text = ast.unparse(node)
     if text in folds:
         return folds[text]
+    if test and text in PARTS_LISTS and folds.get(BUILT_PARTS):
+        return True  # rule 31: every model of the file holds the run's parts, one at least
+    if test and isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+            isinstance(n, (ast.Tuple, ast.List, ast.Name, ast.Attribute, ast.Constant, ast.Load)) for n in walk(node)):
+        return True  # a display of items that evaluate nothing: `if [('backout', Backout)]:`
     if isinstance(node, ast.Attribute) and STUDY_FIELD + node.attr in folds and reads_config(node.value):
         return folds[STUDY_FIELD + node.attr]  # a field of a study that is on, in the run or the model config
     if isinstance(node, ast.Constant):
@@ -2904,9 +2976,13 @@ def empty_tests(name, literal, later):
     """(read, its replacement) for each read of a local assigned an empty literal that only its truth counts in
     (the test of an `if`, a conditional expression or `while`, the operand of `not`: the literal) or that a `for`
     iterates (as is or its items(), keys() or values(): `()`), where every read of it in the statements `later` is
-    one of those or an item read: nothing can fill it, and those tests and loops fold (fold_ifs)."""
+    one of those or an item read, or inside the body of an `if NAME:` (which then never runs: R18GPT's `if parts:`
+    that builds them): nothing can fill it, and those tests and loops fold (fold_ifs)."""
     edits, reads, item_reads = {}, [], set()
-    for node in (n for statement in later for n in walk(statement)):
+    skipped = {id(n) for statement in later for test in walk(statement) if isinstance(test, ast.If)
+               and isinstance(test.test, ast.Name) and test.test.id == name
+               for inner in test.body for n in walk(inner)}
+    for node in (n for statement in later for n in walk(statement) if id(n) not in skipped):
         if isinstance(node, (ast.If, ast.IfExp, ast.While)) or \
                 isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             test = node.operand if isinstance(node, ast.UnaryOp) else node.test
@@ -4491,9 +4567,11 @@ def export_source(script, config, fixed_flags, command, omitted=(), defaults=(),
     # ... =`); rule 23 with them: a lookup it reads as its value can leave a method inert (LAuReL's `rw_shape`);
     # rule 18's empty bases with them: a base whose no-op hooks rule 24 cut (BaseRun of a track's run)
     folded = to_fixed_point(lambda text: without_empty_bases(without_literal_residue(without_decided_residue(
-        without_inert_code(without_literal_parameters(without_unset_parameters(without_constant_attributes(
-            text))))))), folded)
-    spaced = without_redundant_parentheses(without_unread_model_fields(without_unread_definitions(
+        without_empty_locals(without_inert_code(without_literal_parameters(without_unset_parameters(
+            without_constant_attributes(text)))))))), folded)
+    # rule 18's empty bases again: a base whose members no code names (rule 8 at the end: r18's StudyHost)
+    spaced = without_redundant_parentheses(without_unread_model_fields(to_fixed_point(
+        lambda text: without_empty_bases(without_unread_definitions(text)),
         without_literal_residue(without_string_locals(without_single_use_aliases(folded))))))
     text = single_blank_lines(packed_module_calls(spaced))
     # a file that does not compile, or that a blank line inside a string made another program, is a bug here

@@ -39,20 +39,22 @@ class GPTConfig:
     mlp_ratio: int = 4
     attn_scale: float = 0.12
     baseline_layers: int | None = None
-    studies: tuple = field(default=(), repr=False)  # the run's registry: each study's part is built when it is on
+    studies = ()  # the run's registry (model_config_class): no study, no part
 
 
 @cache
 def model_config_class(studies):
-    """GPTConfig with the model fields the studies declare (Study.model_fields; every default means off)."""
-    return make_dataclass("ModelConfig", [(name, kind, field(default=default))
-                                          for study in studies for name, kind, default in study.model_fields],
+    """GPTConfig with the run's registry (`studies`: each study's part is built when it is on) and the model fields
+    its studies declare (Study.model_fields; every default means off)."""
+    return make_dataclass("ModelConfig", [("studies", tuple, field(default=studies, repr=False)),
+                                          *((name, kind, field(default=default)) for study in studies
+                                            for name, kind, default in study.model_fields)],
                           bases=(GPTConfig,), kw_only=True)
 
 
 def preset_config(preset, studies):
     """The model config with the preset's sizes as defaults (a track's ModelConfig: its record model)."""
-    return partial(model_config_class(tuple(studies)), studies=tuple(studies), num_layers=preset["num_layers"],
+    return partial(model_config_class(tuple(studies)) if studies else GPTConfig, num_layers=preset["num_layers"],
                    **{k: preset[k] for k in PRESET_SIZE_FIELDS})
 
 
@@ -126,8 +128,6 @@ class StudyGPT(StudyHost, nn.Module):
                                        for _, part in study_parts(cfg)) if pattern is not None]
         self.pattern = own[0] if own else self.layer_pattern(cfg.num_layers)
         self.no_attention_layers = self.pattern.get("no_attention_layers", [self.pattern["no_attention_layer"]])
-        # Parameters a variant adds outside self.study (e.g. widened lm-head columns), or removes (negative).
-        self.extra_param_counts = {}
         # Every learned scalar lives in one vector; `scalar_layout` names the slices.
         self.begin_scalars()
 
@@ -151,7 +151,8 @@ class StudyGPT(StudyHost, nn.Module):
         self.add_scalars("value", torch.tensor([0.5, 0.5]).repeat(L))
         # Study variants keep their modules in self.study (key = variant name) and their scalars in the shared
         # vector, so parameter counts, optimiser groups and logging find them without special cases.
-        self.build_parts(study_parts(self.cfg), self.cfg)
+        if study_parts(self.cfg):
+            self.build_parts(study_parts(self.cfg), self.cfg)
         self.scalars = nn.Parameter(torch.cat(self._scalar_inits))
         del self._scalar_inits
 
@@ -159,7 +160,7 @@ class StudyGPT(StudyHost, nn.Module):
         """Parameters added by each study variant (study_params), and by the layers beyond the preset's."""
         counts = self.study_params()
         # A part that grows the model from a base config counts everything beyond it, its new layers included.
-        grown = {name: part.base_config(self.cfg) for name, part in self.study.items()
+        grown = {name: part.base_config(self.cfg) for name, part in self.named_parts()
                  if part.base_config(self.cfg) is not None}
         for name, base in grown.items():
             counts[name] = sum(p.numel() for p in self.parameters()) - self.param_count(base)
@@ -175,6 +176,8 @@ class StudyGPT(StudyHost, nn.Module):
     def study_params(self):
         """What each study variant adds to the flagless model of this depth: its modules, its scalar slices ("name"
         or "name.*") and what it changes outside self.study (extra_param_counts)."""
+        if not self.parts:
+            return {}
         counts = added_params_by_study(self.study, self.scalar_layout, TRACK_SCALARS)
         for variant, n in self.extra_param_counts.items():
             counts[variant] = counts.get(variant, 0) + n
@@ -182,7 +185,8 @@ class StudyGPT(StudyHost, nn.Module):
 
     def flagless_params(self):
         """Parameters of the flagless model of this depth: this model's, less what its studies add."""
-        return sum(p.numel() for p in self.parameters()) - sum(self.study_params().values())
+        total = sum(p.numel() for p in self.parameters())
+        return total - sum(self.study_params().values()) if self.parts else total
 
     def extra_layer_params(self):
         """Parameters the baseline architecture gains at cfg.num_layers over cfg.baseline_layers (naive scaling).
@@ -201,16 +205,17 @@ class StudyGPT(StudyHost, nn.Module):
         out = []
         for block in self.blocks:
             out += self.block_matrix_params(block)
-        study_embeds = {id(p) for p in self.study_embedding_params()}
-        out += [(p, 1.0) for p in self.study.parameters() if p.ndim >= 2 and id(p) not in study_embeds]
+        if self.parts:  # the study parts' matrices; their embedding tables train as embeddings
+            tables = {id(p) for p in self.embedding_params()}
+            out += [(p, 1.0) for p in self.study.parameters() if p.ndim >= 2 and id(p) not in tables]
         return out
 
-    def study_embedding_params(self):
-        """nn.Embedding tables under self.study train as embeddings (Adam), not as Muon matrices."""
-        return [m.weight for m in self.study.modules() if isinstance(m, nn.Embedding)]
-
     def embedding_params(self):
-        return self.track_embedding_params() + self.study_embedding_params()
+        """The tables Adam trains as embeddings: the track's, then the study parts' nn.Embedding tables."""
+        tables = self.track_embedding_params()
+        if self.parts:
+            tables += [m.weight for m in self.study.modules() if isinstance(m, nn.Embedding)]
+        return tables
 
     def masks(self, input_seq, window_blocks):
         """(long, short) masks for this sequence and window; short is half the long window, at least 1 block."""

@@ -179,6 +179,7 @@ class StudyHost:
     parts_residuals, parts_mlp_router and parts_mlp_extra test `self.parts` first: with no study on, an export folds
     their calls to None."""
     scalar_vector = "scalars"
+    parts = ()  # the parts built (build_parts); a model that builds none holds no `study` container
 
     def begin_scalars(self):
         self._scalar_inits, self.scalar_layout = [], {}
@@ -198,11 +199,17 @@ class StudyHost:
 
     def build_parts(self, parts, cfg):
         """Builds each part of `parts` ((study name, its ModelPart class), in build order: registry order, built_last
-        parts after the others) into self.study and self.parts."""
-        self.study, self.parts = nn.ModuleDict(), []
+        parts after the others) into self.study and self.parts; extra_param_counts: what a part adds outside
+        self.study (e.g. widened lm-head columns), or removes (negative). A model that builds no part (none on)
+        calls it not: it holds none of these but the class's `parts = ()`."""
+        self.study, self.parts, self.extra_param_counts = nn.ModuleDict(), [], {}
         for name, part_class in parts:
             self.study[name] = part_class(self, cfg)
             self.parts.append(self.study[name])
+
+    def named_parts(self):
+        """(study name, part) of each part built, in build order."""
+        return self.study.items() if self.parts else ()
 
     def parts_block_input(self, i, x, outputs, x_embed):
         for part in self.parts:

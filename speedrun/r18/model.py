@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from speedrun.layers import norm, padded_vocab
 from speedrun.r18.attention import varlen_attend
-from speedrun.r18.studies import MATRIX_MULTIPLIERS, SCALAR_MULTIPLIERS, part_config
+from speedrun.r18.studies import MATRIX_MULTIPLIERS, SCALAR_MULTIPLIERS, r18_parts
 from speedrun.study import StudyHost, added_params_by_study
 
 NUM_LAYERS = 16
@@ -253,14 +253,11 @@ class R18GPT(StudyHost, nn.Module):
 
     def __init__(self, cfg: R18Config, studies=None, registry=None):
         super().__init__()
-        # The config the parts are built from, and the studies whose parts this model builds.
-        self.study_cfg = None if studies is None else part_config(studies, registry)
-        in_model = [] if studies is None else sorted([study for study in self.study_cfg.studies
-                                                      if study.in_model(self.study_cfg)],
-                                                     key=lambda study: study.r18_part.built_last)
+        # The config the parts are built from, and the parts this model builds ((study name, part class)).
+        self.study_cfg, parts = r18_parts(studies, registry)
         # What a study part reads of the layer pattern, and the layers' value embeddings, windows, skips, backout.
-        own = [pattern for pattern in (study.r18_part.model_layer_pattern(self.study_cfg, layer_pattern)
-                                       for study in in_model) if pattern is not None]
+        own = [pattern for pattern in (part.model_layer_pattern(self.study_cfg, layer_pattern)
+                                       for _, part in parts) if pattern is not None]
         self.pattern = own[0] if own else layer_pattern(NUM_LAYERS)
         self.cfg = cfg = replace(cfg, num_layers=len(self.pattern["ve_index"]))
         L, dim, vocab = cfg.num_layers, cfg.model_dim, padded_vocab(cfg.vocab_size)
@@ -287,15 +284,16 @@ class R18GPT(StudyHost, nn.Module):
             torch.ones(pad)]))
         self.split_embed = False
         self._label_parameters()
-        self.begin_scalars()
-        self.build_parts([(study.name, study.r18_part) for study in in_model], self.study_cfg)
-        for part in self.parts:  # what a study adds trains by its shape (speedrun.r18.studies)
-            for p in part.parameters():
-                p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS
-        if self._scalar_inits:
-            self.study_scalars = nn.Parameter(torch.cat(self._scalar_inits))
-            self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = SCALAR_MULTIPLIERS
-        del self._scalar_inits
+        if parts:  # with none, no study container (StudyHost.parts is empty)
+            self.begin_scalars()
+            self.build_parts(parts, self.study_cfg)
+            for part in self.parts:  # what a study adds trains by its shape (speedrun.r18.studies)
+                for p in part.parameters():
+                    p.label, p.lr_mul, p.wd_mul = MATRIX_MULTIPLIERS if p.ndim >= 2 else SCALAR_MULTIPLIERS
+            if self._scalar_inits:
+                self.study_scalars = nn.Parameter(torch.cat(self._scalar_inits))
+                self.study_scalars.label, self.study_scalars.lr_mul, self.study_scalars.wd_mul = SCALAR_MULTIPLIERS
+            del self._scalar_inits
 
     def block_matrix_params(self, block):
         """A block's hidden matrices with their weight-decay multipliers (DLO's layer-wise rates scale them)."""
@@ -305,6 +303,8 @@ class R18GPT(StudyHost, nn.Module):
         """Parameters each study adds, named as on the #14 model (speedrun.study.added_params_by_study); a part that
         grows the model (ModelPart.base_config) counts everything beyond the record's model, its new layers
         included."""
+        if not self.parts:
+            return {}
         counts = added_params_by_study(self.study, self.scalar_layout)
         for name, part in self.study.items():
             if part.base_config(self.study_cfg) is not None:

@@ -39,6 +39,23 @@ def check_r18_studies(config, studies=OFFERED_STUDIES):
             raise UsageError(reason)
 
 
+def r18_parts(config, registry=None):
+    """(the config r18's study parts are built from, [(study name, its r18 part class)] of each study on in it, in
+    build order: registry order, built_last parts after the others): (None, []) for the record's model (no run
+    config: what DLO counts against) and for a registry of no study."""
+    if config is None or not (STUDIES if registry is None else registry):
+        return None, []
+    cfg = part_config(config, registry)
+    return cfg, r18_study_parts(cfg)
+
+
+def r18_study_parts(cfg):
+    """The (study name, r18 part class) pairs a part config's model builds (speedrun.model.study_parts, with each
+    study's Study.r18_part): an export writes them as the run's value (docs/export.md, rule 31)."""
+    on = [study for study in cfg.studies if study.in_model(cfg)]
+    return [(study.name, study.r18_part) for study in sorted(on, key=lambda study: study.r18_part.built_last)]
+
+
 def part_config(config, studies=None):
     """The config r18's study parts are built from: the run config with the model fields of every study of the
     run's registry (`studies`, by default the bundled ones; kept as its `studies`), off unless its flags set them

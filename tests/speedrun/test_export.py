@@ -770,6 +770,25 @@ def test_values_the_export_decides(source, value):
     assert found == value if value != "UNKNOWN" else found is UNKNOWN
 
 
+def test_the_parts_list_is_true_where_the_file_builds_parts_and_so_is_a_display_of_names():
+    """Where rule 31 wrote the run's parts (BUILT_PARTS, one at least), every model of the file holds them: a test on
+    the list of parts is true; its value stays unknown. A display of items that evaluate nothing is true too."""
+    from speedrun.export import BUILT_PARTS, UNKNOWN, folded_value
+
+    def value(source, folds, test=True):
+        return folded_value(ast.parse(source, mode="eval").body, folds, test=test)
+
+    built = {BUILT_PARTS: (("backout", "speedrun.backout", "Backout"),)}
+    assert value("self.parts", built) is True and value("not model.parts", built) is False
+    assert value("x if self.parts else y", built) is UNKNOWN  # decided, but the branch's value is unknown
+    assert value("self.parts", {}) is UNKNOWN  # the registry decides the parts: unknown
+    assert value("self.parts", built, test=False) is UNKNOWN  # only its truth is known
+    assert value("len(self.parts)", built) is UNKNOWN and value("other.parts", built) is UNKNOWN
+    assert value("[('backout', Backout)]", {}) is True and value("(cfg.layers,)", {}) is True
+    assert value("[('backout', Backout)]", {}, test=False) is UNKNOWN
+    assert value("[f()]", {}) is UNKNOWN and value("[*xs]", {}) is UNKNOWN and value("[]", {}) == ()
+
+
 def test_a_folded_method_another_class_overrides_is_refused(tmp_path, monkeypatch):
     library = ("class Base:\n    def hook(self):\n        return None\n\n"
                "    def run(self):\n        return self.hook()\n")
@@ -1630,6 +1649,18 @@ def test_a_member_another_class_defines_sets_or_reads_by_name_is_not_a_parts_alo
     assert "model_layer_pattern" not in owned and "built_last" in owned
 
 
+def test_an_empty_local_read_in_the_body_of_a_test_on_it_folds_with_that_body():
+    """R18GPT's `parts = []` (what rule 19 leaves of its unpacking): `if parts:` never runs, so what its body does with
+    the list does not count; a read outside it still does."""
+    from speedrun.export import without_empty_locals
+    source = ("def f(build):\n    parts = []\n    if parts:\n        build(parts)\n        print(parts)\n"
+              "    return 1\n")
+    assert without_empty_locals(source) == "def f(build):\n    parts = []\n    return 1\n"  # rule 24 cuts the rest
+    for outside in ("    build(parts)\n", "    if not parts:\n        build(parts)\n"):
+        kept = source.replace("    return 1\n", outside + "    return 1\n")
+        assert "if parts:" in without_empty_locals(kept)
+
+
 def test_an_empty_local_folds_only_where_nothing_can_fill_it():
     """`own = []` read in a test folds; one passed to a call (which may append to it) is left as it is."""
     from speedrun.export import fold_constants, drop_dead_constants
@@ -2057,6 +2088,61 @@ def test_a_definition_the_final_rules_left_unread_goes_and_an_emptied_section_wi
     exec(compile(text, "unread", "exec"), {"print": lambda *a: None})  # still runs
 
 
+MEMBERS = '''import argparse
+import torch.nn as nn
+
+class Host:
+    parts = ()
+    named_by_string = 1
+    sized = 2
+    width = sized * 2
+
+    def build_parts(self):
+        return 1
+
+    @staticmethod
+    def helper():
+        return 2
+
+    @property
+    def shown(self):
+        return 3
+
+    def forward(self, x):
+        return x
+
+class Model(Host, nn.Module):
+    def run(self):
+        return getattr(self, "named_by_string") + self.shown
+
+class Formatter(argparse.HelpFormatter):
+    def _format_usage(self, *args):
+        return ""
+
+print((Model().run(), Formatter.__name__))
+'''
+
+
+def test_a_member_the_final_rules_left_unnamed_goes():
+    """A method or class attribute nothing in the file names (by attribute, string or in a class body) goes where
+    nothing outside the file can ask it by name: not a name torch's Module has, not a member of a class with a
+    library base other than Module, and nowhere the file lists members or asks one by a name it builds."""
+    from speedrun.export import unnamed_members, without_unread_definitions
+    gone = {getattr(m, "name", None) or ast.unparse(m.targets[0]) for m in unnamed_members(ast.parse(MEMBERS))}
+    assert gone == {"parts", "width", "build_parts", "helper"}
+    text = without_unread_definitions(MEMBERS)
+    assert "parts = ()" not in text and "def build_parts" not in text and "def helper" not in text
+    assert "sized = 2" not in text  # read by `width` alone: it goes with it, a round later
+    assert "named_by_string = 1" in text and "def forward" in text and "def _format_usage" in text
+    printed = []
+    exec(compile(text, "members", "exec"), {"print": printed.append})
+    assert printed == [(4, "Formatter")]
+    for wholesale in ("print(Model.__dict__)", "print(dir(Model))", "print(vars(Host))",
+                      "print(getattr(Model(), 'build' + '_parts'))", "print(getattr(Model(), f'{x}'))"):
+        assert unnamed_members(ast.parse(MEMBERS + wholesale + "\n")) == [], wholesale
+    assert len(unnamed_members(ast.parse(MEMBERS + "print(vars(args), getattr(args, name))\n"))) == 4
+
+
 RESIDUE = '''def mixed(xs):
     out = []
     for j, x in enumerate(xs):
@@ -2448,6 +2534,45 @@ def test_rule_29_a_parameter_something_else_may_set_stays(change, kept):
     source = UNSET.replace(*change)
     assert source != UNSET
     assert kept in without_unset_parameters("import math\n" + source)
+
+
+INIT_SENTINEL = '''class Model:
+    def __init__(self, size, registry=None):
+        self.size = size if registry is None else size + len(registry)
+
+
+class Loader:
+    def __init__(self, load=None):
+        self.load = load or print
+
+
+print(Model(3).size, Model(4).size, Loader().load is print)
+'''
+
+
+@pytest.mark.parametrize("change", [
+    None,
+    ("print(Model(3)", "class Deeper(Model):\n    pass\n\n\nprint(Model(3)"),  # a subclass's __init__ reaches it
+    ("print(Model(3)", "print(isinstance(1, Model))\nprint(Model(3)"),  # the class read as a value
+    ("print(Model(3)", "print(type(Model(1))(2, registry=[1]).size)\nprint(Model(3)"),  # an object's class built
+    ("print(Model(3)", "NAMES = ['Model']\nprint(Model(3)"),  # a string: getattr(module, 'Model')
+    ("class Loader:", "    @classmethod\n    def made(cls):\n        return cls(1, registry=[1])\n\n\n"
+                      "class Loader:"),  # a classmethod builds one
+    ("print(Model(3)", "import types\nprint(types.SimpleNamespace(Model=Model).Model(1, [2]).size)\n"
+                       "print(Model(3)"),  # called through an attribute
+    ("Model(4).size", "Model(4, [1]).size"),  # a call sets it
+])
+def test_rule_29_a_class_whose_calls_all_leave_an_init_parameter_at_its_sentinel_folds_it(change):
+    """`Class(...)` calls its __init__: where the class is read only as called (and no object's class is built, no
+    subclass), a parameter every call leaves at None is read as None (r18's `registry`, the loaders' `load`)."""
+    from speedrun.export import without_unset_parameters
+    source = INIT_SENTINEL if change is None else INIT_SENTINEL.replace(*change)
+    assert change is None or source != INIT_SENTINEL
+    text = without_unset_parameters(source)
+    assert ("def __init__(self, size):" in text) == (change is None)
+    if change is None:
+        assert "def __init__(self):" in text and "self.load = None or print" in text  # Loader's: always unset
+    assert run_printed(text) == run_printed(source)
 
 
 def test_a_parameter_cut_from_the_source_keeps_its_stores_in_a_branch_folding_takes_away():
@@ -2856,16 +2981,37 @@ def test_rule_31_the_parts_are_written_where_every_model_the_file_builds_holds_t
 
 
 @pytest.mark.parametrize("script_module, flags, built", [
-    (T, [], "()"),
+    (T, [], None),
+    (S, [], None),
+    (T, ["--base", "r18"], None),
     (T, ["--backout-layers", "11", "--preset", "full"], "[('backout', Backout)]"),
-    (S, ["--rolling-skip"], None),
+    (S, ["--rolling-skip"], "[('rolling', RollingSkip)]"),
 ])
 def test_rule_31_the_file_builds_its_parts_by_name_and_reads_no_registry_for_them(tmp_path, script_module, flags,
                                                                                   built):
+    """A record builds its parts by name; a baseline builds none and holds no study container or bookkeeping: no
+    `study`, no parts' parameter counts or groups, no registry field in its model config."""
     text = export(tmp_path, script_module, *flags)
     assert not re.search(r"\bstudy_parts\b|\bin_model\b|\bcfg\.studies\b", text)
-    if built is not None:
-        assert f"self.build_parts({built}, self.cfg)" in text
+    tree = ast.parse(text)
+    # what the file defines or reads by attribute (a function's locals `parts` and `study` are the run name's)
+    bodies = [*tree.body, *(s for n in ast.walk(tree) if isinstance(n, ast.ClassDef) for s in n.body)]
+    named = ({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+             | {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+             | {n.id for s in bodies if isinstance(s, (ast.Assign, ast.AnnAssign))
+                for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) for n in ast.walk(t)
+                if isinstance(n, ast.Name)})
+    bookkeeping = {"build_parts", "study", "parts", "study_params", "added_params_by_study", "TRACK_SCALARS",
+                   "extra_param_counts", "model_config_class", "studies", "named_parts", "r18_parts", "part_config",
+                   "study_cfg", "study_scalars", "r18_study_parts"}
+    if "--base" in flags:  # #18's model keeps its own scalars: of the study host it holds nothing
+        bookkeeping |= {"StudyHost", "begin_scalars", "add_scalars", "scalar_slice"}
+    if built is None:
+        assert not named & bookkeeping, named & bookkeeping
+        assert "added_params_line({})" in text or "\n        counts = {}\n" in text  # no study's count
+    else:
+        assert f"        self.build_parts({built}, self.cfg)\n" in text
+        assert {"study_params", "added_params_by_study"} <= named
 
 
 def test_rule_32_the_registry_goes_only_where_the_parts_are_written_and_every_field_of_a_study_on_folds():

@@ -94,15 +94,39 @@ def test_extra_layers_are_what_the_flagless_model_gains_and_their_count_builds_o
             continue
         checked.add(key)
         model = build(track.GPT, cfg)
-        if any(part.base_config(cfg) is not None for part in model.study.values()):
+        parts = dict(model.named_parts())
+        if any(part.base_config(cfg) is not None for part in parts.values()):
             continue
         built.clear()
         added = model.added_params()
-        assert built and all(parts == list(model.study) for parts in built), (names[0], built)
+        # a model with no part on builds none (and holds no study container): nor does the count
+        assert bool(built) == bool(parts) and all(names == list(parts) for names in built), (names[0], built)
         assert added["layers"] == (params(track.GPT, flagless(cfg, cfg.num_layers))
                                    - params(track.GPT, flagless(cfg, cfg.baseline_layers))), names[0]
-        seen |= set(model.study)
+        seen |= set(parts)
     assert seen == {study.name for study in STUDIES if not study.rebuilds_model}  # all but DLO's
+
+
+@pytest.mark.parametrize("script", ["train_gpt_medium", "train_gpt"])
+def test_a_model_with_no_study_on_holds_no_study_container_and_trains_the_track_params_alone(script):
+    """No study on: no `study` container, no part, no added params; Muon gets the blocks' matrices and Adam's
+    embedding group the track's tables, as with a study on that adds none (a lambda in the scalar vector)."""
+    track = importlib.import_module(script)
+    plain = build(track.GPT, track.model_config(track.resolve_args(["--preset", "tiny"])))
+    assert plain.parts == () and not hasattr(plain, "study") and not hasattr(plain, "extra_param_counts")
+    assert plain.added_params() == {} and plain.flagless_params() == sum(p.numel() for p in plain.parameters())
+    lambdas = build(track.GPT, track.model_config(track.resolve_args(["--preset", "tiny", "--backout-layers", "2"])))
+    assert [name for name, _ in lambdas.named_parts()] == ["backout"]
+    for model in (plain, lambdas):
+        matrices = [p for block in model.blocks for p, _ in model.block_matrix_params(block)]
+        assert [p for p, _ in model.matrix_params()] == matrices
+        assert model.embedding_params() == model.track_embedding_params()
+    assert lambdas.added_params() == {"backout": 2}
+    with_tables = build(track.GPT, track.model_config(track.resolve_args(
+        ["--preset", "tiny", "--backout-layers", "2,new-embed"])))
+    tables = [m.weight for m in with_tables.study.modules() if isinstance(m, torch.nn.Embedding)]
+    assert tables and with_tables.embedding_params() == with_tables.track_embedding_params() + tables
+    assert not {id(p) for p in tables} & {id(p) for p, _ in with_tables.matrix_params()}
 
 
 @pytest.mark.parametrize("flags", [["--backout-layers", "3,embed,new-embed", "--backout-mode", "subtract",
@@ -146,6 +170,15 @@ def r18_model(*flags):
     config = T.resolve_args(["--preset", "tiny", "--base", "r18", *flags])
     with torch.device("meta"):
         return R18GPT(r18_config(config), studies=config)
+
+
+def test_an_r18_model_with_no_study_on_holds_no_study_container():
+    """#18's record model: no part, no `study` or study scalar vector, nothing added; with a study on, its part."""
+    plain = r18_model()
+    assert plain.parts == () and plain.added_params() == {}
+    assert not any(hasattr(plain, name) for name in ("study", "study_scalars", "scalar_layout"))
+    lambdas = r18_model("--backout-layers", "11")
+    assert [name for name, _ in lambdas.named_parts()] == ["backout"] and hasattr(lambdas, "study_scalars")
 
 
 def test_every_bundled_study_is_named_once_on_r18():
